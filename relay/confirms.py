@@ -1,0 +1,152 @@
+"""Confirm tracking: delivery tag -> row, and what each broker answer means for the row.
+
+Pure logic, no I/O and no pika: the publisher feeds it broker events, the loop takes the
+settlements. The protocol facts it encodes (RabbitMQ's publisher-confirm documentation):
+
+- After ``confirm.select`` both sides number publishes from 1, per channel; a new channel
+  starts again at 1, so a lost channel ends every outstanding tag (``channel_lost``).
+- ``basic.ack``/``basic.nack`` with ``multiple`` settle every outstanding tag up to and
+  including ``delivery_tag``.
+- An unroutable ``mandatory`` message gets ``basic.return`` *before* its ``basic.ack``: the ack
+  then means "handled", not "delivered", so the row is RETURNED, never ACKED.
+- The broker promises no confirm time: a tag without an answer after ``confirm_timeout``
+  is TIMED_OUT and forgotten; a late answer for it is ignored (the row is already due again,
+  and the consumer drops the duplicate by ``message_id``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from relay.records import OutboxRow, Outcome, Settlement
+
+
+@dataclass(slots=True)
+class _Entry:
+    row: OutboxRow
+    published_at: float
+    returned: str | None = None
+
+
+class ConfirmTracker:
+    def __init__(self, confirm_timeout: float) -> None:
+        self.confirm_timeout = confirm_timeout
+        # Insertion order is sequence order is publish-time order: multiple acks and
+        # expiry both pop from the front.
+        self._outstanding: OrderedDict[int, _Entry] = OrderedDict()
+        self._seq_of_message: dict[str, int] = {}
+        self._next_seq = 1
+        self._settled: list[Settlement] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._outstanding)
+
+    @property
+    def has_settled(self) -> bool:
+        return bool(self._settled)
+
+    def published(self, row: OutboxRow, now: float) -> int:
+        """Record a ``basic.publish`` on the confirm channel; returns its sequence number."""
+        seq = self._next_seq
+        self._next_seq += 1
+        self._outstanding[seq] = _Entry(row, now)
+        self._seq_of_message[row.message_id] = seq
+        return seq
+
+    def reject(self, row: OutboxRow, reason: str) -> None:
+        """A row that cannot be published as stored; it never got a sequence number."""
+        self._settled.append(Settlement(row, Outcome.REJECTED, reason))
+
+    def lose(self, rows: Iterable[OutboxRow], reason: str) -> None:
+        """Rows handed over but never published (no channel): due again at once."""
+        self._settled.extend(Settlement(row, Outcome.LOST, reason) for row in rows)
+
+    def on_ack(self, delivery_tag: int, multiple: bool, now: float) -> None:
+        for _, entry in self._take(delivery_tag, multiple):
+            if entry.returned is not None:
+                self._settled.append(Settlement(entry.row, Outcome.RETURNED, entry.returned))
+            else:
+                latency = max(0.0, now - entry.published_at)
+                self._settled.append(Settlement(entry.row, Outcome.ACKED, "", latency))
+
+    def on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        for _, entry in self._take(delivery_tag, multiple):
+            self._settled.append(
+                Settlement(entry.row, Outcome.NACKED, "basic.nack: the broker refused the message")
+            )
+
+    def on_return(self, message_id: str | None, reason: str) -> None:
+        seq = self._seq_of_message.get(message_id or "")
+        entry = self._outstanding.get(seq) if seq is not None else None
+        if entry is not None:
+            entry.returned = reason
+
+    def expire(self, now: float) -> int:
+        """Time out every tag published ``confirm_timeout`` or more ago; returns how many."""
+        expired = 0
+        while self._outstanding:
+            seq, entry = next(iter(self._outstanding.items()))
+            if now - entry.published_at < self.confirm_timeout:
+                break
+            self._pop(seq)
+            waited = f"no confirm within {self.confirm_timeout:g}s"
+            self._settled.append(Settlement(entry.row, Outcome.TIMED_OUT, waited))
+            expired += 1
+        return expired
+
+    def restart_clocks(self, now: float) -> None:
+        """Give every outstanding tag a full ``confirm_timeout`` from now.
+
+        Used when the broker unblocks the connection: while blocked it reads nothing, so the
+        time spent blocked says nothing about these messages.
+        """
+        for entry in self._outstanding.values():
+            entry.published_at = now
+
+    def channel_lost(
+        self,
+        reason: str,
+        culprit: Callable[[OutboxRow], bool] | None = None,
+        culprit_reason: str = "",
+    ) -> None:
+        """The channel (and its numbering) is gone: every outstanding row is due again.
+
+        When the broker closed the channel because of certain rows (``404 NOT_FOUND - no
+        exchange 'x'``: the rows for x), those FAILED: they count an attempt, so they are
+        parked in the end instead of closing every future channel. The others are LOST.
+        """
+        for entry in self._outstanding.values():
+            if culprit is not None and culprit(entry.row):
+                self._settled.append(Settlement(entry.row, Outcome.FAILED, culprit_reason))
+            else:
+                self._settled.append(Settlement(entry.row, Outcome.LOST, reason))
+        self._outstanding.clear()
+        self._seq_of_message.clear()
+        self._next_seq = 1
+
+    def take_settled(self) -> list[Settlement]:
+        settled, self._settled = self._settled, []
+        return settled
+
+    def _take(self, delivery_tag: int, multiple: bool) -> list[tuple[int, _Entry]]:
+        if not multiple:
+            entry = self._pop(delivery_tag)
+            return [] if entry is None else [(delivery_tag, entry)]
+        taken = []
+        while self._outstanding:
+            seq = next(iter(self._outstanding))
+            if seq > delivery_tag:
+                break
+            entry = self._pop(seq)
+            assert entry is not None
+            taken.append((seq, entry))
+        return taken
+
+    def _pop(self, seq: int) -> _Entry | None:
+        entry = self._outstanding.pop(seq, None)
+        if entry is not None and self._seq_of_message.get(entry.row.message_id) == seq:
+            del self._seq_of_message[entry.row.message_id]
+        return entry

@@ -1,0 +1,25 @@
+"""One exception root. Adapters chain the driver's exception (``raise ... from exc``)."""
+
+
+class RelayError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigError(RelayError):
+    """A setting, option or topology file is invalid. The message names the setting."""
+
+
+class StoreError(RelayError):
+    """The outbox database failed a call; the call may be retried."""
+
+
+class SchemaMissingError(StoreError):
+    """The outbox table is not there: ``relay migrate`` has not run on this database."""
+
+
+class BrokerError(RelayError):
+    """The broker refused or lost the connection, or refused the topology."""
+
+
+class InputError(RelayError):
+    """An operator's input (for example a line given to ``relay enqueue``) is malformed."""

@@ -1,0 +1,135 @@
+"""Prometheus metrics (base units: seconds, totals) and the /metrics /healthz /readyz server.
+
+Each ``Metrics`` owns its registry, so several relays in one process (tests) do not share
+counters and nothing lives in module globals.
+"""
+
+from __future__ import annotations
+
+import logging
+import socketserver
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from relay.records import Outcome, Settlement
+
+log = logging.getLogger(__name__)
+
+# Persistent messages are confirmed after the broker's batched fsync: typically a few to a
+# few hundred milliseconds, seconds when the broker struggles.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.published = Counter(
+            "relay_published_total", "Messages published to the broker.", registry=r
+        )
+        self.republished = Counter(
+            "relay_republished_total",
+            "Publishes of rows whose earlier publish had failed or gone unconfirmed.",
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "relay_outcomes_total",
+            "Published rows by what became of them: acked, nacked, returned, timed_out, "
+            "failed (channel closed because of the row), lost (connection lost or shutdown "
+            "before the confirm), rejected (malformed row).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in Outcome:
+            self.outcomes.labels(outcome.value)
+        self.parked = Counter(
+            "relay_parked_total", "Rows parked after their last allowed attempt.", registry=r
+        )
+        self.in_flight = Gauge(
+            "relay_in_flight", "Published messages awaiting a confirm.", registry=r
+        )
+        self.due_rows = Gauge(
+            "relay_due_rows", "Pending rows whose next attempt time has come.", registry=r
+        )
+        self.oldest_due_age = Gauge(
+            "relay_oldest_due_age_seconds",
+            "How long the longest-waiting due row has been due.",
+            registry=r,
+        )
+        self.broker_connected = Gauge(
+            "relay_broker_connected", "1 while a confirm channel is open.", registry=r
+        )
+        self.database_connected = Gauge(
+            "relay_database_connected", "1 while the last database call succeeded.", registry=r
+        )
+        self.store_errors = Counter(
+            "relay_database_errors_total", "Database calls that failed (and were retried).",
+            registry=r,
+        )  # fmt: skip
+        self.confirm_latency = Histogram(
+            "relay_confirm_latency_seconds",
+            "Seconds from publish to basic.ack.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def settled(self, settlements: Iterable[Settlement], parked: int) -> None:
+        for s in settlements:
+            self.outcomes.labels(s.outcome.value).inc()
+            if s.latency is not None:
+                self.confirm_latency.observe(s.latency)
+        self.parked.inc(parked)
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would drown the relay's own log."""
+
+
+class HealthServer:
+    """Serves /metrics, /healthz (the loop is alive) and /readyz (database and broker up)."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        host: str,
+        port: int,
+        alive: Callable[[], bool],
+        ready: Callable[[], bool],
+    ) -> None:
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._alive = alive
+        self._ready = ready
+        self._server = make_server(
+            host, port, self._app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+        )
+        self.port = self._server.server_port
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="relay-http", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path in ("/healthz", "/readyz"):
+            ok = self._alive() if path == "/healthz" else self._ready()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n" if ok else b"unavailable\n"]
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics, /healthz or /readyz\n"]

@@ -1,0 +1,389 @@
+"""The broker side: pika's asynchronous API on a confirm-mode channel. The only pika user.
+
+Why asyncio: pika's ``AsyncioConnection`` runs on the relay's event loop, so confirms,
+returns, heartbeats and the confirm tracker all live on one thread and need no locks; the
+database work runs in worker threads (see ``relay.store``) and never stalls this I/O loop.
+
+Every publish is ``mandatory`` (an unroutable message comes back as ``basic.return``) and
+persistent (``delivery_mode=2``), carries the row's stable ``message_id`` for consumer-side
+de-duplication, and is streamed: the caller keeps up to ``window`` confirms outstanding.
+pika's exceptions never leave this module; they become ``BrokerError`` or row outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import decimal
+import json
+import logging
+import re
+import struct
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import pika
+import pika.exceptions
+import tenacity
+from pika.adapters.asyncio_connection import AsyncioConnection
+
+from relay.backoff import Backoff
+from relay.confirms import ConfirmTracker
+from relay.errors import BrokerError, ConfigError
+from relay.records import OutboxRow, Settlement
+from relay.settings import redact_url
+from relay.topology import Topology
+
+log = logging.getLogger(__name__)
+
+_NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
+_TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
+_SHORT_SESSION = 5.0  # seconds
+
+
+class Publisher(Protocol):
+    """What the relay loop needs from the broker side."""
+
+    @property
+    def ready(self) -> bool:
+        """Connected, confirm mode on, topology declared, not blocked by the broker."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def capacity(self) -> int:
+        """How many more rows may be published before the window is full."""
+
+    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
+        """Publish what can be; returns the rows that went out (the rest are settled)."""
+
+    def take_settled(self) -> list[Settlement]: ...
+
+    async def wait_for_progress(self, timeout: float) -> None:
+        """Return when settlements or capacity appeared, or after ``timeout`` seconds."""
+
+    async def run(self) -> None:
+        """Connect, keep reconnecting with back-off, until ``close``."""
+
+    async def close(self) -> None: ...
+
+
+class MalformedRow(ValueError):
+    """The row's stored fields cannot form an AMQP message."""
+
+
+def message_properties(row: OutboxRow) -> pika.BasicProperties:
+    headers: dict[str, Any] | None = None
+    if row.headers:
+        try:
+            # AMQP tables have no float type: JSON numbers with a fraction become decimals.
+            parsed = json.loads(row.headers, parse_float=decimal.Decimal)
+        except ValueError as exc:
+            raise MalformedRow(f"headers are not valid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise MalformedRow("headers must be a JSON object")
+        headers = parsed
+    return pika.BasicProperties(
+        content_type=row.content_type,
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=row.message_id,
+        timestamp=int(row.created_at.timestamp()),
+        headers=headers,
+    )
+
+
+def connection_parameters(url: str, name: str) -> pika.URLParameters:
+    try:
+        params = pika.URLParameters(url)
+    except Exception as exc:  # pika raises ValueError, KeyError, ... for bad URLs
+        raise ConfigError(f"RELAY_AMQP_URL={redact_url(url)}: {exc}") from None
+    # One attempt per connect: tenacity owns the retry schedule and its logging.
+    params.connection_attempts = 1
+    params.client_properties = {"connection_name": name, "product": "outbox-relay"}
+    return params
+
+
+class PikaPublisher:
+    def __init__(
+        self,
+        url: str,
+        topology: Topology,
+        *,
+        window: int,
+        confirm_timeout: float,
+        reconnect: Backoff,
+        name: str = "outbox-relay",
+        on_state: Callable[[bool], None] = lambda _connected: None,
+    ) -> None:
+        self._params = connection_parameters(url, name)
+        self._where = f"{self._params.host}:{self._params.port}"
+        self._topology = topology
+        self._window = window
+        self._reconnect = reconnect
+        self._on_state = on_state
+        self.tracker = ConfirmTracker(confirm_timeout)
+        self._connection: AsyncioConnection | None = None
+        self._channel: Any = None
+        self._ready = False
+        self._blocked = False
+        self._closing = False
+        self._session_closed: asyncio.Future[str] | None = None
+        self._progress = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and not self._blocked
+
+    @property
+    def connected(self) -> bool:
+        return self._ready
+
+    @property
+    def in_flight(self) -> int:
+        return self.tracker.in_flight
+
+    def capacity(self) -> int:
+        return max(0, self._window - self.tracker.in_flight) if self.ready else 0
+
+    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
+        now = time.monotonic()
+        published = []
+        for row in rows:
+            if not self._ready:
+                self.tracker.lose([row], "no channel to publish on")
+                continue
+            try:
+                self._channel.basic_publish(
+                    row.exchange,
+                    row.routing_key,
+                    row.payload,
+                    message_properties(row),
+                    mandatory=True,
+                )
+            except MalformedRow as exc:
+                self.tracker.reject(row, str(exc))
+                continue
+            except (pika.exceptions.UnsupportedAMQPFieldException, struct.error) as exc:
+                self.tracker.reject(row, f"headers cannot be encoded as an AMQP table: {exc!r}")
+                continue
+            except pika.exceptions.AMQPError as exc:
+                self.tracker.lose([row], f"publish failed: {exc!r}")
+                continue
+            self.tracker.published(row, now)
+            published.append(row)
+        self._signal()
+        return published
+
+    def take_settled(self) -> list[Settlement]:
+        return self.tracker.take_settled()
+
+    async def wait_for_progress(self, timeout: float) -> None:
+        if self.tracker.has_settled:
+            return
+        self._progress.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), timeout)
+
+    async def run(self) -> None:
+        expiry = asyncio.create_task(self._expire_forever())
+        short_sessions = 0
+        try:
+            while not self._closing:
+                if short_sessions:
+                    # Sessions that die as soon as they start (a row the broker refuses in a
+                    # way no row can be blamed for) must not become a reconnect storm.
+                    await asyncio.sleep(self._reconnect.delay(short_sessions))
+                retrying = tenacity.AsyncRetrying(
+                    wait=self._reconnect.wait,
+                    retry=tenacity.retry_if_exception_type(BrokerError),
+                    stop=lambda _state: self._closing,
+                    before_sleep=self._log_retry,
+                    reraise=True,
+                )
+                try:
+                    async for attempt in retrying:
+                        with attempt:
+                            closed = await self._connect()
+                except BrokerError:
+                    return  # closing while still unable to connect
+                started = time.monotonic()
+                reason = await closed
+                short = time.monotonic() - started < _SHORT_SESSION
+                short_sessions = short_sessions + 1 if short else 0
+                if not self._closing:
+                    log.warning(
+                        "broker connection lost: %s",
+                        reason,
+                        extra={"action": "broker_disconnected", "broker": self._where},
+                    )
+        finally:
+            expiry.cancel()
+
+    async def close(self) -> None:
+        """Close the connection; outstanding rows are LOST (due again at once)."""
+        self._closing = True
+        connection = self._connection
+        if connection is not None and not (connection.is_closed or connection.is_closing):
+            connection.close()
+        if self._session_closed is not None:
+            await asyncio.shield(self._session_closed)
+
+    async def _connect(self) -> asyncio.Future[str]:
+        """Open a connection and a confirm channel and declare the topology."""
+        loop = asyncio.get_running_loop()
+        opened: asyncio.Future[None] = loop.create_future()
+        closed: asyncio.Future[str] = loop.create_future()
+        self._session_closed = closed
+
+        def on_open(_conn: Any) -> None:
+            _resolve(opened, None)
+
+        def on_open_error(_conn: Any, exc: BaseException) -> None:
+            if not opened.done():
+                opened.set_exception(BrokerError(f"cannot connect to {self._where}: {exc!r}"))
+            _resolve(closed, repr(exc))
+
+        def on_close(_conn: Any, exc: BaseException) -> None:
+            self._session_lost(f"connection closed: {exc!r}")
+            _resolve(closed, repr(exc))
+
+        self._connection = AsyncioConnection(
+            self._params, on_open, on_open_error, on_close, custom_ioloop=loop
+        )
+        self._connection.add_on_connection_blocked_callback(self._on_blocked)
+        self._connection.add_on_connection_unblocked_callback(self._on_unblocked)
+        await opened
+        try:
+            self._channel = await self._rpc(self._connection.channel, "on_open_callback")
+            self._channel.add_on_close_callback(self._on_channel_closed)
+            self._channel.add_on_return_callback(self._on_return)
+            await self._rpc(self._channel.confirm_delivery, "callback", self._on_confirm)
+            await self._declare()
+        except BrokerError:
+            self._connection.close()
+            await closed
+            raise
+        self._blocked = False
+        self._ready = True
+        self._on_state(True)
+        log.info("connected to broker", extra={"action": "broker_connected", "broker": self._where})
+        self._signal()
+        return closed
+
+    async def _declare(self) -> None:
+        ch = self._channel
+        for e in self._topology.exchanges:
+            await self._rpc(ch.exchange_declare, "callback", exchange=e.name,
+                            exchange_type=e.type, durable=e.durable, auto_delete=e.auto_delete,
+                            internal=e.internal, arguments=e.declare_arguments())  # fmt: skip
+        for q in self._topology.queues:
+            await self._rpc(ch.queue_declare, "callback", queue=q.name, durable=q.durable,
+                            auto_delete=q.auto_delete, arguments=q.arguments)  # fmt: skip
+        for b in self._topology.bindings:
+            await self._rpc(ch.queue_bind, "callback", queue=b.queue, exchange=b.exchange,
+                            routing_key=b.routing_key, arguments=b.arguments)  # fmt: skip
+
+    async def _rpc(self, method: Callable[..., Any], callback_name: str, *args: Any,
+                   **kwargs: Any) -> Any:  # fmt: skip
+        """Call a pika method that answers through a callback; fail if the session closes."""
+        assert self._session_closed is not None
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        kwargs[callback_name] = lambda result: _resolve(done, result)
+        try:
+            method(*args, **kwargs)
+        except pika.exceptions.AMQPError as exc:
+            raise BrokerError(f"{getattr(method, '__name__', method)} failed: {exc!r}") from exc
+        await asyncio.wait({done, self._session_closed}, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            raise BrokerError(
+                f"broker closed the session during setup: {self._session_closed.result()}"
+            )
+        return done.result()
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        if isinstance(method, pika.spec.Basic.Ack):
+            self.tracker.on_ack(method.delivery_tag, method.multiple, time.monotonic())
+        else:
+            self.tracker.on_nack(method.delivery_tag, method.multiple)
+        self._signal()
+
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        self.tracker.on_return(
+            properties.message_id,
+            f"basic.return {method.reply_code} {method.reply_text} "
+            f"(exchange {method.exchange!r}, routing key {method.routing_key!r})",
+        )
+
+    def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
+        # A channel closed by the broker is a channel error caused by something we sent.
+        # Name the rows that caused it, so that they count an attempt, then start afresh
+        # on a new connection (the simplest state to reason about).
+        code = getattr(reason, "reply_code", 0)
+        text = str(getattr(reason, "reply_text", reason))
+        culprit: Callable[[OutboxRow], bool] | None = None
+        if code == 404 and (m := _NO_EXCHANGE.search(text)):
+            name = m["name"]
+            culprit = lambda row: row.exchange == name  # noqa: E731
+        elif code == 406 and (m := _TOO_LARGE.search(text)):
+            limit = int(m["size"])
+            culprit = lambda row: len(row.payload) > limit  # noqa: E731
+        self._session_lost(f"channel closed: {code} {text}", culprit, f"{code} {text}")
+        if self._connection is not None and self._connection.is_open:
+            self._connection.close()
+
+    def _session_lost(
+        self,
+        reason: str,
+        culprit: Callable[[OutboxRow], bool] | None = None,
+        culprit_reason: str = "",
+    ) -> None:
+        if self._ready:
+            self._ready = False
+            self._on_state(False)
+        self.tracker.channel_lost(reason, culprit, culprit_reason)
+        self._signal()
+
+    def _on_blocked(self, _conn: Any, frame: Any) -> None:
+        self._blocked = True
+        log.warning(
+            "broker blocked publishing: %s",
+            getattr(frame.method, "reason", ""),
+            extra={"action": "broker_blocked", "broker": self._where},
+        )
+
+    def _on_unblocked(self, _conn: Any, _frame: Any) -> None:
+        self._blocked = False
+        self.tracker.restart_clocks(time.monotonic())
+        log.info("broker unblocked publishing", extra={"action": "broker_unblocked"})
+        self._signal()
+
+    async def _expire_forever(self) -> None:
+        period = min(1.0, self.tracker.confirm_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            if not self._blocked and self.tracker.expire(time.monotonic()):
+                self._signal()
+
+    def _signal(self) -> None:
+        self._progress.set()
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "broker unavailable (attempt %d), retrying in %.1fs: %s",
+            state.attempt_number,
+            delay,
+            exc,
+            extra={"action": "broker_retry", "broker": self._where},
+        )
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -1,0 +1,96 @@
+"""The values that travel along the data path: claimed rows, confirm outcomes, row changes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+PENDING = "pending"
+SENT = "sent"
+PARKED = "parked"
+STATUSES = (PENDING, SENT, PARKED)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A claimed outbox row, as the publisher needs it. ``headers`` is the stored JSON text."""
+
+    id: int
+    message_id: str
+    exchange: str
+    routing_key: str
+    payload: bytes
+    content_type: str
+    headers: str | None
+    created_at: datetime
+    attempts: int
+    last_error: str | None = None
+
+    @property
+    def republish(self) -> bool:
+        """An earlier publish of this row is known to have failed or gone unconfirmed."""
+        return self.last_error is not None
+
+
+class Outcome(enum.Enum):
+    ACKED = "acked"  # basic.ack, no basic.return before it: the broker owns the message
+    NACKED = "nacked"  # basic.nack: the broker refused responsibility
+    RETURNED = "returned"  # basic.return then basic.ack: unroutable, not delivered
+    TIMED_OUT = "timed_out"  # no confirm within confirm_timeout
+    FAILED = "failed"  # the broker closed the channel because of this row (e.g. no exchange)
+    LOST = "lost"  # connection or channel gone, or shutdown, before the confirm: due again now
+    REJECTED = "rejected"  # the row cannot be published as stored (malformed): parked at once
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What became of one published (or unpublishable) row."""
+
+    row: OutboxRow
+    outcome: Outcome
+    detail: str = ""
+    latency: float | None = None  # seconds from publish to confirm, for ACKED
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """The new state of a row that was not acked; applied only while this relay holds it."""
+
+    id: int
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettleBatch:
+    """Everything one settle call writes: acked ids become sent, the rest change as given."""
+
+    sent: tuple[int, ...] = ()
+    changes: tuple[RowChange, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.sent or self.changes)
+
+    def __len__(self) -> int:
+        return len(self.sent) + len(self.changes)
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to put in the outbox (``relay enqueue``, tests, the demo)."""
+
+    payload: bytes
+    exchange: str = ""
+    routing_key: str = ""
+    content_type: str = "application/octet-stream"
+    headers: str | None = None  # JSON object text
+    message_id: str | None = None  # default: a new UUID
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogStats:
+    due: int
+    oldest_due_age: float  # seconds the longest-waiting due row has been due; 0 when none

@@ -1,0 +1,204 @@
+"""The relay loop: claim due rows, publish them with confirms, settle what the broker answered.
+
+Runs on one asyncio event loop together with the publisher (see ``relay.publisher`` for
+why); each database call runs in a worker thread. The publisher streams: up to ``window``
+confirms are outstanding while the loop claims and publishes the next rows, and confirms
+arriving wake the loop to settle them in batched updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import tenacity
+
+from relay.backoff import Backoff
+from relay.errors import StoreError
+from relay.metrics import Metrics
+from relay.publisher import Publisher
+from relay.records import PARKED, OutboxRow, Settlement
+from relay.settle import SettlePolicy
+from relay.store import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LIVENESS_LIMIT = 60.0  # seconds without a loop turn after which /healthz fails
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Relay:
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        policy: SettlePolicy,
+        metrics: Metrics,
+        *,
+        batch_size: int,
+        poll_interval: float,
+        drain_timeout: float,
+        stats_interval: float,
+        retry: Backoff,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.policy = policy
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.drain_timeout = drain_timeout
+        self.stats_interval = stats_interval
+        self.retry = retry
+        self.clock = clock
+        # Claiming a handful of rows at a time costs a query each; wait for a useful batch.
+        self._min_claim = max(1, batch_size // 4)
+        self._unsettled: list[Settlement] = []
+        self._stopping = asyncio.Event()
+        self._drain_deadline = float("inf")
+        self._last_beat = time.monotonic()
+        self._database_ok = False
+
+    async def run(self) -> bool:
+        """Relay until ``stop``; then drain. True when every outcome was recorded."""
+        publishing = asyncio.create_task(self.publisher.run(), name="publisher")
+        stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
+        try:
+            while not self._stopping.is_set():
+                self._last_beat = time.monotonic()
+                await self._settle(self.publisher.take_settled())
+                wanted = min(self.batch_size, self.publisher.capacity())
+                if wanted >= self._min_claim or (wanted and not self.publisher.in_flight):
+                    rows = await self._db(functools.partial(self._claim, wanted))
+                    published = self.publisher.publish(rows)
+                    self.metrics.published.inc(len(published))
+                    self.metrics.republished.inc(sum(1 for r in published if r.republish))
+                    if len(rows) == wanted:
+                        continue  # more rows may be due: claim again right away
+                await self.publisher.wait_for_progress(self.poll_interval)
+            return await self._drain()
+        finally:
+            stats.cancel()
+            await self.publisher.close()
+            publishing.cancel()
+            await asyncio.gather(publishing, stats, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
+        if not self._stopping.is_set():
+            self._drain_deadline = time.monotonic() + self.drain_timeout
+            self._stopping.set()
+
+    def alive(self) -> bool:
+        return time.monotonic() - self._last_beat < LIVENESS_LIMIT
+
+    def ready(self) -> bool:
+        return self._database_ok and self.publisher.connected
+
+    def _claim(self, limit: int) -> list[OutboxRow]:
+        return self.store.claim(limit, self.clock())
+
+    async def _drain(self) -> bool:
+        in_flight = self.publisher.in_flight
+        log.info("draining %d outstanding confirms", in_flight, extra={"action": "drain"})
+        while self.publisher.in_flight and time.monotonic() < self._drain_deadline:
+            self._last_beat = time.monotonic()
+            await self.publisher.wait_for_progress(min(0.1, self.poll_interval))
+        await self.publisher.close()  # whatever is still outstanding is now LOST: due again
+        await self._settle(self.publisher.take_settled())
+        if self._unsettled:
+            log.error(
+                "%d outcomes could not be recorded; those rows are due again when their "
+                "lease ends, and may be published twice",
+                len(self._unsettled),
+                extra={"action": "drain_incomplete"},
+            )
+        else:
+            log.info("drained", extra={"action": "drained", "in_flight_at_stop": in_flight})
+        return not self._unsettled
+
+    async def _settle(self, settlements: list[Settlement]) -> None:
+        self._unsettled.extend(settlements)
+        self.metrics.in_flight.set(self.publisher.in_flight)
+        if not self._unsettled:
+            return
+        pending = self._unsettled
+        batch = self.policy.batch(pending, self.clock())
+        try:
+            await self._db(lambda: self.store.settle(batch, self.clock()))
+        except StoreError:
+            return  # only when stopping past the deadline; reported by _drain
+        self._unsettled = []
+        parked = sum(1 for c in batch.changes if c.status == PARKED)
+        self.metrics.settled(pending, parked)
+        for change in batch.changes:
+            if change.status == PARKED:
+                log.warning(
+                    "row %d parked after %d attempts: %s",
+                    change.id,
+                    change.attempts,
+                    change.last_error,
+                    extra={"action": "row_parked", "row_id": change.id},
+                )
+
+    async def _db(self, call: Callable[[], T]) -> T:
+        """Run a store call in a worker thread; retry failures with back-off until it works,
+        or, once stopping, until the drain deadline."""
+        retrying = tenacity.AsyncRetrying(
+            wait=self.retry.wait,
+            retry=tenacity.retry_if_exception_type(StoreError),
+            stop=lambda _state: time.monotonic() >= self._drain_deadline,
+            sleep=self._sleep,
+            before_sleep=self._database_failed,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                result = await asyncio.to_thread(call)
+        if not self._database_ok:
+            self._database_ok = True
+            self.metrics.database_connected.set(1)
+            log.info("database available", extra={"action": "database_connected"})
+        return result
+
+    async def _sleep(self, seconds: float) -> None:
+        """tenacity's sleep, cut short at the drain deadline so SIGTERM is never stuck."""
+        end = time.monotonic() + seconds
+        while (now := time.monotonic()) < min(end, self._drain_deadline):
+            self._last_beat = now
+            await asyncio.sleep(min(1.0, end - now))
+
+    def _database_failed(self, state: tenacity.RetryCallState) -> None:
+        self._database_ok = False
+        self.metrics.database_connected.set(0)
+        self.metrics.store_errors.inc()
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "database call failed (attempt %d), retrying in %.1fs: %s",
+            state.attempt_number,
+            delay,
+            exc,
+            extra={"action": "database_retry"},
+        )
+
+    async def _refresh_backlog_forever(self) -> None:
+        while True:
+            try:
+                stats = await asyncio.to_thread(self.store.backlog, self.clock())
+            except StoreError as exc:
+                log.debug("backlog stats failed: %s", exc, extra={"action": "backlog_stats"})
+            else:
+                self.metrics.due_rows.set(stats.due)
+                self.metrics.oldest_due_age.set(stats.oldest_due_age)
+            await asyncio.sleep(self.stats_interval)

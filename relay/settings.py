@@ -1,0 +1,258 @@
+"""Settings: one frozen object, read once from ``RELAY_*`` variables, an env file and options.
+
+Every setting is declared once below, with its type, default and help text; the CLI's
+options and ``--help`` are generated from the same declarations, so the environment
+variable, the option and the documentation cannot drift apart.
+
+Precedence: command-line option > environment variable > ``--env-file`` > default. The env
+file has the systemd ``EnvironmentFile`` format (``RELAY_X=value`` lines), so one file
+serves systemd, Kubernetes ConfigMaps rendered as env files, and local runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from relay.errors import ConfigError
+
+ENV_PREFIX = "RELAY_"
+
+
+def _number(convert: Callable[[str], Any], text: str, ok: Callable[[Any], bool], need: str) -> Any:
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"must be {need}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    return int(_number(int, text, lambda v: v > 0, "a positive whole number"))
+
+
+def _positive_float(text: str) -> float:
+    return float(
+        _number(float, text, lambda v: 0 < v < float("inf"), "a positive number of seconds")
+    )
+
+
+def _port(text: str) -> int:
+    need = "a port number from 0 to 65535 (0 turns the server off)"
+    return int(_number(int, text, lambda v: 0 <= v <= 65535, need))
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text.lower()
+
+    return parse
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        scheme = text.split(":", 1)[0].split("+", 1)[0].lower()
+        if "://" not in text or scheme not in schemes:
+            raise ValueError(
+                f"must be a URL starting with {' or '.join(s + '://' for s in schemes)}"
+            )
+        return text
+
+    return parse
+
+
+def _setting(default: Any, parse: Callable[[str], Any], help: str, secret: bool = False) -> Any:
+    return field(default=default, metadata={"parse": parse, "help": help, "secret": secret})
+
+
+def default_relay_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = _setting(
+        "sqlite:///outbox.db",
+        _url("sqlite", "postgresql"),
+        "SQLAlchemy URL of the outbox database (postgresql+psycopg://... or sqlite:///path).",
+        secret=True,
+    )
+    amqp_url: str = _setting(
+        "amqp://guest:guest@localhost:5672/%2F",
+        _url("amqp", "amqps"),
+        "AMQP URL of the RabbitMQ broker; query options such as heartbeat= are honoured.",
+        secret=True,
+    )
+    batch_size: int = _setting(500, _positive_int, "Most rows claimed in one database call.")
+    window: int = _setting(
+        1000, _positive_int, "Most published messages awaiting a confirm at once (memory bound)."
+    )
+    confirm_timeout: float = _setting(
+        30.0, _positive_float, "Seconds to wait for a confirm before the row is retried."
+    )
+    lease: float = _setting(
+        120.0,
+        _positive_float,
+        "Seconds a claimed row belongs to this relay; a dead relay's rows are due again after it.",
+    )
+    backoff_initial: float = _setting(
+        1.0, _positive_float, "First retry delay in seconds after a nack, return or timeout."
+    )
+    backoff_max: float = _setting(
+        300.0, _positive_float, "Longest retry delay in seconds (retries and reconnects)."
+    )
+    max_attempts: int = _setting(
+        10, _positive_int, "Failed attempts after which a row is parked with its last error."
+    )
+    poll_interval: float = _setting(
+        0.5, _positive_float, "Seconds between looks for due rows when the outbox is idle."
+    )
+    drain_timeout: float = _setting(
+        20.0,
+        _positive_float,
+        "Seconds to wait for outstanding confirms on SIGTERM/SIGINT before exiting.",
+    )
+    stats_interval: float = _setting(
+        5.0, _positive_float, "Seconds between refreshes of the backlog gauges."
+    )
+    metrics_host: str = _setting("0.0.0.0", str, "Address for /metrics, /healthz and /readyz.")
+    metrics_port: int = _setting(
+        9840, _port, "Port for /metrics, /healthz and /readyz (0 turns the server off)."
+    )
+    topology_file: Path | None = _setting(
+        None, _optional_path, "TOML file of exchanges, queues and bindings declared on connect."
+    )
+    relay_id: str = _setting(
+        "", str, "Name of this relay in row leases and logs (default: hostname-pid)."
+    )
+    log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Log level.")
+    log_format: str = _setting("text", _choice("text", "json"), "Log line format.")
+
+    def __post_init__(self) -> None:
+        if self.lease <= 2 * self.confirm_timeout:
+            raise ConfigError(
+                f"{env_name('lease')}={self.lease:g} must be more than twice "
+                f"{env_name('confirm_timeout')}={self.confirm_timeout:g}: a row's lease must "
+                "outlive its confirm wait, or another relay could publish it meanwhile"
+            )
+        if self.backoff_max < self.backoff_initial:
+            raise ConfigError(
+                f"{env_name('backoff_max')} must not be less than {env_name('backoff_initial')}"
+            )
+        if not self.relay_id:
+            object.__setattr__(self, "relay_id", default_relay_id())
+
+    @classmethod
+    def load(
+        cls,
+        environ: Mapping[str, str],
+        overrides: Mapping[str, str] | None = None,
+        env_file: Path | None = None,
+    ) -> Settings:
+        """Build settings from an env file, the environment and option overrides (as text)."""
+        raw: dict[str, str] = {}
+        if env_file is not None:
+            raw.update(_read_env_file(env_file))
+        raw.update({k: v for k, v in environ.items() if k.startswith(ENV_PREFIX)})
+        _reject_unknown(raw)
+        for name, text in (overrides or {}).items():
+            raw[env_name(name)] = text
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = env_name(f.name)
+            if key in raw:
+                kwargs[f.name] = _parse(f, raw[key])
+        return cls(**kwargs)
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings with passwords removed from secret URLs, safe to log."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = redact_url(value) if f.metadata["secret"] else value
+        return out
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def known_env_names() -> list[str]:
+    return [env_name(f.name) for f in dataclasses.fields(Settings)] + [ENV_FILE_VAR]
+
+
+ENV_FILE_VAR = "RELAY_ENV_FILE"
+
+
+def _parse(f: dataclasses.Field[Any], text: str) -> Any:
+    try:
+        return f.metadata["parse"](text.strip())
+    except ValueError as exc:
+        shown = "(hidden)" if f.metadata["secret"] else repr(text)
+        raise ConfigError(f"{env_name(f.name)}={shown}: {exc}") from None
+
+
+def _reject_unknown(raw: Mapping[str, str]) -> None:
+    known = known_env_names()
+    for name in raw:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{name}: unknown setting{hint}")
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{ENV_FILE_VAR}={path}: cannot read: {exc.strerror}") from None
+    out: dict[str, str] = {}
+    for number, raw_line in enumerate(text.splitlines(), start=1):
+        line = raw_line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"{path}:{number}: expected NAME=value")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[name.strip()] = value
+    return out
+
+
+def redact_url(value: Any) -> Any:
+    """Replace the password of a URL by ``***``; other values pass through."""
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    parts = urlsplit(value)
+    if parts.password is None:
+        return value
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
+
+
+def describe() -> list[tuple[str, str, str, str]]:
+    """(field name, env var, default shown, help) for every setting, for --help and docs."""
+    rows = []
+    for f in dataclasses.fields(Settings):
+        default = f.default
+        shown = "" if default in (None, "") else str(default)
+        rows.append((f.name, env_name(f.name), shown, f.metadata["help"]))
+    return rows

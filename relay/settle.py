@@ -1,0 +1,41 @@
+"""Settle policy: what each confirm outcome does to its row (sent, retried later, parked)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from relay.backoff import Backoff
+from relay.records import PARKED, PENDING, Outcome, RowChange, SettleBatch, Settlement
+
+
+class SettlePolicy:
+    """ACKED rows become sent. LOST rows are due again at once and keep their attempt count:
+    a broker restart is nobody's fault. REJECTED rows cannot succeed as stored and are parked
+    at once. Every other outcome counts an attempt and is retried after a back-off, until
+    ``max_attempts`` failures park the row with the reason in ``last_error``."""
+
+    def __init__(self, max_attempts: int, backoff: Backoff) -> None:
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+
+    def batch(self, settlements: Iterable[Settlement], now: datetime) -> SettleBatch:
+        sent: list[int] = []
+        changes: list[RowChange] = []
+        for s in settlements:
+            if s.outcome is Outcome.ACKED:
+                sent.append(s.row.id)
+            else:
+                changes.append(self.change(s, now))
+        return SettleBatch(tuple(sent), tuple(changes))
+
+    def change(self, s: Settlement, now: datetime) -> RowChange:
+        error = f"{s.outcome.value}: {s.detail}" if s.detail else s.outcome.value
+        attempts = s.row.attempts
+        if s.outcome is Outcome.LOST:
+            return RowChange(s.row.id, PENDING, attempts, now, error)
+        attempts += 1
+        if s.outcome is Outcome.REJECTED or attempts >= self.max_attempts:
+            return RowChange(s.row.id, PARKED, attempts, now, error)
+        delay = timedelta(seconds=self.backoff.delay(attempts))
+        return RowChange(s.row.id, PENDING, attempts, now + delay, error)

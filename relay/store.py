@@ -1,0 +1,239 @@
+"""The outbox store: claim due rows under a lease, settle them, and the few admin writes.
+
+The only module that talks SQL at run time. It is synchronous on purpose: the relay calls it
+from a worker thread (``asyncio.to_thread``) so that pika's I/O loop on the event-loop thread
+keeps turning while a query runs, and both PostgreSQL (psycopg) and SQLite (sqlite3) work
+through one tested code path instead of two async drivers.
+
+Claiming never uses a "last published id" cursor: ids are assigned at insert and committed
+in another order, so a cursor skips rows that commit late. A claim instead takes due pending
+rows (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so concurrent relays take disjoint rows) and
+pushes their ``next_attempt_at`` one lease ahead, in one committed statement. No transaction
+stays open while the broker is asked; a relay that dies leaves rows that are due again when
+the lease runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from importlib import resources
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from relay.errors import SchemaMissingError, StoreError
+from relay.records import (
+    PENDING,
+    SENT,
+    BacklogStats,
+    NewMessage,
+    OutboxRow,
+    SettleBatch,
+)
+from relay.schema import outbox
+from relay.settings import redact_url
+
+log = logging.getLogger(__name__)
+
+_ROW_COLUMNS = (
+    outbox.c.id,
+    outbox.c.message_id,
+    outbox.c.exchange,
+    outbox.c.routing_key,
+    outbox.c.payload,
+    outbox.c.content_type,
+    outbox.c.headers,
+    outbox.c.created_at,
+    outbox.c.attempts,
+    outbox.c.last_error,
+)
+# Keeps every statement's parameter count far below SQLite's and PostgreSQL's limits.
+_CHUNK = 1000
+
+
+class Store(Protocol):
+    def claim(self, limit: int, now: datetime) -> list[OutboxRow]: ...
+
+    def settle(self, batch: SettleBatch, now: datetime) -> None: ...
+
+    def backlog(self, now: datetime) -> BacklogStats: ...
+
+    def enqueue(self, messages: Sequence[NewMessage], now: datetime) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def create_engine(url: str) -> sa.Engine:
+    """An engine with the connection settings a long-running relay wants."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(f"database URL {redact_url(url)!r} is not valid: {exc}") from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "postgresql":
+        # A claim must not wait forever behind a lock (LOCK TABLE, a stuck migration): it
+        # fails, is logged, and is retried after a back-off.
+        connect_args = {
+            "connect_timeout": 5,
+            "application_name": "outbox-relay",
+            "options": "-c statement_timeout=30000",
+        }
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+    engine = sa.create_engine(parsed, connect_args={"timeout": 30})
+    sa.event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets the relay read while a writer (Spark, enqueue) holds the write lock; the
+    # busy timeout makes writers queue instead of failing with "database is locked".
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+class SqlStore:
+    def __init__(self, url: str, owner: str, lease: float) -> None:
+        self.engine = create_engine(url)
+        self.owner = owner
+        self.lease = timedelta(seconds=lease)
+        self._where = redact_url(url)
+
+    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+        due = (
+            sa.select(outbox.c.id)
+            .where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= now)
+            .order_by(outbox.c.next_attempt_at, outbox.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        stmt = (
+            sa.update(outbox)
+            .where(outbox.c.id.in_(due.scalar_subquery()))
+            .values(next_attempt_at=now + self.lease, lease_owner=self.owner)
+            .returning(*_ROW_COLUMNS)
+        )
+        with self._errors("claim"), self.engine.begin() as conn:
+            rows = [OutboxRow(**r._mapping) for r in conn.execute(stmt)]
+        rows.sort(key=lambda r: r.id)
+        return rows
+
+    def settle(self, batch: SettleBatch, now: datetime) -> None:
+        if not batch:
+            return
+        sent = (
+            sa.update(outbox)
+            .where(outbox.c.id.in_(sa.bindparam("ids", expanding=True)))
+            .where(outbox.c.status == PENDING)
+            .values(status=SENT, sent_at=now, lease_owner=None)
+        )
+        # A failure is written only while the row is still ours: if our lease ran out and
+        # another relay holds it now, its outcome decides. An ack is written regardless:
+        # it proves delivery whoever holds the row.
+        changed = (
+            sa.update(outbox)
+            .where(
+                outbox.c.id == sa.bindparam("row_id"),
+                outbox.c.status == PENDING,
+                outbox.c.lease_owner == self.owner,
+            )
+            .values(
+                status=sa.bindparam("new_status"),
+                attempts=sa.bindparam("new_attempts"),
+                next_attempt_at=sa.bindparam("new_next_attempt_at"),
+                last_error=sa.bindparam("new_last_error"),
+                lease_owner=None,
+            )
+        )
+        with self._errors("settle"), self.engine.begin() as conn:
+            for i in range(0, len(batch.sent), _CHUNK):
+                conn.execute(sent, {"ids": list(batch.sent[i : i + _CHUNK])})
+            if batch.changes:
+                conn.execute(
+                    changed,
+                    [
+                        {
+                            "row_id": c.id,
+                            "new_status": c.status,
+                            "new_attempts": c.attempts,
+                            "new_next_attempt_at": c.next_attempt_at,
+                            "new_last_error": c.last_error[:2000],
+                        }
+                        for c in batch.changes
+                    ],
+                )
+
+    def backlog(self, now: datetime) -> BacklogStats:
+        stmt = sa.select(sa.func.count(), sa.func.min(outbox.c.next_attempt_at)).where(
+            outbox.c.status == PENDING, outbox.c.next_attempt_at <= now
+        )
+        with self._errors("backlog"), self.engine.connect() as conn:
+            count, oldest = conn.execute(stmt).one()
+        age = (now - oldest).total_seconds() if oldest is not None else 0.0
+        return BacklogStats(due=int(count), oldest_due_age=max(0.0, age))
+
+    def enqueue(self, messages: Sequence[NewMessage], now: datetime) -> list[str]:
+        ids = [m.message_id or str(uuid.uuid4()) for m in messages]
+        rows = [
+            {
+                "message_id": message_id,
+                "exchange": m.exchange,
+                "routing_key": m.routing_key,
+                "payload": m.payload,
+                "content_type": m.content_type,
+                "headers": m.headers,
+                "created_at": now,
+                "next_attempt_at": now,
+            }
+            for m, message_id in zip(messages, ids, strict=True)
+        ]
+        if rows:
+            with self._errors("enqueue"), self.engine.begin() as conn:
+                conn.execute(sa.insert(outbox), rows)
+        return ids
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            if _missing_table(exc):
+                raise SchemaMissingError(
+                    f"the outbox table does not exist in {self._where}: run `relay migrate`"
+                ) from exc
+            first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            raise StoreError(
+                f"{what} on {self._where} failed: {type(exc.orig).__name__}: {first_line}"
+            ) from exc
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreError(f"{what} on {self._where} failed: {exc}") from exc
+
+
+def _missing_table(exc: sa.exc.DBAPIError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) == "42P01" or "no such table" in str(exc.orig)
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """Upgrade the database to ``revision`` with the migrations shipped in the package."""
+    engine = create_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("relay.migrations")))
+    try:
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"migrate {redact_url(url)} failed: {exc}") from exc
+    finally:
+        engine.dispose()

@@ -1,0 +1,138 @@
+"""The broker topology the relay declares on every connect, read from a TOML file.
+
+Declaring on every connect makes a fresh or reset broker usable without a separate setup
+step, and a mismatch (an existing queue with other arguments) fails loudly at connect time
+instead of silently routing nowhere.
+
+    [[exchange]]
+    name = "orders"
+    type = "topic"                        # direct, fanout, topic, headers
+    alternate_exchange = "orders.unrouted" # optional: where unroutable messages go
+
+    [[queue]]
+    name = "orders.created"
+    arguments = { "x-queue-type" = "quorum" }
+
+    [[binding]]
+    exchange = "orders"
+    queue = "orders.created"
+    routing_key = "order.created"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relay.errors import ConfigError
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+Arguments = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    name: str
+    type: str = "direct"
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    alternate_exchange: str | None = None
+    arguments: Arguments = field(default_factory=dict)
+
+    def declare_arguments(self) -> Arguments:
+        args = dict(self.arguments)
+        if self.alternate_exchange:
+            args["alternate-exchange"] = self.alternate_exchange
+        return args
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: Arguments = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Binding:
+    exchange: str
+    queue: str
+    routing_key: str = ""
+    arguments: Arguments = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topology:
+    exchanges: tuple[Exchange, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    bindings: tuple[Binding, ...] = ()
+
+
+_TYPES = {"name": str, "type": str, "durable": bool, "auto_delete": bool, "internal": bool,
+          "alternate_exchange": str, "arguments": dict, "exchange": str, "queue": str,
+          "routing_key": str}  # fmt: skip
+
+
+def load_topology(path: Path | None) -> Topology:
+    if path is None:
+        return Topology()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"RELAY_TOPOLOGY_FILE={path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"RELAY_TOPOLOGY_FILE={path}: not valid TOML: {exc}") from None
+    return parse_topology(data, str(path))
+
+
+def parse_topology(data: dict[str, Any], where: str) -> Topology:
+    unknown = set(data) - {"exchange", "queue", "binding"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown section {sorted(unknown)[0]!r} "
+                          "(expected [[exchange]], [[queue]], [[binding]])")  # fmt: skip
+    exchanges = tuple(_build(Exchange, item, f"{where}: exchange[{i}]")
+                      for i, item in enumerate(_tables(data, "exchange", where)))  # fmt: skip
+    queues = tuple(_build(Queue, item, f"{where}: queue[{i}]")
+                   for i, item in enumerate(_tables(data, "queue", where)))  # fmt: skip
+    bindings = tuple(_build(Binding, item, f"{where}: binding[{i}]")
+                     for i, item in enumerate(_tables(data, "binding", where)))  # fmt: skip
+    for i, exchange in enumerate(exchanges):
+        if exchange.type not in EXCHANGE_TYPES:
+            raise ConfigError(f"{where}: exchange[{i}] {exchange.name!r}: type must be one of "
+                              f"{', '.join(EXCHANGE_TYPES)}")  # fmt: skip
+    queue_names = {q.name for q in queues}
+    exchange_names = {e.name for e in exchanges}
+    for i, binding in enumerate(bindings):
+        if binding.queue not in queue_names:
+            raise ConfigError(f"{where}: binding[{i}]: queue {binding.queue!r} is not declared")
+        if binding.exchange not in exchange_names:
+            raise ConfigError(
+                f"{where}: binding[{i}]: exchange {binding.exchange!r} is not declared"
+            )
+    return Topology(exchanges, queues, bindings)
+
+
+def _tables(data: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    items = data.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ConfigError(f"{where}: {key} must be an array of tables ([[{key}]])")
+    return items
+
+
+def _build(cls: Any, item: dict[str, Any], where: str) -> Any:
+    allowed = set(cls.__dataclass_fields__)
+    for key, value in item.items():
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})"
+            )
+        if not isinstance(value, _TYPES[key]):
+            raise ConfigError(f"{where}: {key} must be a {_TYPES[key].__name__}")
+    for key in ("exchange", "queue") if cls is Binding else ("name",):
+        if not item.get(key):
+            raise ConfigError(f"{where}: {key} is required")
+    return cls(**item)
