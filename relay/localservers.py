@@ -1,0 +1,230 @@
+"""Private RabbitMQ and PostgreSQL servers on loopback, in a directory of their own.
+
+For the demo, the tests and the benchmark; the daemon never imports this module. Each
+server gets free ports, its own data directory and logs, and stops when asked, leaving the
+machine's own services (if any) alone. Debian's packages provide the binaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+class ServerError(RuntimeError):
+    """A private server could not be started or controlled; the message says where to look."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise ServerError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class RabbitNode:
+    """A rabbitmq-server node named ``<name>@localhost`` listening on 127.0.0.1."""
+
+    def __init__(self, base: Path, name: str = "relay", port: int | None = None) -> None:
+        if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+            raise ServerError(
+                "rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)"
+            )
+        self.base = base
+        self.name = f"{name}-{os.getpid()}@localhost"
+        self.port = port or free_port()
+        self.dist_port = free_port()
+        self.home = base / "home"
+        self.log_path = base / "log" / "console.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "HOME": str(self.home),
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.base / "log"),
+            "RABBITMQ_PID_FILE": str(self.base / "rabbit.pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq"),
+        }
+
+    def start(self, timeout: float = 90.0) -> None:
+        for d in (self.home, self.base / "log", self.base / "mnesia"):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.base / "enabled_plugins").write_text("[].\n")
+        config = self.base / "rabbitmq.conf"
+        if not config.exists():
+            config.write_text("log.console = false\nlog.file.level = warning\n")
+        log = self.log_path.open("ab")
+        self._process = subprocess.Popen(
+            [str(RABBITMQ_BIN / "rabbitmq-server")],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        try:
+            wait_until(
+                lambda: self._process is not None
+                and (self._process.poll() is not None or port_open("127.0.0.1", self.port)),
+                timeout,
+                f"RabbitMQ node {self.name} on port {self.port} (log: {self.log_path})",
+            )
+            if self._process.poll() is not None:
+                raise ServerError(f"RabbitMQ node {self.name} exited; see {self.log_path}")
+            self.ctl("await_startup", timeout=timeout)
+        except Exception:
+            self.kill()
+            raise
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        result = subprocess.run(
+            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServerError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def beam_pid(self) -> int:
+        return int((self.base / "rabbit.pid").read_text().strip())
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.beam_pid(), sig)
+
+    def stop(self) -> None:
+        """Stop gracefully (``rabbitmqctl stop``); kill if that fails."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            try:
+                self.ctl("stop", timeout=60)
+                self._process.wait(timeout=60)
+            except (ServerError, subprocess.TimeoutExpired):
+                self.kill()
+        self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL the whole node (the beam process and its helpers)."""
+        if self._process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(self.beam_pid(), signal.SIGKILL)
+        self._process.wait(timeout=30)
+        self._process = None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster in ``base``, on 127.0.0.1, trust authentication for ``postgres``.
+
+    As root, ``initdb`` and ``pg_ctl`` run as the ``postgres`` user, who must own the data
+    directory: PostgreSQL refuses to run as root.
+    """
+
+    def __init__(self, base: Path, port: int | None = None, tuned_for_tests: bool = False) -> None:
+        self.bin = _postgres_bin()
+        self.base = base
+        self.data = base / "data"
+        self.port = port or free_port()
+        self.log_path = base / "postgres.log"
+        options = [f"-p {self.port}", f"-k {base}", "-c listen_addresses=127.0.0.1"]
+        if tuned_for_tests:
+            # Durability is not under test against a crashed PostgreSQL here; speed is welcome.
+            options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        self._options = " ".join(options)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.base, "postgres", "postgres")
+            # Temporary parents are private to root; postgres must be able to walk to base.
+            for parent in self.base.parents:
+                if parent == Path("/"):
+                    break
+                parent.chmod(parent.stat().st_mode | 0o011)
+        if not (self.data / "PG_VERSION").exists():
+            self._run("initdb", "-A", "trust", "-U", "postgres", "-E", "UTF8", "-D", str(self.data))
+        self._run("pg_ctl", "-D", str(self.data), "-o", self._options, "-l", str(self.log_path),
+                  "-w", "-t", "60", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        return self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                         "-d", database, "-v", "ON_ERROR_STOP=1", "-qAtc", sql)  # fmt: skip
+
+    def _run(self, tool: str, *args: str) -> str:
+        command = [str(self.bin / tool), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise ServerError(
+                f"{tool} failed ({result.returncode}): {result.stderr.strip()} "
+                f"(log: {self.log_path})"
+            )
+        return result.stdout
+
+
+def _postgres_bin() -> Path:
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=_version_key)
+    if not versions:
+        raise ServerError("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    return versions[-1].parent
+
+
+def _version_key(path: Path) -> int:
+    return int(path.parent.parent.name) if path.parent.parent.name.isdigit() else 0
+
+
+@contextlib.contextmanager
+def running(server: RabbitNode | PostgresServer) -> Iterator[None]:
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop()

@@ -1,0 +1,140 @@
+"""One contract, three stores: the in-memory fake, SQLite and PostgreSQL behave alike.
+
+If the fake drifts from the real stores, these tests fail for the fake, so the loop tests
+that use it keep telling the truth."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from relay.records import PARKED, PENDING, SENT, NewMessage, RowChange, SettleBatch
+from relay.schema import outbox
+from relay.store import SqlStore
+from tests.fakes import InMemoryStore
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+LEASE = 60.0
+StoreFactory = Callable[[str], "InMemoryStore | SqlStore"]
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
+    """Returns a factory: owner -> a store on the same outbox."""
+    made: list[SqlStore] = []
+    if request.param == "memory":
+        shared = InMemoryStore()
+
+        def memory(owner: str) -> InMemoryStore:
+            store = InMemoryStore(owner, LEASE)
+            store.rows = shared.rows
+            return store
+
+        yield memory
+        return
+    url = request.getfixturevalue(f"{request.param}_url")
+
+    def sql(owner: str) -> SqlStore:
+        made.append(SqlStore(url, owner, LEASE))
+        return made[-1]
+
+    yield sql
+    for store in made:
+        store.close()
+
+
+def state(store: InMemoryStore | SqlStore, id: int) -> tuple[str, int, str | None]:
+    if isinstance(store, InMemoryStore):
+        s = store.rows[id]
+        return s.status, s.row.attempts, s.row.last_error
+    with store.engine.connect() as conn:
+        r = conn.execute(
+            sa.select(outbox.c.status, outbox.c.attempts, outbox.c.last_error).where(
+                outbox.c.id == id
+            )
+        ).one()
+    return r.status, r.attempts, r.last_error
+
+
+def msgs(n: int) -> list[NewMessage]:
+    return [NewMessage(f"body {i}".encode(), "ex", f"rk.{i}", "text/plain",
+                       '{"n": %d}' % i) for i in range(n)]  # fmt: skip
+
+
+def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    ids = store.enqueue(msgs(3), T0)
+    rows = store.claim(10, T0)
+    assert [r.message_id for r in rows] == ids
+    assert [r.id for r in rows] == sorted(r.id for r in rows)
+    first = rows[0]
+    assert (first.exchange, first.routing_key, first.payload) == ("ex", "rk.0", b"body 0")
+    assert (first.content_type, first.headers, first.attempts) == ("text/plain", '{"n": 0}', 0)
+    assert first.created_at == T0
+
+
+def test_claim_takes_at_most_limit_and_only_due_rows(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(msgs(5), T0)
+    assert len(store.claim(2, T0)) == 2
+    assert len(store.claim(10, T0 - timedelta(seconds=1))) == 0, "rows not yet due"
+    assert len(store.claim(10, T0)) == 3
+
+
+def test_claimed_rows_are_leased_until_the_lease_ends(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    a.enqueue(msgs(2), T0)
+    assert len(a.claim(10, T0)) == 2
+    assert b.claim(10, T0 + timedelta(seconds=LEASE - 1)) == []
+    assert len(b.claim(10, T0 + timedelta(seconds=LEASE))) == 2, "a dead relay's rows return"
+
+
+def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(msgs(2), T0)
+    rows = store.claim(10, T0)
+    store.settle(SettleBatch(sent=(rows[0].id,)), T0)
+    assert state(store, rows[0].id)[0] == SENT
+    assert [r.id for r in store.claim(10, T0 + timedelta(hours=1))] == [rows[1].id]
+
+
+def test_changes_apply_only_while_the_lease_is_ours(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    a.enqueue(msgs(1), T0)
+    (row,) = a.claim(10, T0)
+    later = T0 + timedelta(seconds=LEASE)
+    assert [r.id for r in b.claim(10, later)] == [row.id]
+    a.settle(SettleBatch(changes=(RowChange(row.id, PARKED, 1, later, "nacked: x"),)), later)
+    assert state(a, row.id) == (PENDING, 0, None), "a stale failure overwrote b's lease"
+    a.settle(SettleBatch(sent=(row.id,)), later)
+    assert state(a, row.id)[0] == SENT, "an ack proves delivery whoever holds the row"
+
+
+def test_retry_and_park(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(msgs(2), T0)
+    r1, r2 = store.claim(10, T0)
+    retry_at = T0 + timedelta(seconds=30)
+    store.settle(
+        SettleBatch(changes=(RowChange(r1.id, PENDING, 1, retry_at, "nacked: x"),
+                             RowChange(r2.id, PARKED, 3, T0, "returned: 312 NO_ROUTE"))),
+        T0,
+    )  # fmt: skip
+    assert state(store, r1.id) == (PENDING, 1, "nacked: x")
+    assert state(store, r2.id) == (PARKED, 3, "returned: 312 NO_ROUTE")
+    assert store.claim(10, retry_at - timedelta(seconds=1)) == []
+    (again,) = store.claim(10, retry_at)
+    assert (again.id, again.attempts, again.republish) == (r1.id, 1, True)
+
+
+def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(msgs(3), T0)
+    stats = store.backlog(T0 + timedelta(seconds=10))
+    assert (stats.due, stats.oldest_due_age) == (3, 10.0)
+    store.claim(1, T0)
+    assert store.backlog(T0 + timedelta(seconds=10)).due == 2
+    assert store.backlog(T0 - timedelta(seconds=1)).due == 0

@@ -1,0 +1,161 @@
+"""In-memory fakes of the store and the publisher, held to the real ones by contract tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from relay.confirms import ConfirmTracker
+from relay.errors import StoreError
+from relay.records import (
+    PENDING,
+    SENT,
+    BacklogStats,
+    NewMessage,
+    OutboxRow,
+    Settlement,
+    SettleBatch,
+)
+
+
+@dataclass
+class _Stored:
+    row: OutboxRow
+    status: str
+    next_attempt_at: datetime
+    lease_owner: str | None = None
+    sent_at: datetime | None = None
+
+
+class InMemoryStore:
+    """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage)."""
+
+    def __init__(self, owner: str = "relay-a", lease: float = 60.0) -> None:
+        self.owner = owner
+        self.lease = timedelta(seconds=lease)
+        self.rows: dict[int, _Stored] = {}
+        self.failing = False
+        self._next_id = 1
+
+    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+        self._check()
+        due = sorted(
+            (s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now),
+            key=lambda s: (s.next_attempt_at, s.row.id),
+        )[:limit]
+        for s in due:
+            s.next_attempt_at = now + self.lease
+            s.lease_owner = self.owner
+        return sorted((s.row for s in due), key=lambda r: r.id)
+
+    def settle(self, batch: SettleBatch, now: datetime) -> None:
+        self._check()
+        for id in batch.sent:
+            s = self.rows[id]
+            if s.status == PENDING:
+                s.status, s.sent_at, s.lease_owner = SENT, now, None
+        for c in batch.changes:
+            s = self.rows[c.id]
+            if s.status == PENDING and s.lease_owner == self.owner:
+                s.status, s.next_attempt_at, s.lease_owner = c.status, c.next_attempt_at, None
+                s.row = replace(s.row, attempts=c.attempts, last_error=c.last_error)
+
+    def backlog(self, now: datetime) -> BacklogStats:
+        self._check()
+        due = [s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now]
+        oldest = min((s.next_attempt_at for s in due), default=now)
+        return BacklogStats(len(due), (now - oldest).total_seconds())
+
+    def enqueue(self, messages: Sequence[NewMessage], now: datetime) -> list[str]:
+        self._check()
+        ids = []
+        for m in messages:
+            message_id = m.message_id or str(uuid.uuid4())
+            if any(s.row.message_id == message_id for s in self.rows.values()):
+                raise StoreError(f"duplicate message_id {message_id}")
+            row = OutboxRow(self._next_id, message_id, m.exchange, m.routing_key, m.payload,
+                            m.content_type, m.headers, now, 0)  # fmt: skip
+            self.rows[row.id] = _Stored(row, PENDING, now)
+            self._next_id += 1
+            ids.append(message_id)
+        return ids
+
+    def close(self) -> None:
+        pass
+
+    def _check(self) -> None:
+        if self.failing:
+            raise StoreError("database is down (simulated)")
+
+
+Responder = Callable[[OutboxRow], str | None]  # "ack", "nack", "return" or None (silence)
+
+
+class ScriptedPublisher:
+    """A broker that answers each publish as ``respond`` says, asynchronously, in order."""
+
+    def __init__(self, respond: Responder, window: int = 100, confirm_timeout: float = 5.0):
+        self.respond = respond
+        self.window = window
+        self.tracker = ConfirmTracker(confirm_timeout)
+        self.published: list[OutboxRow] = []
+        self.max_in_flight = 0
+        self.connected = True
+        self._progress = asyncio.Event()
+        self._closed = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self.connected
+
+    @property
+    def in_flight(self) -> int:
+        return self.tracker.in_flight
+
+    def capacity(self) -> int:
+        return max(0, self.window - self.tracker.in_flight) if self.ready else 0
+
+    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
+        loop = asyncio.get_running_loop()
+        for row in rows:
+            seq = self.tracker.published(row, time.monotonic())
+            self.published.append(row)
+            answer = self.respond(row)
+            if answer is not None:
+                loop.call_soon(self._answer, seq, row, answer)
+        self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
+        return list(rows)
+
+    def _answer(self, seq: int, row: OutboxRow, answer: str) -> None:
+        if answer == "return":
+            self.tracker.on_return(row.message_id, "312 NO_ROUTE")
+        if answer == "nack":
+            self.tracker.on_nack(seq, False)
+        else:
+            self.tracker.on_ack(seq, False, time.monotonic())
+        self._progress.set()
+
+    def take_settled(self) -> list[Settlement]:
+        return self.tracker.take_settled()
+
+    async def wait_for_progress(self, timeout: float) -> None:
+        if self.tracker.has_settled:
+            return
+        self._progress.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), timeout)
+
+    async def run(self) -> None:
+        while not self._closed.is_set():
+            await asyncio.sleep(0.01)
+            if self.tracker.expire(time.monotonic()):
+                self._progress.set()
+
+    async def close(self) -> None:
+        self._closed.set()
+        self.tracker.channel_lost("publisher closed")

@@ -1,0 +1,69 @@
+"""Settings: parsing from the environment, an env file and options; every error names the
+setting; secrets never appear in errors or in the redacted view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.errors import ConfigError
+from relay.settings import Settings, redact_url
+
+
+def test_defaults_need_no_environment() -> None:
+    s = Settings.load({})
+    assert s.database_url.startswith("sqlite:///")
+    assert s.window == 1000 and s.relay_id
+
+
+def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path) -> None:
+    env_file = tmp_path / "relay.env"
+    env_file.write_text("# comment\nRELAY_BATCH_SIZE=7\nRELAY_WINDOW='11'\nRELAY_MAX_ATTEMPTS=3\n")
+    s = Settings.load(
+        {"RELAY_WINDOW": "12", "RELAY_MAX_ATTEMPTS": "4", "HOME": "/x"},
+        {"max_attempts": "5"},
+        env_file,
+    )
+    assert (s.batch_size, s.window, s.max_attempts) == (7, 12, 5)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RELAY_BATCH_SIZE": "0"}, "RELAY_BATCH_SIZE='0': must be a positive whole number"),
+        ({"RELAY_BATCH_SIZE": "lots"}, "RELAY_BATCH_SIZE='lots': must be a positive whole"),
+        ({"RELAY_CONFIRM_TIMEOUT": "-1"}, "RELAY_CONFIRM_TIMEOUT='-1': must be a positive"),
+        ({"RELAY_CONFIRM_TIMEOUT": "nan"}, "RELAY_CONFIRM_TIMEOUT='nan': must be a positive"),
+        ({"RELAY_METRICS_PORT": "70000"}, "RELAY_METRICS_PORT='70000': must be a port"),
+        ({"RELAY_LOG_FORMAT": "xml"}, "RELAY_LOG_FORMAT='xml': must be one of text, json"),
+        ({"RELAY_BACH_SIZE": "5"}, "RELAY_BACH_SIZE: unknown setting (did you mean RELAY_BATCH_SIZE?)"),
+        ({"RELAY_AMQP_URL": "http://u:secret@h"}, "RELAY_AMQP_URL=(hidden): must be a URL"),
+        ({"RELAY_DATABASE_URL": "mysql://u:secret@h/db"}, "RELAY_DATABASE_URL=(hidden)"),
+        ({"RELAY_LEASE": "50", "RELAY_CONFIRM_TIMEOUT": "30"}, "RELAY_LEASE=50 must be more than twice"),
+        ({"RELAY_BACKOFF_MAX": "0.5"}, "RELAY_BACKOFF_MAX must not be less than"),
+    ],
+)  # fmt: skip
+def test_bad_values_name_the_setting(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.load(environ)
+    assert str(err.value).startswith(message)
+    assert "secret" not in str(err.value)
+
+
+def test_malformed_env_file_names_the_line(tmp_path: Path) -> None:
+    env_file = tmp_path / "relay.env"
+    env_file.write_text("RELAY_WINDOW=5\nthis is not a setting\n")
+    with pytest.raises(ConfigError, match=r"relay.env:2: expected NAME=value"):
+        Settings.load({}, env_file=env_file)
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.load({}, env_file=tmp_path / "missing.env")
+
+
+def test_redacted_hides_passwords_only() -> None:
+    s = Settings.load({"RELAY_AMQP_URL": "amqp://relay:s3cret@rabbit:5672/%2F",
+                       "RELAY_DATABASE_URL": "postgresql://app:pw@db/outbox"})  # fmt: skip
+    shown = s.redacted()
+    assert shown["amqp_url"] == "amqp://relay:***@rabbit:5672/%2F"
+    assert shown["database_url"] == "postgresql://app:***@db/outbox"
+    assert redact_url("sqlite:///x.db") == "sqlite:///x.db"

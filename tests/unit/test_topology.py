@@ -1,0 +1,60 @@
+"""Topology files: a good file parses; every mistake is one clear error naming its place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.errors import ConfigError
+from relay.topology import load_topology
+
+GOOD = """
+[[exchange]]
+name = "orders"
+type = "topic"
+alternate_exchange = "orders.unrouted"
+
+[[exchange]]
+name = "orders.unrouted"
+type = "fanout"
+
+[[queue]]
+name = "orders.created"
+arguments = { "x-max-length" = 10, "x-overflow" = "reject-publish" }
+
+[[binding]]
+exchange = "orders"
+queue = "orders.created"
+routing_key = "order.*"
+"""
+
+
+def test_good_file(tmp_path: Path) -> None:
+    path = tmp_path / "topology.toml"
+    path.write_text(GOOD)
+    topology = load_topology(path)
+    orders = topology.exchanges[0]
+    assert orders.declare_arguments() == {"alternate-exchange": "orders.unrouted"}
+    assert topology.queues[0].arguments["x-overflow"] == "reject-publish"
+    assert topology.bindings[0].routing_key == "order.*"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[exchange]]\nnmae = 'x'\n", "exchange[0]: unknown key 'nmae'"),
+        ("[[exchange]]\nname = 'x'\ntype = 'round-robin'\n", "type must be one of"),
+        ("[[queue]]\nname = 'q'\ndurable = 'yes'\n", "queue[0]: durable must be a bool"),
+        ("[[queue]]\ndurable = true\n", "queue[0]: name is required"),
+        ("[[binding]]\nexchange = 'x'\nqueue = 'q'\n", "binding[0]: queue 'q' is not declared"),
+        ("[exchanges]\nname = 'x'\n", "unknown section 'exchanges'"),
+        ("exchange = 'x'\n", "exchange must be an array of tables"),
+        ("[[exchange]\n", "not valid TOML"),
+    ],
+)
+def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "topology.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_topology(path)
