@@ -98,8 +98,10 @@ class RabbitNode:
         log.close()
         try:
             wait_until(
-                lambda: self._process is not None
-                and (self._process.poll() is not None or port_open("127.0.0.1", self.port)),
+                lambda: (
+                    self._process is not None
+                    and (self._process.poll() is not None or port_open("127.0.0.1", self.port))
+                ),
                 timeout,
                 f"RabbitMQ node {self.name} on port {self.port} (log: {self.log_path})",
             )

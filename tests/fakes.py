@@ -18,8 +18,8 @@ from relay.records import (
     BacklogStats,
     NewMessage,
     OutboxRow,
-    Settlement,
     SettleBatch,
+    Settlement,
 )
 
 

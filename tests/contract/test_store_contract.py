@@ -5,6 +5,7 @@ that use it keep telling the truth."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -61,7 +62,7 @@ def state(store: InMemoryStore | SqlStore, id: int) -> tuple[str, int, str | Non
 
 def msgs(n: int) -> list[NewMessage]:
     return [NewMessage(f"body {i}".encode(), "ex", f"rk.{i}", "text/plain",
-                       '{"n": %d}' % i) for i in range(n)]  # fmt: skip
+                       json.dumps({"n": i})) for i in range(n)]  # fmt: skip
 
 
 def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreFactory) -> None:

@@ -10,8 +10,14 @@ from relay.confirms import ConfirmTracker
 from relay.records import Outcome
 from tests.rows import row
 
-A, N, R, T, F, L = (Outcome.ACKED, Outcome.NACKED, Outcome.RETURNED, Outcome.TIMED_OUT,
-                    Outcome.FAILED, Outcome.LOST)  # fmt: skip
+A, N, R, T, F, L = (
+    Outcome.ACKED,
+    Outcome.NACKED,
+    Outcome.RETURNED,
+    Outcome.TIMED_OUT,
+    Outcome.FAILED,
+    Outcome.LOST,
+)
 
 # Each case: rows 1..n are published in order at t=0 (tags 1..n), then the events run.
 # Events: ("ack"|"nack", tag, multiple), ("return", row id), ("expire", now),
@@ -21,21 +27,41 @@ CASES: dict[str, tuple[int, list[tuple[Any, ...]], dict[int, Outcome], int]] = {
     "multiple ack settles every tag up to it": (4, [("ack", 3, True)], {1: A, 2: A, 3: A}, 1),
     "multiple nack settles every tag up to it": (3, [("nack", 2, True)], {1: N, 2: N}, 1),
     "single nack": (2, [("nack", 1, False)], {1: N}, 1),
-    "return then ack is returned, not acked": (2, [("return", 1), ("ack", 2, True)],
-                                               {1: R, 2: A}, 0),  # fmt: skip
+    "return then ack is returned, not acked": (
+        2,
+        [("return", 1), ("ack", 2, True)],
+        {1: R, 2: A},
+        0,
+    ),
     "out-of-order single acks": (3, [("ack", 3, False), ("ack", 1, False)], {3: A, 1: A}, 1),
-    "multiple ack after single acks settles the rest":
-        (4, [("ack", 2, False), ("ack", 4, True)], {1: A, 2: A, 3: A, 4: A}, 0),
+    "multiple ack after single acks settles the rest": (
+        4,
+        [("ack", 2, False), ("ack", 4, True)],
+        {1: A, 2: A, 3: A, 4: A},
+        0,
+    ),
     "ack of unknown tag is ignored": (2, [("ack", 9, False)], {}, 2),
     "late ack after timeout is ignored": (1, [("expire", 31.0), ("ack", 1, False)], {1: T}, 0),
     "timeout only takes tags older than the limit": (2, [("expire", 29.0)], {}, 2),
-    "timeout takes every overdue tag": (3, [("ack", 2, False), ("expire", 30.0)],
-                                        {1: T, 2: A, 3: T}, 0),  # fmt: skip
-    "channel lost: outstanding rows are lost": (3, [("ack", 1, False), ("lost", None)],
-                                                {1: A, 2: L, 3: L}, 0),  # fmt: skip
+    "timeout takes every overdue tag": (
+        3,
+        [("ack", 2, False), ("expire", 30.0)],
+        {1: T, 2: A, 3: T},
+        0,
+    ),
+    "channel lost: outstanding rows are lost": (
+        3,
+        [("ack", 1, False), ("lost", None)],
+        {1: A, 2: L, 3: L},
+        0,
+    ),
     "channel closed because of one exchange": (3, [("lost", "bad")], {1: F, 2: L, 3: F}, 0),
-    "return for an unknown message id is ignored": (1, [("return", 99), ("ack", 1, False)],
-                                                    {1: A}, 0),  # fmt: skip
+    "return for an unknown message id is ignored": (
+        1,
+        [("return", 99), ("ack", 1, False)],
+        {1: A},
+        0,
+    ),
 }
 
 
@@ -59,7 +85,7 @@ def test_tracker(case: str) -> None:
             culprit = event[1]
             tracker.channel_lost(
                 "connection reset",
-                (lambda r: r.exchange == culprit) if culprit else None,
+                (lambda r, name=culprit: r.exchange == name) if culprit else None,
                 "404 NOT_FOUND",
             )
     settled = tracker.take_settled()

@@ -1,0 +1,166 @@
+"""The relay loop against the in-memory store and a scripted broker: no servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from relay.backoff import Backoff
+from relay.metrics import Metrics
+from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
+from relay.relay import Relay
+from relay.settle import SettlePolicy
+from tests.fakes import InMemoryStore, ScriptedPublisher
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 22, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def make(
+    store: InMemoryStore, publisher: ScriptedPublisher, clock: Callable[[], datetime],
+    max_attempts: int = 3, batch_size: int = 50,
+) -> Relay:  # fmt: skip
+    return Relay(
+        store, publisher, SettlePolicy(max_attempts, Backoff(1.0, 10.0)), Metrics(),
+        batch_size=batch_size, poll_interval=0.01, drain_timeout=1.0, stats_interval=0.05,
+        retry=Backoff(0.01, 0.05), clock=clock,
+    )  # fmt: skip
+
+
+async def run_until(relay: Relay, condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    task = asyncio.create_task(relay.run())
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+    relay.stop()
+    return await task
+
+
+def statuses(store: InMemoryStore) -> dict[int, str]:
+    return {id: s.status for id, s in store.rows.items()}
+
+
+def fill(store: InMemoryStore, clock: Clock, n: int) -> None:
+    store.enqueue([NewMessage(b"x", "ex", "rk") for _ in range(n)], clock.now)
+
+
+def test_every_acked_row_is_sent_and_the_window_is_never_exceeded() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 1000)
+    publisher = ScriptedPublisher(lambda row: "ack", window=64)
+    relay = make(store, publisher, clock)
+    ok = asyncio.run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
+    assert ok
+    assert len(publisher.published) == 1000
+    assert 0 < publisher.max_in_flight <= 64
+    assert relay.metrics.outcomes.labels("acked")._value.get() == 1000
+
+
+def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 2)
+    publisher = ScriptedPublisher(lambda row: "nack" if row.id == 1 else "ack")
+    relay = make(store, publisher, clock, max_attempts=3)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        for attempts in (1, 2):
+            while store.rows[1].row.attempts < attempts:
+                await asyncio.sleep(0.005)
+            assert store.rows[1].status == PENDING
+            assert store.rows[1].next_attempt_at > clock.now, "retried without back-off"
+            clock.now += timedelta(seconds=30)
+        while store.rows[1].status != PARKED:
+            await asyncio.sleep(0.005)
+        relay.stop()
+        assert await task
+
+    asyncio.run(scenario())
+    assert statuses(store) == {1: PARKED, 2: SENT}
+    assert store.rows[1].row.attempts == 3
+    assert store.rows[1].row.last_error == "nacked: basic.nack: the broker refused the message"
+    assert [r.id for r in publisher.published].count(1) == 3
+    assert relay.metrics.parked._value.get() == 1
+
+
+def test_returned_row_is_never_marked_sent() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 1)
+    publisher = ScriptedPublisher(lambda row: "return")
+    relay = make(store, publisher, clock)
+    asyncio.run(run_until(relay, lambda: store.rows[1].row.attempts == 1))
+    assert store.rows[1].status == PENDING
+    assert store.rows[1].row.last_error == "returned: 312 NO_ROUTE"
+
+
+def test_unconfirmed_row_times_out_and_is_republished() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 1)
+    seen: list[int] = []
+
+    def first_silent(row: OutboxRow) -> str | None:
+        seen.append(row.id)
+        return None if len(seen) == 1 else "ack"
+
+    publisher = ScriptedPublisher(first_silent, confirm_timeout=0.05)
+    relay = make(store, publisher, clock)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        while store.rows[1].row.attempts < 1:
+            await asyncio.sleep(0.005)
+        clock.now += timedelta(seconds=30)
+        while store.rows[1].status != SENT:
+            await asyncio.sleep(0.005)
+        relay.stop()
+        await task
+
+    asyncio.run(scenario())
+    assert seen == [1, 1]
+    assert store.rows[1].row.last_error == "timed_out: no confirm within 0.05s"
+
+
+def test_outcomes_survive_a_database_outage_and_are_recorded_after_it() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 10)
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher, clock, batch_size=10)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        while len(publisher.published) < 10:
+            await asyncio.sleep(0)
+        store.failing = True  # the acks arrive while the database is down
+        await asyncio.sleep(0.2)
+        assert not relay.ready()
+        assert all(s.status == PENDING for s in store.rows.values())
+        store.failing = False
+        while any(s.status != SENT for s in store.rows.values()):
+            await asyncio.sleep(0.005)
+        relay.stop()
+        assert await task
+
+    asyncio.run(scenario())
+    assert len(publisher.published) == 10, "rows were published twice"
+    assert relay.metrics.store_errors._value.get() >= 1
+
+
+def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 4)
+    publisher = ScriptedPublisher(lambda row: "ack" if row.id % 2 else None, confirm_timeout=60)
+    relay = make(store, publisher, clock)
+    ok = asyncio.run(run_until(relay, lambda: len(publisher.published) == 4))
+    assert ok
+    assert statuses(store) == {1: SENT, 2: PENDING, 3: SENT, 4: PENDING}
+    for id in (2, 4):
+        s = store.rows[id]
+        assert s.lease_owner is None and s.next_attempt_at == clock.now, "not due again at once"
+        assert s.row.attempts == 0 and s.row.last_error == "lost: publisher closed"
