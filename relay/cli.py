@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,7 +28,7 @@ from relay.relay import Relay, utcnow
 from relay.settings import ENV_FILE_VAR, Settings, describe
 from relay.settle import SettlePolicy
 from relay.store import SqlStore, migrate
-from relay.topology import load_topology
+from relay.topology import Topology, load_topology
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def _add_settings(parser: argparse.ArgumentParser, only: Iterable[str] | None) -
             "--" + name.replace("_", "-"),
             dest="set_" + name,
             metavar=name.split("_")[-1].upper(),
-            help=f"{help_text}{shown} [{env}]",
+            help=f"{help_text}{shown} [{env}]".replace("%", "%%"),
         )
 
 
@@ -147,7 +148,15 @@ def _run(settings: Settings, _args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FAILURE
 
 
-async def _serve(settings: Settings, topology: Any) -> bool:
+@dataclass(frozen=True)
+class Assembled:
+    relay: Relay
+    store: SqlStore
+    metrics: Metrics
+
+
+def assemble(settings: Settings, topology: Topology) -> Assembled:
+    """Build the relay and its adapters from settings (inside a running event loop)."""
     metrics = Metrics()
     backoff = Backoff(settings.backoff_initial, settings.backoff_max)
     store = SqlStore(settings.database_url, settings.relay_id, settings.lease)
@@ -158,7 +167,7 @@ async def _serve(settings: Settings, topology: Any) -> bool:
         confirm_timeout=settings.confirm_timeout,
         reconnect=backoff,
         name=settings.relay_id,
-        on_state=lambda up: metrics.broker_connected.set(1 if up else 0),
+        on_state=metrics.broker_state,
     )
     relay = Relay(
         store,
@@ -171,6 +180,12 @@ async def _serve(settings: Settings, topology: Any) -> bool:
         stats_interval=settings.stats_interval,
         retry=backoff,
     )
+    return Assembled(relay, store, metrics)
+
+
+async def _serve(settings: Settings, topology: Topology) -> bool:
+    parts = assemble(settings, topology)
+    relay, store, metrics = parts.relay, parts.store, parts.metrics
     server = None
     if settings.metrics_port:
         try:

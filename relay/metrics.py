@@ -62,6 +62,11 @@ class Metrics:
         self.broker_connected = Gauge(
             "relay_broker_connected", "1 while a confirm channel is open.", registry=r
         )
+        self.broker_connections = Counter(
+            "relay_broker_connections_total",
+            "Confirm channels opened (the first connect and every reconnect).",
+            registry=r,
+        )
         self.database_connected = Gauge(
             "relay_database_connected", "1 while the last database call succeeded.", registry=r
         )
@@ -75,6 +80,11 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def broker_state(self, connected: bool) -> None:
+        self.broker_connected.set(1 if connected else 0)
+        if connected:
+            self.broker_connections.inc()
 
     def settled(self, settlements: Iterable[Settlement], parked: int) -> None:
         for s in settlements:

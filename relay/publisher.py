@@ -244,7 +244,8 @@ class PikaPublisher:
 
         def on_open_error(_conn: Any, exc: BaseException) -> None:
             if not opened.done():
-                opened.set_exception(BrokerError(f"cannot connect to {self._where}: {exc!r}"))
+                why = _root_cause(exc)
+                opened.set_exception(BrokerError(f"cannot connect to {self._where}: {why}"))
             _resolve(closed, repr(exc))
 
         def on_close(_conn: Any, exc: BaseException) -> None:
@@ -382,6 +383,20 @@ class PikaPublisher:
             exc,
             extra={"action": "broker_retry", "broker": self._where},
         )
+
+
+def _root_cause(exc: BaseException) -> str:
+    """pika wraps a refused socket three levels deep; operators want the innermost reason."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        inner = getattr(seen, "exceptions", None) or seen.args
+        nested = [e for e in inner if isinstance(e, BaseException)]
+        if not nested and isinstance(getattr(seen, "exception", None), BaseException):
+            nested = [seen.exception]  # type: ignore[attr-defined]
+        if not nested:
+            return f"{type(seen).__name__}: {seen}" if str(seen) else type(seen).__name__
+        seen = nested[-1]
+    return repr(exc)
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:

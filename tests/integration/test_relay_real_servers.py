@@ -1,0 +1,183 @@
+"""The relay against a real RabbitMQ node and real databases (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from decimal import Decimal
+
+import sqlalchemy as sa
+
+from relay.localservers import RabbitNode
+from relay.records import NewMessage
+from relay.relay import utcnow
+from relay.schema import outbox
+from relay.store import SqlStore
+from relay.topology import Exchange, Topology
+from tests.integration.broker import drain, names, simple_topology
+from tests.integration.harness import Running, enqueue, rows_by_status, settings, table, wait_for
+
+
+def test_rows_are_relayed_with_their_properties_and_marked_sent(
+    database_url: str, rabbit: RabbitNode
+) -> None:
+    exchange, queue = names("props")
+    messages = [
+        NewMessage(json.dumps({"order": i}).encode(), exchange, f"order.{i}", "application/json",
+                   json.dumps({"tenant": "t1", "n": i, "ratio": 0.5}))
+        for i in range(50)
+    ] + [NewMessage(b"\x00\xffraw", exchange, "raw", "application/octet-stream", None, "fixed-id")]  # fmt: skip
+
+    async def scenario() -> None:
+        async with Running(
+            settings(database_url, rabbit.url), simple_topology(exchange, queue)
+        ) as parts:
+            ids = enqueue(parts, messages)
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 51}, 30, "all rows sent")
+            assert ids[-1] == "fixed-id"
+            rows = table(parts)
+            assert all(r.sent_at is not None and r.attempts == 0 for r in rows)
+            assert parts.metrics.outcomes.labels("acked")._value.get() == 51
+
+    asyncio.run(scenario())
+    got = {d.message_id: d for d in drain(rabbit.url, queue, expect=51)}
+    assert len(got) == 51
+    raw = got["fixed-id"]
+    assert (raw.body, raw.routing_key, raw.content_type, raw.headers) == (
+        b"\x00\xffraw",
+        "raw",
+        "application/octet-stream",
+        None,
+    )
+    sample = next(d for d in got.values() if d.routing_key == "order.7")
+    assert json.loads(sample.body) == {"order": 7}
+    assert sample.content_type == "application/json"
+    assert sample.headers == {"tenant": "t1", "n": 7, "ratio": Decimal("0.5")}
+    assert sample.delivery_mode == 2
+
+
+def test_nacked_rows_are_retried_then_parked(database_url: str, rabbit: RabbitNode) -> None:
+    exchange, queue = names("nack")
+    # A queue that holds one message and refuses more: RabbitMQ nacks the rest.
+    topology = simple_topology(exchange, queue, {"x-max-length": 1, "x-overflow": "reject-publish"})
+
+    async def scenario() -> None:
+        async with Running(settings(database_url, rabbit.url, max_attempts=3), topology) as parts:
+            enqueue(parts, [NewMessage(b"m", exchange, "k") for _ in range(3)])
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 1, "parked": 2}, 30,
+                           "one row sent, two parked")  # fmt: skip
+            parked = [r for r in table(parts) if r.status == "parked"]
+            assert all(r.attempts == 3 and r.last_error.startswith("nacked") for r in parked)
+            assert parts.metrics.outcomes.labels("nacked")._value.get() == 6
+            assert parts.metrics.republished._value.get() == 4
+
+    asyncio.run(scenario())
+    assert len(drain(rabbit.url, queue, expect=1)) == 1
+
+
+def test_unroutable_row_is_returned_not_sent(database_url: str, rabbit: RabbitNode) -> None:
+    exchange, _ = names("unroutable")
+    topology = Topology(exchanges=(Exchange(exchange, type="direct"),))  # no binding at all
+
+    async def scenario() -> None:
+        async with Running(settings(database_url, rabbit.url, max_attempts=2), topology) as parts:
+            enqueue(parts, [NewMessage(b"m", exchange, "nowhere")])
+            await wait_for(lambda: rows_by_status(parts) == {"parked": 1}, 30, "row parked")
+            (row,) = table(parts)
+            assert row.sent_at is None and row.attempts == 2
+            assert row.last_error.startswith("returned: basic.return 312 NO_ROUTE")
+
+    asyncio.run(scenario())
+
+
+def test_missing_exchange_parks_its_rows_and_others_keep_flowing(
+    database_url: str, rabbit: RabbitNode
+) -> None:
+    exchange, queue = names("good")
+
+    async def scenario() -> None:
+        config = settings(database_url, rabbit.url, max_attempts=2)
+        async with Running(config, simple_topology(exchange, queue)) as parts:
+            enqueue(parts, [NewMessage(b"bad", "no-such-exchange", "k")]
+                    + [NewMessage(b"good", exchange, "k") for _ in range(20)])  # fmt: skip
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 20, "parked": 1}, 30,
+                           "good rows sent, the bad one parked")  # fmt: skip
+            bad = next(r for r in table(parts) if r.status == "parked")
+            assert "404" in bad.last_error and "no-such-exchange" in bad.last_error
+
+    asyncio.run(scenario())
+    assert len(drain(rabbit.url, queue, expect=20)) >= 20
+
+
+def test_confirm_timeout_while_broker_frozen_leads_to_republish(
+    database_url: str, rabbit: RabbitNode
+) -> None:
+    exchange, queue = names("frozen")
+    config = settings(database_url, rabbit.url, confirm_timeout=1, lease=10)
+
+    async def scenario() -> None:
+        async with Running(config, simple_topology(exchange, queue)) as parts:
+            await wait_for(parts.relay.ready, 30, "relay connected")
+            rabbit.signal(signal.SIGSTOP)
+            try:
+                enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(20)])
+                await wait_for(lambda: parts.metrics.outcomes.labels("timed_out")._value.get()
+                               >= 20, 20, "confirms to time out")  # fmt: skip
+                assert "sent" not in rows_by_status(parts)
+            finally:
+                rabbit.signal(signal.SIGCONT)
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 20}, 30, "all rows sent")
+            assert parts.metrics.republished._value.get() >= 20
+            assert all(r.attempts >= 1 for r in table(parts))
+
+    asyncio.run(scenario())
+    delivered = drain(rabbit.url, queue, expect=20)
+    assert {d.body for d in delivered} == {f"{i}".encode() for i in range(20)}
+
+
+def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
+    database_url: str, rabbit: RabbitNode
+) -> None:
+    exchange, queue = names("restart")
+    total = 3000
+
+    async def scenario() -> None:
+        config = settings(database_url, rabbit.url, batch_size=100, window=200)
+        async with Running(config, simple_topology(exchange, queue)) as parts:
+            enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(total)])
+            await wait_for(lambda: rows_by_status(parts).get("sent", 0) >= 300, 60,
+                           "some rows sent")  # fmt: skip
+            await asyncio.to_thread(rabbit.stop)
+            await asyncio.to_thread(rabbit.start)
+            await wait_for(lambda: rows_by_status(parts) == {"sent": total}, 120, "all rows sent")
+            assert parts.metrics.broker_connections._value.get() >= 2, "never reconnected"
+
+    asyncio.run(scenario())
+    delivered = drain(rabbit.url, queue, expect=total, timeout=60)
+    assert {d.body for d in delivered} == {f"{i}".encode() for i in range(total)}
+
+
+def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> None:
+    stores = [SqlStore(postgresql_url, f"relay-{i}", 60) for i in range(3)]
+    stores[0].enqueue([NewMessage(b"x") for _ in range(3000)], utcnow())
+    claimed: list[list[int]] = [[] for _ in stores]
+
+    def worker(i: int) -> None:
+        while rows := stores[i].claim(50, utcnow()):
+            claimed[i].extend(r.id for r in rows)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [id for ids in claimed for id in ids]
+    assert len(every) == 3000 == len(set(every))
+    assert sum(1 for ids in claimed if ids) >= 2, "one relay took everything: no concurrency"
+    with stores[0].engine.connect() as conn:
+        owners = conn.execute(sa.select(sa.func.count(sa.distinct(outbox.c.lease_owner)))).scalar()
+    assert owners == sum(1 for ids in claimed if ids)
+    for s in stores:
+        s.close()
