@@ -142,7 +142,7 @@ def _add_settings(parser: argparse.ArgumentParser, only: Iterable[str] | None) -
 def _run(settings: Settings, _args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM or SIGINT, then drain outstanding confirms and exit."""
     topology = load_topology(settings.topology_file)
-    connection_parameters(settings.amqp_url, settings.relay_id)  # fail fast on a bad URL
+    connection_parameters(settings.amqp_url, settings.name)  # fail fast on a bad URL
     log.info("starting", extra={"action": "start", "settings": settings.redacted()})
     ok = asyncio.run(_serve(settings, topology))
     return EXIT_OK if ok else EXIT_FAILURE
@@ -159,14 +159,17 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
     """Build the relay and its adapters from settings (inside a running event loop)."""
     metrics = Metrics()
     backoff = Backoff(settings.backoff_initial, settings.backoff_max)
-    store = SqlStore(settings.database_url, settings.relay_id, settings.lease)
+    reconnect = Backoff(
+        min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
+    )
+    store = SqlStore(settings.database_url, settings.name, settings.lease)
     publisher = PikaPublisher(
         settings.amqp_url,
         topology,
         window=settings.window,
         confirm_timeout=settings.confirm_timeout,
-        reconnect=backoff,
-        name=settings.relay_id,
+        reconnect=reconnect,
+        name=settings.name,
         on_state=metrics.broker_state,
     )
     relay = Relay(
@@ -178,7 +181,7 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
         stats_interval=settings.stats_interval,
-        retry=backoff,
+        retry=reconnect,
     )
     return Assembled(relay, store, metrics)
 
@@ -261,7 +264,7 @@ def _enqueue(settings: Settings, args: argparse.Namespace) -> int:
                 message_id=args.message_id,
             )
         ]
-    store = SqlStore(settings.database_url, settings.relay_id, settings.lease)
+    store = SqlStore(settings.database_url, settings.name, settings.lease)
     try:
         ids = store.enqueue(messages, utcnow())
     finally:

@@ -80,7 +80,7 @@ def _setting(default: Any, parse: Callable[[str], Any], help: str, secret: bool 
     return field(default=default, metadata={"parse": parse, "help": help, "secret": secret})
 
 
-def default_relay_id() -> str:
+def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -114,7 +114,12 @@ class Settings:
         1.0, _positive_float, "First retry delay in seconds after a nack, return or timeout."
     )
     backoff_max: float = _setting(
-        300.0, _positive_float, "Longest retry delay in seconds (retries and reconnects)."
+        300.0, _positive_float, "Longest retry delay in seconds for a row."
+    )
+    reconnect_max: float = _setting(
+        30.0,
+        _positive_float,
+        "Longest wait in seconds between reconnects to the broker or database.",
     )
     max_attempts: int = _setting(
         10, _positive_int, "Failed attempts after which a row is parked with its last error."
@@ -137,8 +142,11 @@ class Settings:
     topology_file: Path | None = _setting(
         None, _optional_path, "TOML file of exchanges, queues and bindings declared on connect."
     )
-    relay_id: str = _setting(
-        "", str, "Name of this relay in row leases and logs (default: hostname-pid)."
+    name: str = _setting(
+        "",
+        str,
+        "Name of this relay in row leases, logs and the broker's connection list "
+        "(default: hostname-pid).",
     )
     log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Log level.")
     log_format: str = _setting("text", _choice("text", "json"), "Log line format.")
@@ -154,8 +162,8 @@ class Settings:
             raise ConfigError(
                 f"{env_name('backoff_max')} must not be less than {env_name('backoff_initial')}"
             )
-        if not self.relay_id:
-            object.__setattr__(self, "relay_id", default_relay_id())
+        if not self.name:
+            object.__setattr__(self, "name", default_name())
 
     @classmethod
     def load(

@@ -20,6 +20,7 @@ FAST = {
     "poll_interval": "0.05",
     "backoff_initial": "0.05",
     "backoff_max": "0.2",
+    "reconnect_max": "1",
     "stats_interval": "0.2",
     "metrics_port": "0",
 }

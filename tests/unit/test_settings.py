@@ -14,7 +14,7 @@ from relay.settings import Settings, redact_url
 def test_defaults_need_no_environment() -> None:
     s = Settings.load({})
     assert s.database_url.startswith("sqlite:///")
-    assert s.window == 1000 and s.relay_id
+    assert s.window == 1000 and s.name
 
 
 def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path) -> None:

@@ -1,0 +1,24 @@
+# syntax=docker/dockerfile:1
+# Build the wheel (with the Alembic migrations inside) in one stage, install it in a slim one.
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY relay ./relay
+COPY migrations ./migrations
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+ && pip wheel --no-cache-dir --wheel-dir /wheels /wheels/*.whl
+
+FROM python:3.11-slim-bookworm
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin relay
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels outbox-relay \
+ && rm -rf /wheels
+USER 10001
+ENV RELAY_METRICS_PORT=9840 \
+    PYTHONUNBUFFERED=1
+EXPOSE 9840
+HEALTHCHECK --interval=15s --timeout=5s --start-period=20s \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9840/healthz', timeout=4)"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["relay"]
+CMD ["run"]
