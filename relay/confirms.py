@@ -44,10 +44,6 @@ class ConfirmTracker:
     def in_flight(self) -> int:
         return len(self._outstanding)
 
-    @property
-    def has_settled(self) -> bool:
-        return bool(self._settled)
-
     def published(self, row: OutboxRow, now: float) -> int:
         """Record a ``basic.publish`` on the confirm channel; returns its sequence number."""
         seq = self._next_seq

@@ -55,6 +55,10 @@ class Publisher(Protocol):
     @property
     def in_flight(self) -> int: ...
 
+    @property
+    def window(self) -> int:
+        """The most confirms outstanding at once."""
+
     def capacity(self) -> int:
         """How many more rows may be published before the window is full."""
 
@@ -64,7 +68,11 @@ class Publisher(Protocol):
     def take_settled(self) -> list[Settlement]: ...
 
     async def wait_for_progress(self, timeout: float) -> None:
-        """Return when settlements or capacity appeared, or after ``timeout`` seconds."""
+        """Return when the broker answered or ``wake`` was called since the last return,
+        or after ``timeout`` seconds."""
+
+    def wake(self) -> None:
+        """Make the current or next ``wait_for_progress`` return at once."""
 
     async def run(self) -> None:
         """Connect, keep reconnecting with back-off, until ``close``."""
@@ -122,7 +130,7 @@ class PikaPublisher:
         self._params = connection_parameters(url, name)
         self._where = f"{self._params.host}:{self._params.port}"
         self._topology = topology
-        self._window = window
+        self.window = window
         self._reconnect = reconnect
         self._on_state = on_state
         self.tracker = ConfirmTracker(confirm_timeout)
@@ -147,7 +155,7 @@ class PikaPublisher:
         return self.tracker.in_flight
 
     def capacity(self) -> int:
-        return max(0, self._window - self.tracker.in_flight) if self.ready else 0
+        return max(0, self.window - self.tracker.in_flight) if self.ready else 0
 
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         now = time.monotonic()
@@ -175,18 +183,20 @@ class PikaPublisher:
                 continue
             self.tracker.published(row, now)
             published.append(row)
-        self._signal()
+        self.wake()
         return published
 
     def take_settled(self) -> list[Settlement]:
         return self.tracker.take_settled()
 
     async def wait_for_progress(self, timeout: float) -> None:
-        if self.tracker.has_settled:
-            return
+        if not self._progress.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), timeout)
         self._progress.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._progress.wait(), timeout)
+
+    def wake(self) -> None:
+        self._progress.set()
 
     async def run(self) -> None:
         expiry = asyncio.create_task(self._expire_forever())
@@ -272,7 +282,7 @@ class PikaPublisher:
         self._ready = True
         self._on_state(True)
         log.info("connected to broker", extra={"action": "broker_connected", "broker": self._where})
-        self._signal()
+        self.wake()
         return closed
 
     async def _declare(self) -> None:
@@ -311,7 +321,7 @@ class PikaPublisher:
             self.tracker.on_ack(method.delivery_tag, method.multiple, time.monotonic())
         else:
             self.tracker.on_nack(method.delivery_tag, method.multiple)
-        self._signal()
+        self.wake()
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
         self.tracker.on_return(
@@ -347,7 +357,7 @@ class PikaPublisher:
             self._ready = False
             self._on_state(False)
         self.tracker.channel_lost(reason, culprit, culprit_reason)
-        self._signal()
+        self.wake()
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
         self._blocked = True
@@ -361,17 +371,14 @@ class PikaPublisher:
         self._blocked = False
         self.tracker.restart_clocks(time.monotonic())
         log.info("broker unblocked publishing", extra={"action": "broker_unblocked"})
-        self._signal()
+        self.wake()
 
     async def _expire_forever(self) -> None:
         period = min(1.0, self.tracker.confirm_timeout / 4)
         while True:
             await asyncio.sleep(period)
             if not self._blocked and self.tracker.expire(time.monotonic()):
-                self._signal()
-
-    def _signal(self) -> None:
-        self._progress.set()
+                self.wake()
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None

@@ -64,6 +64,8 @@ class Relay:
         # Claiming a handful of rows at a time costs a query each; wait for a useful batch.
         self._min_claim = max(1, batch_size // 4)
         self._unsettled: list[Settlement] = []
+        self._settle_wanted = asyncio.Event()
+        self._finished = False
         self._stopping = asyncio.Event()
         self._drain_deadline = float("inf")
         self._last_beat = time.monotonic()
@@ -72,13 +74,16 @@ class Relay:
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
         publishing = asyncio.create_task(self.publisher.run(), name="publisher")
+        settling = asyncio.create_task(self._settle_until_finished(), name="settle")
         stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
         try:
             while not self._stopping.is_set():
                 self._last_beat = time.monotonic()
-                await self._settle(self.publisher.take_settled())
+                self._collect()
                 wanted = min(self.batch_size, self.publisher.capacity())
-                if wanted >= self._min_claim or (wanted and not self.publisher.in_flight):
+                if len(self._unsettled) >= self.publisher.window:
+                    wanted = 0  # settling lags behind: memory stays within twice the window
+                if wanted >= self._min_claim or (wanted > 0 and not self.publisher.in_flight):
                     rows = await self._db(functools.partial(self._claim, wanted))
                     published = self.publisher.publish(rows)
                     self.metrics.published.inc(len(published))
@@ -86,18 +91,20 @@ class Relay:
                     if len(rows) == wanted:
                         continue  # more rows may be due: claim again right away
                 await self.publisher.wait_for_progress(self.poll_interval)
-            return await self._drain()
+            return await self._drain(settling)
         finally:
             stats.cancel()
+            settling.cancel()
             await self.publisher.close()
             publishing.cancel()
-            await asyncio.gather(publishing, stats, return_exceptions=True)
+            await asyncio.gather(publishing, settling, stats, return_exceptions=True)
 
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
         if not self._stopping.is_set():
             self._drain_deadline = time.monotonic() + self.drain_timeout
             self._stopping.set()
+            self.publisher.wake()
 
     def alive(self) -> bool:
         return time.monotonic() - self._last_beat < LIVENESS_LIMIT
@@ -108,14 +115,57 @@ class Relay:
     def _claim(self, limit: int) -> list[OutboxRow]:
         return self.store.claim(limit, self.clock())
 
-    async def _drain(self) -> bool:
+    def _collect(self) -> None:
+        """Hand the broker's answers to the settle task (which runs beside the claims, so
+        that the two database round trips overlap instead of adding up)."""
+        settled = self.publisher.take_settled()
+        if settled:
+            self._unsettled.extend(settled)
+            self._settle_wanted.set()
+        self.metrics.in_flight.set(self.publisher.in_flight)
+
+    async def _settle_until_finished(self) -> None:
+        while not (self._finished and not self._unsettled):
+            await self._settle_wanted.wait()
+            self._settle_wanted.clear()
+            await self._settle_collected()
+            if self._unsettled and time.monotonic() >= self._drain_deadline:
+                return  # the database stayed down through the drain; reported by _drain
+
+    async def _settle_collected(self) -> None:
+        pending, self._unsettled = self._unsettled, []
+        if not pending:
+            return
+        batch = self.policy.batch(pending, self.clock())
+        try:
+            await self._db(lambda: self.store.settle(batch, self.clock()))
+        except StoreError:
+            self._unsettled[:0] = pending  # only when stopping past the drain deadline
+            return
+        self.publisher.wake()  # claiming may have paused for this settle
+        parked = [c for c in batch.changes if c.status == PARKED]
+        self.metrics.settled(pending, len(parked))
+        for change in parked:
+            log.warning(
+                "row %d parked after %d attempts: %s",
+                change.id,
+                change.attempts,
+                change.last_error,
+                extra={"action": "row_parked", "row_id": change.id},
+            )
+
+    async def _drain(self, settling: asyncio.Task[None]) -> bool:
         in_flight = self.publisher.in_flight
         log.info("draining %d outstanding confirms", in_flight, extra={"action": "drain"})
         while self.publisher.in_flight and time.monotonic() < self._drain_deadline:
             self._last_beat = time.monotonic()
+            self._collect()
             await self.publisher.wait_for_progress(min(0.1, self.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again
-        await self._settle(self.publisher.take_settled())
+        self._collect()
+        self._finished = True
+        self._settle_wanted.set()
+        await settling
         if self._unsettled:
             log.error(
                 "%d outcomes could not be recorded; those rows are due again when their "
@@ -126,30 +176,6 @@ class Relay:
         else:
             log.info("drained", extra={"action": "drained", "in_flight_at_stop": in_flight})
         return not self._unsettled
-
-    async def _settle(self, settlements: list[Settlement]) -> None:
-        self._unsettled.extend(settlements)
-        self.metrics.in_flight.set(self.publisher.in_flight)
-        if not self._unsettled:
-            return
-        pending = self._unsettled
-        batch = self.policy.batch(pending, self.clock())
-        try:
-            await self._db(lambda: self.store.settle(batch, self.clock()))
-        except StoreError:
-            return  # only when stopping past the deadline; reported by _drain
-        self._unsettled = []
-        parked = sum(1 for c in batch.changes if c.status == PARKED)
-        self.metrics.settled(pending, parked)
-        for change in batch.changes:
-            if change.status == PARKED:
-                log.warning(
-                    "row %d parked after %d attempts: %s",
-                    change.id,
-                    change.attempts,
-                    change.last_error,
-                    extra={"action": "row_parked", "row_id": change.id},
-                )
 
     async def _db(self, call: Callable[[], T]) -> T:
         """Run a store call in a worker thread; retry failures with back-off until it works,

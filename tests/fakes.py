@@ -144,11 +144,13 @@ class ScriptedPublisher:
         return self.tracker.take_settled()
 
     async def wait_for_progress(self, timeout: float) -> None:
-        if self.tracker.has_settled:
-            return
+        if not self._progress.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), timeout)
         self._progress.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._progress.wait(), timeout)
+
+    def wake(self) -> None:
+        self._progress.set()
 
     async def run(self) -> None:
         while not self._closed.is_set():
