@@ -160,7 +160,6 @@ def this_relay(database_url: str, amqp_url: str, queue: str, count: int,
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env)
     try:
-
         while not drained(engine):
             if on_sample is not None:
                 on_sample(rss_mb(proc.pid))

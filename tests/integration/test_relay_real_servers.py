@@ -146,10 +146,12 @@ def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
     async def scenario() -> None:
         config = settings(database_url, rabbit.url, batch_size=100, window=200)
         async with Running(config, simple_topology(exchange, queue)) as parts:
-            enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(total)])
+            enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(1000)])
             await wait_for(lambda: rows_by_status(parts).get("sent", 0) >= 300, 60,
                            "some rows sent")  # fmt: skip
             await asyncio.to_thread(rabbit.stop)
+            # Writers go on while the broker is down: these rows need the reconnect.
+            enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(1000, total)])
             await asyncio.to_thread(rabbit.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": total}, 120, "all rows sent")
             assert parts.metrics.broker_connections._value.get() >= 2, "never reconnected"
