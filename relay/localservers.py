@@ -45,7 +45,7 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 class RabbitNode:
-    """A rabbitmq-server node named ``<name>@localhost`` listening on 127.0.0.1."""
+    """A rabbitmq-server node named ``<name>-<pid>@127.0.0.1`` listening on 127.0.0.1."""
 
     def __init__(self, base: Path, name: str = "relay", port: int | None = None) -> None:
         if not (RABBITMQ_BIN / "rabbitmq-server").exists():
@@ -53,7 +53,7 @@ class RabbitNode:
                 "rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)"
             )
         self.base = base
-        self.name = f"{name}-{os.getpid()}@localhost"
+        self.name = f"{name}-{os.getpid()}@127.0.0.1"
         self.port = port or free_port()
         self.dist_port = free_port()
         self.home = base / "home"
@@ -69,6 +69,9 @@ class RabbitNode:
             **os.environ,
             "HOME": str(self.home),
             "RABBITMQ_NODENAME": self.name,
+            # A long name on the loopback address: no host name to resolve (a minimal
+            # machine or container may have no /etc/hosts entry for localhost).
+            "RABBITMQ_USE_LONGNAME": "true",
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
