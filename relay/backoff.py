@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import tenacity
 
 
@@ -22,3 +26,23 @@ class Backoff:
         state = tenacity.RetryCallState(self._retrying, None, (), {})
         state.attempt_number = max(1, failures)
         return float(self.wait(state))
+
+
+def log_before_retry(
+    logger: logging.Logger, what: str, action: str, **extra: Any
+) -> Callable[[tenacity.RetryCallState], None]:
+    """A tenacity ``before_sleep`` hook: one warning per failed attempt, with the wait."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        logger.warning(
+            "%s (attempt %d), retrying in %.1fs: %s",
+            what,
+            state.attempt_number,
+            delay,
+            exc,
+            extra={"action": action, **extra},
+        )
+
+    return before_sleep

@@ -28,7 +28,7 @@ import pika.exceptions
 import tenacity
 from pika.adapters.asyncio_connection import AsyncioConnection
 
-from relay.backoff import Backoff
+from relay.backoff import Backoff, log_before_retry
 from relay.confirms import ConfirmTracker
 from relay.errors import BrokerError, ConfigError
 from relay.records import OutboxRow, Settlement
@@ -141,6 +141,9 @@ class PikaPublisher:
         self._closing = False
         self._session_closed: asyncio.Future[str] | None = None
         self._progress = asyncio.Event()
+        self._log_retry = log_before_retry(
+            log, "broker unavailable", "broker_retry", broker=self._where
+        )
 
     @property
     def ready(self) -> bool:
@@ -379,17 +382,6 @@ class PikaPublisher:
             await asyncio.sleep(period)
             if not self._blocked and self.tracker.expire(time.monotonic()):
                 self.wake()
-
-    def _log_retry(self, state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        log.warning(
-            "broker unavailable (attempt %d), retrying in %.1fs: %s",
-            state.attempt_number,
-            delay,
-            exc,
-            extra={"action": "broker_retry", "broker": self._where},
-        )
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import tenacity
 
-from relay.backoff import Backoff
+from relay.backoff import Backoff, log_before_retry
 from relay.errors import StoreError
 from relay.metrics import Metrics
 from relay.publisher import Publisher
@@ -29,6 +29,7 @@ from relay.store import Store
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+_log_database_retry = log_before_retry(log, "database call failed", "database_retry")
 LIVENESS_LIMIT = 60.0  # seconds without a loop turn after which /healthz fails
 
 
@@ -208,23 +209,21 @@ class Relay:
         self._database_ok = False
         self.metrics.database_connected.set(0)
         self.metrics.store_errors.inc()
-        exc = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        log.warning(
-            "database call failed (attempt %d), retrying in %.1fs: %s",
-            state.attempt_number,
-            delay,
-            exc,
-            extra={"action": "database_retry"},
-        )
+        _log_database_retry(state)
 
     async def _refresh_backlog_forever(self) -> None:
+        """Backlog gauges; also the first to tell, even while the broker is still down, that
+        the database is unreachable or not migrated (once per failure, not every turn)."""
+        last_error = None
         while True:
             try:
                 stats = await asyncio.to_thread(self.store.backlog, self.clock())
             except StoreError as exc:
-                log.debug("backlog stats failed: %s", exc, extra={"action": "backlog_stats"})
+                if str(exc) != last_error:
+                    log.warning("%s", exc, extra={"action": "backlog_stats_failed"})
+                last_error = str(exc)
             else:
+                last_error = None
                 self.metrics.due_rows.set(stats.due)
                 self.metrics.oldest_due_age.set(stats.oldest_due_age)
             await asyncio.sleep(self.stats_interval)
