@@ -7,14 +7,15 @@ import json
 import signal
 import threading
 from decimal import Decimal
+from pathlib import Path
 
 import sqlalchemy as sa
 
-from relay.localservers import RabbitNode
+from relay.localservers import PostgresServer, RabbitNode
 from relay.records import NewMessage
 from relay.relay import utcnow
 from relay.schema import outbox
-from relay.store import SqlStore
+from relay.store import SqlStore, migrate
 from relay.topology import Exchange, Topology
 from tests.integration.broker import drain, names, simple_topology
 from tests.integration.harness import Running, enqueue, rows_by_status, settings, table, wait_for
@@ -183,3 +184,62 @@ def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> N
     assert owners == sum(1 for ids in claimed if ids)
     for s in stores:
         s.close()
+
+
+def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are_up(
+    tmp_path: Path, rabbit: RabbitNode
+) -> None:
+    exchange, queue = names("late")
+    database = PostgresServer(tmp_path / "pg", tuned_for_tests=True)
+    database.start()
+    database.psql("CREATE DATABASE outbox")
+    url = database.url("outbox")
+    migrate(url)
+    writer = SqlStore(url, "writer", 60)
+    writer.enqueue([NewMessage(f"{i}".encode(), exchange, "k") for i in range(50)], utcnow())
+    writer.close()
+    database.stop()
+    rabbit.stop()
+
+    async def scenario() -> None:
+        async with Running(settings(url, rabbit.url), simple_topology(exchange, queue)) as parts:
+            await asyncio.sleep(1.0)
+            assert not parts.relay.ready()
+            await asyncio.to_thread(rabbit.start)
+            await asyncio.to_thread(database.start)
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 50}, 60, "all rows sent")
+            assert parts.metrics.store_errors._value.get() >= 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        database.stop("immediate")
+    assert len(drain(rabbit.url, queue, expect=50)) == 50
+
+
+def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
+    database_url: str, rabbit: RabbitNode
+) -> None:
+    exchange, queue = names("blocked")
+
+    async def scenario() -> None:
+        # A short confirm timeout: messages the broker holds unread while blocked must not
+        # time out (their clocks restart on unblock).
+        config = settings(database_url, rabbit.url, confirm_timeout=1, lease=10)
+        async with Running(config, simple_topology(exchange, queue)) as parts:
+            await wait_for(parts.relay.ready, 30, "relay connected")
+            rabbit.ctl("set_vm_memory_high_watermark", "0.0000001")  # a memory alarm: block
+            try:
+                enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(100)])
+                await asyncio.sleep(3.0)
+                assert "sent" not in rows_by_status(parts), "rows sent while blocked"
+                assert parts.metrics.outcomes.labels("timed_out")._value.get() == 0
+                assert parts.metrics.in_flight._value.get() <= 1000
+            finally:
+                rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 100}, 60, "all rows sent")
+            assert parts.metrics.broker_connections._value.get() == 1, "blocking cost a reconnect"
+            assert parts.metrics.outcomes.labels("timed_out")._value.get() == 0
+
+    asyncio.run(scenario())
+    assert len(drain(rabbit.url, queue, expect=100)) == 100
