@@ -198,6 +198,7 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
     # A restarted relay sends what the first one did not.
     proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=subprocess.DEVNULL)
     try:
+        wait_until(lambda: http_get(base + "/readyz")[0] == 200, 60, "second relay ready")
         wait_until(lambda: statuses(url).get("sent") == 5500, 120, "every row sent")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
