@@ -206,9 +206,12 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
             await asyncio.sleep(1.0)
             assert not parts.relay.ready()
             await asyncio.to_thread(rabbit.start)
+            await wait_for(lambda: parts.metrics.store_errors._value.get() >= 1, 30,
+                           "a claim to fail on the stopped database")  # fmt: skip
+            assert parts.metrics.database_connected._value.get() == 0
             await asyncio.to_thread(database.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": 50}, 60, "all rows sent")
-            assert parts.metrics.store_errors._value.get() >= 1
+            assert parts.relay.ready()
 
     try:
         asyncio.run(scenario())
