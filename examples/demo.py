@@ -3,14 +3,13 @@
 Steps, each done the way an operator would:
 1. RabbitMQ: use the one on localhost:5672 if it answers, else start a private node.
 2. ``relay migrate`` creates the outbox in .demo/outbox.db.
-3. ``relay enqueue`` writes sample order events (the Spark writer's job in production).
+3. A Spark job (examples/order_events_job.py) writes order events through JDBC.
 4. ``relay run`` publishes them with confirms and marks each row sent after its basic.ack.
 5. A consumer drains the queue; the rows and the messages are printed side by side.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -52,20 +51,6 @@ def relay(*args: str, env: dict[str, str], input: str | None = None) -> str:
     return result.stdout
 
 
-def sample_events(count: int) -> str:
-    kinds = ["order.created", "order.paid", "order.shipped"]
-    lines = []
-    for i in range(count):
-        kind = kinds[i % 3]
-        event = {"order_id": 1000 + i // 3, "event": kind.split(".")[1], "amount_cents": 1999 + i}
-        lines.append(json.dumps({
-            "exchange": EXCHANGE, "routing_key": kind, "payload": event,
-            "headers": {"source": "demo", "schema": "order-event/1"},
-            "message_id": f"order-{1000 + i // 3}-{kind.split('.')[1]}",
-        }))  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
 def drain(url: str, expect: int, timeout: float = 30.0) -> list[tuple[str, str, bytes]]:
     got: list[tuple[str, str, bytes]] = []
     connection = pika.BlockingConnection(pika.URLParameters(url))
@@ -83,7 +68,7 @@ def drain(url: str, expect: int, timeout: float = 30.0) -> list[tuple[str, str, 
 
 
 def main() -> int:
-    count = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir()
     node = None
@@ -114,8 +99,14 @@ def run_demo(amqp_url: str, count: int) -> int:
 
     print("==> relay migrate")
     relay("migrate", env=env)
-    print(f"==> relay enqueue: {count} order events into the outbox")
-    relay("enqueue", "--file", "-", env=env, input=sample_events(count))
+    print(f"==> Spark job: order events for {count} orders into the outbox (local Spark, JDBC)")
+    job = subprocess.run([sys.executable, str(ROOT / "examples" / "order_events_job.py"),
+                          "--database-url", database_url, "--orders", str(count),
+                          "--exchange", EXCHANGE], env=env, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    if job.returncode != 0:
+        sys.exit(f"the Spark job failed:\n{job.stderr[-3000:]}")
+    print("    " + job.stdout.strip().splitlines()[-1])
 
     print("==> relay run (until every row is marked sent)")
     engine = sa.create_engine(database_url)
@@ -144,12 +135,12 @@ def run_demo(amqp_url: str, count: int) -> int:
     engine.dispose()
     messages = drain(amqp_url, expect=len(rows))
     print(f"\n==> consumed {len(messages)} messages from queue {QUEUE!r}:\n")
-    print(f"{'message_id':<22} {'routing key':<15} {'row':>4} {'row status':<10} body")
-    for message_id, routing_key, body in messages:
+    print(f"{'message_id':<15} {'routing key':<15} {'row':>4} {'row status':<10} body")
+    for message_id, routing_key, body in sorted(messages, key=lambda m: m[2]):
         row = rows.get(message_id)
         status = row.status if row is not None else "UNKNOWN"
-        print(f"{message_id:<22} {routing_key:<15} {row.id if row else '-':>4} {status:<10} "
-              f"{body.decode()}")  # fmt: skip
+        print(f"{message_id[:12] + '...':<15} {routing_key:<15} {row.id if row else '-':>4} "
+              f"{status:<10} {body.decode()}")  # fmt: skip
     wanted = [
         "relay_published_total",
         'relay_outcomes_total{outcome="acked"}',

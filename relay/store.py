@@ -27,8 +27,10 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from relay.errors import SchemaMissingError, StoreError
+from relay.errors import InputError, SchemaMissingError, StoreError
 from relay.records import (
     PENDING,
     SENT,
@@ -258,3 +260,100 @@ def migrate(url: str, revision: str = "head") -> None:
         raise StoreError(f"migrate {redact_url(url)} failed: {exc}") from exc
     finally:
         engine.dispose()
+
+
+# Columns a batch writer (the Spark writer) stages; the database fills in the rest.
+STAGED_COLUMNS = ("message_id", "exchange", "routing_key", "payload", "content_type", "headers")
+
+
+def _staging_table(name: str) -> sa.Table:
+    return sa.Table(
+        name,
+        sa.MetaData(),
+        *(sa.Column(c, outbox.c[c].type, nullable=True) for c in STAGED_COLUMNS),
+    )
+
+
+def create_staging(url: str, name: str) -> None:
+    """An empty staging table for one batch write; fails clearly if the outbox is missing."""
+    engine = create_engine(url, relay_session=False)
+    try:
+        with engine.begin() as conn:
+            if not sa.inspect(conn).has_table("outbox"):
+                raise SchemaMissingError(
+                    f"the outbox table does not exist in {redact_url(url)}: run `relay migrate`"
+                )
+            _staging_table(name).create(conn)
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"creating staging table {name} failed: {exc}") from exc
+    finally:
+        engine.dispose()
+
+
+def merge_staging(url: str, name: str) -> tuple[int, int]:
+    """Insert the staged rows whose message_id is not in the outbox yet, in one transaction,
+    then drop the staging table. Returns (rows staged, rows inserted).
+
+    Task retries and speculative tasks may have staged a row twice, and a re-run of the job
+    stages rows the outbox already has: both are skipped by message_id, the idempotency key.
+    A null payload aborts the whole merge: nothing is inserted.
+    """
+    stage = _staging_table(name)
+    engine = create_engine(url, relay_session=False)
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
+            staged = conn.execute(sa.select(sa.func.count()).select_from(stage)).scalar_one()
+            nulls = conn.execute(
+                sa.select(sa.func.count()).where(
+                    sa.or_(stage.c.payload.is_(None), stage.c.message_id.is_(None))
+                )
+            ).scalar_one()
+            if nulls:
+                raise InputError(f"{nulls} rows have a null payload (or key): nothing was written")
+            insert = _insert_ignoring_duplicates(conn.dialect.name).from_select(
+                list(STAGED_COLUMNS),
+                sa.select(*(stage.c[c] for c in STAGED_COLUMNS)).order_by(stage.c.message_id),
+            )
+            # psycopg reports no rowcount for INSERT ... SELECT ... ON CONFLICT: count ids.
+            inserted = sum(1 for _ in conn.execute(insert.returning(outbox.c.id)))
+            stage.drop(conn)
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"merging staging table {name} into the outbox failed: {exc}") from exc
+    finally:
+        engine.dispose()
+    return int(staged), int(inserted)
+
+
+def drop_staging(url: str, name: str) -> None:
+    engine = create_engine(url, relay_session=False)
+    try:
+        with engine.begin() as conn:
+            _staging_table(name).drop(conn, checkfirst=True)
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"dropping staging table {name} failed: {exc}") from exc
+    finally:
+        engine.dispose()
+
+
+def _insert_ignoring_duplicates(dialect: str) -> Any:
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    return insert(outbox).on_conflict_do_nothing(index_elements=["message_id"])
+
+
+def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
+    """The JDBC URL and connection properties for a database URL (for Spark's JDBC writer)."""
+    parsed = sa.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        host = parsed.host or "localhost"
+        port = f":{parsed.port}" if parsed.port else ""
+        props = {"driver": "org.postgresql.Driver", "user": parsed.username or ""}
+        if parsed.password:
+            props["password"] = str(parsed.password)
+        return f"jdbc:postgresql://{host}{port}/{parsed.database}", props
+    if backend == "sqlite" and parsed.database:
+        return f"jdbc:sqlite:{parsed.database}", {"driver": "org.sqlite.JDBC",
+                                                  "busy_timeout": "30000"}  # fmt: skip
+    raise InputError(f"{redact_url(url)}: the Spark writer supports PostgreSQL and SQLite files")

@@ -1,0 +1,26 @@
+"""One local SparkSession for the whole test session (starting one costs seconds)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from relay.spark import spark_jars
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = (
+        SparkSession.builder.master("local[2,4]")  # 2 threads, a task may fail 3 times
+        .appName("outbox-relay-tests")
+        .config("spark.jars", spark_jars())
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")  # no pyarrow here
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
