@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             F.struct("order_id", "event", "amount_cents").alias("body"),
             F.create_map(
                 F.lit("tenant"), F.col("tenant"), F.lit("schema"), F.lit("order-event/1")
-            ).alias("headers"),  # fmt: skip
+            ).alias("headers"),
         )
         result = write_outbox(
             events,
