@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from relay.localservers import RabbitNode, free_port, port_open, wait_until
 from relay.schema import outbox
+from relay.spark import LOCAL_MODE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".demo"
@@ -96,6 +97,8 @@ def run_demo(amqp_url: str, count: int) -> int:
     env.update(RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url,
                RELAY_TOPOLOGY_FILE=str(WORK / "topology.toml"), RELAY_METRICS_PORT=str(port),
                RELAY_METRICS_HOST="127.0.0.1", RELAY_POLL_INTERVAL="0.1")  # fmt: skip
+    for name, value in LOCAL_MODE_ENV.items():  # the Spark job runs in local mode
+        env.setdefault(name, value)
 
     print("==> relay migrate")
     relay("migrate", env=env)

@@ -39,6 +39,11 @@ DEBIAN_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/sqlite-jdbc.ja
 _SEPARATOR = "\x1f"
 
 
+# Local-mode Spark on loopback: without these, Spark resolves the machine's host name, which a
+# minimal machine or container may not be able to (UnknownHostException at start-up).
+LOCAL_MODE_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost"}
+
+
 def spark_jars(jars: Sequence[str] = DEBIAN_JARS) -> str:
     """The ``spark.jars`` value for the JDBC drivers; fails clearly if one is missing."""
     missing = [j for j in jars if not Path(j).exists()]

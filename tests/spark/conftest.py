@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
-from relay.spark import spark_jars
+from relay.spark import LOCAL_MODE_ENV, spark_jars
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    for name, value in LOCAL_MODE_ENV.items():
+        os.environ.setdefault(name, value)
     session = (
         SparkSession.builder.master("local[2,4]")  # 2 threads, a task may fail 3 times
         .appName("outbox-relay-tests")

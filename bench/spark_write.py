@@ -1,0 +1,111 @@
+"""Benchmark: the Spark outbox writer against a plain Spark JDBC append, same database, same run.
+
+    .venv/bin/python bench/spark_write.py [--rows 1000000] [--database postgresql|sqlite]
+
+Builds one DataFrame (200-byte payloads), then times (a) ``df.write.jdbc(mode="append")``
+into a plain table with the outbox's staged columns and no indexes, and (b)
+``relay.spark.write_outbox`` into a migrated outbox (staging append + merge with the
+idempotency check). Prints a table and, last, one JSON line. By hand only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from relay.localservers import PostgresServer
+from relay.spark import LOCAL_MODE_ENV, spark_jars, write_outbox
+from relay.store import create_engine, jdbc_target, migrate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--database", choices=["postgresql", "sqlite"], default="postgresql")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="relay-spark-bench-") as tmp:
+        pg = None
+        if args.database == "postgresql":
+            pg = PostgresServer(Path(tmp) / "pg")
+            pg.start()
+            pg.psql("CREATE DATABASE bench")
+            url = pg.url("bench")
+        else:
+            url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        try:
+            results = run(url, args.rows)
+        finally:
+            if pg is not None:
+                pg.stop()
+    plain, outbox = results["plain_append"], results["outbox_writer"]
+    print(f"\n{'measure':<16} {'rows/s':>10} {'seconds':>8}")
+    for name, (rate, seconds) in results.items():
+        print(f"{name:<16} {rate:>10.0f} {seconds:>8.1f}")
+    ratio = outbox[0] / plain[0]
+    print(f"outbox writer / plain append: {ratio:.2f} ({args.rows} rows, {args.database})")
+    print(json.dumps({"rows": args.rows, "database": args.database,
+                      "plain_append_rows_per_s": round(plain[0], 1),
+                      "outbox_writer_rows_per_s": round(outbox[0], 1),
+                      "ratio": round(ratio, 3)}))  # fmt: skip
+    return 0
+
+
+def run(url: str, rows: int) -> dict[str, tuple[float, float]]:
+    migrate(url)
+    engine = create_engine(url, relay_session=False)
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE TABLE plain_outbox (message_id TEXT, exchange TEXT, routing_key TEXT, "
+            f"payload {'BYTEA' if 'postgresql' in url else 'BLOB'}, content_type TEXT, "
+            "headers TEXT)"))  # fmt: skip
+    engine.dispose()
+    for name, value in LOCAL_MODE_ENV.items():
+        os.environ.setdefault(name, value)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.jars", spark_jars())
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        padded_id = F.lpad(F.col("id").cast("string"), 10, "0")
+        payload = F.concat(F.lit("x" * 190), padded_id).alias("payload")
+        df = spark.range(rows).select(F.col("id"), payload).cache()
+        df.count()
+        plain_df = df.select(
+            F.sha2(F.col("id").cast("string"), 256).alias("message_id"),
+            F.lit("orders").alias("exchange"),
+            F.lit("order.created").alias("routing_key"),
+            F.col("payload").cast("binary").alias("payload"),
+            F.lit("text/plain; charset=utf-8").alias("content_type"),
+            F.lit(None).cast("string").alias("headers"),
+        )
+        jdbc_url, properties = jdbc_target(url)
+        if jdbc_url.startswith("jdbc:sqlite:"):
+            plain_df = plain_df.coalesce(1)
+        start = time.perf_counter()
+        plain_df.write.jdbc(jdbc_url, "plain_outbox", mode="append",
+                            properties={**properties, "batchsize": "5000"})  # fmt: skip
+        plain = time.perf_counter() - start
+        start = time.perf_counter()
+        result = write_outbox(df, url, payload="payload", exchange="orders",
+                              routing_key="order.created", key=["id"])  # fmt: skip
+        outbox = time.perf_counter() - start
+        assert result.inserted == rows, result
+    finally:
+        spark.stop()
+    return {"plain_append": (rows / plain, plain), "outbox_writer": (rows / outbox, outbox)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
