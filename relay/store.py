@@ -312,12 +312,13 @@ def merge_staging(url: str, name: str) -> tuple[int, int]:
             ).scalar_one()
             if nulls:
                 raise InputError(f"{nulls} rows have a null payload (or key): nothing was written")
+            # SQLite parses "SELECT ... FROM stage ON CONFLICT" as a join unless the SELECT
+            # has a WHERE clause (its documented upsert ambiguity): hence WHERE true.
+            staged_rows = sa.select(*(stage.c[c] for c in STAGED_COLUMNS)).where(sa.true())
             insert = _insert_ignoring_duplicates(conn.dialect.name).from_select(
-                list(STAGED_COLUMNS),
-                sa.select(*(stage.c[c] for c in STAGED_COLUMNS)).order_by(stage.c.message_id),
+                list(STAGED_COLUMNS), staged_rows
             )
-            # psycopg reports no rowcount for INSERT ... SELECT ... ON CONFLICT: count ids.
-            inserted = sum(1 for _ in conn.execute(insert.returning(outbox.c.id)))
+            inserted = conn.execute(insert, execution_options={"preserve_rowcount": True}).rowcount
             stage.drop(conn)
     except sa.exc.SQLAlchemyError as exc:
         raise StoreError(f"merging staging table {name} into the outbox failed: {exc}") from exc
