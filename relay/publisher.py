@@ -186,7 +186,8 @@ class PikaPublisher:
                 continue
             self.tracker.published(row, now)
             published.append(row)
-        self.wake()
+        if len(published) < len(rows):
+            self.wake()  # rejected or lost rows are settled already: let the loop record them
         return published
 
     def take_settled(self) -> list[Settlement]:
