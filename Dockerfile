@@ -11,7 +11,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 FROM python:3.11-slim-bookworm
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin relay
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels outbox-relay \
+RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/outbox_relay-*.whl \
  && rm -rf /wheels
 USER 10001
 ENV RELAY_METRICS_PORT=9840 \
