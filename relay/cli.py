@@ -65,14 +65,12 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
 
 def _settings(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
     overrides = {
-        name: value for name, value in vars(args).items() if name.startswith("set_") and value
+        name.removeprefix("set_"): value
+        for name, value in vars(args).items()
+        if name.startswith("set_") and value
     }
     env_file = args.env_file or environ.pop(ENV_FILE_VAR, None)
-    return Settings.load(
-        environ,
-        {name.removeprefix("set_"): value for name, value in overrides.items()},
-        Path(env_file) if env_file else None,
-    )
+    return Settings.load(environ, overrides, Path(env_file) if env_file else None)
 
 
 def _parser() -> argparse.ArgumentParser:
