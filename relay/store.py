@@ -232,9 +232,7 @@ class SqlStore:
             yield
         except sa.exc.DBAPIError as exc:
             if _missing_table(exc):
-                raise SchemaMissingError(
-                    f"the outbox table does not exist in {self._where}: run `relay migrate`"
-                ) from exc
+                raise _schema_missing(self._where) from exc
             first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
             raise StoreError(
                 f"{what} on {self._where} failed: {type(exc.orig).__name__}: {first_line}"
@@ -243,23 +241,35 @@ class SqlStore:
             raise StoreError(f"{what} on {self._where} failed: {exc}") from exc
 
 
+def _schema_missing(where: str) -> SchemaMissingError:
+    return SchemaMissingError(f"the outbox table does not exist in {where}: run `relay migrate`")
+
+
+@contextmanager
+def _one_off(url: str, what: str) -> Iterator[sa.Connection]:
+    """One transaction on a short-lived engine with plain (durable) sessions, for the
+    commands that run once (migrate, the batch writer's staging steps)."""
+    engine = create_engine(url, relay_session=False)
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"{what} {redact_url(url)} failed: {exc}") from exc
+    finally:
+        engine.dispose()
+
+
 def _missing_table(exc: sa.exc.DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == "42P01" or "no such table" in str(exc.orig)
 
 
 def migrate(url: str, revision: str = "head") -> None:
     """Upgrade the database to ``revision`` with the migrations shipped in the package."""
-    engine = create_engine(url, relay_session=False)
     config = Config()
     config.set_main_option("script_location", str(resources.files("relay.migrations")))
-    try:
-        with engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, revision)
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"migrate {redact_url(url)} failed: {exc}") from exc
-    finally:
-        engine.dispose()
+    with _one_off(url, "migrate") as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
 
 
 # Columns a batch writer (the Spark writer) stages; the database fills in the rest.
@@ -276,18 +286,10 @@ def _staging_table(name: str) -> sa.Table:
 
 def create_staging(url: str, name: str) -> None:
     """An empty staging table for one batch write; fails clearly if the outbox is missing."""
-    engine = create_engine(url, relay_session=False)
-    try:
-        with engine.begin() as conn:
-            if not sa.inspect(conn).has_table("outbox"):
-                raise SchemaMissingError(
-                    f"the outbox table does not exist in {redact_url(url)}: run `relay migrate`"
-                )
-            _staging_table(name).create(conn)
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"creating staging table {name} failed: {exc}") from exc
-    finally:
-        engine.dispose()
+    with _one_off(url, f"creating staging table {name} in") as conn:
+        if not sa.inspect(conn).has_table("outbox"):
+            raise _schema_missing(redact_url(url))
+        _staging_table(name).create(conn)
 
 
 def merge_staging(url: str, name: str) -> tuple[int, int]:
@@ -299,43 +301,32 @@ def merge_staging(url: str, name: str) -> tuple[int, int]:
     A null payload aborts the whole merge: nothing is inserted.
     """
     stage = _staging_table(name)
-    engine = create_engine(url, relay_session=False)
-    try:
-        with engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
-            staged = conn.execute(sa.select(sa.func.count()).select_from(stage)).scalar_one()
-            nulls = conn.execute(
-                sa.select(sa.func.count()).where(
-                    sa.or_(stage.c.payload.is_(None), stage.c.message_id.is_(None))
-                )
-            ).scalar_one()
-            if nulls:
-                raise InputError(f"{nulls} rows have a null payload (or key): nothing was written")
-            # SQLite parses "SELECT ... FROM stage ON CONFLICT" as a join unless the SELECT
-            # has a WHERE clause (its documented upsert ambiguity): hence WHERE true.
-            staged_rows = sa.select(*(stage.c[c] for c in STAGED_COLUMNS)).where(sa.true())
-            insert = _insert_ignoring_duplicates(conn.dialect.name).from_select(
-                list(STAGED_COLUMNS), staged_rows
+    is_null = sa.or_(stage.c.payload.is_(None), stage.c.message_id.is_(None))
+    with _one_off(url, f"merging staging table {name} into the outbox of") as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
+        # One scan of the staging table for both numbers.
+        staged, nulls = conn.execute(
+            sa.select(
+                sa.func.count(), sa.func.coalesce(sa.func.sum(sa.case((is_null, 1), else_=0)), 0)
             )
-            inserted = conn.execute(insert, execution_options={"preserve_rowcount": True}).rowcount
-            stage.drop(conn)
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"merging staging table {name} into the outbox failed: {exc}") from exc
-    finally:
-        engine.dispose()
+        ).one()
+        if nulls:
+            raise InputError(f"{nulls} rows have a null payload (or key): nothing was written")
+        # SQLite parses "SELECT ... FROM stage ON CONFLICT" as a join unless the SELECT
+        # has a WHERE clause (its documented upsert ambiguity): hence WHERE true.
+        staged_rows = sa.select(*(stage.c[c] for c in STAGED_COLUMNS)).where(sa.true())
+        insert = _insert_ignoring_duplicates(conn.dialect.name).from_select(
+            list(STAGED_COLUMNS), staged_rows
+        )
+        inserted = conn.execute(insert, execution_options={"preserve_rowcount": True}).rowcount
+        stage.drop(conn)
     return int(staged), int(inserted)
 
 
 def drop_staging(url: str, name: str) -> None:
-    engine = create_engine(url, relay_session=False)
-    try:
-        with engine.begin() as conn:
-            _staging_table(name).drop(conn, checkfirst=True)
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"dropping staging table {name} failed: {exc}") from exc
-    finally:
-        engine.dispose()
+    with _one_off(url, f"dropping staging table {name} in") as conn:
+        _staging_table(name).drop(conn, checkfirst=True)
 
 
 def _insert_ignoring_duplicates(dialect: str) -> Any:
