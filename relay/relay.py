@@ -33,6 +33,20 @@ _log_database_retry = log_before_retry(log, "database call failed", "database_re
 LIVENESS_LIMIT = 60.0  # seconds without a loop turn after which /healthz fails
 
 
+async def _in_thread(call: Callable[[], T]) -> T:
+    """Run a store call in a worker thread. If the awaiting task is cancelled (shutdown), wait
+    for the call to finish before passing the cancellation on: otherwise the store could be
+    closed under a thread that still holds one of its connections."""
+    future = asyncio.ensure_future(asyncio.to_thread(call))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        if not future.cancelled():
+            future.exception()  # mark it retrieved: nobody waits for the abandoned result
+        raise
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -191,7 +205,7 @@ class Relay:
         )
         async for attempt in retrying:
             with attempt:
-                result = await asyncio.to_thread(call)
+                result = await _in_thread(call)
         if not self._database_ok:
             self._database_ok = True
             self.metrics.database_connected.set(1)
@@ -217,7 +231,7 @@ class Relay:
         last_error = None
         while True:
             try:
-                stats = await asyncio.to_thread(self.store.backlog, self.clock())
+                stats = await _in_thread(functools.partial(self.store.backlog, self.clock()))
             except StoreError as exc:
                 if str(exc) != last_error:
                     log.warning("%s", exc, extra={"action": "backlog_stats_failed"})
