@@ -7,6 +7,10 @@ variable, the option and the documentation cannot drift apart.
 Precedence: command-line option > environment variable > ``--env-file`` > default. The env
 file has the systemd ``EnvironmentFile`` format (``RELAY_X=value`` lines), so one file
 serves systemd, Kubernetes ConfigMaps rendered as env files, and local runs.
+
+Secrets (the two URLs) can come from files, as Docker and Kubernetes secrets and systemd
+credentials provide them: ``RELAY_AMQP_URL_FILE`` holds the whole URL, and
+``RELAY_AMQP_PASSWORD_FILE`` only the password, put into the URL from the other settings.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
 
@@ -180,6 +184,7 @@ class Settings:
         _reject_unknown(raw)
         for name, text in (overrides or {}).items():
             raw[env_name(name)] = text
+        _read_secret_files(raw)
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             key = env_name(f.name)
@@ -201,7 +206,47 @@ def env_name(field_name: str) -> str:
 
 
 def known_env_names() -> list[str]:
-    return [env_name(f.name) for f in dataclasses.fields(Settings)] + [ENV_FILE_VAR]
+    names = [env_name(f.name) for f in dataclasses.fields(Settings)] + [ENV_FILE_VAR]
+    return names + [n for f in _secret_fields() for n in _secret_file_vars(f.name)]
+
+
+def _secret_fields() -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(Settings) if f.metadata["secret"]]
+
+
+def _secret_file_vars(field_name: str) -> tuple[str, str]:
+    """(the file of the whole value, the file of only the URL's password)"""
+    stem = field_name.removesuffix("_url")
+    return env_name(field_name) + "_FILE", env_name(stem) + "_PASSWORD_FILE"
+
+
+def _read_secret_files(raw: dict[str, str]) -> None:
+    for f in _secret_fields():
+        key = env_name(f.name)
+        value_file, password_file = _secret_file_vars(f.name)
+        if value_file in raw:
+            if key in raw:
+                raise ConfigError(f"set {key} or {value_file}, not both")
+            raw[key] = _read_secret(value_file, raw.pop(value_file))
+        if password_file in raw:
+            password = _read_secret(password_file, raw.pop(password_file))
+            raw[key] = _with_password(key, raw.get(key, f.default), password)
+
+
+def _read_secret(var: str, path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise ConfigError(f"{var}={path}: cannot read: {reason}") from None
+
+
+def _with_password(key: str, url: str, password: str) -> str:
+    parts = urlsplit(url)
+    if "://" not in url or not parts.username or parts.hostname is None:
+        raise ConfigError(f"{key} must name a user and a host for a password file to apply")
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{quote(password, safe='')}@{host}"))
 
 
 ENV_FILE_VAR = "RELAY_ENV_FILE"

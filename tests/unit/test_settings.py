@@ -67,3 +67,37 @@ def test_redacted_hides_passwords_only() -> None:
     assert shown["amqp_url"] == "amqp://relay:***@rabbit:5672/%2F"
     assert shown["database_url"] == "postgresql://app:***@db/outbox"
     assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_secrets_from_files_whole_url_or_password_only(tmp_path: Path) -> None:
+    (tmp_path / "amqp_url").write_text("amqp://relay:from-file@rabbit:5672/%2F\n")
+    (tmp_path / "db_password").write_text("p@ss/word:1\n")
+    s = Settings.load({
+        "RELAY_AMQP_URL_FILE": str(tmp_path / "amqp_url"),
+        "RELAY_DATABASE_URL": "postgresql+psycopg://app@db:5432/outbox",
+        "RELAY_DATABASE_PASSWORD_FILE": str(tmp_path / "db_password"),
+    })  # fmt: skip
+    assert s.amqp_url == "amqp://relay:from-file@rabbit:5672/%2F"
+    # The password is URL-encoded, so any character survives.
+    assert s.database_url == "postgresql+psycopg://app:p%40ss%2Fword%3A1@db:5432/outbox"
+    assert "p%40ss" not in str(s.redacted()) and "from-file" not in str(s.redacted())
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RELAY_AMQP_URL_FILE": "{tmp}/missing"}, "RELAY_AMQP_URL_FILE={tmp}/missing: cannot read: No such file"),
+        ({"RELAY_AMQP_URL_FILE": "{tmp}/secret", "RELAY_AMQP_URL": "amqp://h"}, "set RELAY_AMQP_URL or RELAY_AMQP_URL_FILE, not both"),
+        ({"RELAY_DATABASE_PASSWORD_FILE": "{tmp}/secret"}, "RELAY_DATABASE_URL must name a user and a host"),
+        ({"RELAY_AMQP_URL_FILE": "{tmp}/secret"}, "RELAY_AMQP_URL=(hidden): must be a URL"),
+    ],
+)  # fmt: skip
+def test_bad_secret_files_are_named_and_never_shown(
+    tmp_path: Path, environ: dict[str, str], message: str
+) -> None:
+    (tmp_path / "secret").write_text("not-a-url-but-a-secret")
+    environ = {k: v.format(tmp=tmp_path) for k, v in environ.items()}
+    with pytest.raises(ConfigError) as err:
+        Settings.load(environ)
+    assert str(err.value).startswith(message.format(tmp=tmp_path))
+    assert "not-a-url-but-a-secret" not in str(err.value)
