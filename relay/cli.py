@@ -1,4 +1,4 @@
-"""The ``relay`` command: run, migrate, enqueue.
+"""The ``relay`` command: run, migrate, enqueue, and the admin commands status, replay, purge.
 
 Options are generated from ``relay.settings``: every option shows its ``RELAY_*`` variable.
 """
@@ -15,10 +15,11 @@ import signal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-from relay import __version__, logs
+from relay import __version__, admin, logs
 from relay.backoff import Backoff
 from relay.errors import ConfigError, InputError, RelayError
 from relay.metrics import HealthServer, Metrics
@@ -27,7 +28,7 @@ from relay.records import NewMessage
 from relay.relay import Relay, utcnow
 from relay.settings import ENV_FILE_VAR, Settings, describe
 from relay.settle import SettlePolicy
-from relay.store import SqlStore, migrate
+from relay.store import OutboxAdmin, SqlStore, migrate
 from relay.topology import Topology, load_topology
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ EXIT_FAILURE = 1  # a runtime failure: the database or broker refused, a drain l
 EXIT_USAGE = 2  # a bad option, setting, topology file or input: nothing was touched
 
 _DB_ONLY = ("database_url", "log_level", "log_format")
+_PURGE_CHUNK = 5000
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -120,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     enq.add_argument("--message-id", help="message id (default: a new UUID)")
     enq.set_defaults(command="enqueue", handler=_enqueue)
+    admin.add_commands(sub, common, lambda p: _add_settings(p, _DB_ONLY))
     return parser
 
 
@@ -206,12 +209,40 @@ async def _serve(settings: Settings, topology: Topology) -> bool:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stopper(relay, sig))
+    retention = asyncio.create_task(_retention(settings)) if settings.retention else None
     try:
         return await relay.run()
     finally:
+        if retention is not None:
+            retention.cancel()
+            await asyncio.gather(retention, return_exceptions=True)
         if server is not None:
             server.stop()
         store.close()
+
+
+async def _retention(settings: Settings) -> None:
+    """Delete sent rows older than the retention period, every purge interval; a failed
+    purge is logged and tried again at the next interval (it never stops the relay)."""
+    purger = OutboxAdmin(settings.database_url)
+    try:
+        while True:
+            cutoff = utcnow() - timedelta(seconds=settings.retention)
+            deleted, after, count = 0, 0, _PURGE_CHUNK
+            try:
+                # One chunk per thread call, so that stopping waits for one chunk at most.
+                while count == _PURGE_CHUNK:
+                    count, after = await asyncio.to_thread(
+                        purger.purge_chunk, cutoff, _PURGE_CHUNK, after
+                    )
+                    deleted += count
+            except RelayError as exc:
+                log.warning("purge failed: %s", exc, extra={"action": "purge_failed"})
+            else:
+                log.info("purged %d sent rows", deleted, extra={"action": "purge"})
+            await asyncio.sleep(settings.purge_interval)
+    finally:
+        purger.close()
 
 
 def _stopper(relay: Relay, sig: signal.Signals) -> Any:

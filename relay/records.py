@@ -94,3 +94,29 @@ class NewMessage:
 class BacklogStats:
     due: int
     oldest_due_age: float  # seconds the longest-waiting due row has been due; 0 when none
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStatus:
+    """What ``relay status`` reports."""
+
+    counts: dict[str, int]  # rows by status, every status present
+    due: int
+    oldest_due_age: float
+    leased: int  # pending rows a relay has claimed and not settled yet
+    parked_reasons: list[tuple[str, int]]  # (last error, rows), most rows first
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which parked rows ``relay replay`` moves back to pending; the fields narrow together."""
+
+    ids: tuple[int, ...] = ()
+    first_id: int | None = None
+    last_id: int | None = None
+    reason: str | None = None  # a part of last_error
+    exchange: str | None = None
+    created_before: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, name) not in ((), None) for name in self.__slots__)

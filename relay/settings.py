@@ -50,6 +50,12 @@ def _positive_float(text: str) -> float:
     )
 
 
+def _seconds_or_zero(text: str) -> float:
+    return float(
+        _number(float, text, lambda v: 0 <= v < float("inf"), "0 or a positive number of seconds")
+    )
+
+
 def _port(text: str) -> int:
     need = "a port number from 0 to 65535 (0 turns the server off)"
     return int(_number(int, text, lambda v: 0 <= v <= 65535, need))
@@ -138,6 +144,14 @@ class Settings:
     )
     stats_interval: float = _setting(
         5.0, _positive_float, "Seconds between refreshes of the backlog gauges."
+    )
+    retention: float = _setting(
+        0.0,
+        _seconds_or_zero,
+        "Seconds sent rows are kept; the relay deletes older ones in chunks (0 keeps them).",
+    )
+    purge_interval: float = _setting(
+        600.0, _positive_float, "Seconds between the relay's purges of old sent rows."
     )
     metrics_host: str = _setting("0.0.0.0", str, "Address for /metrics, /healthz and /readyz.")
     metrics_port: int = _setting(
@@ -230,7 +244,7 @@ def _read_secret_files(raw: dict[str, str]) -> None:
             raw[key] = _read_secret(value_file, raw.pop(value_file))
         if password_file in raw:
             password = _read_secret(password_file, raw.pop(password_file))
-            raw[key] = _with_password(key, raw.get(key, f.default), password)
+            raw[key] = _with_password(key, raw.get(key, str(f.default)), password)
 
 
 def _read_secret(var: str, path: str) -> str:
@@ -307,5 +321,9 @@ def describe() -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(Settings):
         default = f.default
         shown = "" if default in (None, "") else str(default)
-        rows.append((f.name, env_name(f.name), shown, f.metadata["help"]))
+        text = f.metadata["help"]
+        if f.metadata["secret"]:
+            whole, password = _secret_file_vars(f.name)
+            text += f" Or from files: the URL [{whole}], or its password [{password}]."
+        rows.append((f.name, env_name(f.name), shown, text))
     return rows

@@ -68,8 +68,9 @@ def write_outbox(
     payload: str = "payload",
     exchange: str | Column = "",
     routing_key: str | Column = "",
-    content_type: str | None = None,
+    content_type: str | Column | None = None,
     headers: str | None = None,
+    ordering_key: str | Column | None = None,
     key: Sequence[str] = (),
     run_id: str | None = None,
     message_id_prefix: str = "",
@@ -79,13 +80,15 @@ def write_outbox(
 
     ``payload``: the column with the body: string (UTF-8), binary, or a struct, map or array
     (serialised to JSON). ``exchange``, ``routing_key``: a value for every row, or a Column.
-    ``content_type``: default from the payload's type. ``headers``: a map or struct column
-    (serialised to JSON) or a string column of JSON objects. ``key`` / ``run_id``: see the
-    module docstring. Nothing is written when a check fails.
+    ``content_type``: a value or a Column; by default from the payload's type. ``headers``: a
+    map or struct column (serialised to JSON) or a string column of JSON objects.
+    ``ordering_key``: a value or a Column; rows with the same ordering key are published in
+    order when the relay's ordering is on. ``key`` / ``run_id``: see the module docstring.
+    Nothing is written when a check fails.
     """
     frame = outbox_frame(df, payload=payload, exchange=exchange, routing_key=routing_key,
-                         content_type=content_type, headers=headers, key=key, run_id=run_id,
-                         message_id_prefix=message_id_prefix)  # fmt: skip
+                         content_type=content_type, headers=headers, ordering_key=ordering_key,
+                         key=key, run_id=run_id, message_id_prefix=message_id_prefix)  # fmt: skip
     jdbc_url, properties = jdbc_target(database_url)
     stage = f"outbox_stage_{uuid.uuid4().hex[:16]}"
     create_staging(database_url, stage)
@@ -110,8 +113,9 @@ def outbox_frame(
     payload: str,
     exchange: str | Column,
     routing_key: str | Column,
-    content_type: str | None,
+    content_type: str | Column | None,
     headers: str | None,
+    ordering_key: str | Column | None,
     key: Sequence[str],
     run_id: str | None,
     message_id_prefix: str,
@@ -138,8 +142,9 @@ def outbox_frame(
         "exchange": _text(exchange),
         "routing_key": _text(routing_key),
         "payload": body,
-        "content_type": F.lit(content_type or default_type),
+        "content_type": _text(default_type if content_type is None else content_type),
         "headers": _headers(headers, fields) if headers else F.lit(None).cast("string"),
+        "ordering_key": _text(ordering_key),
     }
     assert tuple(columns) == STAGED_COLUMNS
     return df.select(*[c.alias(name) for name, c in columns.items()])
@@ -169,5 +174,6 @@ def _headers(name: str, fields: dict[str, T.DataType]) -> Column:
                      "or struct (sent as a JSON object), or a string of JSON")  # fmt: skip
 
 
-def _text(value: str | Column) -> Column:
-    return F.lit(value) if isinstance(value, str) else value.cast("string")
+def _text(value: str | Column | None) -> Column:
+    column = value if isinstance(value, Column) else F.lit(value)
+    return column.cast("string")

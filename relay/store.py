@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from importlib import resources
@@ -32,11 +32,15 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.errors import InputError, SchemaMissingError, StoreError
 from relay.records import (
+    PARKED,
     PENDING,
     SENT,
+    STATUSES,
     BacklogStats,
     NewMessage,
     OutboxRow,
+    OutboxStatus,
+    Selection,
     SettleBatch,
 )
 from relay.schema import outbox
@@ -142,7 +146,7 @@ class SqlStore:
             .values(next_attempt_at=now + self.lease, lease_owner=self.owner)
             .returning(*_ROW_COLUMNS)
         )
-        with self._errors("claim"), self._writing, self.engine.begin() as conn:
+        with _db_errors("claim", self._where), self._writing, self.engine.begin() as conn:
             rows = [OutboxRow(**r._mapping) for r in conn.execute(stmt)]
         rows.sort(key=lambda r: r.id)
         return rows
@@ -174,7 +178,7 @@ class SqlStore:
                 lease_owner=None,
             )
         )
-        with self._errors("settle"), self._writing, self.engine.begin() as conn:
+        with _db_errors("settle", self._where), self._writing, self.engine.begin() as conn:
             for i in range(0, len(batch.sent), _CHUNK):
                 conn.execute(sent, {"ids": list(batch.sent[i : i + _CHUNK])})
             if batch.changes:
@@ -196,7 +200,7 @@ class SqlStore:
         stmt = sa.select(sa.func.count(), sa.func.min(outbox.c.next_attempt_at)).where(
             outbox.c.status == PENDING, outbox.c.next_attempt_at <= now
         )
-        with self._errors("backlog"), self.engine.connect() as conn:
+        with _db_errors("backlog", self._where), self.engine.connect() as conn:
             count, oldest = conn.execute(stmt).one()
         age = (now - oldest).total_seconds() if oldest is not None else 0.0
         return BacklogStats(due=int(count), oldest_due_age=max(0.0, age))
@@ -217,7 +221,7 @@ class SqlStore:
             for m, message_id in zip(messages, ids, strict=True)
         ]
         if rows:
-            with self._errors("enqueue"), self.engine.begin() as conn:
+            with _db_errors("enqueue", self._where), self.engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
                 conn.execute(sa.insert(outbox), rows)
@@ -226,19 +230,118 @@ class SqlStore:
     def close(self) -> None:
         self.engine.dispose()
 
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sa.exc.DBAPIError as exc:
-            if _missing_table(exc):
-                raise _schema_missing(self._where) from exc
-            first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
-            raise StoreError(
-                f"{what} on {self._where} failed: {type(exc.orig).__name__}: {first_line}"
-            ) from exc
-        except sa.exc.SQLAlchemyError as exc:
-            raise StoreError(f"{what} on {self._where} failed: {exc}") from exc
+
+@contextmanager
+def _db_errors(what: str, where: str) -> Iterator[None]:
+    """Turn the driver's errors into StoreError (chained), naming the call and the database."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        if _missing_table(exc):
+            raise _schema_missing(where) from exc
+        first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+        raise StoreError(
+            f"{what} on {where} failed: {type(exc.orig).__name__}: {first_line}"
+        ) from exc
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"{what} on {where} failed: {exc}") from exc
+
+
+class OutboxAdmin:
+    """The operator's reads and writes (``relay status``, ``replay``, ``purge``). Each write
+    is short: replay changes only parked rows, and purge deletes sent rows in chunks of its
+    own transactions, so neither holds locks that would stall the relays."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url, relay_session=False)
+        self._where = redact_url(url)
+
+    def status(self, now: datetime, reasons: int = 10) -> OutboxStatus:
+        pending = outbox.c.status == PENDING
+        due = sa.and_(pending, outbox.c.next_attempt_at <= now)
+        totals = sa.select(
+            *(sa.func.count().filter(outbox.c.status == s) for s in STATUSES),
+            sa.func.count().filter(due),
+            sa.func.min(outbox.c.next_attempt_at).filter(due),
+            sa.func.count().filter(pending, outbox.c.lease_owner.is_not(None),
+                                   outbox.c.next_attempt_at > now),
+        )  # fmt: skip
+        by_reason = (
+            sa.select(outbox.c.last_error, sa.func.count().label("rows"))
+            .where(outbox.c.status == PARKED)
+            .group_by(outbox.c.last_error)
+            .order_by(sa.desc("rows"), outbox.c.last_error)
+            .limit(reasons)
+        )
+        with _db_errors("status", self._where), self.engine.connect() as conn:
+            *counts, due_rows, oldest, leased = conn.execute(totals).one()
+            parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
+        age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        return OutboxStatus(dict(zip(STATUSES, map(int, counts), strict=True)), int(due_rows),
+                            age, int(leased), parked)  # fmt: skip
+
+    def replay(self, selection: Selection, now: datetime, dry_run: bool) -> list[OutboxRow]:
+        """Move the selected parked rows back to pending, due now, with their attempts reset;
+        returns them (as they were) in id order. With ``dry_run``, changes nothing."""
+        where = [outbox.c.status == PARKED]
+        if selection.ids:
+            where.append(outbox.c.id.in_(selection.ids))
+        if selection.first_id is not None:
+            where.append(outbox.c.id >= selection.first_id)
+        if selection.last_id is not None:
+            where.append(outbox.c.id <= selection.last_id)
+        if selection.reason:
+            where.append(outbox.c.last_error.contains(selection.reason, autoescape=True))
+        if selection.exchange is not None:
+            where.append(outbox.c.exchange == selection.exchange)
+        if selection.created_before is not None:
+            where.append(outbox.c.created_at < selection.created_before)
+        chosen = sa.select(*_ROW_COLUMNS).where(*where).order_by(outbox.c.id)
+        with _db_errors("replay", self._where), self.engine.begin() as conn:
+            rows = [OutboxRow(**r._mapping) for r in conn.execute(chosen)]
+            replay = (
+                sa.update(outbox)
+                .where(outbox.c.status == PARKED)
+                .where(outbox.c.id.in_(sa.bindparam("ids", expanding=True)))
+                .values(status=PENDING, attempts=0, next_attempt_at=now, lease_owner=None)
+            )
+            for i in range(0, 0 if dry_run else len(rows), _CHUNK):
+                conn.execute(replay, {"ids": [r.id for r in rows[i : i + _CHUNK]]})
+        return rows
+
+    def purge(
+        self, sent_before: datetime, chunk: int, progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Delete sent rows sent before ``sent_before``, ``chunk`` rows per transaction;
+        returns the rows deleted."""
+        deleted, after = 0, 0
+        while True:
+            count, after = self.purge_chunk(sent_before, chunk, after)
+            deleted += count
+            if count < chunk:
+                return deleted
+            if progress is not None:
+                progress(deleted)
+
+    def purge_chunk(self, sent_before: datetime, chunk: int, after: int = 0) -> tuple[int, int]:
+        """One transaction of ``purge``: up to ``chunk`` rows with ids above ``after``.
+        Walking the primary key keeps every chunk as cheap as the first. Returns (rows
+        deleted, the id to continue after)."""
+        ids = (
+            sa.select(outbox.c.id)
+            .where(outbox.c.id > after, outbox.c.status == SENT, outbox.c.sent_at < sent_before)
+            .order_by(outbox.c.id)
+            .limit(chunk)
+        )
+        with _db_errors("purge", self._where), self.engine.begin() as conn:
+            batch = list(conn.scalars(ids))
+            if batch:
+                conn.execute(sa.delete(outbox).where(outbox.c.id.in_(batch),
+                                                     outbox.c.status == SENT))  # fmt: skip
+        return len(batch), batch[-1] if batch else after
+
+    def close(self) -> None:
+        self.engine.dispose()
 
 
 def _schema_missing(where: str) -> SchemaMissingError:
@@ -251,10 +354,8 @@ def _one_off(url: str, what: str) -> Iterator[sa.Connection]:
     commands that run once (migrate, the batch writer's staging steps)."""
     engine = create_engine(url, relay_session=False)
     try:
-        with engine.begin() as conn:
+        with _db_errors(what, redact_url(url)), engine.begin() as conn:
             yield conn
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"{what} {redact_url(url)} failed: {exc}") from exc
     finally:
         engine.dispose()
 
@@ -263,33 +364,39 @@ def _missing_table(exc: sa.exc.DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == "42P01" or "no such table" in str(exc.orig)
 
 
-def migrate(url: str, revision: str = "head") -> None:
-    """Upgrade the database to ``revision`` with the migrations shipped in the package."""
+def migrate(url: str, revision: str = "head", *, downgrade: bool = False) -> None:
+    """Upgrade (or downgrade) the database to ``revision`` with the migrations shipped in
+    the package."""
     config = Config()
     config.set_main_option("script_location", str(resources.files("relay.migrations")))
     with _one_off(url, "migrate") as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+        (command.downgrade if downgrade else command.upgrade)(config, revision)
 
 
 # Columns a batch writer (the Spark writer) stages; the database fills in the rest.
-STAGED_COLUMNS = ("message_id", "exchange", "routing_key", "payload", "content_type", "headers")
+STAGED_COLUMNS = (
+    "message_id", "exchange", "routing_key", "payload", "content_type", "headers", "ordering_key"
+)  # fmt: skip
 
 
-def _staging_table(name: str) -> sa.Table:
+def _staging_table(name: str, unlogged: bool = False) -> sa.Table:
     return sa.Table(
         name,
         sa.MetaData(),
         *(sa.Column(c, outbox.c[c].type, nullable=True) for c in STAGED_COLUMNS),
+        prefixes=["UNLOGGED"] if unlogged else [],
     )
 
 
 def create_staging(url: str, name: str) -> None:
     """An empty staging table for one batch write; fails clearly if the outbox is missing."""
-    with _one_off(url, f"creating staging table {name} in") as conn:
+    with _one_off(url, f"creating staging table {name}") as conn:
         if not sa.inspect(conn).has_table("outbox"):
             raise _schema_missing(redact_url(url))
-        _staging_table(name).create(conn)
+        # Unlogged on PostgreSQL: staged rows need no crash safety (a crashed write is
+        # re-run), and skipping the WAL makes the staging write cheaper than a plain append.
+        _staging_table(name, unlogged=conn.dialect.name == "postgresql").create(conn)
 
 
 def merge_staging(url: str, name: str) -> tuple[int, int]:
@@ -302,7 +409,7 @@ def merge_staging(url: str, name: str) -> tuple[int, int]:
     """
     stage = _staging_table(name)
     is_null = sa.or_(stage.c.payload.is_(None), stage.c.message_id.is_(None))
-    with _one_off(url, f"merging staging table {name} into the outbox of") as conn:
+    with _one_off(url, f"merging staging table {name} into the outbox") as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
         # One scan of the staging table for both numbers.
@@ -325,7 +432,7 @@ def merge_staging(url: str, name: str) -> tuple[int, int]:
 
 
 def drop_staging(url: str, name: str) -> None:
-    with _one_off(url, f"dropping staging table {name} in") as conn:
+    with _one_off(url, f"dropping staging table {name}") as conn:
         _staging_table(name).drop(conn, checkfirst=True)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,7 @@ def test_migrate_on_an_unreachable_database_fails_clearly() -> None:
     url = f"postgresql://relay:topsecret@127.0.0.1:{port}/outbox"
     result = relay("migrate", env=base_env(RELAY_DATABASE_URL=url))
     assert result.returncode == 1
-    assert "relay: error: migrate postgresql://relay:***@127.0.0.1" in result.stderr
+    assert "relay: error: migrate on postgresql://relay:***@127.0.0.1" in result.stderr
     assert "topsecret" not in result.stderr and "Traceback" not in result.stderr
 
 
@@ -207,3 +208,34 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
             proc.kill()
     delivered = {d.message_id for d in drain(rabbit.url, queue, expect=5500, timeout=60)}
     assert delivered == {f"id-{i}" for i in range(5500)}
+
+
+def test_relay_run_purges_old_sent_rows_when_retention_is_set(
+    tmp_path: Path, rabbit: RabbitNode
+) -> None:
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    env = base_env(RELAY_DATABASE_URL=url, RELAY_AMQP_URL=rabbit.url, RELAY_METRICS_PORT="0",
+                   RELAY_RETENTION="86400", RELAY_PURGE_INTERVAL="0.2", RELAY_LOG_FORMAT="json")  # fmt: skip
+    assert relay("migrate", env=env).returncode == 0
+    now = datetime.now(UTC)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(outbox), [
+            {"message_id": f"old-{i}", "payload": b"p", "status": status, "sent_at": sent}
+            for i, (status, sent) in enumerate(
+                [("sent", now - timedelta(days=2))] * 3 + [("sent", now - timedelta(hours=1)),
+                 ("parked", None)])
+        ])  # fmt: skip
+    engine.dispose()
+    with (tmp_path / "relay.log").open("w") as log:
+        proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=log)
+        try:
+            wait_until(lambda: statuses(url).get("sent") == 1, 60, "old sent rows purged")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert statuses(url) == {"sent": 1, "parked": 1, "leased": 0}
+    logged = [json.loads(line) for line in (tmp_path / "relay.log").read_text().splitlines()]
+    assert any(e["action"] == "purge" and e["message"] == "purged 3 sent rows" for e in logged)

@@ -145,3 +145,27 @@ def test_unmigrated_database_says_to_run_migrate(spark: SparkSession, tmp_path: 
         write_outbox(
             orders(spark, 3), f"sqlite:///{tmp_path / 'new.db'}", payload="body", key=["order_id"]
         )
+
+
+def test_content_type_and_ordering_key_come_from_values_or_columns(
+    spark: SparkSession, database_url: str
+) -> None:
+    df = orders(spark, 6)
+    write_outbox(df, database_url, payload="body", key=["order_id"],
+                 content_type=F.concat(F.lit("application/vnd."), F.col("event"), F.lit("+json")),
+                 ordering_key=F.col("order_id") % 2)  # fmt: skip
+    write_outbox(df, database_url, payload="body", key=["order_id"], message_id_prefix="b-",
+                 content_type="application/x-order", ordering_key="all")  # fmt: skip
+    rows = outbox_rows(database_url)
+    by_column = {json.loads(r.payload)["order_id"]: r for r in rows if r.message_id[:2] != "b-"}
+    for r in df.collect():
+        got = by_column[r.order_id]
+        assert got.content_type == f"application/vnd.{r.event}+json"
+        assert got.ordering_key == str(r.order_id % 2)
+    by_value = [r for r in rows if r.message_id[:2] == "b-"]
+    assert len(by_value) == 6
+    assert {(r.content_type, r.ordering_key) for r in by_value} == {("application/x-order", "all")}
+    without = write_outbox(orders(spark, 2), database_url, payload="body", key=["order_id"],
+                           message_id_prefix="c-")  # fmt: skip
+    assert without.inserted == 2
+    assert {r.ordering_key for r in outbox_rows(database_url) if r.message_id[:2] == "c-"} == {None}

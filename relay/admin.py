@@ -1,0 +1,181 @@
+"""The operator's commands: ``relay status``, ``relay replay``, ``relay purge``.
+
+Each works on PostgreSQL and SQLite through ``OutboxAdmin``; this module parses the
+options, refuses unsafe input before touching anything, and prints what it found or did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from relay.errors import InputError
+from relay.records import OutboxRow, Selection
+from relay.settings import Settings, redact_url
+from relay.store import OutboxAdmin
+
+EXIT_THRESHOLD = 3  # relay status: a --max-* threshold is exceeded
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SHOWN_ROWS = 20
+
+
+def duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``2h``, ``7d``, ``1w`` -> seconds (positive)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match or float(match[1]) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive duration such as 90s, 15m, 2h or 7d"
+        )
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _id_range(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)-(\d+)", text.strip())
+    if not match or int(match[1]) > int(match[2]):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id range such as 100-250")
+    return int(match[1]), int(match[2])
+
+
+def add_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: argparse.ArgumentParser,
+    add_settings: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    status = sub.add_parser("status", parents=[common], help="show the outbox's state",
+                            description=status_command.__doc__)  # fmt: skip
+    add_settings(status)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    over = f"exit {EXIT_THRESHOLD} when"
+    status.add_argument("--max-due", type=int, metavar="ROWS",
+                        help=f"{over} more rows than this are due")  # fmt: skip
+    status.add_argument("--max-oldest-due", type=duration, metavar="AGE",
+                        help=f"{over} a row has been due longer than this (e.g. 5m)")  # fmt: skip
+    status.add_argument("--max-parked", type=int, metavar="ROWS",
+                        help=f"{over} more rows than this are parked")  # fmt: skip
+    status.set_defaults(command="status", handler=status_command)
+
+    replay = sub.add_parser("replay", parents=[common], help="move parked rows back to due",
+                            description=replay_command.__doc__)  # fmt: skip
+    add_settings(replay)
+    replay.add_argument("--id", type=_positive, action="append", default=[], dest="ids",
+                        metavar="ID", help="a row id (repeat)")  # fmt: skip
+    replay.add_argument("--ids", type=_id_range, dest="id_range", metavar="FIRST-LAST",
+                        help="an inclusive range of row ids")  # fmt: skip
+    replay.add_argument("--reason", help="rows whose last error contains this text")
+    replay.add_argument("--exchange", help="rows for this exchange")
+    replay.add_argument("--older-than", type=duration, metavar="AGE",
+                        help="rows created longer ago than this (e.g. 2h)")  # fmt: skip
+    replay.add_argument("--all", action="store_true", help="every parked row")
+    replay.add_argument("--dry-run", action="store_true", help="show the rows, change nothing")
+    replay.set_defaults(command="replay", handler=replay_command)
+
+    purge = sub.add_parser("purge", parents=[common], help="delete old sent rows",
+                           description=purge_command.__doc__)  # fmt: skip
+    add_settings(purge)
+    purge.add_argument("--older-than", type=duration, required=True, metavar="AGE",
+                       help="delete rows sent longer ago than this (e.g. 7d)")  # fmt: skip
+    purge.add_argument("--chunk", type=_positive, default=5000, metavar="ROWS",
+                       help="rows deleted per transaction (default: 5000)")  # fmt: skip
+    purge.set_defaults(command="purge", handler=purge_command)
+
+
+def status_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Show rows by status, the due backlog and its oldest row's age, and parked rows by
+    reason. With --max-* thresholds, exit 3 when one is exceeded (for scripts and checks)."""
+    now = datetime.now(UTC)
+    admin = OutboxAdmin(settings.database_url)
+    try:
+        report = admin.status(now)
+    finally:
+        admin.close()
+    limits = [("due", report.due, args.max_due),
+              ("oldest_due_age_seconds", report.oldest_due_age, args.max_oldest_due),
+              ("parked", report.counts["parked"], args.max_parked)]  # fmt: skip
+    exceeded = [name for name, value, limit in limits if limit is not None and value > limit]
+    if args.json:
+        print(json.dumps({
+            "counts": report.counts, "due": report.due, "leased": report.leased,
+            "oldest_due_age_seconds": round(report.oldest_due_age, 3),
+            "parked_reasons": [{"reason": r, "rows": n} for r, n in report.parked_reasons],
+            "exceeded": exceeded,
+        }))  # fmt: skip
+    else:
+        c = report.counts
+        print(f"outbox at {redact_url(settings.database_url)}")
+        print(f"  pending {c['pending']:>10}  (due {report.due}, claimed by a relay "
+              f"{report.leased})")  # fmt: skip
+        print(f"  sent    {c['sent']:>10}")
+        print(f"  parked  {c['parked']:>10}")
+        print(f"  oldest due row: due for {report.oldest_due_age:.1f} s")
+        if report.parked_reasons:
+            print("parked rows by last error:")
+            for reason, rows in report.parked_reasons:
+                print(f"  {rows:>10}  {reason}")
+        for name in exceeded:
+            print(f"threshold exceeded: {name}", file=sys.stderr)
+    return EXIT_THRESHOLD if exceeded else 0
+
+
+def replay_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Move parked rows back to pending, due now, with their attempt count reset, so the
+    relays publish them again. Select rows with --id, --ids, --reason, --exchange and
+    --older-than (together they narrow the selection), or --all. --dry-run only shows them."""
+    now = datetime.now(UTC)
+    first, last = args.id_range or (None, None)
+    created_before = None if args.older_than is None else now - timedelta(seconds=args.older_than)
+    selection = Selection(tuple(args.ids), first, last, args.reason, args.exchange,
+                          created_before)  # fmt: skip
+    if bool(selection) == args.all:
+        raise InputError("say which parked rows to replay: --id, --ids, --reason, --exchange "
+                         "or --older-than, or --all for every one (not both)")  # fmt: skip
+    admin = OutboxAdmin(settings.database_url)
+    try:
+        rows = admin.replay(selection, now, args.dry_run)
+    finally:
+        admin.close()
+    for row in rows[:_SHOWN_ROWS]:
+        print(_describe(row))
+    if len(rows) > _SHOWN_ROWS:
+        print(f"... and {len(rows) - _SHOWN_ROWS} more")
+    verb = "would replay" if args.dry_run else "replayed"
+    print(f"{verb} {len(rows)} parked rows")
+    return 0
+
+
+def _describe(row: OutboxRow) -> str:
+    where = f"exchange={row.exchange!r} routing_key={row.routing_key!r}"
+    return f"{row.id}  {row.message_id}  {where}  attempts={row.attempts}  {row.last_error}"
+
+
+def purge_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Delete sent rows older than --older-than, in chunks of their own transactions (no
+    table lock, no long transaction), showing progress on a terminal. Pending and parked
+    rows are never deleted."""
+    now = datetime.now(UTC)
+    cutoff = now - timedelta(seconds=args.older_than)
+    show = sys.stderr.isatty()
+
+    def progress(deleted: int) -> None:
+        if show:
+            print(f"\rpurged {deleted} rows ...", end="", file=sys.stderr, flush=True)
+
+    admin = OutboxAdmin(settings.database_url)
+    try:
+        deleted = admin.purge(cutoff, args.chunk, progress)
+    finally:
+        admin.close()
+    if show and deleted:
+        print(file=sys.stderr)
+    print(f"purged {deleted} sent rows sent before {cutoff.isoformat(timespec='seconds')}")
+    return 0

@@ -1,0 +1,176 @@
+"""The admin commands (status, replay, purge) on SQLite and PostgreSQL, through the CLI."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from relay.cli import main
+from relay.schema import outbox
+
+NOW = datetime.now(UTC)
+DAY = timedelta(days=1)
+HOUR = timedelta(hours=1)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """main() points the root logger at this test's captured stderr; put it back after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+def seed(url: str) -> None:
+    """Ten sent rows (ids 1-10, sent an hour less than 1-10 days ago), four pending (two due for an hour, one
+    claimed, one not due yet), five parked with two reasons on two exchanges."""
+    rows = [dict(status="sent", sent_at=NOW - i * DAY + HOUR, exchange="orders")
+            for i in range(1, 11)]  # fmt: skip
+    rows += [
+        dict(status="pending", next_attempt_at=NOW - timedelta(hours=1), exchange="orders"),
+        dict(status="pending", next_attempt_at=NOW - timedelta(minutes=1), exchange="orders"),
+        dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders", lease_owner="r1"),
+        dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders"),
+    ]
+    rows += [dict(status="parked", exchange="orders", last_error="returned: NO_ROUTE",
+                  attempts=10, created_at=NOW - 3 * DAY) for _ in range(3)]  # fmt: skip
+    rows += [dict(status="parked", exchange="audit", last_error="rejected: headers 50%_bad",
+                  attempts=1, created_at=NOW) for _ in range(2)]  # fmt: skip
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for number, r in enumerate(rows, start=1):
+            values = {"id": number, "message_id": f"m-{number}", "payload": b"p",
+                      "created_at": NOW - DAY, **r}  # fmt: skip
+            conn.execute(sa.insert(outbox).values(**values))
+    engine.dispose()
+
+
+def run(url: str, *args: str) -> int:
+    return main(list(args), {"RELAY_DATABASE_URL": url})
+
+
+def table(url: str) -> dict[int, tuple[str, int]]:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(outbox.c.id, outbox.c.status, outbox.c.attempts))
+        out = {r.id: (r.status, r.attempts) for r in rows}
+    engine.dispose()
+    return out
+
+
+def test_status_reports_counts_backlog_and_reasons(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(database_url)
+    assert run(database_url, "status", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"] == {"pending": 4, "sent": 10, "parked": 5}
+    assert (report["due"], report["leased"]) == (2, 1)
+    assert 3590 < report["oldest_due_age_seconds"] < 3700
+    assert report["parked_reasons"] == [
+        {"reason": "returned: NO_ROUTE", "rows": 3},
+        {"reason": "rejected: headers 50%_bad", "rows": 2},
+    ]
+    assert report["exceeded"] == []
+
+    assert run(database_url, "status") == 0
+    human = capsys.readouterr().out
+    assert "pending          4  (due 2, claimed by a relay 1)" in human
+    assert "         3  returned: NO_ROUTE" in human
+
+
+@pytest.mark.parametrize(
+    ("limits", "exceeded"),
+    [
+        (["--max-due", "2", "--max-parked", "5", "--max-oldest-due", "2h"], []),
+        (["--max-due", "1"], ["due"]),
+        (["--max-oldest-due", "30m", "--max-parked", "4"], ["oldest_due_age_seconds", "parked"]),
+    ],
+)
+def test_status_thresholds_set_the_exit_code(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str], limits: list[str], exceeded: list[str]
+) -> None:
+    seed(sqlite_url)
+    assert run(sqlite_url, "status", "--json", *limits) == (3 if exceeded else 0)
+    assert json.loads(capsys.readouterr().out)["exceeded"] == exceeded
+
+
+def test_replay_dry_run_then_by_selection(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(database_url)
+    before = table(database_url)
+    assert run(database_url, "replay", "--reason", "NO_ROUTE", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "would replay 3 parked rows" in out and "15  m-15  exchange='orders'" in out
+    assert table(database_url) == before
+
+    # LIKE wildcards in the reason are matched literally.
+    assert run(database_url, "replay", "--reason", "50%_") == 0
+    assert "replayed 2 parked rows" in capsys.readouterr().out
+    assert [table(database_url)[i] for i in (18, 19)] == [("pending", 0)] * 2
+
+    assert run(database_url, "replay", "--exchange", "orders", "--older-than", "2d",
+               "--ids", "1-15") == 0  # fmt: skip
+    assert "replayed 1 parked rows" in capsys.readouterr().out
+    assert table(database_url)[15] == ("pending", 0)
+    assert run(database_url, "replay", "--all") == 0
+    assert "replayed 2 parked rows" in capsys.readouterr().out
+    after = table(database_url)
+    assert [s for s, _ in after.values()].count("parked") == 0
+    assert {after[i] for i in range(1, 11)} == {("sent", 0)}  # sent rows are never replayed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["replay"], "say which parked rows to replay"),
+        (["replay", "--all", "--id", "3"], "say which parked rows to replay"),
+        (["replay", "--ids", "9-3"], "'9-3' is not an id range"),
+        (["replay", "--id", "-1"], "'-1' is not a positive whole number"),
+        (["purge"], "the following arguments are required: --older-than"),
+        (["purge", "--older-than", "0d"], "'0d' is not a positive duration"),
+        (["purge", "--older-than", "7 days"], "'7 days' is not a positive duration"),
+        (["purge", "--older-than", "7d", "--chunk", "0"], "'0' is not a positive whole number"),
+    ],
+)
+def test_unsafe_input_is_refused_before_anything_changes(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    seed(sqlite_url)
+    before = table(sqlite_url)
+    try:
+        code = run(sqlite_url, *args)
+    except SystemExit as exc:  # argparse refuses bad option values itself
+        code = int(exc.code or 0)
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert table(sqlite_url) == before
+
+
+def test_purge_deletes_only_old_sent_rows_in_chunks(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(database_url)
+    assert run(database_url, "purge", "--older-than", "3d", "--chunk", "3") == 0
+    assert "purged 7 sent rows" in capsys.readouterr().out
+    left = table(database_url)
+    assert sorted(i for i, (s, _) in left.items() if s == "sent") == [1, 2, 3]
+    assert len(left) == 19 - 7  # every pending and parked row is still there
+    assert run(database_url, "purge", "--older-than", "3d") == 0
+    assert "purged 0 sent rows" in capsys.readouterr().out
+
+
+def test_admin_on_an_unmigrated_database_says_to_run_migrate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    assert run(url, "status") == 1
+    assert "run `relay migrate`" in capsys.readouterr().err
