@@ -143,7 +143,8 @@ def _add_settings(parser: argparse.ArgumentParser, only: Iterable[str] | None) -
 def _run(settings: Settings, _args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM or SIGINT, then drain outstanding confirms and exit."""
     topology = load_topology(settings.topology_file)
-    connection_parameters(settings.amqp_url, settings.name)  # fail fast on a bad URL
+    # Fail fast on a bad URL or unusable TLS files.
+    connection_parameters(settings.amqp_url, settings.name, settings.amqp_tls)
     log.info("starting", extra={"action": "start", "settings": settings.redacted()})
     # The event-loop thread (pika) and the database worker threads pass the GIL back and
     # forth all the time; with the default 5 ms switch interval a worker whose query
@@ -176,6 +177,7 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
         reconnect=reconnect,
         name=settings.name,
         on_state=metrics.broker_state,
+        tls=settings.amqp_tls,
     )
     relay = Relay(
         store,

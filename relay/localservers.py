@@ -47,7 +47,10 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 class RabbitNode:
     """A rabbitmq-server node named ``<name>-<pid>@127.0.0.1`` listening on 127.0.0.1."""
 
-    def __init__(self, base: Path, name: str = "relay", port: int | None = None) -> None:
+    def __init__(
+        self, base: Path, name: str = "relay", port: int | None = None, config: str = ""
+    ) -> None:
+        """``config``: extra ``rabbitmq.conf`` lines (for example a TLS listener)."""
         if not (RABBITMQ_BIN / "rabbitmq-server").exists():
             raise ServerError(
                 "rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)"
@@ -58,6 +61,7 @@ class RabbitNode:
         self.dist_port = free_port()
         self.home = base / "home"
         self.log_path = base / "log" / "console.log"
+        self.config = config
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,7 +92,7 @@ class RabbitNode:
         (self.base / "enabled_plugins").write_text("[].\n")
         config = self.base / "rabbitmq.conf"
         if not config.exists():
-            config.write_text("log.console = false\nlog.file.level = warning\n")
+            config.write_text("log.console = false\nlog.file.level = warning\n" + self.config)
         log = self.log_path.open("ab")
         self._process = subprocess.Popen(
             [str(RABBITMQ_BIN / "rabbitmq-server")],

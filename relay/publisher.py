@@ -18,6 +18,7 @@ import decimal
 import json
 import logging
 import re
+import ssl
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from relay.backoff import Backoff, log_before_retry
 from relay.confirms import ConfirmTracker
 from relay.errors import BrokerError, ConfigError
 from relay.records import OutboxRow, Settlement
-from relay.settings import redact_url
+from relay.settings import TlsOptions, redact_url
 from relay.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -104,15 +105,37 @@ def message_properties(row: OutboxRow) -> pika.BasicProperties:
     )
 
 
-def connection_parameters(url: str, name: str) -> pika.URLParameters:
+def connection_parameters(url: str, name: str, tls: TlsOptions | None = None) -> pika.URLParameters:
     try:
         params = pika.URLParameters(url)
     except Exception as exc:  # pika raises ValueError, KeyError, ... for bad URLs
         raise ConfigError(f"RELAY_AMQP_URL={redact_url(url)}: {exc}") from None
+    if tls is not None:
+        params.ssl_options = pika.SSLOptions(
+            _tls_context(tls), server_hostname=tls.server_name or params.host
+        )
     # One attempt per connect: tenacity owns the retry schedule and its logging.
     params.connection_attempts = 1
     params.client_properties = {"connection_name": name, "product": "outbox-relay"}
     return params
+
+
+def _tls_context(tls: TlsOptions) -> ssl.SSLContext:
+    """Verify the broker's certificate and name (always); present a client certificate
+    when one is configured. A file that cannot be used is a ConfigError naming the setting."""
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"RELAY_AMQP_CA_FILE={tls.ca_file}: cannot use: {exc}") from None
+    if tls.cert_file is not None:
+        try:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"RELAY_AMQP_CERT_FILE={tls.cert_file}, RELAY_AMQP_KEY_FILE={tls.key_file}: "
+                f"cannot use: {exc}"
+            ) from None
+    return context
 
 
 class PikaPublisher:
@@ -126,8 +149,9 @@ class PikaPublisher:
         reconnect: Backoff,
         name: str = "outbox-relay",
         on_state: Callable[[bool], None] = lambda _connected: None,
+        tls: TlsOptions | None = None,
     ) -> None:
-        self._params = connection_parameters(url, name)
+        self._params = connection_parameters(url, name, tls)
         self._where = f"{self._params.host}:{self._params.port}"
         self._topology = topology
         self.window = window

@@ -90,6 +90,16 @@ def _setting(default: Any, parse: Callable[[str], Any], help: str, secret: bool 
     return field(default=default, metadata={"parse": parse, "help": help, "secret": secret})
 
 
+@dataclass(frozen=True)
+class TlsOptions:
+    """How to check the broker (and present ourselves) over amqps://."""
+
+    ca_file: Path | None
+    cert_file: Path | None
+    key_file: Path | None
+    server_name: str | None
+
+
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -107,6 +117,21 @@ class Settings:
         _url("amqp", "amqps"),
         "AMQP URL of the RabbitMQ broker; query options such as heartbeat= are honoured.",
         secret=True,
+    )
+    amqp_ca_file: Path | None = _setting(
+        None,
+        _optional_path,
+        "CA certificates (PEM) that the broker's certificate must chain to, for amqps:// "
+        "(default: the system's CAs).",
+    )
+    amqp_cert_file: Path | None = _setting(
+        None, _optional_path, "Client certificate (PEM) for amqps://, if the broker asks for one."
+    )
+    amqp_key_file: Path | None = _setting(
+        None, _optional_path, "Private key (PEM) of the client certificate."
+    )
+    amqp_server_name: str = _setting(
+        "", str, "Name the broker's certificate must carry (default: the host in the URL)."
     )
     batch_size: int = _setting(500, _positive_int, "Most rows claimed in one database call.")
     window: int = _setting(
@@ -180,6 +205,18 @@ class Settings:
             raise ConfigError(
                 f"{env_name('backoff_max')} must not be less than {env_name('backoff_initial')}"
             )
+        if (self.amqp_cert_file is None) != (self.amqp_key_file is None):
+            raise ConfigError(
+                f"set both {env_name('amqp_cert_file')} and {env_name('amqp_key_file')}, or neither"
+            )
+        tls = ("amqp_ca_file", "amqp_cert_file", "amqp_key_file", "amqp_server_name")
+        if not self.amqp_url.lower().startswith("amqps://"):
+            for name in tls:
+                if getattr(self, name):
+                    raise ConfigError(
+                        f"{env_name(name)} is set but {env_name('amqp_url')} is not an "
+                        "amqps:// URL: TLS settings would be ignored"
+                    )
         if not self.name:
             object.__setattr__(self, "name", default_name())
 
@@ -205,6 +242,13 @@ class Settings:
             if key in raw:
                 kwargs[f.name] = _parse(f, raw[key])
         return cls(**kwargs)
+
+    @property
+    def amqp_tls(self) -> TlsOptions | None:
+        if not self.amqp_url.lower().startswith("amqps://"):
+            return None
+        return TlsOptions(self.amqp_ca_file, self.amqp_cert_file, self.amqp_key_file,
+                          self.amqp_server_name or None)  # fmt: skip
 
     def redacted(self) -> dict[str, Any]:
         """The settings with passwords removed from secret URLs, safe to log."""
