@@ -39,6 +39,7 @@ from relay.topology import Topology
 log = logging.getLogger(__name__)
 
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
+_NO_ACCESS = re.compile(r"access to exchange '(?P<name>[^']*)'")
 _TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
 _SHORT_SESSION = 5.0  # seconds
 
@@ -365,8 +366,10 @@ class PikaPublisher:
         code = getattr(reason, "reply_code", 0)
         text = str(getattr(reason, "reply_text", reason))
         culprit: Callable[[OutboxRow], bool] | None = None
-        if code == 404 and (m := _NO_EXCHANGE.search(text)):
-            name = m["name"]
+        if (code == 404 and (m := _NO_EXCHANGE.search(text))) or (
+            code == 403 and (m := _NO_ACCESS.search(text))
+        ):
+            name = "" if m["name"] == "amq.default" else m["name"]
             culprit = lambda row: row.exchange == name  # noqa: E731
         elif code == 406 and (m := _TOO_LARGE.search(text)):
             limit = int(m["size"])

@@ -1,0 +1,190 @@
+"""Secrets and least privilege, with `relay` as users run it (subprocesses, real servers).
+
+- Passwords read from files (RELAY_*_PASSWORD_FILE) are used (RabbitMQ checks its user's
+  password) and never appear in logs (at debug level), --help, error messages or /metrics.
+- The relay works with a RabbitMQ user that may only write to its exchange, and a database
+  role that may only select and update the outbox; `relay enqueue` with one that may also
+  insert. What they may not do, they cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+import sqlalchemy as sa
+
+from relay.localservers import PostgresServer, RabbitNode, ServerError, free_port, wait_until
+from tests.e2e.test_cli import RELAY, base_env, http_get, relay, statuses
+from tests.integration.broker import drain, names
+
+
+@pytest.fixture
+def amqp_user(rabbit: RabbitNode) -> Iterator[tuple[str, str]]:
+    """A RabbitMQ user with a random password; the test sets its permissions."""
+    user, password = f"relay-{uuid.uuid4().hex[:6]}", f"amqp-{uuid.uuid4().hex}"
+    rabbit.ctl("add_user", user, password)
+    yield user, password
+    rabbit.ctl("delete_user", user)
+
+
+def declare(rabbit: RabbitNode, exchange: str, queue: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = conn.channel()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "#")
+    conn.close()
+
+
+def db_role(postgres: PostgresServer, url: str, grants: str) -> tuple[str, str]:
+    role, password = f"r_{uuid.uuid4().hex[:8]}", f"db-{uuid.uuid4().hex}"
+    database = sa.make_url(url).database or ""
+    postgres.psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    postgres.psql(f"GRANT {grants} TO {role}", database=database)
+    return role, password
+
+
+def role_url(postgres: PostgresServer, url: str, role: str) -> str:
+    return f"postgresql://{role}@127.0.0.1:{postgres.port}/{sa.make_url(url).database}"
+
+
+def run_relay_until(env: dict[str, str], log: Path, done: object, what: str) -> None:
+    with log.open("w") as out:
+        proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=out)
+        try:
+            wait_until(done, 60, what)  # type: ignore[arg-type]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_passwords_from_files_never_show(
+    tmp_path: Path,
+    rabbit: RabbitNode,
+    postgres: PostgresServer,
+    postgresql_url: str,
+    amqp_user: tuple[str, str],
+) -> None:
+    user, amqp_password = amqp_user
+    rabbit.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+    role, db_password = db_role(postgres, postgresql_url, "SELECT, INSERT, UPDATE ON outbox")
+    postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {role}",
+                  database=sa.make_url(postgresql_url).database or "")  # fmt: skip
+    (tmp_path / "amqp").write_text(amqp_password + "\n")
+    (tmp_path / "db").write_text(db_password + "\n")
+    exchange, queue = names("secret")
+    declare(rabbit, exchange, queue)
+    port = free_port()
+    env = base_env(
+        RELAY_DATABASE_URL=role_url(postgres, postgresql_url, role),
+        RELAY_DATABASE_PASSWORD_FILE=str(tmp_path / "db"),
+        RELAY_AMQP_URL=f"amqp://{user}@127.0.0.1:{rabbit.port}/%2F",
+        RELAY_AMQP_PASSWORD_FILE=str(tmp_path / "amqp"),
+        RELAY_METRICS_HOST="127.0.0.1", RELAY_METRICS_PORT=str(port),
+        RELAY_LOG_LEVEL="debug", RELAY_LOG_FORMAT="json", RELAY_POLL_INTERVAL="0.05",
+    )  # fmt: skip
+    shown: list[str] = []
+    for args in (["run", "--help"], ["status", "--help"]):
+        shown.append(relay(*args, env=env).stdout)
+    enqueued = relay("enqueue", "--exchange", exchange, "--routing-key", "k", "hello", env=env)
+    assert enqueued.returncode == 0, enqueued.stderr
+    shown.append(enqueued.stderr)
+
+    def sent_and_scraped() -> bool:
+        status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+        shown.append(text)
+        return status == 200 and statuses(postgresql_url).get("sent") == 1
+
+    run_relay_until(env, tmp_path / "relay.log", sent_and_scraped, "the row sent")
+    shown.append((tmp_path / "relay.log").read_text())
+    assert json.loads(shown[-1].splitlines()[0])["action"] == "start"  # the JSON log is real
+    assert len(drain(rabbit.url, queue, expect=1)) == 1  # the AMQP password from the file worked
+
+    # Errors: a refused password, an unreachable database, a malformed URL.
+    (tmp_path / "wrong").write_text("not-the-password-" + amqp_password)
+    refused = {**env, "RELAY_AMQP_PASSWORD_FILE": str(tmp_path / "wrong")}
+    log = tmp_path / "refused.log"
+    run_relay_until(refused, log, lambda: "ACCESS_REFUSED" in log.read_text(), "a refusal")
+    shown.append(log.read_text())
+    gone = {**env, "RELAY_DATABASE_URL": f"postgresql://{role}@127.0.0.1:{free_port()}/x"}
+    failed = relay("status", env=gone)
+    assert failed.returncode == 1 and "***" in failed.stderr
+    shown.append(failed.stderr)
+    bad_url = {**env, "RELAY_AMQP_URL_FILE": str(tmp_path / "db")}
+    del bad_url["RELAY_AMQP_URL"], bad_url["RELAY_AMQP_PASSWORD_FILE"]
+    bad = relay("run", env=bad_url)
+    assert bad.returncode == 2 and "RELAY_AMQP_URL=(hidden)" in bad.stderr
+    shown.append(bad.stderr)
+
+    everything = "\n".join(shown)
+    assert amqp_password not in everything and db_password not in everything
+
+
+def test_relay_runs_with_least_privilege(
+    tmp_path: Path,
+    rabbit: RabbitNode,
+    postgres: PostgresServer,
+    postgresql_url: str,
+    amqp_user: tuple[str, str],
+) -> None:
+    exchange, queue = names("least")
+    forbidden, _ = names("forbidden")
+    declare(rabbit, exchange, queue)
+    declare(rabbit, forbidden, names("forbidden")[1])
+    user, amqp_password = amqp_user
+    # Write to its one exchange; configure and read nothing (no topology file).
+    rabbit.ctl("set_permissions", "-p", "/", user, "^$", f"^{exchange}$", "^$")
+    database = sa.make_url(postgresql_url).database or ""
+    runner, _ = db_role(postgres, postgresql_url, "SELECT, UPDATE ON outbox")
+    writer, _ = db_role(postgres, postgresql_url, "SELECT, INSERT ON outbox")
+    postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {writer}", database=database)
+
+    writer_env = base_env(RELAY_DATABASE_URL=role_url(postgres, postgresql_url, writer))
+    lines = "".join(json.dumps({"exchange": x, "routing_key": "k", "payload": f"{x}-{i}"}) + "\n"
+                    for x in (exchange, forbidden) for i in range(20))  # fmt: skip
+    enqueued = relay("enqueue", "--file", "-", env=writer_env, input=lines)
+    assert enqueued.returncode == 0, enqueued.stderr
+
+    env = base_env(
+        RELAY_DATABASE_URL=role_url(postgres, postgresql_url, runner),
+        RELAY_AMQP_URL=f"amqp://{user}:{amqp_password}@127.0.0.1:{rabbit.port}/%2F",
+        RELAY_METRICS_PORT="0", RELAY_POLL_INTERVAL="0.05", RELAY_BACKOFF_INITIAL="0.05",
+        RELAY_BACKOFF_MAX="0.1", RELAY_RECONNECT_MAX="0.5", RELAY_MAX_ATTEMPTS="2",
+        RELAY_LOG_FORMAT="json",
+    )  # fmt: skip
+    run_relay_until(env, tmp_path / "relay.log",
+                    lambda: statuses(postgresql_url) == {"sent": 20, "parked": 20, "leased": 0},
+                    "20 rows sent and 20 parked")  # fmt: skip
+    # Each channel the forbidden rows close loses the confirms of good rows published on
+    # it: those are published again (at least once, never lost).
+    bodies = {d.body for d in drain(rabbit.url, queue, expect=20)}
+    assert bodies == {f"{exchange}-{i}".encode() for i in range(20)}
+    engine = sa.create_engine(postgresql_url)
+    with engine.connect() as conn:
+        reasons = set(
+            conn.scalars(sa.text("SELECT last_error FROM outbox WHERE status = 'parked'"))
+        )
+    engine.dispose()
+    assert len(reasons) == 1 and "403" in reasons.pop()
+    assert "Traceback" not in (tmp_path / "relay.log").read_text()
+
+    # What the roles may not do, they cannot.
+    for role, sql in [(runner, "INSERT INTO outbox (payload) VALUES ('x')"),
+                      (runner, "DELETE FROM outbox"), (writer, "DELETE FROM outbox"),
+                      (runner, "ALTER TABLE outbox ADD COLUMN x int")]:  # fmt: skip
+        with pytest.raises(ServerError, match=r"permission denied|must be owner"):
+            postgres.psql(f"SET ROLE {role}; {sql}", database=database)
+    conn = pika.BlockingConnection(pika.URLParameters(env["RELAY_AMQP_URL"]))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+        conn.channel().exchange_declare(f"{exchange}.new", "topic")
+    conn.close()
