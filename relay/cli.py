@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -121,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         "--header", action="append", default=[], metavar="NAME=VALUE", help="a header (repeat)"
     )
     enq.add_argument("--message-id", help="message id (default: a new UUID)")
+    enq.add_argument("--ordering-key", help="rows with the same key are published in order")
     enq.set_defaults(command="enqueue", handler=_enqueue)
     admin.add_commands(sub, common, lambda p: _add_settings(p, _DB_ONLY))
     return parser
@@ -168,7 +170,8 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
     reconnect = Backoff(
         min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
     )
-    store = SqlStore(settings.database_url, settings.name, settings.lease)
+    store = SqlStore(settings.database_url, settings.name, settings.lease,
+                     ordered=settings.ordering)  # fmt: skip
     publisher = PikaPublisher(
         settings.amqp_url,
         topology,
@@ -211,16 +214,47 @@ async def _serve(settings: Settings, topology: Topology) -> bool:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stopper(relay, sig))
-    retention = asyncio.create_task(_retention(settings)) if settings.retention else None
+    helpers = []
+    if settings.retention:
+        helpers.append(asyncio.create_task(_retention(settings)))
+    if store.notifies:
+        helpers.append(asyncio.create_task(_wake_on_notify(store, relay, settings)))
     try:
         return await relay.run()
     finally:
-        if retention is not None:
-            retention.cancel()
-            await asyncio.gather(retention, return_exceptions=True)
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
         if server is not None:
             server.stop()
         store.close()
+
+
+async def _wake_on_notify(store: SqlStore, relay: Relay, settings: Settings) -> None:
+    """Wake the relay when the database announces new rows, so that a row is published
+    when it commits rather than at the next poll; polling stays as the fallback."""
+    loop = asyncio.get_running_loop()
+    stopped = threading.Event()
+    backoff = Backoff(min(1.0, settings.reconnect_max), settings.reconnect_max)
+    failures = 0
+
+    def announced() -> None:  # in the listening thread
+        nonlocal failures
+        failures = 0
+        loop.call_soon_threadsafe(relay.wake)
+
+    try:
+        while True:
+            try:
+                await asyncio.shield(asyncio.to_thread(store.listen, announced, stopped))
+            except RelayError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("not listening for new rows (polling meanwhile): %s", exc,
+                                extra={"action": "listen_failed"})  # fmt: skip
+                await asyncio.sleep(backoff.delay(failures))
+    finally:
+        stopped.set()
 
 
 async def _retention(settings: Settings) -> None:
@@ -297,6 +331,7 @@ def _enqueue(settings: Settings, args: argparse.Namespace) -> int:
                 content_type=args.content_type,
                 headers=json.dumps(headers) if headers else None,
                 message_id=args.message_id,
+                ordering_key=args.ordering_key,
             )
         ]
     store = SqlStore(settings.database_url, settings.name, settings.lease)
@@ -310,7 +345,7 @@ def _enqueue(settings: Settings, args: argparse.Namespace) -> int:
 
 
 _LINE_KEYS = {"exchange", "routing_key", "payload", "payload_base64", "content_type",
-              "headers", "message_id"}  # fmt: skip
+              "headers", "message_id", "ordering_key"}  # fmt: skip
 
 
 def _read_jsonl(lines: TextIO, name: str) -> Iterable[NewMessage]:
@@ -331,7 +366,8 @@ def message_from_json(item: Any, where: str) -> NewMessage:
     unknown = set(item) - _LINE_KEYS
     if unknown:
         raise InputError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-    for key in ("exchange", "routing_key", "content_type", "message_id", "payload_base64"):
+    for key in ("exchange", "routing_key", "content_type", "message_id", "payload_base64",
+                "ordering_key"):  # fmt: skip
         if key in item and not isinstance(item[key], str):
             raise InputError(f"{where}: {key} must be a string")
     if ("payload" in item) == ("payload_base64" in item):
@@ -356,4 +392,5 @@ def message_from_json(item: Any, where: str) -> NewMessage:
         content_type=item.get("content_type", default_type),
         headers=json.dumps(headers) if headers else None,
         message_id=item.get("message_id"),
+        ordering_key=item.get("ordering_key"),
     )

@@ -88,6 +88,7 @@ class NewMessage:
     content_type: str = "application/octet-stream"
     headers: str | None = None  # JSON object text
     message_id: str | None = None  # default: a new UUID
+    ordering_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

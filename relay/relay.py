@@ -114,6 +114,10 @@ class Relay:
             publishing.cancel()
             await asyncio.gather(publishing, settling, stats, return_exceptions=True)
 
+    def wake(self) -> None:
+        """Look for due rows now (new rows were announced), not at the next poll."""
+        self.publisher.wake()
+
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
         if not self._stopping.is_set():

@@ -95,3 +95,16 @@ sa.Index(
     postgresql_where=outbox.c.status == PENDING,
     sqlite_where=outbox.c.status == PENDING,
 )
+
+# The ordered claim asks "is an earlier row of this key still pending?" for each candidate.
+sa.Index(
+    "outbox_ordering_idx",
+    outbox.c.ordering_key,
+    outbox.c.id,
+    postgresql_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
+    sqlite_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
+)
+
+# Relays LISTEN on this channel; a trigger (migration 0003) notifies it after every INSERT
+# statement on PostgreSQL.
+NOTIFY_CHANNEL = "outbox"

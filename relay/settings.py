@@ -70,6 +70,13 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _flag(text: str) -> bool:
+    value = text.lower()
+    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        raise ValueError("must be true or false")
+    return value in ("true", "1", "yes", "on")
+
+
 def _optional_path(text: str) -> Path | None:
     return Path(text) if text else None
 
@@ -136,6 +143,12 @@ class Settings:
     batch_size: int = _setting(500, _positive_int, "Most rows claimed in one database call.")
     window: int = _setting(
         1000, _positive_int, "Most published messages awaiting a confirm at once (memory bound)."
+    )
+    ordering: bool = _setting(
+        False,
+        _flag,
+        "Publish rows that share an ordering key one at a time, in id order (rows without a "
+        "key are not held back).",
     )
     confirm_timeout: float = _setting(
         30.0, _positive_float, "Seconds to wait for a confirm before the row is retried."

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any, Protocol
 
+import psycopg
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -43,7 +44,7 @@ from relay.records import (
     Selection,
     SettleBatch,
 )
-from relay.schema import outbox
+from relay.schema import NOTIFY_CHANNEL, outbox
 from relay.settings import redact_url
 
 log = logging.getLogger(__name__)
@@ -122,10 +123,15 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 class SqlStore:
-    def __init__(self, url: str, owner: str, lease: float) -> None:
+    def __init__(self, url: str, owner: str, lease: float, *, ordered: bool = False) -> None:
+        """``ordered``: claim a row with an ordering key only when no earlier row with the
+        same key is pending (claimed or not), so that each key's rows are published and
+        confirmed in id order, across retries, restarts and relays. Parked rows do not
+        block their key: a row that cannot be sent must not stop the ones after it."""
         self.engine = create_engine(url)
         self.owner = owner
         self.lease = timedelta(seconds=lease)
+        self.ordered = ordered
         self._where = redact_url(url)
         # SQLite has one writer at a time and makes others wait by sleeping in growing steps;
         # the relay's own claim and settle threads queue on a lock instead, at once.
@@ -140,6 +146,18 @@ class SqlStore:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
+        if self.ordered:
+            earlier = outbox.alias("earlier")
+            due = due.where(
+                sa.or_(
+                    outbox.c.ordering_key.is_(None),
+                    ~sa.exists().where(
+                        earlier.c.ordering_key == outbox.c.ordering_key,
+                        earlier.c.status == PENDING,
+                        earlier.c.id < outbox.c.id,
+                    ),
+                )
+            )
         stmt = (
             sa.update(outbox)
             .where(outbox.c.id.in_(due.scalar_subquery()))
@@ -196,6 +214,26 @@ class SqlStore:
                     ],
                 )
 
+    @property
+    def notifies(self) -> bool:
+        """The database announces new rows (PostgreSQL's NOTIFY, raised by a trigger)."""
+        return self.engine.dialect.name == "postgresql"
+
+    def listen(self, wake: Callable[[], None], stopped: threading.Event) -> None:
+        """Call ``wake`` whenever rows were inserted, until ``stopped`` is set (checked every
+        second). Blocks: run it in a thread. A lost connection raises StoreError; the
+        caller reconnects, and its polling covers the gap."""
+        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(False)
+        try:
+            with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(sa.text(f"LISTEN {NOTIFY_CHANNEL}").text)
+                wake()  # rows may have come while we were not listening
+                while not stopped.is_set():
+                    for _ in conn.notifies(timeout=1.0, stop_after=1):
+                        wake()
+        except psycopg.Error as exc:
+            raise StoreError(f"listen on {self._where} failed: {exc}") from exc
+
     def backlog(self, now: datetime) -> BacklogStats:
         stmt = sa.select(sa.func.count(), sa.func.min(outbox.c.next_attempt_at)).where(
             outbox.c.status == PENDING, outbox.c.next_attempt_at <= now
@@ -215,6 +253,7 @@ class SqlStore:
                 "payload": m.payload,
                 "content_type": m.content_type,
                 "headers": m.headers,
+                "ordering_key": m.ordering_key,
                 "created_at": now,
                 "next_attempt_at": now,
             }

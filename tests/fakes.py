@@ -30,24 +30,31 @@ class _Stored:
     next_attempt_at: datetime
     lease_owner: str | None = None
     sent_at: datetime | None = None
+    ordering_key: str | None = None
 
 
 class InMemoryStore:
     """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage)."""
 
-    def __init__(self, owner: str = "relay-a", lease: float = 60.0) -> None:
+    def __init__(self, owner: str = "relay-a", lease: float = 60.0, ordered: bool = False):
         self.owner = owner
         self.lease = timedelta(seconds=lease)
+        self.ordered = ordered
         self.rows: dict[int, _Stored] = {}
         self.failing = False
-        self._next_id = 1
 
     def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
         self._check()
+        first_pending: dict[str, int] = {}
+        for s in sorted(self.rows.values(), key=lambda s: s.row.id):
+            if s.status == PENDING and s.ordering_key is not None:
+                first_pending.setdefault(s.ordering_key, s.row.id)
         due = sorted(
-            (s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now),
+            (s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now
+             and (not self.ordered or s.ordering_key is None
+                  or first_pending[s.ordering_key] == s.row.id)),
             key=lambda s: (s.next_attempt_at, s.row.id),
-        )[:limit]
+        )[:limit]  # fmt: skip
         for s in due:
             s.next_attempt_at = now + self.lease
             s.lease_owner = self.owner
@@ -78,10 +85,10 @@ class InMemoryStore:
             message_id = m.message_id or str(uuid.uuid4())
             if any(s.row.message_id == message_id for s in self.rows.values()):
                 raise StoreError(f"duplicate message_id {message_id}")
-            row = OutboxRow(self._next_id, message_id, m.exchange, m.routing_key, m.payload,
+            # Ids from the shared table, as a database sequence would give them.
+            row = OutboxRow(max(self.rows, default=0) + 1, message_id, m.exchange, m.routing_key, m.payload,
                             m.content_type, m.headers, now, 0)  # fmt: skip
-            self.rows[row.id] = _Stored(row, PENDING, now)
-            self._next_id += 1
+            self.rows[row.id] = _Stored(row, PENDING, now, ordering_key=m.ordering_key)
             ids.append(message_id)
         return ids
 

@@ -19,7 +19,7 @@ from tests.fakes import InMemoryStore
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 LEASE = 60.0
-StoreFactory = Callable[[str], "InMemoryStore | SqlStore"]
+StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=False)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -29,8 +29,8 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     if request.param == "memory":
         shared = InMemoryStore()
 
-        def memory(owner: str) -> InMemoryStore:
-            store = InMemoryStore(owner, LEASE)
+        def memory(owner: str, ordered: bool = False) -> InMemoryStore:
+            store = InMemoryStore(owner, LEASE, ordered)
             store.rows = shared.rows
             return store
 
@@ -38,8 +38,8 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
         return
     url = request.getfixturevalue(f"{request.param}_url")
 
-    def sql(owner: str) -> SqlStore:
-        made.append(SqlStore(url, owner, LEASE))
+    def sql(owner: str, ordered: bool = False) -> SqlStore:
+        made.append(SqlStore(url, owner, LEASE, ordered=ordered))
         return made[-1]
 
     yield sql
@@ -139,3 +139,39 @@ def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -
     store.claim(1, T0)
     assert store.backlog(T0 + timedelta(seconds=10)).due == 2
     assert store.backlog(T0 - timedelta(seconds=1)).due == 0
+
+
+def keyed(*keys: str | None) -> list[NewMessage]:
+    return [NewMessage(f"{k}-{i}".encode(), "ex", ordering_key=k) for i, k in enumerate(keys)]
+
+
+def test_ordered_claims_take_each_keys_earliest_pending_row_only(
+    make_store: StoreFactory,
+) -> None:
+    a, b = make_store("a", ordered=True), make_store("b", ordered=True)
+    a.enqueue(keyed("k1", "k2", "k1", None, "k2", None, "k1"), T0)
+    first = a.claim(10, T0)
+    assert [r.payload for r in first] == [b"k1-0", b"k2-1", b"None-3", b"None-5"]
+    # Another relay sees the later rows of k1 and k2 blocked by the claimed (pending) ones.
+    assert b.claim(10, T0) == []
+    k1, k2 = first[0], first[1]
+    retry_at = T0 + timedelta(seconds=5)
+    retried = RowChange(k2.id, PENDING, 1, retry_at, "nacked")
+    a.settle(SettleBatch(sent=(k1.id,), changes=(retried,)), T0)
+    # k1's next row is free; k2's waits behind its retried row, even after that row's due.
+    assert [r.payload for r in b.claim(10, T0)] == [b"k1-2"]
+    assert [r.payload for r in b.claim(10, retry_at)] == [b"k2-1"]
+
+
+def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(
+    make_store: StoreFactory,
+) -> None:
+    a = make_store("a", ordered=True)
+    a.enqueue(keyed("k", "k", "k"), T0)
+    (head,) = a.claim(10, T0)
+    a.settle(SettleBatch(changes=(RowChange(head.id, PARKED, 1, T0, "rejected: x"),)), T0)
+    assert [r.payload for r in a.claim(10, T0)] == [b"k-1"]
+    unordered = make_store("u")
+    unordered.enqueue(keyed("j", "j"), T0)
+    # k-2 waits behind k-1 for an ordered relay, not for this one.
+    assert [r.payload for r in unordered.claim(10, T0)] == [b"k-2", b"j-0", b"j-1"]

@@ -12,10 +12,11 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pika
 import pytest
 import sqlalchemy as sa
 
-from relay.localservers import RabbitNode, free_port, wait_until
+from relay.localservers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.schema import outbox
 from relay.settings import known_env_names
 from tests.integration.broker import drain, names
@@ -239,3 +240,37 @@ def test_relay_run_purges_old_sent_rows_when_retention_is_set(
     assert statuses(url) == {"sent": 1, "parked": 1, "leased": 0}
     logged = [json.loads(line) for line in (tmp_path / "relay.log").read_text().splitlines()]
     assert any(e["action"] == "purge" and e["message"] == "purged 3 sent rows" for e in logged)
+
+
+def test_on_postgresql_a_committed_row_wakes_the_relay_without_polling(
+    tmp_path: Path, rabbit: RabbitNode, postgres: PostgresServer, postgresql_url: str
+) -> None:
+    """The relay polls once an hour here: only the trigger's NOTIFY can make it look."""
+    exchange, queue = names("notify")
+    declare = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = declare.channel()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "#")
+    declare.close()
+    port = free_port()
+    env = base_env(RELAY_DATABASE_URL=postgresql_url, RELAY_AMQP_URL=rabbit.url,
+                   RELAY_POLL_INTERVAL="3600", RELAY_METRICS_HOST="127.0.0.1",
+                   RELAY_METRICS_PORT=str(port), RELAY_LOG_FORMAT="json")  # fmt: skip
+    database = sa.make_url(postgresql_url).database or ""
+    with (tmp_path / "relay.log").open("w") as log:
+        proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=log)
+        try:
+            wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, "ready")
+            for n in range(3):  # a plain INSERT, as any writer (or Spark's JDBC) does it
+                postgres.psql(f"INSERT INTO outbox (exchange, payload) VALUES ('{exchange}', "
+                              f"'row {n}')", database=database)  # fmt: skip
+                wait_until(lambda n=n: statuses(postgresql_url).get("sent") == n + 1, 30,
+                           f"row {n} sent after its NOTIFY")  # fmt: skip
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert "Traceback" not in (tmp_path / "relay.log").read_text()
+    assert len(drain(rabbit.url, queue, expect=3)) == 3

@@ -164,3 +164,38 @@ def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
         s = store.rows[id]
         assert s.lease_owner is None and s.next_attempt_at == clock.now, "not due again at once"
         assert s.row.attempts == 0 and s.row.last_error == "lost: publisher closed"
+
+
+def acked_order(ordered: bool) -> dict[str, list[int]]:
+    """Rows of three keys, interleaved; the first attempt of each key's first row is nacked.
+    Returns, per key, the ids in the order the broker acked them."""
+    store, clock = InMemoryStore(ordered=ordered), Clock()
+    keys = ["a", "b", "c"] * 10
+    store.enqueue([NewMessage(k.encode(), "ex", ordering_key=k) for k in keys], clock.now)
+    first_rows = {1, 2, 3}
+    acked: dict[str, list[int]] = {}
+
+    def respond(row: OutboxRow) -> str:
+        if row.id in first_rows and row.attempts == 0:
+            return "nack"
+        acked.setdefault(row.payload.decode(), []).append(row.id)
+        return "ack"
+
+    relay = make(store, ScriptedPublisher(respond, window=8), clock, max_attempts=5)
+
+    def all_sent() -> bool:
+        clock.now += timedelta(seconds=1)  # let retries come due
+        return set(statuses(store).values()) == {SENT}
+
+    assert asyncio.run(run_until(relay, all_sent))
+    return acked
+
+
+def test_ordering_keeps_each_keys_rows_in_id_order_across_retries() -> None:
+    ordered = acked_order(ordered=True)
+    assert {k: v == sorted(v) and len(v) == 10 for k, v in ordered.items()} == {
+        "a": True, "b": True, "c": True,
+    }  # fmt: skip
+    # The same run without ordering lets later rows overtake the retried ones.
+    unordered = acked_order(ordered=False)
+    assert any(v != sorted(v) for v in unordered.values())
