@@ -1,0 +1,113 @@
+"""Benchmark: commit-to-confirm latency at a steady write rate, on PostgreSQL.
+
+    .venv/bin/python bench/latency.py [--rate 1000] [--seconds 20] [--batch 10]
+
+Starts a private RabbitMQ node and PostgreSQL (default durability), runs ``relay run``, and
+inserts ``--rate`` rows a second for ``--seconds`` in transactions of ``--batch`` rows, as
+an application would. A row's latency is from its insert (``created_at``, the transaction's
+start, just before its commit) to the moment the relay marked it sent (``sent_at``, after
+the broker's ack). Measured twice: with the NOTIFY wake-up, and polling only (the trigger
+dropped, ``RELAY_POLL_INTERVAL`` at its default). Prints p50/p90/p99/max and, last, one
+JSON line. By hand only: these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pika
+import sqlalchemy as sa
+
+from relay.localservers import PostgresServer, RabbitNode, wait_until
+from relay.store import create_engine, migrate
+
+QUEUE = "latency"
+
+
+def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> dict[str, float]:
+    engine = create_engine(url, relay_session=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(RELAY_DATABASE_URL=url, RELAY_AMQP_URL=amqp_url, RELAY_METRICS_PORT="0",
+               RELAY_LOG_LEVEL="warning")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env)
+    insert = sa.text(
+        "INSERT INTO outbox (routing_key, payload) "
+        "SELECT :queue, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, :n)"
+    )
+    try:
+        time.sleep(3)  # connected and idle
+        start = time.perf_counter()
+        total = 0
+        while (now := time.perf_counter()) - start < seconds:
+            with engine.begin() as conn:
+                conn.execute(insert, {"queue": QUEUE, "n": batch})
+            total += batch
+            time.sleep(max(0.0, start + total / rate - time.perf_counter()))
+        achieved = total / (now - start)
+
+        def all_sent() -> bool:
+            with engine.connect() as conn:
+                q = "SELECT count(*) FROM outbox WHERE status = 'sent'"
+                return conn.execute(sa.text(q)).scalar() == total
+
+        wait_until(all_sent, 120, "every row sent")
+        with engine.begin() as conn:
+            row = conn.execute(sa.text(
+                "SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY s), max(s) "
+                "FROM (SELECT extract(epoch FROM sent_at - created_at) * 1000 AS s "
+                "FROM outbox) t")).one()  # fmt: skip
+            conn.execute(sa.text("DELETE FROM outbox"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        engine.dispose()
+    p50, p90, p99 = row[0]
+    return {"rows_per_s": round(achieved, 1), "p50_ms": round(p50, 1), "p90_ms": round(p90, 1),
+            "p99_ms": round(p99, 1), "max_ms": round(row[1], 1)}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--batch", type=int, default=10)
+    args = parser.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="relay-latency-") as tmp:
+        node = RabbitNode(Path(tmp) / "rabbit", name="relay-latency")
+        pg = PostgresServer(Path(tmp) / "pg")
+        node.start()
+        pg.start()
+        try:
+            pg.psql("CREATE DATABASE bench")
+            url = pg.url("bench")
+            migrate(url)
+            conn = pika.BlockingConnection(pika.URLParameters(node.url))
+            conn.channel().queue_declare(QUEUE, durable=True)
+            conn.close()
+            results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
+            pg.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
+            results["polling"] = measure(url, node.url, args.rate, args.seconds, args.batch)
+        finally:
+            node.stop()
+            pg.stop()
+    print(
+        f"\n{'wake-up':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+    )
+    for name, r in results.items():
+        print(f"{name:<10} {r['rows_per_s']:>8.0f} {r['p50_ms']:>8.1f} {r['p90_ms']:>8.1f} "
+              f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f}")  # fmt: skip
+    print(json.dumps({"rate": args.rate, "seconds": args.seconds, "batch": args.batch, **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
