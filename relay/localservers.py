@@ -119,6 +119,10 @@ class RabbitNode:
             self.kill()
             raise
 
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         result = subprocess.run(
             [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],

@@ -410,6 +410,14 @@ class PikaPublisher:
             await asyncio.sleep(period)
             if not self._blocked and self.tracker.expire(time.monotonic()):
                 self.wake()
+                # An overdue confirm means a half-open link or a stuck broker, which the
+                # heartbeat notices only later: publishing on would only stack up more
+                # unconfirmable messages (each a duplicate later). Start afresh instead;
+                # the reconnect waits until the broker answers again.
+                if self._connection is not None and self._connection.is_open:
+                    where = {"action": "confirm_timeout", "broker": self._where}
+                    log.warning("confirms overdue: reconnecting", extra=where)
+                    self._connection.close()
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -1,0 +1,287 @@
+"""The fault-injection harness: writers that keep inserting during a fault, relays as real
+`relay run` subprocesses, a consumer that records every delivery, and the final check.
+
+The ground truth is the outbox itself: every row in it was committed (a write whose commit
+failed left nothing). A run passes when every row was consumed at least once, nothing was
+consumed that is not a row, every row is sent, the duplicates stay within the bound, and
+no relay logged a traceback.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import sqlalchemy as sa
+
+from relay.localservers import free_port, wait_until
+
+EXCHANGE = "faults"
+QUEUE = "faults.all"
+WINDOW = 200
+KEYS = 20  # ordering keys the writers spread their rows over
+
+
+def topology_file(directory: Path) -> Path:
+    path = directory / "topology.toml"
+    path.write_text(
+        f'[[exchange]]\nname = "{EXCHANGE}"\ntype = "topic"\n\n[[queue]]\nname = "{QUEUE}"\n\n'
+        f'[[binding]]\nexchange = "{EXCHANGE}"\nqueue = "{QUEUE}"\nrouting_key = "#"\n'
+    )
+    return path
+
+
+class RelayProcess:
+    """One `relay run` subprocess with settings fast enough for a bounded test."""
+
+    def __init__(self, name: str, directory: Path, database_url: str, amqp_url: str,
+                 **settings: str) -> None:  # fmt: skip
+        self.name = name
+        self.log_path = directory / f"{name}.log"
+        self.metrics_port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        self.env.update(
+            RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url, RELAY_NAME=name,
+            RELAY_TOPOLOGY_FILE=str(topology_file(directory)), RELAY_WINDOW=str(WINDOW),
+            RELAY_CONFIRM_TIMEOUT="2", RELAY_LEASE="5", RELAY_BACKOFF_INITIAL="0.1",
+            RELAY_BACKOFF_MAX="1", RELAY_RECONNECT_MAX="1", RELAY_POLL_INTERVAL="0.1",
+            RELAY_MAX_ATTEMPTS="1000", RELAY_DRAIN_TIMEOUT="10", RELAY_STATS_INTERVAL="1",
+            RELAY_METRICS_HOST="127.0.0.1", RELAY_METRICS_PORT=str(self.metrics_port),
+            RELAY_LOG_FORMAT="json",
+        )  # fmt: skip
+        self.env.update({f"RELAY_{k.upper()}": v for k, v in settings.items()})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False
+
+    def start(self) -> RelayProcess:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=self.env,
+                                         stderr=log)  # fmt: skip
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.killed = True
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait; the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def tracebacks(self) -> list[str]:
+        text = self.log_path.read_text() if self.log_path.exists() else ""
+        return [line for line in text.splitlines() if "Traceback" in line]
+
+
+class Writers:
+    """``count`` threads, each inserting ``batch`` rows per transaction every ``pause``
+    seconds until stopped; failed transactions are retried after a moment (the database
+    may be down). Rows carry an ordering key, so that ordering can be checked."""
+
+    def __init__(self, url: str, count: int = 3, batch: int = 10, pause: float = 0.02) -> None:
+        self.engine = sa.create_engine(url, pool_pre_ping=True,
+                                       connect_args={"connect_timeout": 2})  # fmt: skip
+        self.count, self.batch, self.pause = count, batch, pause
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._write, args=(n,), daemon=True)
+                         for n in range(count)]  # fmt: skip
+        self.failures = 0
+        self.run = uuid.uuid4().hex[:6]  # ids unique to this run, whatever a queue still holds
+
+    def _write(self, writer: int) -> None:
+        number = 0
+        insert = sa.text("INSERT INTO outbox (message_id, exchange, routing_key, payload, "
+                         "ordering_key) VALUES (:m, :x, 'k', :p, :key)")  # fmt: skip
+        while not self._stop.is_set():
+            rows = [{"m": f"{self.run}.w{writer}-{number + i}", "x": EXCHANGE, "p": b"x" * 100,
+                     "key": f"key-{(number + i) % KEYS}-{writer}"} for i in range(self.batch)]  # fmt: skip
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(insert, rows)
+                number += self.batch
+            except sa.exc.SQLAlchemyError:
+                self.failures += 1
+                number += self.batch  # the ids may or may not have committed: never reuse
+                time.sleep(0.2)
+            time.sleep(self.pause)
+
+    def __enter__(self) -> Writers:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.engine.dispose()
+
+
+class Consumer:
+    """Consumes the queue with manual acks into a record, reconnecting through outages."""
+
+    def __init__(self, amqp_url: str) -> None:
+        self.url = amqp_url
+        self.deliveries: list[tuple[str, bool]] = []  # (message_id, redelivered)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn = pika.BlockingConnection(pika.URLParameters(self.url))
+            except pika.exceptions.AMQPError:
+                time.sleep(0.3)
+                continue
+            try:
+                channel = conn.channel()
+                channel.queue_declare(QUEUE, durable=True)
+                channel.basic_qos(prefetch_count=500)
+                for method, props, _body in channel.consume(QUEUE, inactivity_timeout=0.2):
+                    if self._stop.is_set():
+                        break
+                    if method is None:
+                        continue
+                    self.deliveries.append((props.message_id, method.redelivered))
+                    channel.basic_ack(method.delivery_tag)
+            except pika.exceptions.AMQPError:
+                time.sleep(0.3)
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def __enter__(self) -> Consumer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def seen(self) -> set[str]:
+        return {m for m, _ in list(self.deliveries)}
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    rows: int
+    lost: int
+    unknown: int
+    duplicates: int
+    recovery_s: float | None
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    def report(self) -> None:
+        line = json.dumps(self.__dict__)
+        print(line)
+        target = os.environ.get("RELAY_FAULT_REPORT")
+        if target:
+            with open(target, "a") as f:
+                f.write(line + "\n")
+
+
+def statuses(url: str) -> dict[str, int]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            q = sa.text("SELECT status, count(*) FROM outbox GROUP BY status")
+            return {s: int(n) for s, n in conn.execute(q)}
+    finally:
+        engine.dispose()
+
+
+def recovered_at(url: str, since: float, before: float, timeout: float = 60) -> float:
+    """Seconds after ``since`` (time.time()) until no row created before ``before`` is
+    pending any more."""
+    engine = sa.create_engine(url)
+    cutoff = sa.text("SELECT count(*) FROM outbox WHERE status = 'pending' "
+                     "AND created_at < to_timestamp(:t)")  # fmt: skip
+    try:
+
+        def done() -> bool:
+            with engine.connect() as conn:
+                return conn.execute(cutoff, {"t": before}).scalar() == 0
+
+        wait_until(done, timeout, "the rows written before the fault ended sent")
+        return round(time.time() - since, 1)
+    finally:
+        engine.dispose()
+
+
+def finish(scenario: str, url: str, consumer: Consumer, relays: list[RelayProcess], *,
+           bound: int, recovery: float | None) -> Outcome:  # fmt: skip
+    """Wait until every row is sent and consumed (with deadlines), then check everything."""
+    wait_until(lambda: set(statuses(url)) <= {"sent"}, 90, "every row sent")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = {m for (m,) in conn.execute(sa.text("SELECT message_id FROM outbox"))}
+    engine.dispose()
+    with contextlib.suppress(Exception):
+        wait_until(lambda: rows <= consumer.seen(), 60, "every row consumed")
+    time.sleep(0.5)  # late duplicates still count
+    counts = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
+    seen = consumer.seen()
+    outcome = Outcome(scenario, len(rows), len(rows - seen), len(seen - rows),
+                      sum(n - 1 for n in counts.values()), recovery, statuses(url))  # fmt: skip
+    outcome.report()
+    assert outcome.lost == 0, sorted(rows - seen)[:10]
+    assert outcome.unknown == 0, sorted(seen - rows)[:10]
+    assert outcome.duplicates <= bound, outcome
+    for relay in relays:
+        code = relay.stop()
+        if not relay.killed:
+            assert code == 0, f"{relay.name} exited {code}"
+        assert relay.tracebacks() == [], f"{relay.name} logged a traceback"
+    return outcome
+
+
+def order_by_key(consumer: Consumer) -> dict[str, list[int]]:
+    """Per writer and ordering key, the sequence numbers in the order first delivered."""
+    firsts: dict[str, list[int]] = collections.defaultdict(list)
+    done: set[str] = set()
+    for message_id, _ in list(consumer.deliveries):
+        if message_id in done:
+            continue
+        done.add(message_id)
+        writer, number = message_id.split(".", 1)[1][1:].split("-")
+        firsts[f"key-{int(number) % KEYS}-{writer}"].append(int(number))
+    return firsts
+
+
+def metrics_text(relay: RelayProcess) -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{relay.metrics_port}/metrics",
+                                    timeout=2) as response:  # fmt: skip
+            return response.read().decode()
+    except OSError:
+        return ""
+
+
+def connected(relay: RelayProcess) -> bool:
+    return "relay_broker_connected 1.0" in metrics_text(relay)
