@@ -414,10 +414,21 @@ class PikaPublisher:
                 # heartbeat notices only later: publishing on would only stack up more
                 # unconfirmable messages (each a duplicate later). Start afresh instead;
                 # the reconnect waits until the broker answers again.
-                if self._connection is not None and self._connection.is_open:
+                connection = self._connection
+                if connection is not None and connection.is_open:
                     where = {"action": "confirm_timeout", "broker": self._where}
                     log.warning("confirms overdue: reconnecting", extra=where)
-                    self._connection.close()
+                    connection.close()
+                    # On a half-open link the broker's close-ok never comes either: drop
+                    # the socket if the close has not completed by then.
+                    asyncio.get_running_loop().call_later(
+                        min(5.0, self.tracker.confirm_timeout), _drop_if_open, connection
+                    )
+
+
+def _drop_if_open(connection: AsyncioConnection) -> None:
+    if not connection.is_closed:
+        connection._adapter_disconnect_stream()  # pika's own abort of the transport
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -31,6 +31,7 @@ from tests.faults.harness import (
     order_by_key,
     recovered_at,
 )
+from tests.faults.proxy import TcpProxy
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
@@ -60,8 +61,9 @@ Fault = Callable[[list[RelayProcess]], float]  # injects and restores; returns r
 
 
 def scenario(name: str, url: str, broker: RabbitNode, tmp: Path, fault: Fault, *,
-             relays: int = 1, faults: int = 1, **settings: str) -> tuple[Consumer, list[RelayProcess]]:  # fmt: skip
-    running = [RelayProcess(f"{name}-{n}", tmp, url, broker.url, **settings).start()
+             relays: int = 1, faults: int = 1, amqp_url: str = "",
+             **settings: str) -> tuple[Consumer, list[RelayProcess]]:  # fmt: skip
+    running = [RelayProcess(f"{name}-{n}", tmp, url, amqp_url or broker.url, **settings).start()
                for n in range(relays)]  # fmt: skip
     for relay in running:
         wait_until(lambda r=relay: connected(r), 60, f"{relay.name} connected")
@@ -136,6 +138,28 @@ def test_3_connections_closed_under_the_relay_again_and_again(
         return time.time()
 
     scenario("3-close-connections", postgresql_url, fresh_broker, tmp_path, close_all, faults=3)
+
+
+def test_3b_a_proxy_that_resets_delays_and_black_holes_the_link(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """Through a loopback proxy: connections reset (RST) mid-stream, 50 ms added to every
+    chunk, then a half-open link (nothing passes, both sockets stay open), which heartbeats
+    would notice only after a minute: the relay's confirm timeout must act first."""
+    with TcpProxy(fresh_broker.port) as proxy:
+
+        def misbehave(_relays: list[RelayProcess]) -> float:
+            proxy.reset()
+            time.sleep(2)
+            proxy.delay = 0.05
+            time.sleep(3)
+            proxy.delay, proxy.mode = 0.0, "blackhole"
+            time.sleep(6)  # confirm timeout 2 s, then the close that never completes
+            proxy.mode = "pass"
+            return time.time()
+
+        scenario("3b-proxy", postgresql_url, fresh_broker, tmp_path, misbehave, faults=3,
+                 amqp_url=proxy.url())  # fmt: skip
 
 
 def test_4_broker_frozen_longer_than_the_confirm_timeout(

@@ -1,0 +1,72 @@
+"""A loopback TCP proxy between relay and broker that misbehaves on request: passes
+traffic, delays it, black-holes it (a half-open link: both sockets stay open, nothing
+arrives), or resets every connection. An asyncio forwarder in a thread of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from relay.localservers import free_port
+
+
+class TcpProxy:
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.mode = "pass"  # or "blackhole"
+        self.delay = 0.0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    def __enter__(self) -> TcpProxy:
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def reset(self) -> None:
+        """Abort every connection through the proxy, both sides (RST)."""
+
+        def abort_all() -> None:
+            for writer in list(self._writers):
+                writer.transport.abort()
+
+        self._loop.call_soon_threadsafe(abort_all)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._started.set()
+        self._loop.run_forever()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            broker_r, broker_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            client_w.transport.abort()
+            return
+        self._writers |= {client_w, broker_w}
+        await asyncio.gather(self._pump(client_r, broker_w), self._pump(broker_r, client_w),
+                             return_exceptions=True)  # fmt: skip
+        self._writers -= {client_w, broker_w}
+        client_w.transport.abort()
+        broker_w.transport.abort()
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while data := await source.read(65536):
+            if self.mode == "blackhole":
+                continue
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            sink.write(data)
+            await sink.drain()
+        sink.transport.abort()
