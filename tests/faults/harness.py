@@ -34,10 +34,17 @@ WINDOW = 200
 KEYS = 20  # ordering keys the writers spread their rows over
 
 
-def topology_file(directory: Path) -> Path:
+UNBOUND = "faults.nowhere"  # an exchange with no binding: everything sent there returns
+
+
+def topology_file(directory: Path, queue_arguments: str = "") -> Path:
+    """``queue_arguments``: a TOML inline table for the queue, e.g. '{ "x-max-length" = 5 }'."""
     path = directory / "topology.toml"
+    arguments = f"arguments = {queue_arguments}\n" if queue_arguments else ""
     path.write_text(
-        f'[[exchange]]\nname = "{EXCHANGE}"\ntype = "topic"\n\n[[queue]]\nname = "{QUEUE}"\n\n'
+        f'[[exchange]]\nname = "{EXCHANGE}"\ntype = "topic"\n\n'
+        f'[[exchange]]\nname = "{UNBOUND}"\ntype = "topic"\n\n'
+        f'[[queue]]\nname = "{QUEUE}"\n{arguments}\n'
         f'[[binding]]\nexchange = "{EXCHANGE}"\nqueue = "{QUEUE}"\nrouting_key = "#"\n'
     )
     return path
@@ -47,14 +54,14 @@ class RelayProcess:
     """One `relay run` subprocess with settings fast enough for a bounded test."""
 
     def __init__(self, name: str, directory: Path, database_url: str, amqp_url: str,
-                 **settings: str) -> None:  # fmt: skip
+                 queue_arguments: str = "", **settings: str) -> None:  # fmt: skip
         self.name = name
         self.log_path = directory / f"{name}.log"
         self.metrics_port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
         self.env.update(
             RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url, RELAY_NAME=name,
-            RELAY_TOPOLOGY_FILE=str(topology_file(directory)), RELAY_WINDOW=str(WINDOW),
+            RELAY_TOPOLOGY_FILE=str(topology_file(directory, queue_arguments)), RELAY_WINDOW=str(WINDOW),
             RELAY_CONFIRM_TIMEOUT="2", RELAY_LEASE="5", RELAY_BACKOFF_INITIAL="0.1",
             RELAY_BACKOFF_MAX="1", RELAY_RECONNECT_MAX="1", RELAY_POLL_INTERVAL="0.1",
             RELAY_MAX_ATTEMPTS="1000", RELAY_DRAIN_TIMEOUT="10", RELAY_STATS_INTERVAL="1",
@@ -143,8 +150,10 @@ class Writers:
 class Consumer:
     """Consumes the queue with manual acks into a record, reconnecting through outages."""
 
-    def __init__(self, amqp_url: str) -> None:
+    def __init__(self, amqp_url: str, delay: float = 0.0) -> None:
+        """``delay``: seconds spent on each message (a slow consumer)."""
         self.url = amqp_url
+        self.delay = delay
         self.deliveries: list[tuple[str, bool]] = []  # (message_id, redelivered)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -158,7 +167,7 @@ class Consumer:
                 continue
             try:
                 channel = conn.channel()
-                channel.queue_declare(QUEUE, durable=True)
+                channel.queue_declare(QUEUE, passive=True)  # as the relays declared it
                 channel.basic_qos(prefetch_count=500)
                 for method, props, _body in channel.consume(QUEUE, inactivity_timeout=0.2):
                     if self._stop.is_set():
@@ -166,6 +175,8 @@ class Consumer:
                     if method is None:
                         continue
                     self.deliveries.append((props.message_id, method.redelivered))
+                    if self.delay:
+                        time.sleep(self.delay)
                     channel.basic_ack(method.delivery_tag)
             except pika.exceptions.AMQPError:
                 time.sleep(0.3)
@@ -233,19 +244,27 @@ def recovered_at(url: str, since: float, before: float, timeout: float = 60) -> 
 
 
 def finish(scenario: str, url: str, consumer: Consumer, relays: list[RelayProcess], *,
-           bound: int, recovery: float | None) -> Outcome:  # fmt: skip
-    """Wait until every row is sent and consumed (with deadlines), then check everything."""
-    wait_until(lambda: set(statuses(url)) <= {"sent"}, 90, "every row sent")
+           bound: int, recovery: float | None, parked: dict[str, str] | None = None) -> Outcome:  # fmt: skip
+    """Wait until no row is pending (with a deadline), then check everything. ``parked``:
+    the rows that must end parked (never sent, never consumed), with a part of their
+    reason; every other row must be sent and consumed."""
+    wait_until(lambda: "pending" not in statuses(url), 90, "no row pending")
     engine = sa.create_engine(url)
     with engine.connect() as conn:
-        rows = {m for (m,) in conn.execute(sa.text("SELECT message_id FROM outbox"))}
+        table = list(conn.execute(sa.text("SELECT message_id, status, last_error FROM outbox")))
     engine.dispose()
+    parked = parked or {}
+    ended_parked = {m: error for m, status, error in table if status == "parked"}
+    assert set(ended_parked) == set(parked), sorted(set(ended_parked) ^ set(parked))[:10]
+    for message_id, reason in parked.items():
+        assert reason in ended_parked[message_id], (message_id, ended_parked[message_id])
+    rows = {m for m, _, _ in table} - set(parked)
     with contextlib.suppress(Exception):
         wait_until(lambda: rows <= consumer.seen(), 60, "every row consumed")
     time.sleep(0.5)  # late duplicates still count
     counts = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
     seen = consumer.seen()
-    outcome = Outcome(scenario, len(rows), len(rows - seen), len(seen - rows),
+    outcome = Outcome(scenario, len(rows) + len(parked), len(rows - seen), len(seen - rows),
                       sum(n - 1 for n in counts.values()), recovery, statuses(url))  # fmt: skip
     outcome.report()
     assert outcome.lost == 0, sorted(rows - seen)[:10]

@@ -9,37 +9,58 @@ RELAY_FAULT_REPORT=path to collect them. Run alone with `scripts/test -m faults`
 
 from __future__ import annotations
 
-import contextlib
+import json
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pika
 import pytest
 import sqlalchemy as sa
 
-from relay.localservers import PostgresServer, RabbitNode, ServerError, wait_until
+from relay.localservers import PostgresServer, RabbitNode, wait_until
 from tests.faults.harness import (
     QUEUE,
+    UNBOUND,
     WINDOW,
     Consumer,
     RelayProcess,
     Writers,
     connected,
     finish,
+    metrics_text,
     order_by_key,
     recovered_at,
 )
 from tests.faults.proxy import TcpProxy
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
+MAX_MESSAGE = 1024 * 1024  # the fault node's max_message_size
+
+
+def insert(url: str, rows: list[dict[str, object]]) -> None:
+    """Rows written beside the writers' (message_id, exchange, payload, headers)."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO outbox (message_id, exchange, routing_key, payload, "
+                             "headers) VALUES (:m, :x, 'k', :p, :h)"), rows)  # fmt: skip
+    engine.dispose()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
     """A node of its own: these tests stop, kill and freeze it."""
-    node = RabbitNode(tmp_path_factory.mktemp("fault-rabbit"), name="relay-faults")
+    node = RabbitNode(tmp_path_factory.mktemp("fault-rabbit"), name="relay-faults",
+                      config=f"max_message_size = {MAX_MESSAGE}\n")  # fmt: skip
     node.start()
     yield node
     node.kill()
@@ -47,13 +68,15 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
 
 @pytest.fixture
 def fresh_broker(broker: RabbitNode) -> RabbitNode:
-    """The fault node, running and responsive, with the scenario queue emptied."""
+    """The fault node, running and responsive, without the scenario queue (each scenario's
+    relays declare it, with the arguments the scenario wants)."""
     if broker.running:
         broker.signal(signal.SIGCONT)
     else:
         broker.start()
-    with contextlib.suppress(ServerError):  # the queue does not exist yet
-        broker.ctl("purge_queue", QUEUE)
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    conn.channel().queue_delete(QUEUE)
+    conn.close()
     return broker
 
 
@@ -61,19 +84,26 @@ Fault = Callable[[list[RelayProcess]], float]  # injects and restores; returns r
 
 
 def scenario(name: str, url: str, broker: RabbitNode, tmp: Path, fault: Fault, *,
-             relays: int = 1, faults: int = 1, amqp_url: str = "",
+             relays: int = 1, faults: int = 1, amqp_url: str = "", consumer_delay: float = 0.0,
+             parked: dict[str, str] | None = None,
              **settings: str) -> tuple[Consumer, list[RelayProcess]]:  # fmt: skip
     running = [RelayProcess(f"{name}-{n}", tmp, url, amqp_url or broker.url, **settings).start()
                for n in range(relays)]  # fmt: skip
-    for relay in running:
-        wait_until(lambda r=relay: connected(r), 60, f"{relay.name} connected")
-    with Consumer(broker.url) as consumer:
-        with Writers(url):
-            time.sleep(2)  # rows flowing
-            restored = fault(running)
-            recovery = recovered_at(url, restored, restored)
-            time.sleep(1)  # and still flowing after
-        finish(name, url, consumer, running, bound=faults * relays * WINDOW, recovery=recovery)
+    try:
+        for relay in running:
+            wait_until(lambda r=relay: connected(r), 60, f"{relay.name} connected")
+        with Consumer(broker.url, consumer_delay) as consumer:
+            with Writers(url):
+                time.sleep(2)  # rows flowing
+                restored = fault(running)
+                recovery = recovered_at(url, restored, restored)
+                time.sleep(1)  # and still flowing after
+            finish(name, url, consumer, running, bound=faults * relays * WINDOW,
+                   recovery=recovery, parked=parked)  # fmt: skip
+    finally:
+        for relay in running:
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.kill()
     return consumer, running
 
 
@@ -240,3 +270,87 @@ def test_12_sigterm_under_load_drains_and_a_new_relay_sends_the_rest(
 
     scenario("12-sigterm-under-load", postgresql_url, fresh_broker, tmp_path, terminate)
     assert exit_codes == [0]
+
+
+def test_7_nack_storm_from_a_full_queue_delivers_every_row_and_parks_none(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """A queue of at most 100 messages that refuses more (reject-publish: basic.nack), and
+    a consumer slower than the writers."""
+
+    def storm(relays: list[RelayProcess]) -> float:
+        wait_until(lambda: 'outcome="nacked"} 0.0' not in metrics_text(relays[0]), 30,
+                   "the broker nacking")  # fmt: skip
+        time.sleep(3)
+        return time.time()
+
+    scenario("7-nack-storm", postgresql_url, fresh_broker, tmp_path, storm, consumer_delay=0.001,
+             queue_arguments='{ "x-max-length" = 100, "x-overflow" = "reject-publish" }',
+             max_attempts="50")  # fmt: skip
+
+
+def test_8_an_unroutable_flood_is_parked_and_good_rows_keep_flowing(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    parked: dict[str, str] = {}
+
+    def flood(_relays: list[RelayProcess]) -> float:
+        for burst in range(3):
+            rows = [{"m": f"unroutable-{burst}-{i}", "x": UNBOUND, "p": b"lost?", "h": None}
+                    for i in range(100)]  # fmt: skip
+            insert(postgresql_url, rows)
+            parked.update({str(r["m"]): "312 NO_ROUTE" for r in rows})
+            time.sleep(1)
+        return time.time()
+
+    scenario("8-unroutable-flood", postgresql_url, fresh_broker, tmp_path, flood,
+             parked=parked, max_attempts="3")  # fmt: skip
+
+
+def test_9_poison_rows_are_parked_with_their_reason_and_the_rest_flows(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    parked: dict[str, str] = {}
+    poison = [
+        ("bad-headers-0", "faults", b"p", "not json", "rejected"),
+        ("bad-headers-1", "faults", b"p", "[1, 2]", "rejected"),
+        ("too-large-0", "faults", b"x" * (2 * MAX_MESSAGE), None, "larger than configured max"),
+        ("too-large-1", "faults", b"x" * (2 * MAX_MESSAGE), None, "larger than configured max"),
+        ("no-exchange-0", "faults.missing", b"p", None, "404 NOT_FOUND"),
+        ("no-exchange-1", "faults.missing", b"p", None, "404 NOT_FOUND"),
+    ]
+
+    def poison_rows(relays: list[RelayProcess]) -> float:
+        for message_id, exchange, payload, headers, reason in poison:
+            insert(postgresql_url, [{"m": message_id, "x": exchange, "p": payload, "h": headers}])
+            parked[message_id] = reason
+            time.sleep(0.5)
+        return time.time()
+
+    # Each oversized or misaddressed attempt closes the channel: 4 rows x 3 attempts.
+    _, relays = scenario("9-poison-rows", postgresql_url, fresh_broker, tmp_path, poison_rows,
+                         parked=parked, faults=12, max_attempts="3")  # fmt: skip
+    assert not relays[0].killed  # the first relay lived through every poison row
+
+
+def test_13_a_memory_alarm_pauses_publishing_without_errors(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    peak: list[float] = []
+
+    def alarm(relays: list[RelayProcess]) -> float:
+        assert relays[0].proc is not None
+        fresh_broker.ctl("set_vm_memory_high_watermark", "0.0000001")
+        try:
+            for _ in range(20):  # 5 s blocked while the writers go on
+                peak.append(rss_mb(relays[0].proc.pid))
+                time.sleep(0.25)
+        finally:
+            fresh_broker.ctl("set_vm_memory_high_watermark", "0.4")
+        return time.time()
+
+    _, relays = scenario("13-memory-alarm", postgresql_url, fresh_broker, tmp_path, alarm)
+    assert max(peak) < 200, f"relay RSS {max(peak):.0f} MB while blocked"
+    logged = relays[0].log_path.read_text()
+    actions = [json.loads(line)["action"] for line in logged.splitlines()]
+    assert "broker_blocked" in actions and "confirm_timeout" not in actions
