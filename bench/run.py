@@ -1,6 +1,7 @@
 """Benchmark: the relay against a bare publisher and a naive relay, same broker, same run.
 
     .venv/bin/python bench/run.py [--rows 100000] [--naive-rows 5000] [--memory-rows 1000000]
+                                  [--three-relays]
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
 measures, with 200-byte persistent messages into one durable queue and the same window:
@@ -149,27 +150,33 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def this_relay(database_url: str, amqp_url: str, queue: str, count: int,
-               on_sample: Callable[[float], None] | None = None) -> float:  # fmt: skip
-    """(c) ``relay run`` as a subprocess, timed from its start to the last row marked sent."""
+def this_relay(database_url: str, amqp_url: str, queue: str, count: int, *,
+               on_sample: Callable[[float], None] | None = None,
+               relays: int = 1) -> float:  # fmt: skip
+    """(c) ``relay run`` as ``relays`` subprocesses, timed from their start to the last row
+    marked sent."""
     fill(database_url, count, ("", queue))
     engine = create_engine(database_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url, RELAY_METRICS_PORT="0",
                RELAY_WINDOW=str(WINDOW), RELAY_LOG_LEVEL="warning")  # fmt: skip
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env)
+    command = [sys.executable, "-m", "relay", "run"]
+    procs = [subprocess.Popen(command, env={**env, "RELAY_NAME": f"bench-{n}"})
+             for n in range(relays)]  # fmt: skip
     try:
         while not drained(engine):
             if on_sample is not None:
-                on_sample(rss_mb(proc.pid))
-            if proc.poll() is not None:
-                raise RuntimeError(f"relay exited with {proc.returncode}")
+                on_sample(rss_mb(procs[0].pid))
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a relay exited")
             time.sleep(0.2)
         elapsed = time.perf_counter() - start
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
         engine.dispose()
     return count / elapsed
 
@@ -180,6 +187,8 @@ def main() -> int:
     parser.add_argument("--naive-rows", type=int, default=5_000)
     parser.add_argument("--memory-rows", type=int, default=0,
                         help="also drain a backlog this large and report peak RSS")  # fmt: skip
+    parser.add_argument("--three-relays", action="store_true",
+                        help="also drain --rows with three relays on PostgreSQL")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         base = Path(tmp)
@@ -203,12 +212,17 @@ def main() -> int:
             for name, url in (("postgresql", pg_url), ("sqlite", sqlite_url)):
                 declare(node.url, "bench")
                 results[f"relay_{name}"] = this_relay(url, node.url, "bench", args.rows)
+            if args.three_relays:
+                declare(node.url, "bench")
+                results["relay_postgresql_3_relays"] = this_relay(
+                    pg_url, node.url, "bench", args.rows, relays=3
+                )
             peak = 0.0
             if args.memory_rows:
                 samples: list[float] = []
                 declare(node.url, "bench")
                 results["relay_postgresql_backlog"] = this_relay(
-                    pg_url, node.url, "bench", args.memory_rows, samples.append
+                    pg_url, node.url, "bench", args.memory_rows, on_sample=samples.append
                 )
                 peak = max(samples)
             declare(node.url, "bench")

@@ -44,9 +44,20 @@ class TcpProxy:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        )
         self._started.set()
         self._loop.run_forever()
+        # Stopped: close the listener and every connection, let the pumps end, then the loop.
+        server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        pending = asyncio.all_tasks(self._loop)  # the pumps end on their aborted sockets
+        if pending:
+            self._loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        self._loop.run_until_complete(server.wait_closed())
+        self._loop.close()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
