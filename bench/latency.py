@@ -71,7 +71,7 @@ def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> d
         engine.dispose()
     p50, p90, p99 = row[0]
     return {"rows_per_s": round(achieved, 1), "p50_ms": round(p50, 1), "p90_ms": round(p90, 1),
-            "p99_ms": round(p99, 1), "max_ms": round(row[1], 1)}  # fmt: skip
+            "p99_ms": round(p99, 1), "max_ms": round(float(row[1]), 1)}  # fmt: skip
 
 
 def main() -> int:
