@@ -209,7 +209,7 @@ class Outcome:
     def report(self) -> None:
         line = json.dumps(self.__dict__)
         print(line)
-        target = os.environ.get("RELAY_FAULT_REPORT")
+        target = os.environ.get("FAULT_REPORT")
         if target:
             with open(target, "a") as f:
                 f.write(line + "\n")

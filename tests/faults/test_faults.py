@@ -4,7 +4,7 @@ Each scenario runs relays as `relay run` subprocesses on a PostgreSQL outbox whi
 writers keep inserting, injects its fault, restores, and checks (tests/faults/harness.py):
 0 lost, 0 unknown, duplicates within the relays' window per fault, every row sent, no
 traceback. Each prints one JSON line (rows, lost, duplicates, recovery seconds); set
-RELAY_FAULT_REPORT=path to collect them. Run alone with `scripts/test -m faults`.
+FAULT_REPORT=path to collect them. Run alone with `scripts/test -m faults`.
 """
 
 from __future__ import annotations
