@@ -9,17 +9,17 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pika
 import pytest
 import sqlalchemy as sa
 
 from relay.localservers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.schema import outbox
 from relay.settings import known_env_names
-from tests.integration.broker import drain, names
+from tests.integration.broker import declare_bound, drain, names
 
 RELAY = [sys.executable, "-m", "relay"]
 
@@ -69,6 +69,19 @@ def statuses(url: str) -> dict[str, int]:
     engine.dispose()
     out["leased"] = int(leased or 0)
     return out
+
+
+def run_relay_until(env: dict[str, str], log: Path, done: Callable[[], bool], what: str) -> None:
+    """`relay run` until ``done``, then SIGTERM: it must exit 0."""
+    with log.open("w") as out:
+        proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=out)
+        try:
+            wait_until(done, 60, what)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_help_lists_every_setting_with_its_variable() -> None:
@@ -198,15 +211,8 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
     assert after_stop["leased"] == 0, "rows left under this relay's lease"
     assert after_stop.get("sent", 0) + after_stop.get("pending", 0) == 5500
     # A restarted relay sends what the first one did not.
-    proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: http_get(base + "/readyz")[0] == 200, 60, "second relay ready")
-        wait_until(lambda: statuses(url).get("sent") == 5500, 120, "every row sent")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    run_relay_until(env, tmp_path / "relay2.log", lambda: statuses(url).get("sent") == 5500,
+                    "every row sent by the second relay")  # fmt: skip
     delivered = {d.message_id for d in drain(rabbit.url, queue, expect=5500, timeout=60)}
     assert delivered == {f"id-{i}" for i in range(5500)}
 
@@ -228,15 +234,8 @@ def test_relay_run_purges_old_sent_rows_when_retention_is_set(
                  ("parked", None)])
         ])  # fmt: skip
     engine.dispose()
-    with (tmp_path / "relay.log").open("w") as log:
-        proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=log)
-        try:
-            wait_until(lambda: statuses(url).get("sent") == 1, 60, "old sent rows purged")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    run_relay_until(env, tmp_path / "relay.log", lambda: statuses(url).get("sent") == 1,
+                    "old sent rows purged")  # fmt: skip
     assert statuses(url) == {"sent": 1, "parked": 1, "leased": 0}
     logged = [json.loads(line) for line in (tmp_path / "relay.log").read_text().splitlines()]
     assert any(e["action"] == "purge" and e["message"] == "purged 3 sent rows" for e in logged)
@@ -247,12 +246,7 @@ def test_on_postgresql_a_committed_row_wakes_the_relay_without_polling(
 ) -> None:
     """The relay polls once an hour here: only the trigger's NOTIFY can make it look."""
     exchange, queue = names("notify")
-    declare = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-    channel = declare.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    declare.close()
+    declare_bound(rabbit.url, exchange, queue)
     port = free_port()
     env = base_env(RELAY_DATABASE_URL=postgresql_url, RELAY_AMQP_URL=rabbit.url,
                    RELAY_POLL_INTERVAL="3600", RELAY_METRICS_HOST="127.0.0.1",

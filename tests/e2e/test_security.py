@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +19,9 @@ import pika.exceptions
 import pytest
 import sqlalchemy as sa
 
-from relay.localservers import PostgresServer, RabbitNode, ServerError, free_port, wait_until
-from tests.e2e.test_cli import RELAY, base_env, http_get, relay, statuses
-from tests.integration.broker import drain, names
+from relay.localservers import PostgresServer, RabbitNode, ServerError, free_port
+from tests.e2e.test_cli import base_env, http_get, relay, run_relay_until, statuses
+from tests.integration.broker import declare_bound, drain, names
 
 
 @pytest.fixture
@@ -33,15 +31,6 @@ def amqp_user(rabbit: RabbitNode) -> Iterator[tuple[str, str]]:
     rabbit.ctl("add_user", user, password)
     yield user, password
     rabbit.ctl("delete_user", user)
-
-
-def declare(rabbit: RabbitNode, exchange: str, queue: str) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    conn.close()
 
 
 def db_role(postgres: PostgresServer, url: str, grants: str) -> tuple[str, str]:
@@ -54,18 +43,6 @@ def db_role(postgres: PostgresServer, url: str, grants: str) -> tuple[str, str]:
 
 def role_url(postgres: PostgresServer, url: str, role: str) -> str:
     return f"postgresql://{role}@127.0.0.1:{postgres.port}/{sa.make_url(url).database}"
-
-
-def run_relay_until(env: dict[str, str], log: Path, done: object, what: str) -> None:
-    with log.open("w") as out:
-        proc = subprocess.Popen([*RELAY, "run"], env=env, stderr=out)
-        try:
-            wait_until(done, 60, what)  # type: ignore[arg-type]
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
 
 
 def test_passwords_from_files_never_show(
@@ -83,7 +60,7 @@ def test_passwords_from_files_never_show(
     (tmp_path / "amqp").write_text(amqp_password + "\n")
     (tmp_path / "db").write_text(db_password + "\n")
     exchange, queue = names("secret")
-    declare(rabbit, exchange, queue)
+    declare_bound(rabbit.url, exchange, queue)
     port = free_port()
     env = base_env(
         RELAY_DATABASE_URL=role_url(postgres, postgresql_url, role),
@@ -139,8 +116,8 @@ def test_relay_runs_with_least_privilege(
 ) -> None:
     exchange, queue = names("least")
     forbidden, _ = names("forbidden")
-    declare(rabbit, exchange, queue)
-    declare(rabbit, forbidden, names("forbidden")[1])
+    declare_bound(rabbit.url, exchange, queue)
+    declare_bound(rabbit.url, forbidden, names("forbidden")[1])
     user, amqp_password = amqp_user
     # Write to its one exchange; configure and read nothing (no topology file).
     rabbit.ctl("set_permissions", "-p", "/", user, "^$", f"^{exchange}$", "^$")

@@ -36,6 +36,16 @@ def simple_topology(exchange: str, queue: str, queue_arguments: dict[str, Any] |
     )
 
 
+def declare_bound(url: str, exchange: str, queue: str) -> None:
+    """A durable topic exchange and a durable queue bound to it for every routing key."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = conn.channel()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "#")
+    conn.close()
+
+
 def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Delivered]:
     """Consume (with manual acks) until ``expect`` messages arrived and the queue stays empty
     for a moment, or the deadline passes; never trusts the queue's counters."""
