@@ -153,6 +153,11 @@ class PikaPublisher:
         tls: TlsOptions | None = None,
     ) -> None:
         self._params = connection_parameters(url, name, tls)
+        # A connect attempt made while the link was black-holed hangs until this timeout
+        # (pika's default: 15 s) even after the link is back; no longer than the confirm
+        # timeout, so that recovery is as quick as the detection.
+        self._params.stack_timeout = min(self._params.stack_timeout or 15.0,
+                                         max(5.0, confirm_timeout))  # fmt: skip
         self._where = f"{self._params.host}:{self._params.port}"
         self._topology = topology
         self.window = window
