@@ -25,6 +25,7 @@ from importlib import resources
 from typing import Any, Protocol
 
 import psycopg
+import psycopg.sql
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -226,7 +227,9 @@ class SqlStore:
         conninfo = self.engine.url.set(drivername="postgresql").render_as_string(False)
         try:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(sa.text(f"LISTEN {NOTIFY_CHANNEL}").text)
+                conn.execute(
+                    psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(NOTIFY_CHANNEL))
+                )
                 wake()  # rows may have come while we were not listening
                 while not stopped.is_set():
                     for _ in conn.notifies(timeout=1.0, stop_after=1):
