@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from relay.errors import ConfigError, InputError, RelayError
 from relay.metrics import HealthServer, Metrics
 from relay.publisher import PikaPublisher, connection_parameters
 from relay.records import NewMessage
-from relay.relay import Relay, utcnow
+from relay.relay import Relay, in_thread, utcnow
 from relay.settings import ENV_FILE_VAR, Settings, describe
 from relay.settle import SettlePolicy
 from relay.store import OutboxAdmin, SqlStore, migrate
@@ -268,8 +269,8 @@ async def _retention(settings: Settings) -> None:
             try:
                 # One chunk per thread call, so that stopping waits for one chunk at most.
                 while count == _PURGE_CHUNK:
-                    count, after = await asyncio.to_thread(
-                        purger.purge_chunk, cutoff, _PURGE_CHUNK, after
+                    count, after = await in_thread(
+                        functools.partial(purger.purge_chunk, cutoff, _PURGE_CHUNK, after)
                     )
                     deleted += count
             except RelayError as exc:

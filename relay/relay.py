@@ -33,7 +33,7 @@ _log_database_retry = log_before_retry(log, "database call failed", "database_re
 LIVENESS_LIMIT = 60.0  # seconds without a loop turn after which /healthz fails
 
 
-async def _in_thread(call: Callable[[], T]) -> T:
+async def in_thread(call: Callable[[], T]) -> T:
     """Run a store call in a worker thread. If the awaiting task is cancelled (shutdown), wait
     for the call to finish before passing the cancellation on: otherwise the store could be
     closed under a thread that still holds one of its connections."""
@@ -209,7 +209,7 @@ class Relay:
         )
         async for attempt in retrying:
             with attempt:
-                result = await _in_thread(call)
+                result = await in_thread(call)
         if not self._database_ok:
             self._database_ok = True
             self.metrics.database_connected.set(1)
@@ -235,7 +235,7 @@ class Relay:
         last_error = None
         while True:
             try:
-                stats = await _in_thread(functools.partial(self.store.backlog, self.clock()))
+                stats = await in_thread(functools.partial(self.store.backlog, self.clock()))
             except StoreError as exc:
                 if str(exc) != last_error:
                     log.warning("%s", exc, extra={"action": "backlog_stats_failed"})
