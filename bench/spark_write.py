@@ -33,11 +33,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--database", choices=["postgresql", "sqlite"], default="postgresql")
+    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a PostgreSQL setting (repeat), e.g. shared_buffers=2GB")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relay-spark-bench-") as tmp:
         pg = None
         if args.database == "postgresql":
-            pg = PostgresServer(Path(tmp) / "pg")
+            pg = PostgresServer(Path(tmp) / "pg", settings=args.pg_setting)
             pg.start()
             pg.psql("CREATE DATABASE bench")
             url = pg.url("bench")

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -173,7 +173,9 @@ class PostgresServer:
     directory: PostgreSQL refuses to run as root.
     """
 
-    def __init__(self, base: Path, port: int | None = None, tuned_for_tests: bool = False) -> None:
+    def __init__(self, base: Path, port: int | None = None, tuned_for_tests: bool = False,
+                 settings: Sequence[str] = ()) -> None:  # fmt: skip
+        """``settings``: more server settings, as ``name=value``."""
         self.bin = _postgres_bin()
         self.base = base
         self.data = base / "data"
@@ -183,6 +185,7 @@ class PostgresServer:
         if tuned_for_tests:
             # Durability is not under test against a crashed PostgreSQL here; speed is welcome.
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        options += [f"-c {setting}" for setting in settings]
         self._options = " ".join(options)
 
     def url(self, database: str = "postgres") -> str:

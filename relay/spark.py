@@ -33,7 +33,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from relay.errors import InputError
-from relay.store import STAGED_COLUMNS, create_staging, drop_staging, jdbc_target, merge_staging
+from relay.store import (
+    STAGED_COLUMNS,
+    STAGED_POSITION,
+    create_staging,
+    drop_staging,
+    jdbc_target,
+    merge_staging,
+)
 
 DEBIAN_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/sqlite-jdbc.jar")
 _SEPARATOR = "\x1f"
@@ -83,7 +90,10 @@ def write_outbox(
     ``content_type``: a value or a Column; by default from the payload's type. ``headers``: a
     map or struct column (serialised to JSON) or a string column of JSON objects.
     ``ordering_key``: a value or a Column; rows with the same ordering key are published in
-    order when the relay's ordering is on. ``key`` / ``run_id``: see the module docstring.
+    the DataFrame's order when the relay's ordering is on (sort it first, for example with
+    ``orderBy``, or ``repartition`` by the key and ``sortWithinPartitions``). Without one,
+    rows are inserted in message_id order, which is faster. ``key`` / ``run_id``: see the
+    module docstring.
     Nothing is written when a check fails.
     """
     frame = outbox_frame(df, payload=payload, exchange=exchange, routing_key=routing_key,
@@ -95,10 +105,14 @@ def write_outbox(
     try:
         if jdbc_url.startswith("jdbc:sqlite:"):
             frame = frame.coalesce(1)  # SQLite takes one writer at a time
+        # Multi-row INSERTs (the PostgreSQL driver's rewrite): staging costs half as much.
+        postgresql = jdbc_url.startswith("jdbc:postgresql:")
+        rewrite = {"reWriteBatchedInserts": "true"} if postgresql else {}
         frame.write.jdbc(jdbc_url, stage, mode="append",
-                         properties={**properties, "batchsize": "5000"})  # fmt: skip
+                         properties={**properties, **rewrite, "batchsize": "5000"})  # fmt: skip
         try:
-            staged, inserted = merge_staging(database_url, stage)
+            staged, inserted = merge_staging(database_url, stage,
+                                             keep_order=ordering_key is not None)  # fmt: skip
         except InputError as exc:
             raise InputError(f"column {payload!r}: {exc}") from None
     except BaseException:
@@ -120,18 +134,20 @@ def outbox_frame(
     run_id: str | None,
     message_id_prefix: str,
 ) -> DataFrame:
-    """The DataFrame with exactly the outbox's staged columns, checked and typed."""
+    """The DataFrame with exactly the outbox's staged columns, checked and typed, and the
+    row's position in ``df``."""
     fields = {f.name: f.dataType for f in df.schema.fields}
     for name in [payload, *key, *([headers] if headers else [])]:
         if name not in fields:
             raise InputError(f"column {name!r} not found (the DataFrame has: {', '.join(fields)})")
     body, default_type = _payload(payload, fields[payload])
+    # Increasing in the DataFrame's order (partition by partition), the same on a retry.
+    position = F.monotonically_increasing_id()
     if key:
         identity = [F.coalesce(F.col(k).cast("string"), F.lit("\x00null")) for k in key]
     elif run_id:
         row = F.to_json(F.struct(*[F.col(c) for c in df.columns]))
-        position = F.monotonically_increasing_id().cast("string")
-        identity = [F.lit(run_id), position, row]
+        identity = [F.lit(run_id), position.cast("string"), row]
     else:
         raise InputError("pass key columns or a run_id: without one, a re-run or a retried "
                          "task would insert every message again")  # fmt: skip
@@ -147,6 +163,7 @@ def outbox_frame(
         "ordering_key": _text(ordering_key),
     }
     assert tuple(columns) == STAGED_COLUMNS
+    columns[STAGED_POSITION] = position
     return df.select(*[c.alias(name) for name, c in columns.items()])
 
 

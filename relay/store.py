@@ -420,6 +420,8 @@ def migrate(url: str, revision: str = "head", *, downgrade: bool = False) -> Non
 STAGED_COLUMNS = (
     "message_id", "exchange", "routing_key", "payload", "content_type", "headers", "ordering_key"
 )  # fmt: skip
+# Staged beside them, not inserted: the row's place in the writer's input (see merge_staging).
+STAGED_POSITION = "position"
 
 
 def _staging_table(name: str, unlogged: bool = False) -> sa.Table:
@@ -427,6 +429,7 @@ def _staging_table(name: str, unlogged: bool = False) -> sa.Table:
         name,
         sa.MetaData(),
         *(sa.Column(c, outbox.c[c].type, nullable=True) for c in STAGED_COLUMNS),
+        sa.Column(STAGED_POSITION, sa.BigInteger(), nullable=True),
         prefixes=["UNLOGGED"] if unlogged else [],
     )
 
@@ -441,19 +444,26 @@ def create_staging(url: str, name: str) -> None:
         _staging_table(name, unlogged=conn.dialect.name == "postgresql").create(conn)
 
 
-def merge_staging(url: str, name: str) -> tuple[int, int]:
+def merge_staging(url: str, name: str, *, keep_order: bool = False) -> tuple[int, int]:
     """Insert the staged rows whose message_id is not in the outbox yet, in one transaction,
     then drop the staging table. Returns (rows staged, rows inserted).
 
     Task retries and speculative tasks may have staged a row twice, and a re-run of the job
     stages rows the outbox already has: both are skipped by message_id, the idempotency key.
     A null payload aborts the whole merge: nothing is inserted.
+
+    ``keep_order``: rows get their ids in staged position order, so that rows sharing an
+    ordering key are published in the writer's order. Otherwise in message_id order: the
+    unique index then fills from one end instead of at random places, which makes the
+    merge faster (a million rows, one core: about 8 s instead of 10.5 s here).
     """
     stage = _staging_table(name)
     is_null = sa.or_(stage.c.payload.is_(None), stage.c.message_id.is_(None))
     with _one_off(url, f"merging staging table {name} into the outbox") as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
+            # Room to sort a large batch in memory rather than in temporary files.
+            conn.execute(sa.text("SET LOCAL work_mem = '256MB'"))
         # One scan of the staging table for both numbers.
         staged, nulls = conn.execute(
             sa.select(
@@ -464,7 +474,11 @@ def merge_staging(url: str, name: str) -> tuple[int, int]:
             raise InputError(f"{nulls} rows have a null payload (or key): nothing was written")
         # SQLite parses "SELECT ... FROM stage ON CONFLICT" as a join unless the SELECT
         # has a WHERE clause (its documented upsert ambiguity): hence WHERE true.
-        staged_rows = sa.select(*(stage.c[c] for c in STAGED_COLUMNS)).where(sa.true())
+        staged_rows = (
+            sa.select(*(stage.c[c] for c in STAGED_COLUMNS))
+            .where(sa.true())
+            .order_by(stage.c[STAGED_POSITION] if keep_order else stage.c.message_id)
+        )
         insert = _insert_ignoring_duplicates(conn.dialect.name).from_select(
             list(STAGED_COLUMNS), staged_rows
         )

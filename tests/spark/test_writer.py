@@ -140,6 +140,21 @@ def test_null_payload_writes_nothing_and_leaves_no_staging_table(
     engine.dispose()
 
 
+def test_with_an_ordering_key_ids_follow_the_dataframes_order(
+    spark: SparkSession, database_url: str
+) -> None:
+    """Sorted descending, so that neither the input's nor message_id order would pass."""
+    df = orders(spark, 40).withColumn("seq", -F.col("order_id")).orderBy("seq")
+    write_outbox(df, database_url, payload="body", key=["order_id"],
+                 ordering_key=F.col("order_id") % 3)  # fmt: skip
+    in_id_order = [json.loads(r.payload)["order_id"] for r in outbox_rows(database_url)]
+    assert in_id_order == list(range(39, -1, -1))
+    # Without an ordering key the rows go in message_id order (the faster merge).
+    write_outbox(df, database_url, payload="body", key=["order_id"], message_id_prefix="u-")
+    unordered = [r.message_id for r in outbox_rows(database_url) if r.message_id[:2] == "u-"]
+    assert unordered == sorted(unordered)
+
+
 def test_unmigrated_database_says_to_run_migrate(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(SchemaMissingError, match="run `relay migrate`"):
         write_outbox(
