@@ -96,7 +96,8 @@ def run_demo(amqp_url: str, count: int) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url,
                RELAY_TOPOLOGY_FILE=str(WORK / "topology.toml"), RELAY_METRICS_PORT=str(port),
-               RELAY_METRICS_HOST="127.0.0.1", RELAY_POLL_INTERVAL="0.1")  # fmt: skip
+               RELAY_METRICS_HOST="127.0.0.1", RELAY_POLL_INTERVAL="0.1",
+               RELAY_ORDERING="true")  # fmt: skip
     for name, value in LOCAL_MODE_ENV.items():  # the Spark job runs in local mode
         env.setdefault(name, value)
 

@@ -8,7 +8,9 @@ Copy it and replace ``order_events`` with your own DataFrame. Run it with spark-
 or as a plain Python script where PySpark is installed (local mode). Each (order_id, event)
 pair is one message: its message_id is a hash of those two values, so running the job again
 over the same orders adds nothing to the outbox, and a retried Spark task cannot add a
-message twice. Then ``relay run`` publishes what the job wrote.
+message twice. The order id is the ordering key and the events are sorted by their step, so
+with ``RELAY_ORDERING=true`` each order's events are published created, paid, shipped.
+Then ``relay run`` publishes what the job wrote.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from relay.spark import spark_jars, write_outbox
 
 def order_events(spark: SparkSession, orders: int) -> DataFrame:
     """Three events (created, paid, shipped) for each of ``orders`` orders."""
-    events = spark.createDataFrame([("created",), ("paid",), ("shipped",)], "event string")
+    events = spark.createDataFrame([("created", 1), ("paid", 2), ("shipped", 3)],
+                                   "event string, step int")  # fmt: skip
     return (
         spark.range(1000, 1000 + orders)
         .withColumnRenamed("id", "order_id")
@@ -52,13 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        events = order_events(spark, args.orders).select(
-            "order_id",
-            "event",
-            F.struct("order_id", "event", "amount_cents").alias("body"),
-            F.create_map(
-                F.lit("tenant"), F.col("tenant"), F.lit("schema"), F.lit("order-event/1")
-            ).alias("headers"),
+        # Ids follow the DataFrame's order for rows with an ordering key: sort by step.
+        events = (
+            order_events(spark, args.orders)
+            .orderBy("order_id", "step")
+            .select(
+                "order_id",
+                "event",
+                F.struct("order_id", "event", "amount_cents").alias("body"),
+                F.create_map(
+                    F.lit("tenant"), F.col("tenant"), F.lit("schema"), F.lit("order-event/1")
+                ).alias("headers"),
+            )
         )
         result = write_outbox(
             events,
@@ -67,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             exchange=args.exchange,
             routing_key=F.concat(F.lit("order."), F.col("event")),
             headers="headers",
+            ordering_key=F.col("order_id"),
             key=["order_id", "event"],
         )
     finally:
