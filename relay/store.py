@@ -462,7 +462,8 @@ def merge_staging(url: str, name: str, *, keep_order: bool = False) -> tuple[int
     with _one_off(url, f"merging staging table {name} into the outbox") as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
-            # Room to sort a large batch in memory rather than in temporary files.
+            # A larger sort budget: a big batch sorts in a few long runs (a million rows still
+            # spill to a temporary file), not in many short ones of the 4 MB default.
             conn.execute(sa.text("SET LOCAL work_mem = '256MB'"))
         # One scan of the staging table for both numbers.
         staged, nulls = conn.execute(
