@@ -1,18 +1,19 @@
 # syntax=docker/dockerfile:1
-# Build the wheel (with the Alembic migrations inside) in one stage, install it in a slim one.
+# Build the wheel (with the Alembic migrations inside) in one stage; install it in a slim one,
+# on top of the dependency versions CI tested (requirements/relay.txt: pinned, with hashes).
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY relay ./relay
-COPY migrations ./migrations
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
- && pip wheel --no-cache-dir --wheel-dir /wheels /wheels/*.whl
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin relay
+COPY requirements/relay.txt /tmp/relay.txt
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/outbox_relay-*.whl \
- && rm -rf /wheels
+RUN pip install --no-cache-dir --require-hashes -r /tmp/relay.txt \
+ && pip install --no-cache-dir --no-deps /wheels/outbox_relay-*.whl \
+ && rm -rf /wheels /tmp/relay.txt
 USER 10001
 ENV RELAY_METRICS_PORT=9840 \
     PYTHONUNBUFFERED=1
