@@ -1,6 +1,6 @@
 """Benchmark: commit-to-confirm latency at a steady write rate, on PostgreSQL.
 
-    .venv/bin/python bench/latency.py [--rate 1000] [--seconds 20] [--batch 10]
+    .venv/bin/python -m bench.latency [--rate 1000] [--seconds 20] [--batch 10]
 
 Starts a private RabbitMQ node and PostgreSQL (default durability), runs ``relay run``, and
 inserts ``--rate`` rows a second for ``--seconds`` in transactions of ``--batch`` rows, as
@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,18 +23,22 @@ from pathlib import Path
 import pika
 import sqlalchemy as sa
 
-from relay.localservers import PostgresServer, RabbitNode, wait_until
-from relay.store import create_engine, migrate
+from devtools.relayproc import RelayProcess, relay_env
+from devtools.servers import PostgresServer, RabbitNode, wait_until
+from relay.db.engine import create_engine, migrate
 
 QUEUE = "latency"
 
 
 def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> dict[str, float]:
-    engine = create_engine(url, relay_session=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update(RELAY_DATABASE_URL=url, RELAY_AMQP_URL=amqp_url, RELAY_METRICS_PORT="0",
-               RELAY_LOG_LEVEL="warning")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env)
+    engine = create_engine(url)
+    env = relay_env(
+        RELAY_DATABASE_URL=url,
+        RELAY_AMQP_URL=amqp_url,
+        RELAY_METRICS_PORT="0",
+        RELAY_LOG_LEVEL="warning",
+    )
+    proc = RelayProcess(env).start()
     insert = sa.text(
         "INSERT INTO outbox (routing_key, payload) "
         "SELECT :queue, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, :n)"
@@ -60,18 +61,26 @@ def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> d
 
         wait_until(all_sent, 120, "every row sent")
         with engine.begin() as conn:
-            row = conn.execute(sa.text(
-                "SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY s), max(s) "
-                "FROM (SELECT extract(epoch FROM sent_at - created_at) * 1000 AS s "
-                "FROM outbox) t")).one()  # fmt: skip
+            row = conn.execute(
+                sa.text(
+                    "SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY s), "
+                    "max(s) "
+                    "FROM (SELECT extract(epoch FROM sent_at - created_at) * 1000 AS s "
+                    "FROM outbox) t"
+                )
+            ).one()
             conn.execute(sa.text("DELETE FROM outbox"))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.stop()
         engine.dispose()
     p50, p90, p99 = row[0]
-    return {"rows_per_s": round(achieved, 1), "p50_ms": round(p50, 1), "p90_ms": round(p90, 1),
-            "p99_ms": round(p99, 1), "max_ms": round(float(row[1]), 1)}  # fmt: skip
+    return {
+        "rows_per_s": round(achieved, 1),
+        "p50_ms": round(p50, 1),
+        "p90_ms": round(p90, 1),
+        "p99_ms": round(p99, 1),
+        "max_ms": round(float(row[1]), 1),
+    }
 
 
 def main() -> int:
@@ -103,8 +112,10 @@ def main() -> int:
         f"\n{'wake-up':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
     )
     for name, r in results.items():
-        print(f"{name:<10} {r['rows_per_s']:>8.0f} {r['p50_ms']:>8.1f} {r['p90_ms']:>8.1f} "
-              f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f}")  # fmt: skip
+        print(
+            f"{name:<10} {r['rows_per_s']:>8.0f} {r['p50_ms']:>8.1f} {r['p90_ms']:>8.1f} "
+            f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f}"
+        )
     print(json.dumps({"rate": args.rate, "seconds": args.seconds, "batch": args.batch, **results}))
     return 0
 

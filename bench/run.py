@@ -1,6 +1,6 @@
 """Benchmark: the relay against a bare publisher and a naive relay, same broker, same run.
 
-    .venv/bin/python bench/run.py [--rows 100000] [--naive-rows 5000] [--memory-rows 1000000]
+    .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--memory-rows 1000000]
                                   [--three-relays]
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
@@ -19,9 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,9 +30,10 @@ import pika
 import sqlalchemy as sa
 from pika.adapters.asyncio_connection import AsyncioConnection
 
-from relay.localservers import PostgresServer, RabbitNode
-from relay.schema import outbox
-from relay.store import create_engine, migrate
+from devtools.relayproc import RelayProcess, relay_env, rss_mb
+from devtools.servers import PostgresServer, RabbitNode
+from relay.db.engine import create_engine, migrate
+from relay.db.schema import outbox
 
 BODY = b"x" * 200
 WINDOW = 1000
@@ -80,9 +78,11 @@ def bare_publisher(url: str, queue: str, count: int) -> float:
             channel.append(ch)
             ch.confirm_delivery(on_confirm, callback=lambda _f: opened.set_result(ch))  # type: ignore[attr-defined]
 
-        conn = AsyncioConnection(pika.URLParameters(url),
-                                 on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
-                                 custom_ioloop=loop)  # fmt: skip
+        conn = AsyncioConnection(
+            pika.URLParameters(url),
+            on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+            custom_ioloop=loop,
+        )
         await opened
         start = time.perf_counter()
         pump()
@@ -101,10 +101,18 @@ def fill(database_url: str, count: int, routing: tuple[str, str]) -> None:
     now = datetime.now(UTC)
     chunk = 20_000
     for start in range(0, count, chunk):
-        rows = [{"message_id": f"b-{i}", "exchange": routing[0], "routing_key": routing[1],
-                 "payload": BODY, "content_type": "application/octet-stream",
-                 "created_at": now, "next_attempt_at": now}
-                for i in range(start, min(count, start + chunk))]  # fmt: skip
+        rows = [
+            {
+                "message_id": f"b-{i}",
+                "exchange": routing[0],
+                "routing_key": routing[1],
+                "payload": BODY,
+                "content_type": "application/octet-stream",
+                "created_at": now,
+                "next_attempt_at": now,
+            }
+            for i in range(start, min(count, start + chunk))
+        ]
         with engine.begin() as conn:
             conn.execute(sa.insert(outbox), rows)
     engine.dispose()
@@ -121,14 +129,21 @@ def naive_relay(database_url: str, amqp_url: str, queue: str, count: int) -> flo
     start = time.perf_counter()
     while True:
         with engine.begin() as db:
-            row = db.execute(sa.select(outbox.c.id, outbox.c.payload, outbox.c.message_id)
-                             .where(outbox.c.status == "pending").order_by(outbox.c.id)
-                             .limit(1).with_for_update(skip_locked=True)).first()  # fmt: skip
+            row = db.execute(
+                sa.select(outbox.c.id, outbox.c.payload, outbox.c.message_id)
+                .where(outbox.c.status == "pending")
+                .order_by(outbox.c.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).first()
             if row is None:
                 break
             ch.basic_publish("", queue, row.payload, props, mandatory=True)
-            db.execute(sa.update(outbox).where(outbox.c.id == row.id)
-                       .values(status="sent", sent_at=datetime.now(UTC)))  # fmt: skip
+            db.execute(
+                sa.update(outbox)
+                .where(outbox.c.id == row.id)
+                .values(status="sent", sent_at=datetime.now(UTC))
+            )
     elapsed = time.perf_counter() - start
     conn.close()
     engine.dispose()
@@ -143,40 +158,39 @@ def drained(engine: sa.Engine) -> bool:
         return conn.execute(q).first() is None
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def this_relay(database_url: str, amqp_url: str, queue: str, count: int, *,
-               on_sample: Callable[[float], None] | None = None,
-               relays: int = 1) -> float:  # fmt: skip
+def this_relay(
+    database_url: str,
+    amqp_url: str,
+    queue: str,
+    count: int,
+    *,
+    on_sample: Callable[[float], None] | None = None,
+    relays: int = 1,
+) -> float:
     """(c) ``relay run`` as ``relays`` subprocesses, timed from their start to the last row
     marked sent."""
     fill(database_url, count, ("", queue))
     engine = create_engine(database_url)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update(RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url, RELAY_METRICS_PORT="0",
-               RELAY_WINDOW=str(WINDOW), RELAY_LOG_LEVEL="warning")  # fmt: skip
+    env = relay_env(
+        RELAY_DATABASE_URL=database_url,
+        RELAY_AMQP_URL=amqp_url,
+        RELAY_METRICS_PORT="0",
+        RELAY_WINDOW=str(WINDOW),
+        RELAY_LOG_LEVEL="warning",
+    )
     start = time.perf_counter()
-    command = [sys.executable, "-m", "relay", "run"]
-    procs = [subprocess.Popen(command, env={**env, "RELAY_NAME": f"bench-{n}"})
-             for n in range(relays)]  # fmt: skip
+    procs = [RelayProcess({**env, "RELAY_NAME": f"bench-{n}"}).start() for n in range(relays)]
     try:
         while not drained(engine):
             if on_sample is not None:
                 on_sample(rss_mb(procs[0].pid))
-            if any(p.poll() is not None for p in procs):
+            if not all(p.running for p in procs):
                 raise RuntimeError("a relay exited")
             time.sleep(0.2)
         elapsed = time.perf_counter() - start
     finally:
         for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=60)
+            proc.stop()
         engine.dispose()
     return count / elapsed
 
@@ -185,10 +199,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--naive-rows", type=int, default=5_000)
-    parser.add_argument("--memory-rows", type=int, default=0,
-                        help="also drain a backlog this large and report peak RSS")  # fmt: skip
-    parser.add_argument("--three-relays", action="store_true",
-                        help="also drain --rows with three relays on PostgreSQL")  # fmt: skip
+    parser.add_argument(
+        "--memory-rows",
+        type=int,
+        default=0,
+        help="also drain a backlog this large and report peak RSS",
+    )
+    parser.add_argument(
+        "--three-relays",
+        action="store_true",
+        help="also drain --rows with three relays on PostgreSQL",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         base = Path(tmp)
@@ -234,13 +255,17 @@ def main() -> int:
     for name, rate in results.items():
         ratios = f"{rate / a:>6.2f} {rate / b:>7.1f}" if name.startswith("relay_") else ""
         print(f"{name:<34} {rate:>10.0f} {ratios}")
-    print(f"(rows: {args.rows}; naive rows: {args.naive_rows}; window {WINDOW}; 200-byte "
-          "persistent messages into one durable queue)")  # fmt: skip
+    print(
+        f"(rows: {args.rows}; naive rows: {args.naive_rows}; window {WINDOW}; 200-byte "
+        "persistent messages into one durable queue)"
+    )
     summary: dict[str, object] = {k: round(v, 1) for k, v in results.items()}
-    summary.update({f"{k}_over_bare": round(v / a, 3) for k, v in results.items()
-                    if k.startswith("relay_")})  # fmt: skip
-    summary.update({f"{k}_over_naive": round(v / b, 1) for k, v in results.items()
-                    if k.startswith("relay_")})  # fmt: skip
+    summary.update(
+        {f"{k}_over_bare": round(v / a, 3) for k, v in results.items() if k.startswith("relay_")}
+    )
+    summary.update(
+        {f"{k}_over_naive": round(v / b, 1) for k, v in results.items() if k.startswith("relay_")}
+    )
     if args.memory_rows:
         print(f"peak RSS draining {args.memory_rows} rows: {peak:.0f} MB")
         summary["memory_rows"] = args.memory_rows

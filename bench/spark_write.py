@@ -1,6 +1,6 @@
 """Benchmark: the Spark outbox writer against a plain Spark JDBC append, same database, same run.
 
-    .venv/bin/python bench/spark_write.py [--rows 1000000] [--database postgresql|sqlite]
+    .venv/bin/python -m bench.spark_write [--rows 1000000] [--database postgresql|sqlite]
 
 Builds one DataFrame (200-byte payloads), then times (a) ``df.write.jdbc(mode="append")``
 into a plain table with the outbox's staged columns and no indexes, (b) the same append
@@ -24,17 +24,24 @@ import sqlalchemy as sa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from relay.localservers import PostgresServer
+from devtools.servers import PostgresServer
+from relay.constants import JDBC_BATCH_SIZE
+from relay.db.engine import create_engine, migrate
+from relay.db.staging import Staging
 from relay.spark import LOCAL_MODE_ENV, spark_jars, write_outbox
-from relay.store import create_engine, jdbc_target, migrate
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--database", choices=["postgresql", "sqlite"], default="postgresql")
-    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
-                        help="a PostgreSQL setting (repeat), e.g. shared_buffers=2GB")  # fmt: skip
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a PostgreSQL setting (repeat), e.g. shared_buffers=2GB",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relay-spark-bench-") as tmp:
         pg = None
@@ -55,12 +62,21 @@ def main() -> int:
     for name, (rate, seconds) in results.items():
         print(f"{name:<16} {rate:>10.0f} {seconds:>8.1f}")
     ratio, ratio_unique = outbox[0] / plain[0], outbox[0] / unique[0]
-    print(f"outbox writer / plain append: {ratio:.2f}, / unique append: {ratio_unique:.2f} "
-          f"({args.rows} rows, {args.database})")  # fmt: skip
-    print(json.dumps({"rows": args.rows, "database": args.database,
-                      **{f"{k}_rows_per_s": round(v[0], 1) for k, v in results.items()},
-                      "ratio": round(ratio, 3),
-                      "ratio_to_unique": round(ratio_unique, 3)}))  # fmt: skip
+    print(
+        f"outbox writer / plain append: {ratio:.2f}, / unique append: {ratio_unique:.2f} "
+        f"({args.rows} rows, {args.database})"
+    )
+    print(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "database": args.database,
+                **{f"{k}_rows_per_s": round(v[0], 1) for k, v in results.items()},
+                "ratio": round(ratio, 3),
+                "ratio_to_unique": round(ratio_unique, 3),
+            }
+        )
+    )
     return 0
 
 
@@ -69,14 +85,17 @@ PLAIN_TABLES = {"plain_append": "", "unique_append": "UNIQUE"}
 
 def run(url: str, rows: int) -> dict[str, tuple[float, float]]:
     migrate(url)
-    engine = create_engine(url, relay_session=False)
+    engine = create_engine(url)
     binary, collate = ("BYTEA", 'COLLATE "C"') if "postgresql" in url else ("BLOB", "")
     with engine.begin() as conn:
         for table, unique in PLAIN_TABLES.items():
-            conn.execute(sa.text(
-                f"CREATE TABLE {table} (message_id TEXT {collate} {unique}, "
-                "exchange TEXT, routing_key TEXT, "
-                f"payload {binary}, content_type TEXT, headers TEXT)"))  # fmt: skip
+            conn.execute(
+                sa.text(
+                    f"CREATE TABLE {table} (message_id TEXT {collate} {unique}, "
+                    "exchange TEXT, routing_key TEXT, "
+                    f"payload {binary}, content_type TEXT, headers TEXT)"
+                )
+            )
     engine.dispose()
     for name, value in LOCAL_MODE_ENV.items():
         os.environ.setdefault(name, value)
@@ -101,18 +120,24 @@ def run(url: str, rows: int) -> dict[str, tuple[float, float]]:
             F.lit("text/plain; charset=utf-8").alias("content_type"),
             F.lit(None).cast("string").alias("headers"),
         )
-        jdbc_url, properties = jdbc_target(url)
+        with Staging(url) as target:
+            jdbc_url, properties = target.jdbc_target()
         if jdbc_url.startswith("jdbc:sqlite:"):
             plain_df = plain_df.coalesce(1)
         seconds = {}
         for table in PLAIN_TABLES:
             start = time.perf_counter()
-            plain_df.write.jdbc(jdbc_url, table, mode="append",
-                                properties={**properties, "batchsize": "5000"})  # fmt: skip
+            plain_df.write.jdbc(
+                jdbc_url,
+                table,
+                mode="append",
+                properties={**properties, "batchsize": str(JDBC_BATCH_SIZE)},
+            )
             seconds[table] = time.perf_counter() - start
         start = time.perf_counter()
-        result = write_outbox(df, url, payload="payload", exchange="orders",
-                              routing_key="order.created", key=["id"])  # fmt: skip
+        result = write_outbox(
+            df, url, payload="payload", exchange="orders", routing_key="order.created", key=["id"]
+        )
         seconds["outbox_writer"] = time.perf_counter() - start
         assert result.inserted == rows, result
     finally:

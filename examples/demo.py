@@ -6,66 +6,36 @@ Steps, each done the way an operator would:
 3. A Spark job (examples/order_events_job.py) writes order events through JDBC.
 4. ``relay run`` publishes them with confirms and marks each row sent after its basic.ack.
 5. A consumer drains the queue; the rows and the messages are printed side by side.
+
+Run it with ``scripts/demo`` (or ``.venv/bin/python -m examples.demo [ORDERS]``).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-import pika
-import sqlalchemy as sa
-
-from relay.localservers import RabbitNode, free_port, port_open, wait_until
-from relay.schema import outbox
+from devtools.broker import drain, simple_topology, write_topology
+from devtools.outbox import rows, statuses
+from devtools.relayproc import RelayProcess, relay, relay_env
+from devtools.servers import RabbitNode, free_port, port_open, wait_until
+from relay.records import SENT
 from relay.spark import LOCAL_MODE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".demo"
 EXCHANGE, QUEUE = "orders", "orders.audit"
-TOPOLOGY = f"""
-[[exchange]]
-name = "{EXCHANGE}"
-type = "topic"
-
-[[queue]]
-name = "{QUEUE}"
-
-[[binding]]
-exchange = "{EXCHANGE}"
-queue = "{QUEUE}"
-routing_key = "order.#"
-"""
 
 
-def relay(*args: str, env: dict[str, str], input: str | None = None) -> str:
-    result = subprocess.run([sys.executable, "-m", "relay", *args], env=env, input=input,
-                            capture_output=True, text=True, check=False)  # fmt: skip
+def run(*args: str, env: dict[str, str]) -> str:
+    """A `relay` command that must succeed; its output."""
+    result = relay(*args, env=env)
     if result.returncode != 0:
         sys.exit(f"relay {args[0]} failed:\n{result.stderr}")
     return result.stdout
-
-
-def drain(url: str, expect: int, timeout: float = 30.0) -> list[tuple[str, str, bytes]]:
-    got: list[tuple[str, str, bytes]] = []
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    channel = connection.channel()
-    deadline = time.monotonic() + timeout
-    while len(got) < expect and time.monotonic() < deadline:
-        method, props, body = channel.basic_get(QUEUE, auto_ack=False)
-        if method is None:
-            connection.sleep(0.05)
-            continue
-        got.append((props.message_id, method.routing_key, body))
-        channel.basic_ack(method.delivery_tag)
-    connection.close()
-    return got
 
 
 def main() -> int:
@@ -91,60 +61,68 @@ def main() -> int:
 
 def run_demo(amqp_url: str, count: int) -> int:
     database_url = f"sqlite:///{WORK / 'outbox.db'}"
-    (WORK / "topology.toml").write_text(TOPOLOGY)
+    topology = simple_topology(EXCHANGE, QUEUE, routing_key="order.#")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update(RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url,
-               RELAY_TOPOLOGY_FILE=str(WORK / "topology.toml"), RELAY_METRICS_PORT=str(port),
-               RELAY_METRICS_HOST="127.0.0.1", RELAY_POLL_INTERVAL="0.1",
-               RELAY_ORDERING="true")  # fmt: skip
+    env = relay_env(
+        RELAY_DATABASE_URL=database_url,
+        RELAY_AMQP_URL=amqp_url,
+        RELAY_TOPOLOGY_FILE=str(write_topology(WORK / "topology.toml", topology)),
+        RELAY_METRICS_PORT=str(port),
+        RELAY_METRICS_HOST="127.0.0.1",
+        RELAY_POLL_INTERVAL="0.1",
+        RELAY_ORDERING="true",
+    )
     for name, value in LOCAL_MODE_ENV.items():  # the Spark job runs in local mode
         env.setdefault(name, value)
 
     print("==> relay migrate")
-    relay("migrate", env=env)
+    run("migrate", env=env)
     print(f"==> Spark job: order events for {count} orders into the outbox (local Spark, JDBC)")
-    job = subprocess.run([sys.executable, str(ROOT / "examples" / "order_events_job.py"),
-                          "--database-url", database_url, "--orders", str(count),
-                          "--exchange", EXCHANGE], env=env, capture_output=True, text=True,
-                         check=False)  # fmt: skip
+    job = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "order_events_job.py"),
+            "--database-url",
+            database_url,
+            "--orders",
+            str(count),
+            "--exchange",
+            EXCHANGE,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if job.returncode != 0:
         sys.exit(f"the Spark job failed:\n{job.stderr[-3000:]}")
     print("    " + job.stdout.strip().splitlines()[-1])
 
     print("==> relay run (until every row is marked sent)")
-    engine = sa.create_engine(database_url)
 
     def unsent() -> int:
-        with engine.connect() as conn:
-            q = sa.select(sa.func.count()).where(outbox.c.status != "sent")
-            return int(conn.execute(q).scalar_one())
+        return sum(n for status, n in statuses(database_url).items() if status != SENT)
 
-    log_path = WORK / "relay.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=log)
-        try:
-            wait_until(lambda: unsent() == 0 or proc.poll() is not None, 120, "rows to be sent")
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                metrics = r.read().decode()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=60)
+    with RelayProcess(env, WORK / "relay.log") as proc:
+        wait_until(lambda: unsent() == 0 or not proc.running, 120, "rows to be sent")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        code = proc.stop()
     if code != 0 or unsent():
-        print(log_path.read_text(), file=sys.stderr)
+        print(proc.log(), file=sys.stderr)
         sys.exit(f"relay run exited with {code}; {unsent()} rows not sent")
 
-    with engine.connect() as conn:
-        rows = {r.message_id: r for r in conn.execute(sa.select(outbox).order_by(outbox.c.id))}
-    engine.dispose()
-    messages = drain(amqp_url, expect=len(rows))
+    table = {r.message_id: r for r in rows(database_url)}
+    messages = [(d.message_id, d.routing_key, d.body) for d in drain(amqp_url, QUEUE, len(table))]
     print(f"\n==> consumed {len(messages)} messages from queue {QUEUE!r}:\n")
     print(f"{'message_id':<15} {'routing key':<15} {'row':>4} {'row status':<10} body")
     for message_id, routing_key, body in sorted(messages, key=lambda m: m[2]):
-        row = rows.get(message_id)
+        row = table.get(message_id)
         status = row.status if row is not None else "UNKNOWN"
-        print(f"{message_id[:12] + '...':<15} {routing_key:<15} {row.id if row else '-':>4} "
-              f"{status:<10} {body.decode()}")  # fmt: skip
+        print(
+            f"{message_id[:12] + '...':<15} {routing_key:<15} {row.id if row else '-':>4} "
+            f"{status:<10} {body.decode()}"
+        )
     wanted = [
         "relay_published_total",
         'relay_outcomes_total{outcome="acked"}',
@@ -154,11 +132,13 @@ def run_demo(amqp_url: str, count: int) -> int:
     for line in metrics.splitlines():
         if line.split(" ")[0] in wanted:
             print("   ", line)
-    missing = set(rows) - {m[0] for m in messages}
+    missing = set(table) - {m[0] for m in messages}
     if missing:
         print(f"\nMISSING: {sorted(missing)}", file=sys.stderr)
         return 1
-    print(f"\nAll {len(rows)} outbox rows were confirmed by the broker, marked sent, and consumed.")
+    print(
+        f"\nAll {len(table)} outbox rows were confirmed by the broker, marked sent, and consumed."
+    )
     return 0
 
 

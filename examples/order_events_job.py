@@ -27,8 +27,9 @@ from relay.spark import spark_jars, write_outbox
 
 def order_events(spark: SparkSession, orders: int) -> DataFrame:
     """Three events (created, paid, shipped) for each of ``orders`` orders."""
-    events = spark.createDataFrame([("created", 1), ("paid", 2), ("shipped", 3)],
-                                   "event string, step int")  # fmt: skip
+    events = spark.createDataFrame(
+        [("created", 1), ("paid", 2), ("shipped", 3)], "event string, step int"
+    )
     return (
         spark.range(1000, 1000 + orders)
         .withColumnRenamed("id", "order_id")
@@ -40,9 +41,11 @@ def order_events(spark: SparkSession, orders: int) -> DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write order events into the outbox.")
-    parser.add_argument("--database-url",
-                        default=os.environ.get("RELAY_DATABASE_URL", "sqlite:///outbox.db"),
-                        help="outbox database, as RELAY_DATABASE_URL [%(default)s]")  # fmt: skip
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("RELAY_DATABASE_URL", "sqlite:///outbox.db"),
+        help="outbox database, as RELAY_DATABASE_URL [%(default)s]",
+    )
     parser.add_argument("--orders", type=int, default=4, help="how many orders [%(default)s]")
     parser.add_argument("--exchange", default="orders", help="exchange [%(default)s]")
     args = parser.parse_args(argv)

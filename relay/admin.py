@@ -1,4 +1,4 @@
-"""The operator's commands: ``relay status``, ``relay replay``, ``relay purge``.
+"""The operator's commands' arguments and output: ``relay status``, ``replay``, ``purge``.
 
 Each works on PostgreSQL and SQLite through ``OutboxAdmin``; this module parses the
 options, refuses unsafe input before touching anything, and prints what it found or did.
@@ -13,10 +13,11 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from relay.constants import PURGE_CHUNK
+from relay.db.outbox import OutboxAdmin
 from relay.errors import InputError
 from relay.records import OutboxRow, Selection
 from relay.settings import Settings, redact_url
-from relay.store import OutboxAdmin
 
 EXIT_THRESHOLD = 3  # relay status: a --max-* threshold is exceeded
 
@@ -52,41 +53,82 @@ def add_commands(
     common: argparse.ArgumentParser,
     add_settings: Callable[[argparse.ArgumentParser], None],
 ) -> None:
-    status = sub.add_parser("status", parents=[common], help="show the outbox's state",
-                            description=status_command.__doc__)  # fmt: skip
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="show the outbox's state",
+        description=status_command.__doc__,
+    )
     add_settings(status)
     status.add_argument("--json", action="store_true", help="print one JSON object")
     over = f"exit {EXIT_THRESHOLD} when"
-    status.add_argument("--max-due", type=int, metavar="ROWS",
-                        help=f"{over} more rows than this are due")  # fmt: skip
-    status.add_argument("--max-oldest-due", type=duration, metavar="AGE",
-                        help=f"{over} a row has been due longer than this (e.g. 5m)")  # fmt: skip
-    status.add_argument("--max-parked", type=int, metavar="ROWS",
-                        help=f"{over} more rows than this are parked")  # fmt: skip
+    status.add_argument(
+        "--max-due", type=int, metavar="ROWS", help=f"{over} more rows than this are due"
+    )
+    status.add_argument(
+        "--max-oldest-due",
+        type=duration,
+        metavar="AGE",
+        help=f"{over} a row has been due longer than this (e.g. 5m)",
+    )
+    status.add_argument(
+        "--max-parked", type=int, metavar="ROWS", help=f"{over} more rows than this are parked"
+    )
     status.set_defaults(command="status", handler=status_command)
 
-    replay = sub.add_parser("replay", parents=[common], help="move parked rows back to due",
-                            description=replay_command.__doc__)  # fmt: skip
+    replay = sub.add_parser(
+        "replay",
+        parents=[common],
+        help="move parked rows back to due",
+        description=replay_command.__doc__,
+    )
     add_settings(replay)
-    replay.add_argument("--id", type=_positive, action="append", default=[], dest="ids",
-                        metavar="ID", help="a row id (repeat)")  # fmt: skip
-    replay.add_argument("--ids", type=_id_range, dest="id_range", metavar="FIRST-LAST",
-                        help="an inclusive range of row ids")  # fmt: skip
+    replay.add_argument(
+        "--id",
+        type=_positive,
+        action="append",
+        default=[],
+        dest="ids",
+        metavar="ID",
+        help="a row id (repeat)",
+    )
+    replay.add_argument(
+        "--ids",
+        type=_id_range,
+        dest="id_range",
+        metavar="FIRST-LAST",
+        help="an inclusive range of row ids",
+    )
     replay.add_argument("--reason", help="rows whose last error contains this text")
     replay.add_argument("--exchange", help="rows for this exchange")
-    replay.add_argument("--older-than", type=duration, metavar="AGE",
-                        help="rows created longer ago than this (e.g. 2h)")  # fmt: skip
+    replay.add_argument(
+        "--older-than",
+        type=duration,
+        metavar="AGE",
+        help="rows created longer ago than this (e.g. 2h)",
+    )
     replay.add_argument("--all", action="store_true", help="every parked row")
     replay.add_argument("--dry-run", action="store_true", help="show the rows, change nothing")
     replay.set_defaults(command="replay", handler=replay_command)
 
-    purge = sub.add_parser("purge", parents=[common], help="delete old sent rows",
-                           description=purge_command.__doc__)  # fmt: skip
+    purge = sub.add_parser(
+        "purge", parents=[common], help="delete old sent rows", description=purge_command.__doc__
+    )
     add_settings(purge)
-    purge.add_argument("--older-than", type=duration, required=True, metavar="AGE",
-                       help="delete rows sent longer ago than this (e.g. 7d)")  # fmt: skip
-    purge.add_argument("--chunk", type=_positive, default=5000, metavar="ROWS",
-                       help="rows deleted per transaction (default: 5000)")  # fmt: skip
+    purge.add_argument(
+        "--older-than",
+        type=duration,
+        required=True,
+        metavar="AGE",
+        help="delete rows sent longer ago than this (e.g. 7d)",
+    )
+    purge.add_argument(
+        "--chunk",
+        type=_positive,
+        default=PURGE_CHUNK,
+        metavar="ROWS",
+        help=f"rows deleted per transaction (default: {PURGE_CHUNK})",
+    )
     purge.set_defaults(command="purge", handler=purge_command)
 
 
@@ -99,22 +141,31 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
         report = admin.status(now)
     finally:
         admin.close()
-    limits = [("due", report.due, args.max_due),
-              ("oldest_due_age_seconds", report.oldest_due_age, args.max_oldest_due),
-              ("parked", report.counts["parked"], args.max_parked)]  # fmt: skip
+    limits = [
+        ("due", report.due, args.max_due),
+        ("oldest_due_age_seconds", report.oldest_due_age, args.max_oldest_due),
+        ("parked", report.counts["parked"], args.max_parked),
+    ]
     exceeded = [name for name, value, limit in limits if limit is not None and value > limit]
     if args.json:
-        print(json.dumps({
-            "counts": report.counts, "due": report.due, "leased": report.leased,
-            "oldest_due_age_seconds": round(report.oldest_due_age, 3),
-            "parked_reasons": [{"reason": r, "rows": n} for r, n in report.parked_reasons],
-            "exceeded": exceeded,
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "counts": report.counts,
+                    "due": report.due,
+                    "leased": report.leased,
+                    "oldest_due_age_seconds": round(report.oldest_due_age, 3),
+                    "parked_reasons": [{"reason": r, "rows": n} for r, n in report.parked_reasons],
+                    "exceeded": exceeded,
+                }
+            )
+        )
     else:
         c = report.counts
         print(f"outbox at {redact_url(settings.database_url)}")
-        print(f"  pending {c['pending']:>10}  (due {report.due}, claimed by a relay "
-              f"{report.leased})")  # fmt: skip
+        print(
+            f"  pending {c['pending']:>10}  (due {report.due}, claimed by a relay {report.leased})"
+        )
         print(f"  sent    {c['sent']:>10}")
         print(f"  parked  {c['parked']:>10}")
         print(f"  oldest due row: due for {report.oldest_due_age:.1f} s")
@@ -134,11 +185,12 @@ def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     now = datetime.now(UTC)
     first, last = args.id_range or (None, None)
     created_before = None if args.older_than is None else now - timedelta(seconds=args.older_than)
-    selection = Selection(tuple(args.ids), first, last, args.reason, args.exchange,
-                          created_before)  # fmt: skip
+    selection = Selection(tuple(args.ids), first, last, args.reason, args.exchange, created_before)
     if bool(selection) == args.all:
-        raise InputError("say which parked rows to replay: --id, --ids, --reason, --exchange "
-                         "or --older-than, or --all for every one (not both)")  # fmt: skip
+        raise InputError(
+            "say which parked rows to replay: --id, --ids, --reason, --exchange "
+            "or --older-than, or --all for every one (not both)"
+        )
     admin = OutboxAdmin(settings.database_url)
     try:
         rows = admin.replay(selection, now, args.dry_run)

@@ -6,41 +6,27 @@ Options are generated from ``relay.settings``: every option shows its ``RELAY_*`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
-import functools
 import json
-import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-from relay import __version__, admin, logs
-from relay.backoff import Backoff
+from relay import __version__, admin, daemon, logs
+from relay.db.engine import migrate
+from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError
-from relay.metrics import HealthServer, Metrics
-from relay.publisher import PikaPublisher, connection_parameters
 from relay.records import NewMessage
-from relay.relay import Relay, in_thread, utcnow
+from relay.relay import utcnow
 from relay.settings import ENV_FILE_VAR, Settings, describe
-from relay.settle import SettlePolicy
-from relay.store import OutboxAdmin, SqlStore, migrate
-from relay.topology import Topology, load_topology
-
-log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a runtime failure: the database or broker refused, a drain left rows
 EXIT_USAGE = 2  # a bad option, setting, topology file or input: nothing was touched
 
 _DB_ONLY = ("database_url", "log_level", "log_format")
-_PURGE_CHUNK = 5000
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -102,17 +88,22 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(command="run", handler=_run)
 
     mig = sub.add_parser(
-        "migrate", parents=[common], help="create or upgrade the outbox schema",
+        "migrate",
+        parents=[common],
+        help="create or upgrade the outbox schema",
         description=_migrate.__doc__,
-    )  # fmt: skip
+    )
     _add_settings(mig, _DB_ONLY)
     mig.add_argument("--revision", default="head", help="Alembic revision to upgrade to")
     mig.set_defaults(command="migrate", handler=_migrate)
 
     enq = sub.add_parser(
-        "enqueue", parents=[common], help="insert messages into the outbox",
-        description=_enqueue.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        "enqueue",
+        parents=[common],
+        help="insert messages into the outbox",
+        description=_enqueue.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_settings(enq, _DB_ONLY)
     enq.add_argument("payload", nargs="?", help="message body (text); or use --file")
     enq.add_argument("--file", metavar="PATH", help="JSON-lines file of messages ('-': stdin)")
@@ -145,149 +136,7 @@ def _add_settings(parser: argparse.ArgumentParser, only: Iterable[str] | None) -
 
 def _run(settings: Settings, _args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM or SIGINT, then drain outstanding confirms and exit."""
-    topology = load_topology(settings.topology_file)
-    # Fail fast on a bad URL or unusable TLS files.
-    connection_parameters(settings.amqp_url, settings.name, settings.amqp_tls)
-    log.info("starting", extra={"action": "start", "settings": settings.redacted()})
-    # The event-loop thread (pika) and the database worker threads pass the GIL back and
-    # forth all the time; with the default 5 ms switch interval a worker whose query
-    # returned waits up to 5 ms to run again. Measured: about 10% more rows/s at 1 ms.
-    sys.setswitchinterval(0.001)
-    ok = asyncio.run(_serve(settings, topology))
-    return EXIT_OK if ok else EXIT_FAILURE
-
-
-@dataclass(frozen=True)
-class Assembled:
-    relay: Relay
-    store: SqlStore
-    metrics: Metrics
-
-
-def assemble(settings: Settings, topology: Topology) -> Assembled:
-    """Build the relay and its adapters from settings (inside a running event loop)."""
-    metrics = Metrics()
-    backoff = Backoff(settings.backoff_initial, settings.backoff_max)
-    reconnect = Backoff(
-        min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
-    )
-    store = SqlStore(settings.database_url, settings.name, settings.lease,
-                     ordered=settings.ordering)  # fmt: skip
-    publisher = PikaPublisher(
-        settings.amqp_url,
-        topology,
-        window=settings.window,
-        confirm_timeout=settings.confirm_timeout,
-        reconnect=reconnect,
-        name=settings.name,
-        on_state=metrics.broker_state,
-        tls=settings.amqp_tls,
-    )
-    relay = Relay(
-        store,
-        publisher,
-        SettlePolicy(settings.max_attempts, backoff),
-        metrics,
-        batch_size=settings.batch_size,
-        poll_interval=settings.poll_interval,
-        drain_timeout=settings.drain_timeout,
-        stats_interval=settings.stats_interval,
-        retry=reconnect,
-    )
-    return Assembled(relay, store, metrics)
-
-
-async def _serve(settings: Settings, topology: Topology) -> bool:
-    parts = assemble(settings, topology)
-    relay, store, metrics = parts.relay, parts.store, parts.metrics
-    server = None
-    if settings.metrics_port:
-        try:
-            server = HealthServer(
-                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.ready
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"RELAY_METRICS_PORT={settings.metrics_port}: cannot listen on "
-                f"{settings.metrics_host}: {exc.strerror}"
-            ) from None
-        server.start()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _stopper(relay, sig))
-    helpers = []
-    if settings.retention:
-        helpers.append(asyncio.create_task(_retention(settings)))
-    if store.notifies:
-        helpers.append(asyncio.create_task(_wake_on_notify(store, relay, settings)))
-    try:
-        return await relay.run()
-    finally:
-        for task in helpers:
-            task.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
-        if server is not None:
-            server.stop()
-        store.close()
-
-
-async def _wake_on_notify(store: SqlStore, relay: Relay, settings: Settings) -> None:
-    """Wake the relay when the database announces new rows, so that a row is published
-    when it commits rather than at the next poll; polling stays as the fallback."""
-    loop = asyncio.get_running_loop()
-    stopped = threading.Event()
-    backoff = Backoff(min(1.0, settings.reconnect_max), settings.reconnect_max)
-    failures = 0
-
-    def announced() -> None:  # in the listening thread
-        nonlocal failures
-        failures = 0
-        loop.call_soon_threadsafe(relay.wake)
-
-    try:
-        while True:
-            try:
-                await asyncio.shield(asyncio.to_thread(store.listen, announced, stopped))
-            except RelayError as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning("not listening for new rows (polling meanwhile): %s", exc,
-                                extra={"action": "listen_failed"})  # fmt: skip
-                await asyncio.sleep(backoff.delay(failures))
-    finally:
-        stopped.set()
-
-
-async def _retention(settings: Settings) -> None:
-    """Delete sent rows older than the retention period, every purge interval; a failed
-    purge is logged and tried again at the next interval (it never stops the relay)."""
-    purger = OutboxAdmin(settings.database_url)
-    try:
-        while True:
-            cutoff = utcnow() - timedelta(seconds=settings.retention)
-            deleted, after, count = 0, 0, _PURGE_CHUNK
-            try:
-                # One chunk per thread call, so that stopping waits for one chunk at most.
-                while count == _PURGE_CHUNK:
-                    count, after = await in_thread(
-                        functools.partial(purger.purge_chunk, cutoff, _PURGE_CHUNK, after)
-                    )
-                    deleted += count
-            except RelayError as exc:
-                log.warning("purge failed: %s", exc, extra={"action": "purge_failed"})
-            else:
-                log.info("purged %d sent rows", deleted, extra={"action": "purge"})
-            await asyncio.sleep(settings.purge_interval)
-    finally:
-        purger.close()
-
-
-def _stopper(relay: Relay, sig: signal.Signals) -> Any:
-    def stop() -> None:
-        log.info("%s received: stopping", sig.name, extra={"action": "stop"})
-        relay.stop()
-
-    return stop
+    return EXIT_OK if daemon.run(settings) else EXIT_FAILURE
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -335,18 +184,26 @@ def _enqueue(settings: Settings, args: argparse.Namespace) -> int:
                 ordering_key=args.ordering_key,
             )
         ]
-    store = SqlStore(settings.database_url, settings.name, settings.lease)
+    writer = OutboxWriter(settings.database_url)
     try:
-        ids = store.enqueue(messages, utcnow())
+        ids = writer.enqueue(messages, utcnow())
     finally:
-        store.close()
+        writer.close()
     for message_id in ids:
         print(message_id)
     return EXIT_OK
 
 
-_LINE_KEYS = {"exchange", "routing_key", "payload", "payload_base64", "content_type",
-              "headers", "message_id", "ordering_key"}  # fmt: skip
+_LINE_KEYS = {
+    "exchange",
+    "routing_key",
+    "payload",
+    "payload_base64",
+    "content_type",
+    "headers",
+    "message_id",
+    "ordering_key",
+}
 
 
 def _read_jsonl(lines: TextIO, name: str) -> Iterable[NewMessage]:
@@ -367,8 +224,14 @@ def message_from_json(item: Any, where: str) -> NewMessage:
     unknown = set(item) - _LINE_KEYS
     if unknown:
         raise InputError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-    for key in ("exchange", "routing_key", "content_type", "message_id", "payload_base64",
-                "ordering_key"):  # fmt: skip
+    for key in (
+        "exchange",
+        "routing_key",
+        "content_type",
+        "message_id",
+        "payload_base64",
+        "ordering_key",
+    ):
         if key in item and not isinstance(item[key], str):
             raise InputError(f"{where}: {key} must be a string")
     if ("payload" in item) == ("payload_base64" in item):

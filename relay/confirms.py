@@ -146,3 +146,26 @@ class ConfirmTracker:
         if entry is not None and self._seq_of_message.get(entry.row.message_id) == seq:
             del self._seq_of_message[entry.row.message_id]
         return entry
+
+
+class ConfirmWindow:
+    """The part of a publisher the loop counts on: a window of unconfirmed publishes kept by
+    a ``ConfirmTracker``. Real and fake publishers share it; each says when it can publish."""
+
+    def __init__(self, window: int, confirm_timeout: float) -> None:
+        self.window = window
+        self.tracker = ConfirmTracker(confirm_timeout)
+
+    @property
+    def can_publish(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        return self.tracker.in_flight
+
+    def capacity(self) -> int:
+        return max(0, self.window - self.tracker.in_flight) if self.can_publish else 0
+
+    def take_settled(self) -> list[Settlement]:
+        return self.tracker.take_settled()

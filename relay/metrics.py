@@ -71,9 +71,10 @@ class Metrics:
             "relay_database_connected", "1 while the last database call succeeded.", registry=r
         )
         self.store_errors = Counter(
-            "relay_database_errors_total", "Database calls that failed (and were retried).",
+            "relay_database_errors_total",
+            "Database calls that failed (and were retried).",
             registry=r,
-        )  # fmt: skip
+        )
         self.confirm_latency = Histogram(
             "relay_confirm_latency_seconds",
             "Seconds from publish to basic.ack.",

@@ -2,7 +2,7 @@
 
 Why asyncio: pika's ``AsyncioConnection`` runs on the relay's event loop, so confirms,
 returns, heartbeats and the confirm tracker all live on one thread and need no locks; the
-database work runs in worker threads (see ``relay.store``) and never stalls this I/O loop.
+database work runs in worker threads (see ``relay.db.claims``) and never stalls this I/O loop.
 
 Every publish is ``mandatory`` (an unroutable message comes back as ``basic.return``) and
 persistent (``delivery_mode=2``), carries the row's stable ``message_id`` for consumer-side
@@ -13,7 +13,6 @@ pika's exceptions never leave this module; they become ``BrokerError`` or row ou
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import decimal
 import json
 import logging
@@ -22,7 +21,7 @@ import ssl
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -30,9 +29,15 @@ import tenacity
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from relay.backoff import Backoff, log_before_retry
-from relay.confirms import ConfirmTracker
+from relay.confirms import ConfirmWindow
+from relay.constants import (
+    HALF_OPEN_CLOSE_S,
+    MIN_CONNECT_TIMEOUT_S,
+    PIKA_DEFAULT_CONNECT_TIMEOUT_S,
+    SHORT_SESSION_S,
+)
 from relay.errors import BrokerError, ConfigError
-from relay.records import OutboxRow, Settlement
+from relay.records import OutboxRow
 from relay.settings import TlsOptions, redact_url
 from relay.topology import Topology
 
@@ -41,45 +46,6 @@ log = logging.getLogger(__name__)
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
 _NO_ACCESS = re.compile(r"access to exchange '(?P<name>[^']*)'")
 _TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
-_SHORT_SESSION = 5.0  # seconds
-
-
-class Publisher(Protocol):
-    """What the relay loop needs from the broker side."""
-
-    @property
-    def ready(self) -> bool:
-        """Connected, confirm mode on, topology declared, not blocked by the broker."""
-
-    @property
-    def connected(self) -> bool: ...
-
-    @property
-    def in_flight(self) -> int: ...
-
-    @property
-    def window(self) -> int:
-        """The most confirms outstanding at once."""
-
-    def capacity(self) -> int:
-        """How many more rows may be published before the window is full."""
-
-    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
-        """Publish what can be; returns the rows that went out (the rest are settled)."""
-
-    def take_settled(self) -> list[Settlement]: ...
-
-    async def wait_for_progress(self, timeout: float) -> None:
-        """Return when the broker answered or ``wake`` was called since the last return,
-        or after ``timeout`` seconds."""
-
-    def wake(self) -> None:
-        """Make the current or next ``wait_for_progress`` return at once."""
-
-    async def run(self) -> None:
-        """Connect, keep reconnecting with back-off, until ``close``."""
-
-    async def close(self) -> None: ...
 
 
 class MalformedRow(ValueError):
@@ -139,7 +105,14 @@ def _tls_context(tls: TlsOptions) -> ssl.SSLContext:
     return context
 
 
-class PikaPublisher:
+class PikaPublisher(ConfirmWindow):
+    """The ``Publisher`` the loop sees (see ``relay.ports``), on RabbitMQ through pika.
+
+    States, one word each: ``connected`` (a confirm channel is open and the topology
+    declared), ``blocked`` (the broker paused publishing: a resource alarm), and
+    ``can_publish`` (connected and not blocked).
+    """
+
     def __init__(
         self,
         url: str,
@@ -152,49 +125,39 @@ class PikaPublisher:
         on_state: Callable[[bool], None] = lambda _connected: None,
         tls: TlsOptions | None = None,
     ) -> None:
+        super().__init__(window, confirm_timeout)
         self._params = connection_parameters(url, name, tls)
         # A connect attempt made while the link was black-holed hangs until this timeout
         # (pika's default: 15 s) even after the link is back; no longer than the confirm
         # timeout, so that recovery is as quick as the detection.
-        self._params.stack_timeout = min(self._params.stack_timeout or 15.0,
-                                         max(5.0, confirm_timeout))  # fmt: skip
+        self._params.stack_timeout = min(
+            self._params.stack_timeout or PIKA_DEFAULT_CONNECT_TIMEOUT_S,
+            max(MIN_CONNECT_TIMEOUT_S, confirm_timeout),
+        )
         self._where = f"{self._params.host}:{self._params.port}"
         self._topology = topology
-        self.window = window
         self._reconnect = reconnect
         self._on_state = on_state
-        self.tracker = ConfirmTracker(confirm_timeout)
         self._connection: AsyncioConnection | None = None
         self._channel: Any = None
-        self._ready = False
-        self._blocked = False
+        self.connected = False
+        self.blocked = False
         self._closing = False
         self._session_closed: asyncio.Future[str] | None = None
-        self._progress = asyncio.Event()
+        self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
         self._log_retry = log_before_retry(
             log, "broker unavailable", "broker_retry", broker=self._where
         )
 
     @property
-    def ready(self) -> bool:
-        return self._ready and not self._blocked
-
-    @property
-    def connected(self) -> bool:
-        return self._ready
-
-    @property
-    def in_flight(self) -> int:
-        return self.tracker.in_flight
-
-    def capacity(self) -> int:
-        return max(0, self.window - self.tracker.in_flight) if self.ready else 0
+    def can_publish(self) -> bool:
+        return self.connected and not self.blocked
 
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         now = time.monotonic()
         published = []
         for row in rows:
-            if not self._ready:
+            if not self.connected:
                 self.tracker.lose([row], "no channel to publish on")
                 continue
             try:
@@ -216,23 +179,10 @@ class PikaPublisher:
                 continue
             self.tracker.published(row, now)
             published.append(row)
-        if len(published) < len(rows):
-            self.wake()  # rejected or lost rows are settled already: let the loop record them
         return published
 
-    def take_settled(self) -> list[Settlement]:
-        return self.tracker.take_settled()
-
-    async def wait_for_progress(self, timeout: float) -> None:
-        if not self._progress.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), timeout)
-        self._progress.clear()
-
-    def wake(self) -> None:
-        self._progress.set()
-
-    async def run(self) -> None:
+    async def run(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
         expiry = asyncio.create_task(self._expire_forever())
         short_sessions = 0
         try:
@@ -256,7 +206,7 @@ class PikaPublisher:
                     return  # closing while still unable to connect
                 started = time.monotonic()
                 reason = await closed
-                short = time.monotonic() - started < _SHORT_SESSION
+                short = time.monotonic() - started < SHORT_SESSION_S
                 short_sessions = short_sessions + 1 if short else 0
                 if not self._closing:
                     log.warning(
@@ -312,28 +262,48 @@ class PikaPublisher:
             self._connection.close()
             await closed
             raise
-        self._blocked = False
-        self._ready = True
+        self.blocked = False
+        self.connected = True
         self._on_state(True)
         log.info("connected to broker", extra={"action": "broker_connected", "broker": self._where})
-        self.wake()
+        self._wake()
         return closed
 
     async def _declare(self) -> None:
         ch = self._channel
         for e in self._topology.exchanges:
-            await self._rpc(ch.exchange_declare, "callback", exchange=e.name,
-                            exchange_type=e.type, durable=e.durable, auto_delete=e.auto_delete,
-                            internal=e.internal, arguments=e.declare_arguments())  # fmt: skip
+            await self._rpc(
+                ch.exchange_declare,
+                "callback",
+                exchange=e.name,
+                exchange_type=e.type,
+                durable=e.durable,
+                auto_delete=e.auto_delete,
+                internal=e.internal,
+                arguments=e.declare_arguments(),
+            )
         for q in self._topology.queues:
-            await self._rpc(ch.queue_declare, "callback", queue=q.name, durable=q.durable,
-                            auto_delete=q.auto_delete, arguments=q.arguments)  # fmt: skip
+            await self._rpc(
+                ch.queue_declare,
+                "callback",
+                queue=q.name,
+                durable=q.durable,
+                auto_delete=q.auto_delete,
+                arguments=q.arguments,
+            )
         for b in self._topology.bindings:
-            await self._rpc(ch.queue_bind, "callback", queue=b.queue, exchange=b.exchange,
-                            routing_key=b.routing_key, arguments=b.arguments)  # fmt: skip
+            await self._rpc(
+                ch.queue_bind,
+                "callback",
+                queue=b.queue,
+                exchange=b.exchange,
+                routing_key=b.routing_key,
+                arguments=b.arguments,
+            )
 
-    async def _rpc(self, method: Callable[..., Any], callback_name: str, *args: Any,
-                   **kwargs: Any) -> Any:  # fmt: skip
+    async def _rpc(
+        self, method: Callable[..., Any], callback_name: str, *args: Any, **kwargs: Any
+    ) -> Any:
         """Call a pika method that answers through a callback; fail if the session closes."""
         assert self._session_closed is not None
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -355,7 +325,7 @@ class PikaPublisher:
             self.tracker.on_ack(method.delivery_tag, method.multiple, time.monotonic())
         else:
             self.tracker.on_nack(method.delivery_tag, method.multiple)
-        self.wake()
+        self._wake()
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
         self.tracker.on_return(
@@ -389,14 +359,14 @@ class PikaPublisher:
         culprit: Callable[[OutboxRow], bool] | None = None,
         culprit_reason: str = "",
     ) -> None:
-        if self._ready:
-            self._ready = False
+        if self.connected:
+            self.connected = False
             self._on_state(False)
         self.tracker.channel_lost(reason, culprit, culprit_reason)
-        self.wake()
+        self._wake()
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
-        self._blocked = True
+        self.blocked = True
         log.warning(
             "broker blocked publishing: %s",
             getattr(frame.method, "reason", ""),
@@ -404,17 +374,17 @@ class PikaPublisher:
         )
 
     def _on_unblocked(self, _conn: Any, _frame: Any) -> None:
-        self._blocked = False
+        self.blocked = False
         self.tracker.restart_clocks(time.monotonic())
         log.info("broker unblocked publishing", extra={"action": "broker_unblocked"})
-        self.wake()
+        self._wake()
 
     async def _expire_forever(self) -> None:
         period = min(1.0, self.tracker.confirm_timeout / 4)
         while True:
             await asyncio.sleep(period)
-            if not self._blocked and self.tracker.expire(time.monotonic()):
-                self.wake()
+            if not self.blocked and self.tracker.expire(time.monotonic()):
+                self._wake()
                 # An overdue confirm means a half-open link or a stuck broker, which the
                 # heartbeat notices only later: publishing on would only stack up more
                 # unconfirmable messages (each a duplicate later). Start afresh instead;
@@ -427,13 +397,23 @@ class PikaPublisher:
                     # On a half-open link the broker's close-ok never comes either: drop
                     # the socket if the close has not completed by then.
                     asyncio.get_running_loop().call_later(
-                        min(5.0, self.tracker.confirm_timeout), _drop_if_open, connection
+                        min(HALF_OPEN_CLOSE_S, self.tracker.confirm_timeout),
+                        _drop_if_open,
+                        connection,
                     )
 
 
 def _drop_if_open(connection: AsyncioConnection) -> None:
+    """Abort the socket of a connection whose close never completed (a half-open link).
+
+    pika has no public way to do this: ``close()`` waits for the broker's close-ok, which
+    never comes on a black-holed link, and only the heartbeat (minutes) would end it. This is
+    the private call pika's own connection-level error handling uses to abort the transport,
+    and it reports the loss through the usual ``on_close`` callback; pika is pinned to 1.3.x
+    in pyproject.toml for it, and fault scenario 3b (black hole) fails if it stops working.
+    """
     if not connection.is_closed:
-        connection._adapter_disconnect_stream()  # pika's own abort of the transport
+        connection._adapter_disconnect_stream()
 
 
 def _root_cause(exc: BaseException) -> str:

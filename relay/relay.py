@@ -9,6 +9,7 @@ arriving wake the loop to settle them in batched updates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -19,28 +20,29 @@ from typing import TypeVar
 import tenacity
 
 from relay.backoff import Backoff, log_before_retry
+from relay.constants import LIVENESS_LIMIT_S
 from relay.errors import StoreError
 from relay.metrics import Metrics
-from relay.publisher import Publisher
+from relay.ports import Publisher, Store
 from relay.records import PARKED, OutboxRow, Settlement
 from relay.settle import SettlePolicy
-from relay.store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _log_database_retry = log_before_retry(log, "database call failed", "database_retry")
-LIVENESS_LIMIT = 60.0  # seconds without a loop turn after which /healthz fails
 
 
-async def in_thread(call: Callable[[], T]) -> T:
-    """Run a store call in a worker thread. If the awaiting task is cancelled (shutdown), wait
-    for the call to finish before passing the cancellation on: otherwise the store could be
-    closed under a thread that still holds one of its connections."""
+async def in_thread(call: Callable[[], T], on_cancel: Callable[[], None] = lambda: None) -> T:
+    """Run a store call in a worker thread. If the awaiting task is cancelled (shutdown), call
+    ``on_cancel`` (to ask a long call to stop early), then wait for the call to finish before
+    passing the cancellation on: otherwise the store could be closed under a thread that
+    still holds one of its connections."""
     future = asyncio.ensure_future(asyncio.to_thread(call))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        on_cancel()
         await asyncio.wait([future])
         if not future.cancelled():
             future.exception()  # mark it retrieved: nobody waits for the abandoned result
@@ -80,6 +82,9 @@ class Relay:
         self._min_claim = max(1, batch_size // 4)
         self._unsettled: list[Settlement] = []
         self._settle_wanted = asyncio.Event()
+        # Set by whatever the loop waits for: the broker's answers and connects (through
+        # the publisher), new rows (NOTIFY), settles done, stop.
+        self._woken = asyncio.Event()
         self._finished = False
         self._stopping = asyncio.Event()
         self._drain_deadline = float("inf")
@@ -88,7 +93,7 @@ class Relay:
 
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
-        publishing = asyncio.create_task(self.publisher.run(), name="publisher")
+        publishing = asyncio.create_task(self.publisher.run(self.wake), name="publisher")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
         stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
         try:
@@ -103,9 +108,11 @@ class Relay:
                     published = self.publisher.publish(rows)
                     self.metrics.published.inc(len(published))
                     self.metrics.republished.inc(sum(1 for r in published if r.republish))
+                    if len(published) < len(rows):
+                        self.wake()  # the others are settled already: record them
                     if len(rows) == wanted:
                         continue  # more rows may be due: claim again right away
-                await self.publisher.wait_for_progress(self.poll_interval)
+                await self._wait(self.poll_interval)
             return await self._drain(settling)
         finally:
             stats.cancel()
@@ -115,18 +122,18 @@ class Relay:
             await asyncio.gather(publishing, settling, stats, return_exceptions=True)
 
     def wake(self) -> None:
-        """Look for due rows now (new rows were announced), not at the next poll."""
-        self.publisher.wake()
+        """Turn the loop now, not at the next poll (an answer came, new rows were announced)."""
+        self._woken.set()
 
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
         if not self._stopping.is_set():
             self._drain_deadline = time.monotonic() + self.drain_timeout
             self._stopping.set()
-            self.publisher.wake()
+            self.wake()
 
     def alive(self) -> bool:
-        return time.monotonic() - self._last_beat < LIVENESS_LIMIT
+        return time.monotonic() - self._last_beat < LIVENESS_LIMIT_S
 
     def ready(self) -> bool:
         return self._database_ok and self.publisher.connected
@@ -161,7 +168,7 @@ class Relay:
         except StoreError:
             self._unsettled[:0] = pending  # only when stopping past the drain deadline
             return
-        self.publisher.wake()  # claiming may have paused for this settle
+        self.wake()  # claiming may have paused for this settle
         parked = [c for c in batch.changes if c.status == PARKED]
         self.metrics.settled(pending, len(parked))
         for change in parked:
@@ -179,7 +186,7 @@ class Relay:
         while self.publisher.in_flight and time.monotonic() < self._drain_deadline:
             self._last_beat = time.monotonic()
             self._collect()
-            await self.publisher.wait_for_progress(min(0.1, self.poll_interval))
+            await self._wait(min(0.1, self.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again
         self._collect()
         self._finished = True
@@ -195,6 +202,13 @@ class Relay:
         else:
             log.info("drained", extra={"action": "drained", "in_flight_at_stop": in_flight})
         return not self._unsettled
+
+    async def _wait(self, timeout: float) -> None:
+        """Until ``wake`` was called (since the last wait returned) or ``timeout`` seconds."""
+        if not self._woken.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), timeout)
+        self._woken.clear()
 
     async def _db(self, call: Callable[[], T]) -> T:
         """Run a store call in a worker thread; retry failures with back-off until it works,

@@ -260,8 +260,12 @@ class Settings:
     def amqp_tls(self) -> TlsOptions | None:
         if not self.amqp_url.lower().startswith("amqps://"):
             return None
-        return TlsOptions(self.amqp_ca_file, self.amqp_cert_file, self.amqp_key_file,
-                          self.amqp_server_name or None)  # fmt: skip
+        return TlsOptions(
+            self.amqp_ca_file,
+            self.amqp_cert_file,
+            self.amqp_key_file,
+            self.amqp_server_name or None,
+        )
 
     def redacted(self) -> dict[str, Any]:
         """The settings with passwords removed from secret URLs, safe to log."""

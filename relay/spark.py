@@ -32,23 +32,24 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from relay.constants import JDBC_BATCH_SIZE
+from relay.db.staging import STAGED_COLUMNS, STAGED_POSITION, Staging
 from relay.errors import InputError
-from relay.store import (
-    STAGED_COLUMNS,
-    STAGED_POSITION,
-    create_staging,
-    drop_staging,
-    jdbc_target,
-    merge_staging,
-)
 
 DEBIAN_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/sqlite-jdbc.jar")
 _SEPARATOR = "\x1f"
 
 
-# Local-mode Spark on loopback: without these, Spark resolves the machine's host name, which a
-# minimal machine or container may not be able to (UnknownHostException at start-up).
-LOCAL_MODE_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost"}
+# Local-mode Spark on loopback, with no host name to resolve: a minimal machine or container
+# may have no /etc/hosts, and then neither the machine's name nor "localhost" resolves.
+# SPARK_LOCAL_IP/HOSTNAME keep the JVM on 127.0.0.1 (UnknownHostException at start-up
+# otherwise); PYSPARK_UDS_MODE puts PySpark's accumulator server, which would bind
+# ("localhost", 0) from Python, on a Unix-domain socket instead.
+LOCAL_MODE_ENV = {
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "SPARK_LOCAL_HOSTNAME": "localhost",
+    "PYSPARK_UDS_MODE": "true",
+}
 
 
 def spark_jars(jars: Sequence[str] = DEBIAN_JARS) -> str:
@@ -96,28 +97,39 @@ def write_outbox(
     module docstring.
     Nothing is written when a check fails.
     """
-    frame = outbox_frame(df, payload=payload, exchange=exchange, routing_key=routing_key,
-                         content_type=content_type, headers=headers, ordering_key=ordering_key,
-                         key=key, run_id=run_id, message_id_prefix=message_id_prefix)  # fmt: skip
-    jdbc_url, properties = jdbc_target(database_url)
-    stage = f"outbox_stage_{uuid.uuid4().hex[:16]}"
-    create_staging(database_url, stage)
-    try:
-        if jdbc_url.startswith("jdbc:sqlite:"):
-            frame = frame.coalesce(1)  # SQLite takes one writer at a time
-        # Multi-row INSERTs (the PostgreSQL driver's rewrite): staging costs half as much.
-        postgresql = jdbc_url.startswith("jdbc:postgresql:")
-        rewrite = {"reWriteBatchedInserts": "true"} if postgresql else {}
-        frame.write.jdbc(jdbc_url, stage, mode="append",
-                         properties={**properties, **rewrite, "batchsize": "5000"})  # fmt: skip
+    frame = outbox_frame(
+        df,
+        payload=payload,
+        exchange=exchange,
+        routing_key=routing_key,
+        content_type=content_type,
+        headers=headers,
+        ordering_key=ordering_key,
+        key=key,
+        run_id=run_id,
+        message_id_prefix=message_id_prefix,
+    )
+    with Staging(database_url) as staging:
+        jdbc_url, properties = staging.jdbc_target()
+        stage = f"outbox_stage_{uuid.uuid4().hex[:16]}"
+        staging.create(stage)
         try:
-            staged, inserted = merge_staging(database_url, stage,
-                                             keep_order=ordering_key is not None)  # fmt: skip
-        except InputError as exc:
-            raise InputError(f"column {payload!r}: {exc}") from None
-    except BaseException:
-        drop_staging(database_url, stage)
-        raise
+            if jdbc_url.startswith("jdbc:sqlite:"):
+                frame = frame.coalesce(1)  # SQLite takes one writer at a time
+            # Multi-row INSERTs (the PostgreSQL driver's rewrite): staging costs half as much.
+            postgresql = jdbc_url.startswith("jdbc:postgresql:")
+            rewrite = {"reWriteBatchedInserts": "true"} if postgresql else {}
+            batch = {"batchsize": str(JDBC_BATCH_SIZE)}
+            frame.write.jdbc(
+                jdbc_url, stage, mode="append", properties={**properties, **rewrite, **batch}
+            )
+            try:
+                staged, inserted = staging.merge(stage, keep_order=ordering_key is not None)
+            except InputError as exc:
+                raise InputError(f"column {payload!r}: {exc}") from None
+        except BaseException:
+            staging.drop(stage)
+            raise
     return WriteResult(staged, inserted)
 
 
@@ -149,8 +161,10 @@ def outbox_frame(
         row = F.to_json(F.struct(*[F.col(c) for c in df.columns]))
         identity = [F.lit(run_id), position.cast("string"), row]
     else:
-        raise InputError("pass key columns or a run_id: without one, a re-run or a retried "
-                         "task would insert every message again")  # fmt: skip
+        raise InputError(
+            "pass key columns or a run_id: without one, a re-run or a retried "
+            "task would insert every message again"
+        )
     digest = F.sha2(F.concat_ws(_SEPARATOR, *identity), 256)
     message_id = F.concat(F.lit(message_id_prefix), digest)
     columns = {
@@ -177,8 +191,10 @@ def _payload(name: str, kind: T.DataType) -> tuple[Column, str]:
         return F.when(col.isNull(), None).otherwise(F.to_json(col)).cast(
             "binary"
         ), "application/json"
-    raise InputError(f"column {name!r} has type {kind.simpleString()}: the payload must be "
-                     "string, binary, or a struct, map or array (sent as JSON)")  # fmt: skip
+    raise InputError(
+        f"column {name!r} has type {kind.simpleString()}: the payload must be "
+        "string, binary, or a struct, map or array (sent as JSON)"
+    )
 
 
 def _headers(name: str, fields: dict[str, T.DataType]) -> Column:
@@ -187,8 +203,10 @@ def _headers(name: str, fields: dict[str, T.DataType]) -> Column:
         return F.to_json(F.col(name))
     if isinstance(kind, T.StringType):
         return F.col(name)
-    raise InputError(f"column {name!r} has type {kind.simpleString()}: headers must be a map "
-                     "or struct (sent as a JSON object), or a string of JSON")  # fmt: skip
+    raise InputError(
+        f"column {name!r} has type {kind.simpleString()}: headers must be a map "
+        "or struct (sent as a JSON object), or a string of JSON"
+    )
 
 
 def _text(value: str | Column | None) -> Column:

@@ -72,9 +72,18 @@ class Topology:
     bindings: tuple[Binding, ...] = ()
 
 
-_TYPES = {"name": str, "type": str, "durable": bool, "auto_delete": bool, "internal": bool,
-          "alternate_exchange": str, "arguments": dict, "exchange": str, "queue": str,
-          "routing_key": str}  # fmt: skip
+_TYPES = {
+    "name": str,
+    "type": str,
+    "durable": bool,
+    "auto_delete": bool,
+    "internal": bool,
+    "alternate_exchange": str,
+    "arguments": dict,
+    "exchange": str,
+    "queue": str,
+    "routing_key": str,
+}
 
 
 def load_topology(path: Path | None) -> Topology:
@@ -92,18 +101,28 @@ def load_topology(path: Path | None) -> Topology:
 def parse_topology(data: dict[str, Any], where: str) -> Topology:
     unknown = set(data) - {"exchange", "queue", "binding"}
     if unknown:
-        raise ConfigError(f"{where}: unknown section {sorted(unknown)[0]!r} "
-                          "(expected [[exchange]], [[queue]], [[binding]])")  # fmt: skip
-    exchanges = tuple(_build(Exchange, item, f"{where}: exchange[{i}]")
-                      for i, item in enumerate(_tables(data, "exchange", where)))  # fmt: skip
-    queues = tuple(_build(Queue, item, f"{where}: queue[{i}]")
-                   for i, item in enumerate(_tables(data, "queue", where)))  # fmt: skip
-    bindings = tuple(_build(Binding, item, f"{where}: binding[{i}]")
-                     for i, item in enumerate(_tables(data, "binding", where)))  # fmt: skip
+        raise ConfigError(
+            f"{where}: unknown section {sorted(unknown)[0]!r} "
+            "(expected [[exchange]], [[queue]], [[binding]])"
+        )
+    exchanges = tuple(
+        _build(Exchange, item, f"{where}: exchange[{i}]")
+        for i, item in enumerate(_tables(data, "exchange", where))
+    )
+    queues = tuple(
+        _build(Queue, item, f"{where}: queue[{i}]")
+        for i, item in enumerate(_tables(data, "queue", where))
+    )
+    bindings = tuple(
+        _build(Binding, item, f"{where}: binding[{i}]")
+        for i, item in enumerate(_tables(data, "binding", where))
+    )
     for i, exchange in enumerate(exchanges):
         if exchange.type not in EXCHANGE_TYPES:
-            raise ConfigError(f"{where}: exchange[{i}] {exchange.name!r}: type must be one of "
-                              f"{', '.join(EXCHANGE_TYPES)}")  # fmt: skip
+            raise ConfigError(
+                f"{where}: exchange[{i}] {exchange.name!r}: type must be one of "
+                f"{', '.join(EXCHANGE_TYPES)}"
+            )
     queue_names = {q.name for q in queues}
     exchange_names = {e.name for e in exchanges}
     for i, binding in enumerate(bindings):

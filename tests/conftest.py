@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.localservers import PostgresServer, RabbitNode
-from relay.store import migrate
+from devtools.servers import PostgresServer, RabbitNode
+from relay.db.engine import migrate
 
 SERVER_FIXTURES = {"rabbit", "postgres", "postgresql_url", "database_url"}
 

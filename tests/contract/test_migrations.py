@@ -7,8 +7,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from relay.schema import metadata, outbox
-from relay.store import migrate
+from relay.db.engine import migrate
+from relay.db.schema import metadata, outbox
 
 
 def differences(url: str) -> list[object]:
@@ -20,8 +20,10 @@ def differences(url: str) -> list[object]:
             found: list[object] = list(compare_metadata(context, metadata))
             for column in sa.inspect(conn).get_columns("outbox"):
                 want = outbox.c[column["name"]].type.dialect_impl(conn.dialect)
-                collations = (getattr(column["type"], "collation", None),
-                              getattr(want, "collation", None))  # fmt: skip
+                collations = (
+                    getattr(column["type"], "collation", None),
+                    getattr(want, "collation", None),
+                )
                 if collations[0] != collations[1]:
                     found.append(("collation", column["name"], *collations))
             return found

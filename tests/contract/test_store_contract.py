@@ -12,10 +12,28 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+from relay.db.claims import ClaimStore
+from relay.db.outbox import OutboxWriter
+from relay.db.schema import outbox
 from relay.records import PARKED, PENDING, SENT, NewMessage, RowChange, SettleBatch
-from relay.schema import outbox
-from relay.store import SqlStore
-from tests.fakes import InMemoryStore
+from tests.support.fakes import InMemoryStore
+
+
+class SqlStore(ClaimStore):
+    """The relay's claim store with a writer beside it: the contract drives both roles, as
+    the in-memory fake (the whole outbox) plays both."""
+
+    def __init__(self, url: str, owner: str, lease: float, *, ordered: bool = False) -> None:
+        super().__init__(url, owner, lease, ordered=ordered)
+        self.writer = OutboxWriter(url)
+
+    def enqueue(self, messages: list[NewMessage], now: datetime) -> list[str]:
+        return self.writer.enqueue(messages, now)
+
+    def close(self) -> None:
+        super().close()
+        self.writer.close()
+
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 LEASE = 60.0
@@ -61,8 +79,10 @@ def state(store: InMemoryStore | SqlStore, id: int) -> tuple[str, int, str | Non
 
 
 def msgs(n: int) -> list[NewMessage]:
-    return [NewMessage(f"body {i}".encode(), "ex", f"rk.{i}", "text/plain",
-                       json.dumps({"n": i})) for i in range(n)]  # fmt: skip
+    return [
+        NewMessage(f"body {i}".encode(), "ex", f"rk.{i}", "text/plain", json.dumps({"n": i}))
+        for i in range(n)
+    ]
 
 
 def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreFactory) -> None:
@@ -120,10 +140,14 @@ def test_retry_and_park(make_store: StoreFactory) -> None:
     r1, r2 = store.claim(10, T0)
     retry_at = T0 + timedelta(seconds=30)
     store.settle(
-        SettleBatch(changes=(RowChange(r1.id, PENDING, 1, retry_at, "nacked: x"),
-                             RowChange(r2.id, PARKED, 3, T0, "returned: 312 NO_ROUTE"))),
+        SettleBatch(
+            changes=(
+                RowChange(r1.id, PENDING, 1, retry_at, "nacked: x"),
+                RowChange(r2.id, PARKED, 3, T0, "returned: 312 NO_ROUTE"),
+            )
+        ),
         T0,
-    )  # fmt: skip
+    )
     assert state(store, r1.id) == (PENDING, 1, "nacked: x")
     assert state(store, r2.id) == (PARKED, 3, "returned: 312 NO_ROUTE")
     assert store.claim(10, retry_at - timedelta(seconds=1)) == []

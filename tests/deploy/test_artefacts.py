@@ -37,13 +37,16 @@ def tool(name: str) -> str:
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def manifests() -> dict[str, list[dict[str, Any]]]:
-    return {p.name: [d for d in yaml.safe_load_all(p.read_text()) if d]
-            for p in sorted(KUBE.glob("*.yaml"))}  # fmt: skip
+    return {
+        p.name: [d for d in yaml.safe_load_all(p.read_text()) if d]
+        for p in sorted(KUBE.glob("*.yaml"))
+    }
 
 
 def kind(name: str) -> dict[str, Any]:
@@ -216,8 +219,14 @@ def test_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
     broken.write_text(UNIT.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     assert "restart specifier" in verify_unit(broken, tmp_path / "broken")
     text = UNIT.read_text()
-    for directive in ("DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                      "Restart=on-failure", "EnvironmentFile=", "LoadCredential="):  # fmt: skip
+    for directive in (
+        "DynamicUser=yes",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "Restart=on-failure",
+        "EnvironmentFile=",
+        "LoadCredential=",
+    ):
         assert directive in text
     stop = int(re.search(r"TimeoutStopSec=(\d+)", text)[1])  # type: ignore[index]
     assert stop > DEFAULTS.drain_timeout + 5

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from devtools.outbox import rows
 from relay.cli import main
-from relay.schema import outbox
+from relay.db.schema import outbox
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)
@@ -29,25 +30,47 @@ def _restore_logging() -> Iterator[None]:
 
 
 def seed(url: str) -> None:
-    """Ten sent rows (ids 1-10, sent an hour less than 1-10 days ago), four pending (two due for an hour, one
-    claimed, one not due yet), five parked with two reasons on two exchanges."""
-    rows = [dict(status="sent", sent_at=NOW - i * DAY + HOUR, exchange="orders")
-            for i in range(1, 11)]  # fmt: skip
+    """Ten sent rows (ids 1-10, sent an hour less than 1-10 days ago), four pending (two due
+    for an hour, one claimed, one not due yet), five parked with two reasons on two exchanges."""
+    rows = [
+        dict(status="sent", sent_at=NOW - i * DAY + HOUR, exchange="orders") for i in range(1, 11)
+    ]
     rows += [
         dict(status="pending", next_attempt_at=NOW - timedelta(hours=1), exchange="orders"),
         dict(status="pending", next_attempt_at=NOW - timedelta(minutes=1), exchange="orders"),
         dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders", lease_owner="r1"),
         dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders"),
     ]
-    rows += [dict(status="parked", exchange="orders", last_error="returned: NO_ROUTE",
-                  attempts=10, created_at=NOW - 3 * DAY) for _ in range(3)]  # fmt: skip
-    rows += [dict(status="parked", exchange="audit", last_error="rejected: headers 50%_bad",
-                  attempts=1, created_at=NOW) for _ in range(2)]  # fmt: skip
+    rows += [
+        dict(
+            status="parked",
+            exchange="orders",
+            last_error="returned: NO_ROUTE",
+            attempts=10,
+            created_at=NOW - 3 * DAY,
+        )
+        for _ in range(3)
+    ]
+    rows += [
+        dict(
+            status="parked",
+            exchange="audit",
+            last_error="rejected: headers 50%_bad",
+            attempts=1,
+            created_at=NOW,
+        )
+        for _ in range(2)
+    ]
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         for number, r in enumerate(rows, start=1):
-            values = {"id": number, "message_id": f"m-{number}", "payload": b"p",
-                      "created_at": NOW - DAY, **r}  # fmt: skip
+            values = {
+                "id": number,
+                "message_id": f"m-{number}",
+                "payload": b"p",
+                "created_at": NOW - DAY,
+                **r,
+            }
             conn.execute(sa.insert(outbox).values(**values))
     engine.dispose()
 
@@ -57,12 +80,7 @@ def run(url: str, *args: str) -> int:
 
 
 def table(url: str) -> dict[int, tuple[str, int]]:
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(outbox.c.id, outbox.c.status, outbox.c.attempts))
-        out = {r.id: (r.status, r.attempts) for r in rows}
-    engine.dispose()
-    return out
+    return {r.id: (r.status, r.attempts) for r in rows(url)}
 
 
 def test_status_reports_counts_backlog_and_reasons(
@@ -117,8 +135,10 @@ def test_replay_dry_run_then_by_selection(
     assert "replayed 2 parked rows" in capsys.readouterr().out
     assert [table(database_url)[i] for i in (18, 19)] == [("pending", 0)] * 2
 
-    assert run(database_url, "replay", "--exchange", "orders", "--older-than", "2d",
-               "--ids", "1-15") == 0  # fmt: skip
+    assert (
+        run(database_url, "replay", "--exchange", "orders", "--older-than", "2d", "--ids", "1-15")
+        == 0
+    )
     assert "replayed 1 parked rows" in capsys.readouterr().out
     assert table(database_url)[15] == ("pending", 0)
     assert run(database_url, "replay", "--all") == 0

@@ -1,4 +1,5 @@
-"""The wheel carries the migrations, so `relay migrate` works from an installed package."""
+"""The wheel carries the migrations, so `relay migrate` works from an installed package, and
+nothing of the development tooling (private server launchers, test helpers)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,46 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_wheel_contains_the_package_and_its_migrations(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("outbox_relay-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in ("relay/cli.py", "relay/migrations/env.py", "relay/migrations/script.py.mako",
-                     "relay/migrations/versions/0001_outbox.py"):  # fmt: skip
+    for expected in (
+        "relay/cli.py",
+        "relay/db/migrations/env.py",
+        "relay/db/migrations/script.py.mako",
+        "relay/db/migrations/versions/0001_outbox.py",
+    ):
         assert expected in names
-    assert not any(n.startswith(("tests/", "bench/", "examples/")) for n in names)
+    assert not any(n.startswith(("tests/", "bench/", "examples/", "devtools/")) for n in names)
+    # No launcher of private servers is shipped: nothing in the wheel runs rabbitmq-server,
+    # initdb or pg_ctl.
+    sources = [zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith(".py")]
+    assert not [s for s in sources if "rabbitmq-server" in s or "pg_ctl" in s or "initdb" in s]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "relay = relay.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_the_environment_has_the_locked_versions() -> None:
+    """scripts/bootstrap installs from requirements/*.txt: what runs here is what is locked."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    lock = (ROOT / "requirements" / "test.txt").read_text()
+    pinned = [
+        Requirement(line.rstrip(" \\"))
+        for line in lock.splitlines()
+        if line and not line.startswith((" ", "#"))
+    ]
+    assert len(pinned) > 20
+    wrong = {
+        str(r): metadata.version(r.name)
+        for r in pinned
+        if (r.marker is None or r.marker.evaluate())
+        and metadata.version(r.name) not in r.specifier
+    }
+    assert wrong == {}

@@ -19,9 +19,11 @@ import pika.exceptions
 import pytest
 import sqlalchemy as sa
 
-from relay.localservers import PostgresServer, RabbitNode, ServerError, free_port
-from tests.e2e.test_cli import base_env, http_get, relay, run_relay_until, statuses
-from tests.integration.broker import declare_bound, drain, names
+from devtools.broker import declare_bound, drain, names
+from devtools.outbox import statuses
+from devtools.relayproc import relay, relay_env, run_relay_until
+from devtools.servers import PostgresServer, RabbitNode, ServerError, free_port
+from tests.support.scrape import http_get
 
 
 @pytest.fixture
@@ -55,21 +57,26 @@ def test_passwords_from_files_never_show(
     user, amqp_password = amqp_user
     rabbit.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
     role, db_password = db_role(postgres, postgresql_url, "SELECT, INSERT, UPDATE ON outbox")
-    postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {role}",
-                  database=sa.make_url(postgresql_url).database or "")  # fmt: skip
+    postgres.psql(
+        f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {role}",
+        database=sa.make_url(postgresql_url).database or "",
+    )
     (tmp_path / "amqp").write_text(amqp_password + "\n")
     (tmp_path / "db").write_text(db_password + "\n")
     exchange, queue = names("secret")
     declare_bound(rabbit.url, exchange, queue)
     port = free_port()
-    env = base_env(
+    env = relay_env(
         RELAY_DATABASE_URL=role_url(postgres, postgresql_url, role),
         RELAY_DATABASE_PASSWORD_FILE=str(tmp_path / "db"),
         RELAY_AMQP_URL=f"amqp://{user}@127.0.0.1:{rabbit.port}/%2F",
         RELAY_AMQP_PASSWORD_FILE=str(tmp_path / "amqp"),
-        RELAY_METRICS_HOST="127.0.0.1", RELAY_METRICS_PORT=str(port),
-        RELAY_LOG_LEVEL="debug", RELAY_LOG_FORMAT="json", RELAY_POLL_INTERVAL="0.05",
-    )  # fmt: skip
+        RELAY_METRICS_HOST="127.0.0.1",
+        RELAY_METRICS_PORT=str(port),
+        RELAY_LOG_LEVEL="debug",
+        RELAY_LOG_FORMAT="json",
+        RELAY_POLL_INTERVAL="0.05",
+    )
     shown: list[str] = []
     for args in (["run", "--help"], ["status", "--help"]):
         shown.append(relay(*args, env=env).stdout)
@@ -80,9 +87,9 @@ def test_passwords_from_files_never_show(
     def sent_and_scraped() -> bool:
         status, text = http_get(f"http://127.0.0.1:{port}/metrics")
         shown.append(text)
-        return status == 200 and statuses(postgresql_url).get("sent") == 1
+        return status == 200 and statuses(postgresql_url, leased=True).get("sent") == 1
 
-    run_relay_until(env, tmp_path / "relay.log", sent_and_scraped, "the row sent")
+    assert run_relay_until(env, tmp_path / "relay.log", sent_and_scraped, "the row sent") == 0
     shown.append((tmp_path / "relay.log").read_text())
     assert json.loads(shown[-1].splitlines()[0])["action"] == "start"  # the JSON log is real
     assert len(drain(rabbit.url, queue, expect=1)) == 1  # the AMQP password from the file worked
@@ -91,7 +98,9 @@ def test_passwords_from_files_never_show(
     (tmp_path / "wrong").write_text("not-the-password-" + amqp_password)
     refused = {**env, "RELAY_AMQP_PASSWORD_FILE": str(tmp_path / "wrong")}
     log = tmp_path / "refused.log"
-    run_relay_until(refused, log, lambda: "ACCESS_REFUSED" in log.read_text(), "a refusal")
+    assert (
+        run_relay_until(refused, log, lambda: "ACCESS_REFUSED" in log.read_text(), "a refusal") == 0
+    )
     shown.append(log.read_text())
     gone = {**env, "RELAY_DATABASE_URL": f"postgresql://{role}@127.0.0.1:{free_port()}/x"}
     failed = relay("status", env=gone)
@@ -126,22 +135,37 @@ def test_relay_runs_with_least_privilege(
     writer, _ = db_role(postgres, postgresql_url, "SELECT, INSERT ON outbox")
     postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {writer}", database=database)
 
-    writer_env = base_env(RELAY_DATABASE_URL=role_url(postgres, postgresql_url, writer))
-    lines = "".join(json.dumps({"exchange": x, "routing_key": "k", "payload": f"{x}-{i}"}) + "\n"
-                    for x in (exchange, forbidden) for i in range(20))  # fmt: skip
+    writer_env = relay_env(RELAY_DATABASE_URL=role_url(postgres, postgresql_url, writer))
+    lines = "".join(
+        json.dumps({"exchange": x, "routing_key": "k", "payload": f"{x}-{i}"}) + "\n"
+        for x in (exchange, forbidden)
+        for i in range(20)
+    )
     enqueued = relay("enqueue", "--file", "-", env=writer_env, input=lines)
     assert enqueued.returncode == 0, enqueued.stderr
 
-    env = base_env(
+    env = relay_env(
         RELAY_DATABASE_URL=role_url(postgres, postgresql_url, runner),
         RELAY_AMQP_URL=f"amqp://{user}:{amqp_password}@127.0.0.1:{rabbit.port}/%2F",
-        RELAY_METRICS_PORT="0", RELAY_POLL_INTERVAL="0.05", RELAY_BACKOFF_INITIAL="0.05",
-        RELAY_BACKOFF_MAX="0.1", RELAY_RECONNECT_MAX="0.5", RELAY_MAX_ATTEMPTS="2",
+        RELAY_METRICS_PORT="0",
+        RELAY_POLL_INTERVAL="0.05",
+        RELAY_BACKOFF_INITIAL="0.05",
+        RELAY_BACKOFF_MAX="0.1",
+        RELAY_RECONNECT_MAX="0.5",
+        RELAY_MAX_ATTEMPTS="2",
         RELAY_LOG_FORMAT="json",
-    )  # fmt: skip
-    run_relay_until(env, tmp_path / "relay.log",
-                    lambda: statuses(postgresql_url) == {"sent": 20, "parked": 20, "leased": 0},
-                    "20 rows sent and 20 parked")  # fmt: skip
+    )
+    assert (
+        run_relay_until(
+            env,
+            tmp_path / "relay.log",
+            lambda: (
+                statuses(postgresql_url, leased=True) == {"sent": 20, "parked": 20, "leased": 0}
+            ),
+            "20 rows sent and 20 parked",
+        )
+        == 0
+    )
     # Each channel the forbidden rows close loses the confirms of good rows published on
     # it: those are published again (at least once, never lost).
     bodies = {d.body for d in drain(rabbit.url, queue, expect=20)}
@@ -156,9 +180,12 @@ def test_relay_runs_with_least_privilege(
     assert "Traceback" not in (tmp_path / "relay.log").read_text()
 
     # What the roles may not do, they cannot.
-    for role, sql in [(runner, "INSERT INTO outbox (payload) VALUES ('x')"),
-                      (runner, "DELETE FROM outbox"), (writer, "DELETE FROM outbox"),
-                      (runner, "ALTER TABLE outbox ADD COLUMN x int")]:  # fmt: skip
+    for role, sql in [
+        (runner, "INSERT INTO outbox (payload) VALUES ('x')"),
+        (runner, "DELETE FROM outbox"),
+        (writer, "DELETE FROM outbox"),
+        (runner, "ALTER TABLE outbox ADD COLUMN x int"),
+    ]:
         with pytest.raises(ServerError, match=r"permission denied|must be owner"):
             postgres.psql(f"SET ROLE {role}; {sql}", database=database)
     conn = pika.BlockingConnection(pika.URLParameters(env["RELAY_AMQP_URL"]))

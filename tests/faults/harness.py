@@ -13,9 +13,6 @@ import collections
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,7 +23,12 @@ import pika
 import pika.exceptions
 import sqlalchemy as sa
 
-from relay.localservers import free_port, wait_until
+from devtools.broker import write_topology
+from devtools.outbox import statuses
+from devtools.relayproc import RelayProcess, relay_env
+from devtools.servers import free_port, wait_until
+from relay.topology import Binding, Exchange, Queue, Topology
+from tests.support.scrape import http_get
 
 EXCHANGE = "faults"
 QUEUE = "faults.all"
@@ -37,67 +39,50 @@ KEYS = 20  # ordering keys the writers spread their rows over
 UNBOUND = "faults.nowhere"  # an exchange with no binding: everything sent there returns
 
 
-def topology_file(directory: Path, queue_arguments: str = "") -> Path:
-    """``queue_arguments``: a TOML inline table for the queue, e.g. '{ "x-max-length" = 5 }'."""
-    path = directory / "topology.toml"
-    arguments = f"arguments = {queue_arguments}\n" if queue_arguments else ""
-    path.write_text(
-        f'[[exchange]]\nname = "{EXCHANGE}"\ntype = "topic"\n\n'
-        f'[[exchange]]\nname = "{UNBOUND}"\ntype = "topic"\n\n'
-        f'[[queue]]\nname = "{QUEUE}"\n{arguments}\n'
-        f'[[binding]]\nexchange = "{EXCHANGE}"\nqueue = "{QUEUE}"\nrouting_key = "#"\n'
+def topology(queue_arguments: dict[str, object] | None = None) -> Topology:
+    return Topology(
+        exchanges=(Exchange(EXCHANGE, type="topic"), Exchange(UNBOUND, type="topic")),
+        queues=(Queue(QUEUE, arguments=queue_arguments or {}),),
+        bindings=(Binding(EXCHANGE, QUEUE, "#"),),
     )
-    return path
 
 
-class RelayProcess:
+class FaultRelay(RelayProcess):
     """One `relay run` subprocess with settings fast enough for a bounded test."""
 
-    def __init__(self, name: str, directory: Path, database_url: str, amqp_url: str,
-                 queue_arguments: str = "", **settings: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        database_url: str,
+        amqp_url: str,
+        queue_arguments: dict[str, object] | None = None,
+        **settings: str,
+    ) -> None:
         self.name = name
-        self.log_path = directory / f"{name}.log"
         self.metrics_port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-        self.env.update(
-            RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=amqp_url, RELAY_NAME=name,
-            RELAY_TOPOLOGY_FILE=str(topology_file(directory, queue_arguments)), RELAY_WINDOW=str(WINDOW),
-            RELAY_CONFIRM_TIMEOUT="2", RELAY_LEASE="5", RELAY_BACKOFF_INITIAL="0.1",
-            RELAY_BACKOFF_MAX="1", RELAY_RECONNECT_MAX="1", RELAY_POLL_INTERVAL="0.1",
-            RELAY_MAX_ATTEMPTS="1000", RELAY_DRAIN_TIMEOUT="10", RELAY_STATS_INTERVAL="1",
-            RELAY_METRICS_HOST="127.0.0.1", RELAY_METRICS_PORT=str(self.metrics_port),
+        topology_path = write_topology(directory / "topology.toml", topology(queue_arguments))
+        env = relay_env(
+            RELAY_DATABASE_URL=database_url,
+            RELAY_AMQP_URL=amqp_url,
+            RELAY_NAME=name,
+            RELAY_TOPOLOGY_FILE=str(topology_path),
+            RELAY_WINDOW=str(WINDOW),
+            RELAY_CONFIRM_TIMEOUT="2",
+            RELAY_LEASE="5",
+            RELAY_BACKOFF_INITIAL="0.1",
+            RELAY_BACKOFF_MAX="1",
+            RELAY_RECONNECT_MAX="1",
+            RELAY_POLL_INTERVAL="0.1",
+            RELAY_MAX_ATTEMPTS="1000",
+            RELAY_DRAIN_TIMEOUT="10",
+            RELAY_STATS_INTERVAL="1",
+            RELAY_METRICS_HOST="127.0.0.1",
+            RELAY_METRICS_PORT=str(self.metrics_port),
             RELAY_LOG_FORMAT="json",
-        )  # fmt: skip
-        self.env.update({f"RELAY_{k.upper()}": v for k, v in settings.items()})
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.killed = False
-
-    def start(self) -> RelayProcess:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=self.env,
-                                         stderr=log)  # fmt: skip
-        return self
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-        self.killed = True
-
-    def stop(self, timeout: float = 60) -> int:
-        """SIGTERM and wait; the exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-
-    def tracebacks(self) -> list[str]:
-        text = self.log_path.read_text() if self.log_path.exists() else ""
-        return [line for line in text.splitlines() if "Traceback" in line]
+        )
+        env.update({f"RELAY_{k.upper()}": v for k, v in settings.items()})
+        super().__init__(env, directory / f"{name}.log")
 
 
 class Writers:
@@ -106,22 +91,31 @@ class Writers:
     may be down). Rows carry an ordering key, so that ordering can be checked."""
 
     def __init__(self, url: str, count: int = 3, batch: int = 10, pause: float = 0.02) -> None:
-        self.engine = sa.create_engine(url, pool_pre_ping=True,
-                                       connect_args={"connect_timeout": 2})  # fmt: skip
+        self.engine = sa.create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 2})
         self.count, self.batch, self.pause = count, batch, pause
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._write, args=(n,), daemon=True)
-                         for n in range(count)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._write, args=(n,), daemon=True) for n in range(count)
+        ]
         self.failures = 0
         self.run = uuid.uuid4().hex[:6]  # ids unique to this run, whatever a queue still holds
 
     def _write(self, writer: int) -> None:
         number = 0
-        insert = sa.text("INSERT INTO outbox (message_id, exchange, routing_key, payload, "
-                         "ordering_key) VALUES (:m, :x, 'k', :p, :key)")  # fmt: skip
+        insert = sa.text(
+            "INSERT INTO outbox (message_id, exchange, routing_key, payload, "
+            "ordering_key) VALUES (:m, :x, 'k', :p, :key)"
+        )
         while not self._stop.is_set():
-            rows = [{"m": f"{self.run}.w{writer}-{number + i}", "x": EXCHANGE, "p": b"x" * 100,
-                     "key": f"key-{(number + i) % KEYS}-{writer}"} for i in range(self.batch)]  # fmt: skip
+            rows = [
+                {
+                    "m": f"{self.run}.w{writer}-{number + i}",
+                    "x": EXCHANGE,
+                    "p": b"x" * 100,
+                    "key": f"key-{(number + i) % KEYS}-{writer}",
+                }
+                for i in range(self.batch)
+            ]
             try:
                 with self.engine.begin() as conn:
                     conn.execute(insert, rows)
@@ -215,22 +209,13 @@ class Outcome:
                 f.write(line + "\n")
 
 
-def statuses(url: str) -> dict[str, int]:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            q = sa.text("SELECT status, count(*) FROM outbox GROUP BY status")
-            return {s: int(n) for s, n in conn.execute(q)}
-    finally:
-        engine.dispose()
-
-
 def recovered_at(url: str, since: float, before: float, timeout: float = 60) -> float:
     """Seconds after ``since`` (time.time()) until no row created before ``before`` is
     pending any more."""
     engine = sa.create_engine(url)
-    cutoff = sa.text("SELECT count(*) FROM outbox WHERE status = 'pending' "
-                     "AND created_at < to_timestamp(:t)")  # fmt: skip
+    cutoff = sa.text(
+        "SELECT count(*) FROM outbox WHERE status = 'pending' AND created_at < to_timestamp(:t)"
+    )
     try:
 
         def done() -> bool:
@@ -243,8 +228,16 @@ def recovered_at(url: str, since: float, before: float, timeout: float = 60) -> 
         engine.dispose()
 
 
-def finish(scenario: str, url: str, consumer: Consumer, relays: list[RelayProcess], *,
-           bound: int, recovery: float | None, parked: dict[str, str] | None = None) -> Outcome:  # fmt: skip
+def finish(
+    scenario: str,
+    url: str,
+    consumer: Consumer,
+    relays: list[FaultRelay],
+    *,
+    bound: int,
+    recovery: float | None,
+    parked: dict[str, str] | None = None,
+) -> Outcome:
     """Wait until no row is pending (with a deadline), then check everything. ``parked``:
     the rows that must end parked (never sent, never consumed), with a part of their
     reason; every other row must be sent and consumed."""
@@ -264,8 +257,15 @@ def finish(scenario: str, url: str, consumer: Consumer, relays: list[RelayProces
     time.sleep(0.5)  # late duplicates still count
     counts = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
     seen = consumer.seen()
-    outcome = Outcome(scenario, len(rows) + len(parked), len(rows - seen), len(seen - rows),
-                      sum(n - 1 for n in counts.values()), recovery, statuses(url))  # fmt: skip
+    outcome = Outcome(
+        scenario,
+        len(rows) + len(parked),
+        len(rows - seen),
+        len(seen - rows),
+        sum(n - 1 for n in counts.values()),
+        recovery,
+        statuses(url),
+    )
     outcome.report()
     assert outcome.lost == 0, sorted(rows - seen)[:10]
     assert outcome.unknown == 0, sorted(seen - rows)[:10]
@@ -291,16 +291,9 @@ def order_by_key(consumer: Consumer) -> dict[str, list[int]]:
     return firsts
 
 
-def metrics_text(relay: RelayProcess) -> str:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{relay.metrics_port}/metrics",
-                                    timeout=2) as response:  # fmt: skip
-            return response.read().decode()
-    except OSError:
-        return ""
+def metrics_text(relay: FaultRelay) -> str:
+    return http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")[1]
 
 
-def connected(relay: RelayProcess) -> bool:
+def connected(relay: FaultRelay) -> bool:
     return "relay_broker_connected 1.0" in metrics_text(relay)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from relay.localservers import free_port
+from devtools.servers import free_port
 
 
 class TcpProxy:
@@ -66,8 +66,9 @@ class TcpProxy:
             client_w.transport.abort()
             return
         self._writers |= {client_w, broker_w}
-        await asyncio.gather(self._pump(client_r, broker_w), self._pump(broker_r, client_w),
-                             return_exceptions=True)  # fmt: skip
+        await asyncio.gather(
+            self._pump(client_r, broker_w), self._pump(broker_r, client_w), return_exceptions=True
+        )
         self._writers -= {client_w, broker_w}
         client_w.transport.abort()
         broker_w.transport.abort()

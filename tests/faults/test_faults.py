@@ -20,13 +20,14 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from relay.localservers import PostgresServer, RabbitNode, wait_until
+from devtools.relayproc import rss_mb
+from devtools.servers import PostgresServer, RabbitNode, wait_until
 from tests.faults.harness import (
     QUEUE,
     UNBOUND,
     WINDOW,
     Consumer,
-    RelayProcess,
+    FaultRelay,
     Writers,
     connected,
     finish,
@@ -44,23 +45,24 @@ def insert(url: str, rows: list[dict[str, object]]) -> None:
     """Rows written beside the writers' (message_id, exchange, payload, headers)."""
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO outbox (message_id, exchange, routing_key, payload, "
-                             "headers) VALUES (:m, :x, 'k', :p, :h)"), rows)  # fmt: skip
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox (message_id, exchange, routing_key, payload, "
+                "headers) VALUES (:m, :x, 'k', :p, :h)"
+            ),
+            rows,
+        )
     engine.dispose()
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
     """A node of its own: these tests stop, kill and freeze it."""
-    node = RabbitNode(tmp_path_factory.mktemp("fault-rabbit"), name="relay-faults",
-                      config=f"max_message_size = {MAX_MESSAGE}\n")  # fmt: skip
+    node = RabbitNode(
+        tmp_path_factory.mktemp("fault-rabbit"),
+        name="relay-faults",
+        config=f"max_message_size = {MAX_MESSAGE}\n",
+    )
     node.start()
     yield node
     node.kill()
@@ -80,15 +82,27 @@ def fresh_broker(broker: RabbitNode) -> RabbitNode:
     return broker
 
 
-Fault = Callable[[list[RelayProcess]], float]  # injects and restores; returns restore time
+Fault = Callable[[list[FaultRelay]], float]  # injects and restores; returns restore time
 
 
-def scenario(name: str, url: str, broker: RabbitNode, tmp: Path, fault: Fault, *,
-             relays: int = 1, faults: int = 1, amqp_url: str = "", consumer_delay: float = 0.0,
-             parked: dict[str, str] | None = None,
-             **settings: str) -> tuple[Consumer, list[RelayProcess]]:  # fmt: skip
-    running = [RelayProcess(f"{name}-{n}", tmp, url, amqp_url or broker.url, **settings).start()
-               for n in range(relays)]  # fmt: skip
+def scenario(
+    name: str,
+    url: str,
+    broker: RabbitNode,
+    tmp: Path,
+    fault: Fault,
+    *,
+    relays: int = 1,
+    faults: int = 1,
+    amqp_url: str = "",
+    consumer_delay: float = 0.0,
+    parked: dict[str, str] | None = None,
+    **settings: str,
+) -> tuple[Consumer, list[FaultRelay]]:
+    running = [
+        FaultRelay(f"{name}-{n}", tmp, url, amqp_url or broker.url, **settings).start()
+        for n in range(relays)
+    ]
     try:
         for relay in running:
             wait_until(lambda r=relay: connected(r), 60, f"{relay.name} connected")
@@ -98,11 +112,18 @@ def scenario(name: str, url: str, broker: RabbitNode, tmp: Path, fault: Fault, *
                 restored = fault(running)
                 recovery = recovered_at(url, restored, restored)
                 time.sleep(1)  # and still flowing after
-            finish(name, url, consumer, running, bound=faults * relays * WINDOW,
-                   recovery=recovery, parked=parked)  # fmt: skip
+            finish(
+                name,
+                url,
+                consumer,
+                running,
+                bound=faults * relays * WINDOW,
+                recovery=recovery,
+                parked=parked,
+            )
     finally:
         for relay in running:
-            if relay.proc is not None and relay.proc.poll() is None:
+            if relay.running:
                 relay.kill()
     return consumer, running
 
@@ -111,10 +132,12 @@ def test_0_a_late_commit_with_a_low_id_is_relayed_and_a_rollback_stalls_nothing(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
     engine = sa.create_engine(postgresql_url)
-    insert = sa.text("INSERT INTO outbox (message_id, exchange, routing_key, payload) "
-                     "VALUES (:m, 'faults', 'k', 'late')")  # fmt: skip
+    insert = sa.text(
+        "INSERT INTO outbox (message_id, exchange, routing_key, payload) "
+        "VALUES (:m, 'faults', 'k', 'late')"
+    )
 
-    def hold_open(_relays: list[RelayProcess]) -> float:
+    def hold_open(_relays: list[FaultRelay]) -> float:
         late, rolled_back = engine.connect(), engine.connect()
         late.begin()
         late.execute(insert, {"m": "late-1"})  # takes an id now, commits in 4 s
@@ -137,7 +160,7 @@ def test_0_a_late_commit_with_a_low_id_is_relayed_and_a_rollback_stalls_nothing(
 def test_1_broker_stopped_gracefully_and_restarted(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def restart(_relays: list[RelayProcess]) -> float:
+    def restart(_relays: list[FaultRelay]) -> float:
         fresh_broker.stop()
         time.sleep(3)
         fresh_broker.start()
@@ -149,7 +172,7 @@ def test_1_broker_stopped_gracefully_and_restarted(
 def test_2_broker_killed_and_restarted(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def kill(_relays: list[RelayProcess]) -> float:
+    def kill(_relays: list[FaultRelay]) -> float:
         fresh_broker.kill()
         time.sleep(2)
         fresh_broker.start()
@@ -161,14 +184,21 @@ def test_2_broker_killed_and_restarted(
 def test_3_connections_closed_under_the_relay_again_and_again_keeps_per_key_order(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def close_all(_relays: list[RelayProcess]) -> float:
+    def close_all(_relays: list[FaultRelay]) -> float:
         for _ in range(3):
             fresh_broker.ctl("close_all_connections", "fault test")
             time.sleep(1.5)
         return time.time()
 
-    consumer, _ = scenario("3-close-connections", postgresql_url, fresh_broker, tmp_path,
-                           close_all, faults=3, ordering="true")  # fmt: skip
+    consumer, _ = scenario(
+        "3-close-connections",
+        postgresql_url,
+        fresh_broker,
+        tmp_path,
+        close_all,
+        faults=3,
+        ordering="true",
+    )
     assert all(v == sorted(v) for v in order_by_key(consumer).values())
 
 
@@ -180,7 +210,7 @@ def test_3b_a_proxy_that_resets_delays_and_black_holes_the_link(
     would notice only after a minute: the relay's confirm timeout must act first."""
     with TcpProxy(fresh_broker.port) as proxy:
 
-        def misbehave(_relays: list[RelayProcess]) -> float:
+        def misbehave(_relays: list[FaultRelay]) -> float:
             proxy.reset()
             time.sleep(2)
             proxy.delay = 0.05
@@ -190,14 +220,21 @@ def test_3b_a_proxy_that_resets_delays_and_black_holes_the_link(
             proxy.mode = "pass"
             return time.time()
 
-        scenario("3b-proxy", postgresql_url, fresh_broker, tmp_path, misbehave, faults=3,
-                 amqp_url=proxy.url())  # fmt: skip
+        scenario(
+            "3b-proxy",
+            postgresql_url,
+            fresh_broker,
+            tmp_path,
+            misbehave,
+            faults=3,
+            amqp_url=proxy.url(),
+        )
 
 
 def test_4_broker_frozen_longer_than_the_confirm_timeout(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def freeze(_relays: list[RelayProcess]) -> float:
+    def freeze(_relays: list[FaultRelay]) -> float:
         fresh_broker.signal(signal.SIGSTOP)
         time.sleep(5)  # confirm timeout is 2 s
         fresh_broker.signal(signal.SIGCONT)
@@ -209,14 +246,18 @@ def test_4_broker_frozen_longer_than_the_confirm_timeout(
 def test_5_relay_killed_mid_batch_and_restarted_keeps_per_key_order(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def kill_relay(relays: list[RelayProcess]) -> float:
+    def kill_relay(relays: list[FaultRelay]) -> float:
         relays[0].kill()
-        relays.append(RelayProcess("5-relay-restarted", tmp_path, postgresql_url,
-                                   fresh_broker.url, ordering="true").start())  # fmt: skip
+        relays.append(
+            FaultRelay(
+                "5-relay-restarted", tmp_path, postgresql_url, fresh_broker.url, ordering="true"
+            ).start()
+        )
         return time.time()
 
-    consumer, _ = scenario("5-relay-sigkill", postgresql_url, fresh_broker, tmp_path,
-                           kill_relay, ordering="true")  # fmt: skip
+    consumer, _ = scenario(
+        "5-relay-sigkill", postgresql_url, fresh_broker, tmp_path, kill_relay, ordering="true"
+    )
     assert {k: v == sorted(v) for k, v in order_by_key(consumer).items()} == {
         k: True for k in order_by_key(consumer)
     }
@@ -230,42 +271,51 @@ def test_6_database_stopped_locked_and_its_connections_killed(
     backend terminated. Acks that could not be recorded leave rows due again, not lost."""
     database = sa.make_url(postgresql_url).database
 
-    def database_faults(_relays: list[RelayProcess]) -> float:
+    def database_faults(_relays: list[FaultRelay]) -> float:
         postgres.stop("immediate")
         time.sleep(3)
         postgres.start()
         time.sleep(2)
-        postgres.psql("BEGIN; LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); "
-                      "COMMIT", database=database or "")  # fmt: skip
+        postgres.psql(
+            "BEGIN; LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); COMMIT",
+            database=database or "",
+        )
         time.sleep(1)
-        postgres.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE application_name = 'outbox-relay'")  # fmt: skip
+        postgres.psql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'outbox-relay'"
+        )
         return time.time()
 
-    scenario("6-database-faults", postgresql_url, fresh_broker, tmp_path, database_faults,
-             faults=3)  # fmt: skip
+    scenario("6-database-faults", postgresql_url, fresh_broker, tmp_path, database_faults, faults=3)
 
 
 def test_10_three_relays_share_the_outbox_without_publishing_a_row_twice(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def nothing(_relays: list[RelayProcess]) -> float:
+    def nothing(_relays: list[FaultRelay]) -> float:
         time.sleep(4)
         return time.time()
 
-    scenario("10-three-relays", postgresql_url, fresh_broker, tmp_path, nothing, relays=3,
-             faults=0)  # fmt: skip
+    scenario("10-three-relays", postgresql_url, fresh_broker, tmp_path, nothing, relays=3, faults=0)
 
 
 def test_11_three_relays_one_killed_the_others_take_over_in_key_order(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
-    def kill_one(relays: list[RelayProcess]) -> float:
+    def kill_one(relays: list[FaultRelay]) -> float:
         relays[1].kill()
         return time.time()
 
-    consumer, _ = scenario("11-three-relays-one-killed", postgresql_url, fresh_broker,
-                           tmp_path, kill_one, relays=3, ordering="true")  # fmt: skip
+    consumer, _ = scenario(
+        "11-three-relays-one-killed",
+        postgresql_url,
+        fresh_broker,
+        tmp_path,
+        kill_one,
+        relays=3,
+        ordering="true",
+    )
     assert all(v == sorted(v) for v in order_by_key(consumer).values())
 
 
@@ -274,12 +324,13 @@ def test_12_sigterm_under_load_drains_and_a_new_relay_sends_the_rest(
 ) -> None:
     exit_codes: list[int] = []
 
-    def terminate(relays: list[RelayProcess]) -> float:
+    def terminate(relays: list[FaultRelay]) -> float:
         stopping = threading.Thread(target=lambda: exit_codes.append(relays[0].stop(30)))
         stopping.start()
         stopping.join(40)
-        relays.append(RelayProcess("12-relay-next", tmp_path, postgresql_url,
-                                   fresh_broker.url).start())  # fmt: skip
+        relays.append(
+            FaultRelay("12-relay-next", tmp_path, postgresql_url, fresh_broker.url).start()
+        )
         return time.time()
 
     scenario("12-sigterm-under-load", postgresql_url, fresh_broker, tmp_path, terminate)
@@ -292,15 +343,23 @@ def test_7_nack_storm_from_a_full_queue_delivers_every_row_and_parks_none(
     """A queue of at most 100 messages that refuses more (reject-publish: basic.nack), and
     a consumer slower than the writers."""
 
-    def storm(relays: list[RelayProcess]) -> float:
-        wait_until(lambda: 'outcome="nacked"} 0.0' not in metrics_text(relays[0]), 30,
-                   "the broker nacking")  # fmt: skip
+    def storm(relays: list[FaultRelay]) -> float:
+        wait_until(
+            lambda: 'outcome="nacked"} 0.0' not in metrics_text(relays[0]), 30, "the broker nacking"
+        )
         time.sleep(3)
         return time.time()
 
-    scenario("7-nack-storm", postgresql_url, fresh_broker, tmp_path, storm, consumer_delay=0.001,
-             queue_arguments='{ "x-max-length" = 100, "x-overflow" = "reject-publish" }',
-             max_attempts="50")  # fmt: skip
+    scenario(
+        "7-nack-storm",
+        postgresql_url,
+        fresh_broker,
+        tmp_path,
+        storm,
+        consumer_delay=0.001,
+        queue_arguments={"x-max-length": 100, "x-overflow": "reject-publish"},
+        max_attempts="50",
+    )
 
 
 def test_8_an_unroutable_flood_is_parked_and_good_rows_keep_flowing(
@@ -308,17 +367,26 @@ def test_8_an_unroutable_flood_is_parked_and_good_rows_keep_flowing(
 ) -> None:
     parked: dict[str, str] = {}
 
-    def flood(_relays: list[RelayProcess]) -> float:
+    def flood(_relays: list[FaultRelay]) -> float:
         for burst in range(3):
-            rows = [{"m": f"unroutable-{burst}-{i}", "x": UNBOUND, "p": b"lost?", "h": None}
-                    for i in range(100)]  # fmt: skip
+            rows = [
+                {"m": f"unroutable-{burst}-{i}", "x": UNBOUND, "p": b"lost?", "h": None}
+                for i in range(100)
+            ]
             insert(postgresql_url, rows)
             parked.update({str(r["m"]): "312 NO_ROUTE" for r in rows})
             time.sleep(1)
         return time.time()
 
-    scenario("8-unroutable-flood", postgresql_url, fresh_broker, tmp_path, flood,
-             parked=parked, max_attempts="3")  # fmt: skip
+    scenario(
+        "8-unroutable-flood",
+        postgresql_url,
+        fresh_broker,
+        tmp_path,
+        flood,
+        parked=parked,
+        max_attempts="3",
+    )
 
 
 def test_9_poison_rows_are_parked_with_their_reason_and_the_rest_flows(
@@ -334,7 +402,7 @@ def test_9_poison_rows_are_parked_with_their_reason_and_the_rest_flows(
         ("no-exchange-1", "faults.missing", b"p", None, "404 NOT_FOUND"),
     ]
 
-    def poison_rows(relays: list[RelayProcess]) -> float:
+    def poison_rows(relays: list[FaultRelay]) -> float:
         for message_id, exchange, payload, headers, reason in poison:
             insert(postgresql_url, [{"m": message_id, "x": exchange, "p": payload, "h": headers}])
             parked[message_id] = reason
@@ -342,8 +410,16 @@ def test_9_poison_rows_are_parked_with_their_reason_and_the_rest_flows(
         return time.time()
 
     # Each oversized or misaddressed attempt closes the channel: 4 rows x 3 attempts.
-    _, relays = scenario("9-poison-rows", postgresql_url, fresh_broker, tmp_path, poison_rows,
-                         parked=parked, faults=12, max_attempts="3")  # fmt: skip
+    _, relays = scenario(
+        "9-poison-rows",
+        postgresql_url,
+        fresh_broker,
+        tmp_path,
+        poison_rows,
+        parked=parked,
+        faults=12,
+        max_attempts="3",
+    )
     assert not relays[0].killed  # the first relay lived through every poison row
 
 
@@ -352,7 +428,7 @@ def test_13_a_memory_alarm_pauses_publishing_without_errors(
 ) -> None:
     peak: list[float] = []
 
-    def alarm(relays: list[RelayProcess]) -> float:
+    def alarm(relays: list[FaultRelay]) -> float:
         assert relays[0].proc is not None
         fresh_broker.ctl("set_vm_memory_high_watermark", "0.0000001")
         try:

@@ -11,14 +11,17 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from relay.localservers import PostgresServer, RabbitNode
+from devtools.broker import drain, names, simple_topology
+from devtools.servers import PostgresServer, RabbitNode
+from relay.db.claims import ClaimStore
+from relay.db.engine import migrate
+from relay.db.outbox import OutboxWriter
+from relay.db.schema import outbox
 from relay.records import NewMessage
 from relay.relay import utcnow
-from relay.schema import outbox
-from relay.store import SqlStore, migrate
 from relay.topology import Exchange, Topology
-from tests.integration.broker import drain, names, simple_topology
-from tests.integration.harness import Running, enqueue, rows_by_status, settings, table, wait_for
+from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
+from tests.support.metrics import sample_value
 
 
 def test_rows_are_relayed_with_their_properties_and_marked_sent(
@@ -26,10 +29,15 @@ def test_rows_are_relayed_with_their_properties_and_marked_sent(
 ) -> None:
     exchange, queue = names("props")
     messages = [
-        NewMessage(json.dumps({"order": i}).encode(), exchange, f"order.{i}", "application/json",
-                   json.dumps({"tenant": "t1", "n": i, "ratio": 0.5}))
+        NewMessage(
+            json.dumps({"order": i}).encode(),
+            exchange,
+            f"order.{i}",
+            "application/json",
+            json.dumps({"tenant": "t1", "n": i, "ratio": 0.5}),
+        )
         for i in range(50)
-    ] + [NewMessage(b"\x00\xffraw", exchange, "raw", "application/octet-stream", None, "fixed-id")]  # fmt: skip
+    ] + [NewMessage(b"\x00\xffraw", exchange, "raw", "application/octet-stream", None, "fixed-id")]
 
     async def scenario() -> None:
         async with Running(
@@ -40,7 +48,7 @@ def test_rows_are_relayed_with_their_properties_and_marked_sent(
             assert ids[-1] == "fixed-id"
             rows = table(parts)
             assert all(r.sent_at is not None and r.attempts == 0 for r in rows)
-            assert parts.metrics.outcomes.labels("acked")._value.get() == 51
+            assert sample_value(parts.metrics, "relay_outcomes_total", outcome="acked") == 51
 
     asyncio.run(scenario())
     got = {d.message_id: d for d in drain(rabbit.url, queue, expect=51)}
@@ -67,12 +75,15 @@ def test_nacked_rows_are_retried_then_parked(database_url: str, rabbit: RabbitNo
     async def scenario() -> None:
         async with Running(settings(database_url, rabbit.url, max_attempts=3), topology) as parts:
             enqueue(parts, [NewMessage(b"m", exchange, "k") for _ in range(3)])
-            await wait_for(lambda: rows_by_status(parts) == {"sent": 1, "parked": 2}, 30,
-                           "one row sent, two parked")  # fmt: skip
+            await wait_for(
+                lambda: rows_by_status(parts) == {"sent": 1, "parked": 2},
+                30,
+                "one row sent, two parked",
+            )
             parked = [r for r in table(parts) if r.status == "parked"]
             assert all(r.attempts == 3 and r.last_error.startswith("nacked") for r in parked)
-            assert parts.metrics.outcomes.labels("nacked")._value.get() == 6
-            assert parts.metrics.republished._value.get() == 4
+            assert sample_value(parts.metrics, "relay_outcomes_total", outcome="nacked") == 6
+            assert sample_value(parts.metrics, "relay_republished_total") == 4
 
     asyncio.run(scenario())
     assert len(drain(rabbit.url, queue, expect=1)) == 1
@@ -101,10 +112,16 @@ def test_missing_exchange_parks_its_rows_and_others_keep_flowing(
     async def scenario() -> None:
         config = settings(database_url, rabbit.url, max_attempts=2)
         async with Running(config, simple_topology(exchange, queue)) as parts:
-            enqueue(parts, [NewMessage(b"bad", "no-such-exchange", "k")]
-                    + [NewMessage(b"good", exchange, "k") for _ in range(20)])  # fmt: skip
-            await wait_for(lambda: rows_by_status(parts) == {"sent": 20, "parked": 1}, 30,
-                           "good rows sent, the bad one parked")  # fmt: skip
+            enqueue(
+                parts,
+                [NewMessage(b"bad", "no-such-exchange", "k")]
+                + [NewMessage(b"good", exchange, "k") for _ in range(20)],
+            )
+            await wait_for(
+                lambda: rows_by_status(parts) == {"sent": 20, "parked": 1},
+                30,
+                "good rows sent, the bad one parked",
+            )
             bad = next(r for r in table(parts) if r.status == "parked")
             assert "404" in bad.last_error and "no-such-exchange" in bad.last_error
 
@@ -124,13 +141,18 @@ def test_confirm_timeout_while_broker_frozen_leads_to_republish(
             rabbit.signal(signal.SIGSTOP)
             try:
                 enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(20)])
-                await wait_for(lambda: parts.metrics.outcomes.labels("timed_out")._value.get()
-                               >= 20, 20, "confirms to time out")  # fmt: skip
+                await wait_for(
+                    lambda: (
+                        sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out") >= 20
+                    ),
+                    20,
+                    "confirms to time out",
+                )
                 assert "sent" not in rows_by_status(parts)
             finally:
                 rabbit.signal(signal.SIGCONT)
             await wait_for(lambda: rows_by_status(parts) == {"sent": 20}, 30, "all rows sent")
-            assert parts.metrics.republished._value.get() >= 20
+            assert sample_value(parts.metrics, "relay_republished_total") >= 20
             assert all(r.attempts >= 1 for r in table(parts))
 
     asyncio.run(scenario())
@@ -148,14 +170,15 @@ def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
         config = settings(database_url, rabbit.url, batch_size=100, window=200)
         async with Running(config, simple_topology(exchange, queue)) as parts:
             enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(1000)])
-            await wait_for(lambda: rows_by_status(parts).get("sent", 0) >= 300, 60,
-                           "some rows sent")  # fmt: skip
+            await wait_for(
+                lambda: rows_by_status(parts).get("sent", 0) >= 300, 60, "some rows sent"
+            )
             await asyncio.to_thread(rabbit.stop)
             # Writers go on while the broker is down: these rows need the reconnect.
             enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(1000, total)])
             await asyncio.to_thread(rabbit.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": total}, 120, "all rows sent")
-            assert parts.metrics.broker_connections._value.get() >= 2, "never reconnected"
+            assert sample_value(parts.metrics, "relay_broker_connections_total") >= 2, "never reconnected"
 
     asyncio.run(scenario())
     delivered = drain(rabbit.url, queue, expect=total, timeout=60)
@@ -163,8 +186,10 @@ def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
 
 
 def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> None:
-    stores = [SqlStore(postgresql_url, f"relay-{i}", 60) for i in range(3)]
-    stores[0].enqueue([NewMessage(b"x") for _ in range(3000)], utcnow())
+    stores = [ClaimStore(postgresql_url, f"relay-{i}", 60) for i in range(3)]
+    writer = OutboxWriter(postgresql_url)
+    writer.enqueue([NewMessage(b"x") for _ in range(3000)], utcnow())
+    writer.close()
     claimed: list[list[int]] = [[] for _ in stores]
 
     def worker(i: int) -> None:
@@ -195,7 +220,7 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
     database.psql("CREATE DATABASE outbox")
     url = database.url("outbox")
     migrate(url)
-    writer = SqlStore(url, "writer", 60)
+    writer = OutboxWriter(url)
     writer.enqueue([NewMessage(f"{i}".encode(), exchange, "k") for i in range(50)], utcnow())
     writer.close()
     database.stop()
@@ -206,9 +231,12 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
             await asyncio.sleep(1.0)
             assert not parts.relay.ready()
             await asyncio.to_thread(rabbit.start)
-            await wait_for(lambda: parts.metrics.store_errors._value.get() >= 1, 30,
-                           "a claim to fail on the stopped database")  # fmt: skip
-            assert parts.metrics.database_connected._value.get() == 0
+            await wait_for(
+                lambda: sample_value(parts.metrics, "relay_database_errors_total") >= 1,
+                30,
+                "a claim to fail on the stopped database",
+            )
+            assert sample_value(parts.metrics, "relay_database_connected") == 0
             await asyncio.to_thread(database.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": 50}, 60, "all rows sent")
             assert parts.relay.ready()
@@ -236,13 +264,15 @@ def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
                 enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(100)])
                 await asyncio.sleep(3.0)
                 assert "sent" not in rows_by_status(parts), "rows sent while blocked"
-                assert parts.metrics.outcomes.labels("timed_out")._value.get() == 0
-                assert parts.metrics.in_flight._value.get() <= 1000
+                assert sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out") == 0
+                assert sample_value(parts.metrics, "relay_in_flight") <= 1000
             finally:
                 rabbit.ctl("set_vm_memory_high_watermark", "0.4")
             await wait_for(lambda: rows_by_status(parts) == {"sent": 100}, 60, "all rows sent")
-            assert parts.metrics.broker_connections._value.get() == 1, "blocking cost a reconnect"
-            assert parts.metrics.outcomes.labels("timed_out")._value.get() == 0
+            assert sample_value(parts.metrics, "relay_broker_connections_total") == 1, (
+                "blocking cost a reconnect"
+            )
+            assert sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out") == 0
 
     asyncio.run(scenario())
     assert len(drain(rabbit.url, queue, expect=100)) == 100

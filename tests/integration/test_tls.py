@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from devtools.broker import drain, names, simple_topology
+from devtools.servers import RabbitNode, free_port
 from relay.errors import ConfigError
-from relay.localservers import RabbitNode, free_port
 from relay.records import NewMessage
 from relay.settings import Settings
-from tests.integration.broker import drain, names, simple_topology
-from tests.integration.harness import Running, enqueue, rows_by_status, settings, wait_for
+from tests.support.inprocess import Running, enqueue, rows_by_status, settings, wait_for
 
 
 def openssl(*args: str | Path) -> None:
@@ -26,19 +26,48 @@ def openssl(*args: str | Path) -> None:
 
 def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
     key, cert = directory / f"{name}.key", directory / f"{name}.pem"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-            "-keyout", key, "-out", cert)  # fmt: skip
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        key,
+        "-out",
+        cert,
+    )
     return key, cert
 
 
 def make_cert(directory: Path, name: str, ca: tuple[Path, Path], san: str) -> tuple[Path, Path]:
     key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key,
-            "-out", csr)  # fmt: skip
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key, "-out", csr
+    )
     ext = directory / f"{name}.ext"
     ext.write_text(f"subjectAltName = {san}\n")
-    openssl("x509", "-req", "-in", csr, "-CA", ca[1], "-CAkey", ca[0], "-CAcreateserial",
-            "-days", "2", "-extfile", ext, "-out", cert)  # fmt: skip
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        ca[1],
+        "-CAkey",
+        ca[0],
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        ext,
+        "-out",
+        cert,
+    )
     return key, cert
 
 
@@ -79,8 +108,13 @@ def test_relay_publishes_over_tls_with_a_client_certificate(
     tls_broker: TlsBroker, sqlite_url: str
 ) -> None:
     exchange, queue = names("tls")
-    s = settings(sqlite_url, tls_broker.url(), amqp_ca_file=tls_broker.ca,
-                 amqp_cert_file=tls_broker.client_cert, amqp_key_file=tls_broker.client_key)  # fmt: skip
+    s = settings(
+        sqlite_url,
+        tls_broker.url(),
+        amqp_ca_file=tls_broker.ca,
+        amqp_cert_file=tls_broker.client_cert,
+        amqp_key_file=tls_broker.client_key,
+    )
 
     async def scenario() -> None:
         async with Running(s, simple_topology(exchange, queue)) as parts:
@@ -109,18 +143,23 @@ def test_a_broker_that_fails_the_checks_gets_nothing_and_the_log_says_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     exchange, queue = names("tlsbad")
-    values: dict[str, object] = {"amqp_ca_file": tls_broker.ca, "amqp_cert_file":
-                                 tls_broker.client_cert, "amqp_key_file": tls_broker.client_key}  # fmt: skip
+    values: dict[str, object] = {
+        "amqp_ca_file": tls_broker.ca,
+        "amqp_cert_file": tls_broker.client_cert,
+        "amqp_key_file": tls_broker.client_key,
+    }
     for key, value in change.items():
         values[key] = getattr(tls_broker, value) if value == "other_ca" else value
-    s = settings(sqlite_url, tls_broker.url(),
-                 **{k: v for k, v in values.items() if v is not None})  # fmt: skip
+    s = settings(sqlite_url, tls_broker.url(), **{k: v for k, v in values.items() if v is not None})
 
     async def scenario() -> None:
         async with Running(s, simple_topology(exchange, queue)) as parts:
             enqueue(parts, [NewMessage(b"kept", exchange, "k") for _ in range(5)])
-            await wait_for(lambda: "broker_retry" in [getattr(r, "action", "") for r in caplog.records],
-                           30, "a failed connect")  # fmt: skip
+            await wait_for(
+                lambda: "broker_retry" in [getattr(r, "action", "") for r in caplog.records],
+                30,
+                "a failed connect",
+            )
             await asyncio.sleep(1)
             assert rows_by_status(parts) == {"pending": 5}
             assert not parts.relay.ready()
@@ -146,9 +185,11 @@ def test_unusable_tls_files_and_tls_settings_without_amqps_are_config_errors(
     for overrides, message in [
         ({"amqp_ca_file": str(tmp_path / "missing.pem")}, "RELAY_AMQP_CA_FILE=.*cannot use"),
         ({"amqp_ca_file": str(garbage)}, "RELAY_AMQP_CA_FILE=.*cannot use"),
-        ({"amqp_cert_file": str(garbage), "amqp_key_file": str(garbage)},
-         "RELAY_AMQP_CERT_FILE=.*cannot use"),
-    ]:  # fmt: skip
+        (
+            {"amqp_cert_file": str(garbage), "amqp_key_file": str(garbage)},
+            "RELAY_AMQP_CERT_FILE=.*cannot use",
+        ),
+    ]:
         s = Settings.load({}, {"amqp_url": tls_broker.url(), **overrides})
         with pytest.raises(ConfigError, match=message):
             connection_parameters(s.amqp_url, s.name, s.amqp_tls)

@@ -12,12 +12,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from devtools.broker import drain, names, simple_topology
+from devtools.outbox import rows as outbox_rows
+from devtools.servers import RabbitNode
 from relay.errors import InputError, SchemaMissingError
-from relay.localservers import RabbitNode
-from relay.schema import outbox
 from relay.spark import write_outbox
-from tests.integration.broker import drain, names, simple_topology
-from tests.integration.harness import Running, rows_by_status, settings, wait_for
+from tests.support.inprocess import Running, rows_by_status, settings, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -26,18 +26,11 @@ def orders(spark: SparkSession, n: int, partitions: int = 4):  # type: ignore[no
     rows = [(i, ["created", "paid", "shipped"][i % 3], 1000 + i, f"t{i % 2}") for i in range(n)]
     df = spark.createDataFrame(rows, "order_id long, event string, cents long, tenant string")
     return df.repartition(partitions).select(
-        "order_id", "event",
+        "order_id",
+        "event",
         F.struct("order_id", "event", "cents").alias("body"),
         F.create_map(F.lit("tenant"), F.col("tenant")).alias("meta"),
-    )  # fmt: skip
-
-
-def outbox_rows(url: str) -> list[sa.Row]:  # type: ignore[type-arg]
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = list(conn.execute(sa.select(outbox).order_by(outbox.c.id)))
-    engine.dispose()
-    return rows
+    )
 
 
 def test_dataframe_to_outbox_to_relay_to_consumer(
@@ -45,9 +38,15 @@ def test_dataframe_to_outbox_to_relay_to_consumer(
 ) -> None:
     exchange, queue = names("spark")
     df = orders(spark, 60)
-    result = write_outbox(df, database_url, payload="body", exchange=exchange,
-                          routing_key=F.concat(F.lit("order."), F.col("event")),
-                          headers="meta", key=["order_id", "event"])  # fmt: skip
+    result = write_outbox(
+        df,
+        database_url,
+        payload="body",
+        exchange=exchange,
+        routing_key=F.concat(F.lit("order."), F.col("event")),
+        headers="meta",
+        key=["order_id", "event"],
+    )
     assert (result.staged, result.inserted) == (60, 60)
 
     async def relay_all() -> None:
@@ -145,8 +144,9 @@ def test_with_an_ordering_key_ids_follow_the_dataframes_order(
 ) -> None:
     """Sorted descending, so that neither the input's nor message_id order would pass."""
     df = orders(spark, 40).withColumn("seq", -F.col("order_id")).orderBy("seq")
-    write_outbox(df, database_url, payload="body", key=["order_id"],
-                 ordering_key=F.col("order_id") % 3)  # fmt: skip
+    write_outbox(
+        df, database_url, payload="body", key=["order_id"], ordering_key=F.col("order_id") % 3
+    )
     in_id_order = [json.loads(r.payload)["order_id"] for r in outbox_rows(database_url)]
     assert in_id_order == list(range(39, -1, -1))
     # Without an ordering key the rows go in message_id order (the faster merge).
@@ -166,11 +166,23 @@ def test_content_type_and_ordering_key_come_from_values_or_columns(
     spark: SparkSession, database_url: str
 ) -> None:
     df = orders(spark, 6)
-    write_outbox(df, database_url, payload="body", key=["order_id"],
-                 content_type=F.concat(F.lit("application/vnd."), F.col("event"), F.lit("+json")),
-                 ordering_key=F.col("order_id") % 2)  # fmt: skip
-    write_outbox(df, database_url, payload="body", key=["order_id"], message_id_prefix="b-",
-                 content_type="application/x-order", ordering_key="all")  # fmt: skip
+    write_outbox(
+        df,
+        database_url,
+        payload="body",
+        key=["order_id"],
+        content_type=F.concat(F.lit("application/vnd."), F.col("event"), F.lit("+json")),
+        ordering_key=F.col("order_id") % 2,
+    )
+    write_outbox(
+        df,
+        database_url,
+        payload="body",
+        key=["order_id"],
+        message_id_prefix="b-",
+        content_type="application/x-order",
+        ordering_key="all",
+    )
     rows = outbox_rows(database_url)
     by_column = {json.loads(r.payload)["order_id"]: r for r in rows if r.message_id[:2] != "b-"}
     for r in df.collect():
@@ -180,7 +192,8 @@ def test_content_type_and_ordering_key_come_from_values_or_columns(
     by_value = [r for r in rows if r.message_id[:2] == "b-"]
     assert len(by_value) == 6
     assert {(r.content_type, r.ordering_key) for r in by_value} == {("application/x-order", "all")}
-    without = write_outbox(orders(spark, 2), database_url, payload="body", key=["order_id"],
-                           message_id_prefix="c-")  # fmt: skip
+    without = write_outbox(
+        orders(spark, 2), database_url, payload="body", key=["order_id"], message_id_prefix="c-"
+    )
     assert without.inserted == 2
     assert {r.ordering_key for r in outbox_rows(database_url) if r.message_id[:2] == "c-"} == {None}

@@ -8,7 +8,7 @@ import pytest
 
 from relay.confirms import ConfirmTracker
 from relay.records import Outcome
-from tests.rows import row
+from tests.support.rows import row
 
 A, N, R, T, F, L = (
     Outcome.ACKED,

@@ -11,7 +11,8 @@ from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
 from relay.relay import Relay
 from relay.settle import SettlePolicy
-from tests.fakes import InMemoryStore, ScriptedPublisher
+from tests.support.fakes import InMemoryStore, ScriptedPublisher
+from tests.support.metrics import sample_value
 
 
 class Clock:
@@ -23,14 +24,24 @@ class Clock:
 
 
 def make(
-    store: InMemoryStore, publisher: ScriptedPublisher, clock: Callable[[], datetime],
-    max_attempts: int = 3, batch_size: int = 50,
-) -> Relay:  # fmt: skip
+    store: InMemoryStore,
+    publisher: ScriptedPublisher,
+    clock: Callable[[], datetime],
+    max_attempts: int = 3,
+    batch_size: int = 50,
+) -> Relay:
     return Relay(
-        store, publisher, SettlePolicy(max_attempts, Backoff(1.0, 10.0)), Metrics(),
-        batch_size=batch_size, poll_interval=0.01, drain_timeout=1.0, stats_interval=0.05,
-        retry=Backoff(0.01, 0.05), clock=clock,
-    )  # fmt: skip
+        store,
+        publisher,
+        SettlePolicy(max_attempts, Backoff(1.0, 10.0)),
+        Metrics(),
+        batch_size=batch_size,
+        poll_interval=0.01,
+        drain_timeout=1.0,
+        stats_interval=0.05,
+        retry=Backoff(0.01, 0.05),
+        clock=clock,
+    )
 
 
 async def run_until(relay: Relay, condition: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -60,7 +71,7 @@ def test_every_acked_row_is_sent_and_the_window_is_never_exceeded() -> None:
     assert ok
     assert len(publisher.published) == 1000
     assert 0 < publisher.max_in_flight <= 64
-    assert relay.metrics.outcomes.labels("acked")._value.get() == 1000
+    assert sample_value(relay.metrics, "relay_outcomes_total", outcome="acked") == 1000
 
 
 def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
@@ -87,7 +98,7 @@ def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
     assert store.rows[1].row.attempts == 3
     assert store.rows[1].row.last_error == "nacked: basic.nack: the broker refused the message"
     assert [r.id for r in publisher.published].count(1) == 3
-    assert relay.metrics.parked._value.get() == 1
+    assert sample_value(relay.metrics, "relay_parked_total") == 1
 
 
 def test_returned_row_is_never_marked_sent() -> None:
@@ -149,7 +160,7 @@ def test_outcomes_survive_a_database_outage_and_are_recorded_after_it() -> None:
 
     asyncio.run(scenario())
     assert len(publisher.published) == 10, "rows were published twice"
-    assert relay.metrics.store_errors._value.get() >= 1
+    assert sample_value(relay.metrics, "relay_database_errors_total") >= 1
 
 
 def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
@@ -194,8 +205,10 @@ def acked_order(ordered: bool) -> dict[str, list[int]]:
 def test_ordering_keeps_each_keys_rows_in_id_order_across_retries() -> None:
     ordered = acked_order(ordered=True)
     assert {k: v == sorted(v) and len(v) == 10 for k, v in ordered.items()} == {
-        "a": True, "b": True, "c": True,
-    }  # fmt: skip
+        "a": True,
+        "b": True,
+        "c": True,
+    }
     # The same run without ordering lets later rows overtake the retried ones.
     unordered = acked_order(ordered=False)
     assert any(v != sorted(v) for v in unordered.values())

@@ -37,13 +37,19 @@ def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path)
         ({"RELAY_CONFIRM_TIMEOUT": "nan"}, "RELAY_CONFIRM_TIMEOUT='nan': must be a positive"),
         ({"RELAY_METRICS_PORT": "70000"}, "RELAY_METRICS_PORT='70000': must be a port"),
         ({"RELAY_LOG_FORMAT": "xml"}, "RELAY_LOG_FORMAT='xml': must be one of text, json"),
-        ({"RELAY_BACH_SIZE": "5"}, "RELAY_BACH_SIZE: unknown setting (did you mean RELAY_BATCH_SIZE?)"),
+        (
+            {"RELAY_BACH_SIZE": "5"},
+            "RELAY_BACH_SIZE: unknown setting (did you mean RELAY_BATCH_SIZE?)",
+        ),
         ({"RELAY_AMQP_URL": "http://u:secret@h"}, "RELAY_AMQP_URL=(hidden): must be a URL"),
         ({"RELAY_DATABASE_URL": "mysql://u:secret@h/db"}, "RELAY_DATABASE_URL=(hidden)"),
-        ({"RELAY_LEASE": "50", "RELAY_CONFIRM_TIMEOUT": "30"}, "RELAY_LEASE=50 must be more than twice"),
+        (
+            {"RELAY_LEASE": "50", "RELAY_CONFIRM_TIMEOUT": "30"},
+            "RELAY_LEASE=50 must be more than twice",
+        ),
         ({"RELAY_BACKOFF_MAX": "0.5"}, "RELAY_BACKOFF_MAX must not be less than"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_name_the_setting(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         Settings.load(environ)
@@ -61,8 +67,12 @@ def test_malformed_env_file_names_the_line(tmp_path: Path) -> None:
 
 
 def test_redacted_hides_passwords_only() -> None:
-    s = Settings.load({"RELAY_AMQP_URL": "amqp://relay:s3cret@rabbit:5672/%2F",
-                       "RELAY_DATABASE_URL": "postgresql://app:pw@db/outbox"})  # fmt: skip
+    s = Settings.load(
+        {
+            "RELAY_AMQP_URL": "amqp://relay:s3cret@rabbit:5672/%2F",
+            "RELAY_DATABASE_URL": "postgresql://app:pw@db/outbox",
+        }
+    )
     shown = s.redacted()
     assert shown["amqp_url"] == "amqp://relay:***@rabbit:5672/%2F"
     assert shown["database_url"] == "postgresql://app:***@db/outbox"
@@ -72,11 +82,13 @@ def test_redacted_hides_passwords_only() -> None:
 def test_secrets_from_files_whole_url_or_password_only(tmp_path: Path) -> None:
     (tmp_path / "amqp_url").write_text("amqp://relay:from-file@rabbit:5672/%2F\n")
     (tmp_path / "db_password").write_text("p@ss/word:1\n")
-    s = Settings.load({
-        "RELAY_AMQP_URL_FILE": str(tmp_path / "amqp_url"),
-        "RELAY_DATABASE_URL": "postgresql+psycopg://app@db:5432/outbox",
-        "RELAY_DATABASE_PASSWORD_FILE": str(tmp_path / "db_password"),
-    })  # fmt: skip
+    s = Settings.load(
+        {
+            "RELAY_AMQP_URL_FILE": str(tmp_path / "amqp_url"),
+            "RELAY_DATABASE_URL": "postgresql+psycopg://app@db:5432/outbox",
+            "RELAY_DATABASE_PASSWORD_FILE": str(tmp_path / "db_password"),
+        }
+    )
     assert s.amqp_url == "amqp://relay:from-file@rabbit:5672/%2F"
     # The password is URL-encoded, so any character survives.
     assert s.database_url == "postgresql+psycopg://app:p%40ss%2Fword%3A1@db:5432/outbox"
@@ -86,12 +98,21 @@ def test_secrets_from_files_whole_url_or_password_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
-        ({"RELAY_AMQP_URL_FILE": "{tmp}/missing"}, "RELAY_AMQP_URL_FILE={tmp}/missing: cannot read: No such file"),
-        ({"RELAY_AMQP_URL_FILE": "{tmp}/secret", "RELAY_AMQP_URL": "amqp://h"}, "set RELAY_AMQP_URL or RELAY_AMQP_URL_FILE, not both"),
-        ({"RELAY_DATABASE_PASSWORD_FILE": "{tmp}/secret"}, "RELAY_DATABASE_URL must name a user and a host"),
+        (
+            {"RELAY_AMQP_URL_FILE": "{tmp}/missing"},
+            "RELAY_AMQP_URL_FILE={tmp}/missing: cannot read: No such file",
+        ),
+        (
+            {"RELAY_AMQP_URL_FILE": "{tmp}/secret", "RELAY_AMQP_URL": "amqp://h"},
+            "set RELAY_AMQP_URL or RELAY_AMQP_URL_FILE, not both",
+        ),
+        (
+            {"RELAY_DATABASE_PASSWORD_FILE": "{tmp}/secret"},
+            "RELAY_DATABASE_URL must name a user and a host",
+        ),
         ({"RELAY_AMQP_URL_FILE": "{tmp}/secret"}, "RELAY_AMQP_URL=(hidden): must be a URL"),
     ],
-)  # fmt: skip
+)
 def test_bad_secret_files_are_named_and_never_shown(
     tmp_path: Path, environ: dict[str, str], message: str
 ) -> None:

@@ -9,7 +9,7 @@ import pytest
 from relay.backoff import Backoff
 from relay.records import PARKED, PENDING, Outcome, Settlement
 from relay.settle import SettlePolicy
-from tests.rows import row
+from tests.support.rows import row
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -54,10 +54,13 @@ def test_outcome_changes_row(
 def test_acked_rows_become_sent_in_one_list() -> None:
     policy = SettlePolicy(max_attempts=5, backoff=Backoff(1.0, 60.0))
     batch = policy.batch(
-        [Settlement(row(1), Outcome.ACKED), Settlement(row(2), Outcome.NACKED, "x"),
-         Settlement(row(3), Outcome.ACKED)],
+        [
+            Settlement(row(1), Outcome.ACKED),
+            Settlement(row(2), Outcome.NACKED, "x"),
+            Settlement(row(3), Outcome.ACKED),
+        ],
         NOW,
-    )  # fmt: skip
+    )
     assert batch.sent == (1, 3)
     assert [c.id for c in batch.changes] == [2]
     assert len(batch) == 3

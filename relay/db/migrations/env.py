@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from relay.schema import metadata
+from relay.db.schema import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)

@@ -1,6 +1,6 @@
 """Private RabbitMQ and PostgreSQL servers on loopback, in a directory of their own.
 
-For the demo, the tests and the benchmark; the daemon never imports this module. Each
+For the demo, the tests and the benchmark; not shipped, and the relay never imports it. Each
 server gets free ports, its own data directory and logs, and stops when asked, leaving the
 machine's own services (if any) alone. Debian's packages provide the binaries.
 """
@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -173,8 +173,13 @@ class PostgresServer:
     directory: PostgreSQL refuses to run as root.
     """
 
-    def __init__(self, base: Path, port: int | None = None, tuned_for_tests: bool = False,
-                 settings: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base: Path,
+        port: int | None = None,
+        tuned_for_tests: bool = False,
+        settings: Sequence[str] = (),
+    ) -> None:
         """``settings``: more server settings, as ``name=value``."""
         self.bin = _postgres_bin()
         self.base = base
@@ -202,16 +207,40 @@ class PostgresServer:
                 parent.chmod(parent.stat().st_mode | 0o011)
         if not (self.data / "PG_VERSION").exists():
             self._run("initdb", "-A", "trust", "-U", "postgres", "-E", "UTF8", "-D", str(self.data))
-        self._run("pg_ctl", "-D", str(self.data), "-o", self._options, "-l", str(self.log_path),
-                  "-w", "-t", "60", "start")  # fmt: skip
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            self._options,
+            "-l",
+            str(self.log_path),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         if (self.data / "postmaster.pid").exists():
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def psql(self, sql: str, database: str = "postgres") -> str:
-        return self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                         "-d", database, "-v", "ON_ERROR_STOP=1", "-qAtc", sql)  # fmt: skip
+        return self._run(
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-qAtc",
+            sql,
+        )
 
     def _run(self, tool: str, *args: str) -> str:
         command = [str(self.bin / tool), *args]
@@ -235,12 +264,3 @@ def _postgres_bin() -> Path:
 
 def _version_key(path: Path) -> int:
     return int(path.parent.parent.name) if path.parent.parent.name.isdigit() else 0
-
-
-@contextlib.contextmanager
-def running(server: RabbitNode | PostgresServer) -> Iterator[None]:
-    server.start()
-    try:
-        yield
-    finally:
-        server.stop()

@@ -1,18 +1,20 @@
-"""Run an in-process relay against the real servers and wait for conditions on the outbox."""
+"""An in-process relay against the real servers, and waiting for conditions on the outbox."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
-from relay.cli import Assembled, assemble
+from devtools.outbox import rows, statuses
+from relay.daemon import assemble
+from relay.db.claims import ClaimStore
+from relay.db.outbox import OutboxWriter
+from relay.metrics import Metrics
 from relay.records import NewMessage
-from relay.relay import utcnow
-from relay.schema import outbox
+from relay.relay import Relay, utcnow
 from relay.settings import Settings
 from relay.topology import Topology
 
@@ -32,19 +34,26 @@ def settings(database_url: str, amqp_url: str, **overrides: Any) -> Settings:
     return Settings.load({}, values)
 
 
-def rows_by_status(parts: Assembled) -> dict[str, int]:
-    with parts.store.engine.connect() as conn:
-        q = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
-        return {status: count for status, count in conn.execute(q)}
+@dataclass(frozen=True)
+class Parts:
+    """What a test holds while an in-process relay runs."""
+
+    relay: Relay
+    store: ClaimStore
+    metrics: Metrics
+    writer: OutboxWriter
 
 
-def table(parts: Assembled) -> list[Any]:
-    with parts.store.engine.connect() as conn:
-        return list(conn.execute(sa.select(outbox).order_by(outbox.c.id)))
+def rows_by_status(parts: Parts) -> dict[str, int]:
+    return statuses(parts.writer.engine)
 
 
-def enqueue(parts: Assembled, messages: list[NewMessage]) -> list[str]:
-    return parts.store.enqueue(messages, utcnow())
+def table(parts: Parts) -> list[Any]:
+    return rows(parts.writer.engine)
+
+
+def enqueue(parts: Parts, messages: Sequence[NewMessage]) -> list[str]:
+    return parts.writer.enqueue(messages, utcnow())
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -63,8 +72,10 @@ class Running:
         self.topology = topology
         self.drained: bool | None = None
 
-    async def __aenter__(self) -> Assembled:
-        self.parts = assemble(self.settings, self.topology)
+    async def __aenter__(self) -> Parts:
+        built = assemble(self.settings, self.topology)
+        writer = OutboxWriter(self.settings.database_url)
+        self.parts = Parts(built.relay, built.store, built.metrics, writer)
         self.task = asyncio.create_task(self.parts.relay.run())
         return self.parts
 
@@ -72,3 +83,4 @@ class Running:
         self.parts.relay.stop()
         self.drained = await asyncio.wait_for(self.task, 60)
         self.parts.store.close()
+        self.parts.writer.close()

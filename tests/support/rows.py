@@ -7,8 +7,15 @@ from datetime import UTC, datetime
 from relay.records import OutboxRow
 
 
-def row(id: int, *, exchange: str = "ex", attempts: int = 0, payload: bytes = b"p",
-        headers: str | None = None, last_error: str | None = None) -> OutboxRow:  # fmt: skip
+def row(
+    id: int,
+    *,
+    exchange: str = "ex",
+    attempts: int = 0,
+    payload: bytes = b"p",
+    headers: str | None = None,
+    last_error: str | None = None,
+) -> OutboxRow:
     return OutboxRow(
         id=id,
         message_id=f"m-{id}",

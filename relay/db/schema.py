@@ -1,4 +1,4 @@
-"""The outbox table: the one definition used by Alembic, the relay's store and the Spark writer.
+"""The outbox table: the one definition used by Alembic, the relay and the Spark writer.
 
 Times are stored in UTC. Headers are JSON *text* (not a JSON column) so that any writer,
 including Spark's JDBC writer which binds strings, can insert them on every database; the
@@ -103,6 +103,20 @@ sa.Index(
     outbox.c.id,
     postgresql_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
     sqlite_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
+)
+
+# What a claimed row carries to the publisher (``relay.records.OutboxRow``'s fields).
+ROW_COLUMNS = (
+    outbox.c.id,
+    outbox.c.message_id,
+    outbox.c.exchange,
+    outbox.c.routing_key,
+    outbox.c.payload,
+    outbox.c.content_type,
+    outbox.c.headers,
+    outbox.c.created_at,
+    outbox.c.attempts,
+    outbox.c.last_error,
 )
 
 # Relays LISTEN on this channel; a trigger (migration 0003) notifies it after every INSERT

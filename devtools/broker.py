@@ -1,10 +1,12 @@
-"""Test-side broker access: declare, inspect and drain queues on the private node."""
+"""The broker from outside the relay: topology files, declaring, and draining queues."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -27,13 +29,42 @@ def names(prefix: str) -> tuple[str, str]:
     return f"{prefix}.x.{suffix}", f"{prefix}.q.{suffix}"
 
 
-def simple_topology(exchange: str, queue: str, queue_arguments: dict[str, Any] | None = None,
-                    routing_key: str = "#") -> Topology:  # fmt: skip
+def simple_topology(
+    exchange: str, queue: str, queue_arguments: dict[str, Any] | None = None, routing_key: str = "#"
+) -> Topology:
     return Topology(
         exchanges=(Exchange(exchange, type="topic"),),
         queues=(Queue(queue, arguments=queue_arguments or {}),),
         bindings=(Binding(exchange, queue, routing_key),),
     )
+
+
+def write_topology(path: Path, topology: Topology) -> Path:
+    """``topology`` as the TOML file ``RELAY_TOPOLOGY_FILE`` reads (defaults left out)."""
+    sections = [
+        ("exchange", topology.exchanges),
+        ("queue", topology.queues),
+        ("binding", topology.bindings),
+    ]
+    lines = []
+    for section, items in sections:
+        for item in items:
+            lines.append(f"[[{section}]]")
+            for f in fields(item):
+                value = asdict(item)[f.name]
+                if value != f.default and value not in ({}, None):
+                    lines.append(f"{f.name} = {_toml(value)}")
+            lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)  # strings and numbers are spelled alike in JSON and TOML
 
 
 def declare_bound(url: str, exchange: str, queue: str) -> None:
@@ -66,8 +97,16 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
                 continue
             quiet_since = None
             channel.basic_ack(method.delivery_tag)
-            out.append(Delivered(body, method.routing_key, props.message_id, props.content_type,
-                                 props.headers, props.delivery_mode))  # fmt: skip
+            out.append(
+                Delivered(
+                    body,
+                    method.routing_key,
+                    props.message_id,
+                    props.content_type,
+                    props.headers,
+                    props.delivery_mode,
+                )
+            )
     finally:
         conn.close()
     return out

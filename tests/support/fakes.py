@@ -1,16 +1,18 @@
-"""In-memory fakes of the store and the publisher, held to the real ones by contract tests."""
+"""In-memory fakes of the store and the publisher, held to the real ones by contract tests.
+
+The store fake plays every role the outbox has (claims for the loop, enqueue for writers);
+the publisher fake shares the real one's confirm window and tracker, and scripts the broker."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from relay.confirms import ConfirmTracker
+from relay.confirms import ConfirmWindow
 from relay.errors import StoreError
 from relay.records import (
     PENDING,
@@ -19,7 +21,6 @@ from relay.records import (
     NewMessage,
     OutboxRow,
     SettleBatch,
-    Settlement,
 )
 
 
@@ -50,11 +51,19 @@ class InMemoryStore:
             if s.status == PENDING and s.ordering_key is not None:
                 first_pending.setdefault(s.ordering_key, s.row.id)
         due = sorted(
-            (s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now
-             and (not self.ordered or s.ordering_key is None
-                  or first_pending[s.ordering_key] == s.row.id)),
+            (
+                s
+                for s in self.rows.values()
+                if s.status == PENDING
+                and s.next_attempt_at <= now
+                and (
+                    not self.ordered
+                    or s.ordering_key is None
+                    or first_pending[s.ordering_key] == s.row.id
+                )
+            ),
             key=lambda s: (s.next_attempt_at, s.row.id),
-        )[:limit]  # fmt: skip
+        )[:limit]
         for s in due:
             s.next_attempt_at = now + self.lease
             s.lease_owner = self.owner
@@ -86,8 +95,17 @@ class InMemoryStore:
             if any(s.row.message_id == message_id for s in self.rows.values()):
                 raise StoreError(f"duplicate message_id {message_id}")
             # Ids from the shared table, as a database sequence would give them.
-            row = OutboxRow(max(self.rows, default=0) + 1, message_id, m.exchange, m.routing_key, m.payload,
-                            m.content_type, m.headers, now, 0)  # fmt: skip
+            row = OutboxRow(
+                max(self.rows, default=0) + 1,
+                message_id,
+                m.exchange,
+                m.routing_key,
+                m.payload,
+                m.content_type,
+                m.headers,
+                now,
+                0,
+            )
             self.rows[row.id] = _Stored(row, PENDING, now, ordering_key=m.ordering_key)
             ids.append(message_id)
         return ids
@@ -103,29 +121,21 @@ class InMemoryStore:
 Responder = Callable[[OutboxRow], str | None]  # "ack", "nack", "return" or None (silence)
 
 
-class ScriptedPublisher:
+class ScriptedPublisher(ConfirmWindow):
     """A broker that answers each publish as ``respond`` says, asynchronously, in order."""
 
     def __init__(self, respond: Responder, window: int = 100, confirm_timeout: float = 5.0):
+        super().__init__(window, confirm_timeout)
         self.respond = respond
-        self.window = window
-        self.tracker = ConfirmTracker(confirm_timeout)
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
         self.connected = True
-        self._progress = asyncio.Event()
+        self._wake: Callable[[], None] = lambda: None
         self._closed = asyncio.Event()
 
     @property
-    def ready(self) -> bool:
+    def can_publish(self) -> bool:
         return self.connected
-
-    @property
-    def in_flight(self) -> int:
-        return self.tracker.in_flight
-
-    def capacity(self) -> int:
-        return max(0, self.window - self.tracker.in_flight) if self.ready else 0
 
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         loop = asyncio.get_running_loop()
@@ -145,25 +155,14 @@ class ScriptedPublisher:
             self.tracker.on_nack(seq, False)
         else:
             self.tracker.on_ack(seq, False, time.monotonic())
-        self._progress.set()
+        self._wake()
 
-    def take_settled(self) -> list[Settlement]:
-        return self.tracker.take_settled()
-
-    async def wait_for_progress(self, timeout: float) -> None:
-        if not self._progress.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), timeout)
-        self._progress.clear()
-
-    def wake(self) -> None:
-        self._progress.set()
-
-    async def run(self) -> None:
+    async def run(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
         while not self._closed.is_set():
             await asyncio.sleep(0.01)
             if self.tracker.expire(time.monotonic()):
-                self._progress.set()
+                wake()
 
     async def close(self) -> None:
         self._closed.set()

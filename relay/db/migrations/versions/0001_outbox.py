@@ -8,7 +8,7 @@ Create Date: 2026-11-22
 import sqlalchemy as sa
 from alembic import op
 
-from relay.schema import UTCDateTime, new_message_id
+from relay.db.schema import UTCDateTime, new_message_id
 
 revision = "0001"
 down_revision = None

@@ -1,1 +1,0 @@
-"""Alembic migrations of the outbox schema, shipped inside the package as relay.migrations."""

@@ -1,0 +1,58 @@
+"""Every fixed tunable that is not a setting, in one place, each with the reason for its value.
+
+Settings (``relay.settings``) are what an operator chooses per deployment; these are what the
+code needs to behave well anywhere, and changing one is a code change with its own test run.
+"""
+
+from __future__ import annotations
+
+# --- Database ------------------------------------------------------------------------------
+# A connect that hangs (a black-holed database host) fails after this and is retried with
+# back-off, instead of stalling the loop's worker thread.
+DB_CONNECT_TIMEOUT_S = 5
+# A claim or settle must not wait forever behind a lock (LOCK TABLE, a stuck migration): it
+# fails, is logged, and is retried after a back-off. PostgreSQL, milliseconds.
+DB_STATEMENT_TIMEOUT_MS = 30_000
+# SQLite has one writer at a time: others queue for up to this long instead of failing at once
+# with "database is locked" (milliseconds; the same value for Spark's JDBC writer).
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Ids per statement: keeps every statement's parameter count far below SQLite's and
+# PostgreSQL's limits.
+IDS_PER_STATEMENT = 1000
+# How often a LISTEN loop looks at its stop flag while no notification comes: stopping the
+# relay waits for this at most.
+LISTEN_STOP_CHECK_S = 1.0
+# A row's last_error is for operators; a broker's close text can be long, the column need not be.
+LAST_ERROR_MAX_CHARS = 2000
+# Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
+# that no transaction holds locks for long, large enough that a million rows is 200 commits.
+PURGE_CHUNK = 5000
+
+# --- Broker --------------------------------------------------------------------------------
+# pika's own connect timeout (``stack_timeout``) when the URL sets none.
+PIKA_DEFAULT_CONNECT_TIMEOUT_S = 15.0
+# The shortest connect timeout: a slow but healthy broker answers well within it.
+MIN_CONNECT_TIMEOUT_S = 5.0
+# A session that dies sooner than this after it opened counts as "short": repeated short
+# sessions (a row the broker refuses in a way no row can be blamed for) back off.
+SHORT_SESSION_S = 5.0
+# After a close on a half-open link, how long to wait for the broker's close-ok before the
+# socket is dropped (no longer than the confirm timeout).
+HALF_OPEN_CLOSE_S = 5.0
+
+# --- Loop ----------------------------------------------------------------------------------
+# Seconds without a loop turn after which /healthz fails (the loop is stuck, not just idle).
+LIVENESS_LIMIT_S = 60.0
+# The GIL switch interval while `relay run` serves: the event-loop thread (pika) and the
+# database worker threads hand the GIL back and forth all the time, and with Python's default
+# of 5 ms a worker whose query returned waits up to 5 ms to run again (measured: about 10%
+# more rows/s at 1 ms).
+SWITCH_INTERVAL_S = 0.001
+
+# --- Spark writer --------------------------------------------------------------------------
+# Rows per JDBC batch when staging: larger batches cost memory in each task, smaller ones
+# round trips.
+JDBC_BATCH_SIZE = 5000
+# The merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million rows
+# still spill to a temporary file), not in many short ones of the 4 MB default.
+MERGE_WORK_MEM = "256MB"

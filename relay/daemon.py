@@ -1,0 +1,164 @@
+"""``relay run``'s composition root and its tasks: build the loop and its adapters from the
+settings, serve /metrics, wake the loop on NOTIFY, purge old rows, stop on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+from relay.backoff import Backoff
+from relay.constants import PURGE_CHUNK, SWITCH_INTERVAL_S
+from relay.db.claims import ClaimStore
+from relay.db.outbox import OutboxAdmin
+from relay.errors import ConfigError, RelayError
+from relay.metrics import HealthServer, Metrics
+from relay.publisher import PikaPublisher, connection_parameters
+from relay.relay import Relay, in_thread, utcnow
+from relay.settings import Settings
+from relay.settle import SettlePolicy
+from relay.topology import Topology, load_topology
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Assembled:
+    relay: Relay
+    store: ClaimStore
+    metrics: Metrics
+
+
+def assemble(settings: Settings, topology: Topology) -> Assembled:
+    """Build the relay and its adapters from settings (inside a running event loop)."""
+    metrics = Metrics()
+    backoff = Backoff(settings.backoff_initial, settings.backoff_max)
+    reconnect = Backoff(
+        min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
+    )
+    store = ClaimStore(
+        settings.database_url, settings.name, settings.lease, ordered=settings.ordering
+    )
+    publisher = PikaPublisher(
+        settings.amqp_url,
+        topology,
+        window=settings.window,
+        confirm_timeout=settings.confirm_timeout,
+        reconnect=reconnect,
+        name=settings.name,
+        on_state=metrics.broker_state,
+        tls=settings.amqp_tls,
+    )
+    relay = Relay(
+        store,
+        publisher,
+        SettlePolicy(settings.max_attempts, backoff),
+        metrics,
+        batch_size=settings.batch_size,
+        poll_interval=settings.poll_interval,
+        drain_timeout=settings.drain_timeout,
+        stats_interval=settings.stats_interval,
+        retry=reconnect,
+    )
+    return Assembled(relay, store, metrics)
+
+
+def run(settings: Settings) -> bool:
+    """Serve until SIGTERM or SIGINT, then drain; True when every outcome was recorded."""
+    topology = load_topology(settings.topology_file)
+    # Fail fast on a bad URL or unusable TLS files.
+    connection_parameters(settings.amqp_url, settings.name, settings.amqp_tls)
+    log.info("starting", extra={"action": "start", "settings": settings.redacted()})
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return asyncio.run(serve(settings, topology))
+
+
+async def serve(settings: Settings, topology: Topology) -> bool:
+    parts = assemble(settings, topology)
+    relay, store, metrics = parts.relay, parts.store, parts.metrics
+    server = None
+    if settings.metrics_port:
+        try:
+            server = HealthServer(
+                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.ready
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"RELAY_METRICS_PORT={settings.metrics_port}: cannot listen on "
+                f"{settings.metrics_host}: {exc.strerror}"
+            ) from None
+        server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, functools.partial(_stop, relay, sig))
+    helpers = []
+    if settings.retention:
+        helpers.append(asyncio.create_task(_retention(settings)))
+    if store.notifies:
+        helpers.append(asyncio.create_task(_wake_on_notify(store, relay, settings)))
+    try:
+        return await relay.run()
+    finally:
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if server is not None:
+            server.stop()
+        store.close()
+
+
+def _stop(relay: Relay, sig: signal.Signals) -> None:
+    log.info("%s received: stopping", sig.name, extra={"action": "stop"})
+    relay.stop()
+
+
+async def _wake_on_notify(store: ClaimStore, relay: Relay, settings: Settings) -> None:
+    """Wake the relay when the database announces new rows, so that a row is published
+    when it commits rather than at the next poll; polling stays as the fallback."""
+    loop = asyncio.get_running_loop()
+    stopped = threading.Event()
+    backoff = Backoff(min(1.0, settings.reconnect_max), settings.reconnect_max)
+    failures = 0
+
+    def announced() -> None:  # in the listening thread
+        nonlocal failures
+        failures = 0
+        loop.call_soon_threadsafe(relay.wake)
+
+    while True:
+        try:
+            await in_thread(functools.partial(store.listen, announced, stopped), stopped.set)
+        except RelayError as exc:
+            failures += 1
+            if failures == 1:
+                log.warning(
+                    "not listening for new rows (polling meanwhile): %s",
+                    exc,
+                    extra={"action": "listen_failed"},
+                )
+            await asyncio.sleep(backoff.delay(failures))
+
+
+async def _retention(settings: Settings) -> None:
+    """Delete sent rows older than the retention period, every purge interval; a failed
+    purge is logged and tried again at the next interval (it never stops the relay)."""
+    purger = OutboxAdmin(settings.database_url)
+    stopped = threading.Event()
+    try:
+        while True:
+            cutoff = utcnow() - timedelta(seconds=settings.retention)
+            purge = functools.partial(purger.purge, cutoff, PURGE_CHUNK, stop=stopped)
+            try:
+                deleted = await in_thread(purge, stopped.set)
+            except RelayError as exc:
+                log.warning("purge failed: %s", exc, extra={"action": "purge_failed"})
+            else:
+                log.info("purged %d sent rows", deleted, extra={"action": "purge"})
+            await asyncio.sleep(settings.purge_interval)
+    finally:
+        purger.close()

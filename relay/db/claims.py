@@ -1,0 +1,169 @@
+"""The relay's side of the outbox: claim due rows under a lease, settle them, backlog, LISTEN.
+
+Synchronous on purpose: the relay calls it from a worker thread (``asyncio.to_thread``) so
+that pika's I/O loop on the event-loop thread keeps turning while a query runs, and both
+PostgreSQL (psycopg) and SQLite (sqlite3) work through one tested code path instead of two
+async drivers.
+
+Claiming never uses a "last published id" cursor: ids are assigned at insert and committed
+in another order, so a cursor skips rows that commit late. A claim instead takes due pending
+rows (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so concurrent relays take disjoint rows) and
+pushes their ``next_attempt_at`` one lease ahead, in one committed statement. No transaction
+stays open while the broker is asked; a relay that dies leaves rows that are due again when
+the lease runs out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import psycopg.sql
+import sqlalchemy as sa
+
+from relay.constants import (
+    DB_CONNECT_TIMEOUT_S,
+    IDS_PER_STATEMENT,
+    LAST_ERROR_MAX_CHARS,
+    LISTEN_STOP_CHECK_S,
+)
+from relay.db.engine import create_engine, db_errors
+from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
+from relay.errors import StoreError
+from relay.records import PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
+from relay.settings import redact_url
+
+
+class ClaimStore:
+    """The ``Store`` the loop sees (see ``relay.ports``), on a SQL database."""
+
+    def __init__(self, url: str, owner: str, lease: float, *, ordered: bool = False) -> None:
+        """``ordered``: claim a row with an ordering key only when no earlier row with the
+        same key is pending (claimed or not), so that each key's rows are published and
+        confirmed in id order, across retries, restarts and relays. Parked rows do not
+        block their key: a row that cannot be sent must not stop the ones after it."""
+        self.engine = create_engine(url, relay_session=True)
+        self.owner = owner
+        self.lease = timedelta(seconds=lease)
+        self.ordered = ordered
+        self._where = redact_url(url)
+        # SQLite has one writer at a time and makes others wait by sleeping in growing steps;
+        # the relay's own claim and settle threads queue on a lock instead, at once.
+        sqlite = self.engine.dialect.name == "sqlite"
+        self._writing: AbstractContextManager[Any] = threading.Lock() if sqlite else nullcontext()
+
+    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+        due = (
+            sa.select(outbox.c.id)
+            .where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= now)
+            .order_by(outbox.c.next_attempt_at, outbox.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        if self.ordered:
+            earlier = outbox.alias("earlier")
+            due = due.where(
+                sa.or_(
+                    outbox.c.ordering_key.is_(None),
+                    ~sa.exists().where(
+                        earlier.c.ordering_key == outbox.c.ordering_key,
+                        earlier.c.status == PENDING,
+                        earlier.c.id < outbox.c.id,
+                    ),
+                )
+            )
+        stmt = (
+            sa.update(outbox)
+            .where(outbox.c.id.in_(due.scalar_subquery()))
+            .values(next_attempt_at=now + self.lease, lease_owner=self.owner)
+            .returning(*ROW_COLUMNS)
+        )
+        with db_errors("claim", self._where), self._writing, self.engine.begin() as conn:
+            rows = [OutboxRow(**r._mapping) for r in conn.execute(stmt)]
+        rows.sort(key=lambda r: r.id)
+        return rows
+
+    def settle(self, batch: SettleBatch, now: datetime) -> None:
+        if not batch:
+            return
+        sent = (
+            sa.update(outbox)
+            .where(outbox.c.id.in_(sa.bindparam("ids", expanding=True)))
+            .where(outbox.c.status == PENDING)
+            .values(status=SENT, sent_at=now, lease_owner=None)
+        )
+        # A failure is written only while the row is still ours: if our lease ran out and
+        # another relay holds it now, its outcome decides. An ack is written regardless:
+        # it proves delivery whoever holds the row.
+        changed = (
+            sa.update(outbox)
+            .where(
+                outbox.c.id == sa.bindparam("row_id"),
+                outbox.c.status == PENDING,
+                outbox.c.lease_owner == self.owner,
+            )
+            .values(
+                status=sa.bindparam("new_status"),
+                attempts=sa.bindparam("new_attempts"),
+                next_attempt_at=sa.bindparam("new_next_attempt_at"),
+                last_error=sa.bindparam("new_last_error"),
+                lease_owner=None,
+            )
+        )
+        with db_errors("settle", self._where), self._writing, self.engine.begin() as conn:
+            for i in range(0, len(batch.sent), IDS_PER_STATEMENT):
+                conn.execute(sent, {"ids": list(batch.sent[i : i + IDS_PER_STATEMENT])})
+            if batch.changes:
+                conn.execute(
+                    changed,
+                    [
+                        {
+                            "row_id": c.id,
+                            "new_status": c.status,
+                            "new_attempts": c.attempts,
+                            "new_next_attempt_at": c.next_attempt_at,
+                            "new_last_error": c.last_error[:LAST_ERROR_MAX_CHARS],
+                        }
+                        for c in batch.changes
+                    ],
+                )
+
+    def backlog(self, now: datetime) -> BacklogStats:
+        stmt = sa.select(sa.func.count(), sa.func.min(outbox.c.next_attempt_at)).where(
+            outbox.c.status == PENDING, outbox.c.next_attempt_at <= now
+        )
+        with db_errors("backlog", self._where), self.engine.connect() as conn:
+            count, oldest = conn.execute(stmt).one()
+        age = (now - oldest).total_seconds() if oldest is not None else 0.0
+        return BacklogStats(due=int(count), oldest_due_age=max(0.0, age))
+
+    @property
+    def notifies(self) -> bool:
+        """The database announces new rows (PostgreSQL's NOTIFY, raised by a trigger)."""
+        return self.engine.dialect.name == "postgresql"
+
+    def listen(self, wake: Callable[[], None], stopped: threading.Event) -> None:
+        """Call ``wake`` whenever rows were inserted, until ``stopped`` is set. Blocks: run
+        it in a thread. A lost connection raises StoreError; the caller reconnects, and its
+        polling covers the gap."""
+        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(False)
+        try:
+            with psycopg.connect(
+                conninfo, autocommit=True, connect_timeout=DB_CONNECT_TIMEOUT_S
+            ) as conn:
+                conn.execute(
+                    psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(NOTIFY_CHANNEL))
+                )
+                wake()  # rows may have come while we were not listening
+                while not stopped.is_set():
+                    for _ in conn.notifies(timeout=LISTEN_STOP_CHECK_S, stop_after=1):
+                        wake()
+        except psycopg.Error as exc:
+            raise StoreError(f"listen on {self._where} failed: {exc}") from exc
+
+    def close(self) -> None:
+        self.engine.dispose()

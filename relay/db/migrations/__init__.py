@@ -1,0 +1,1 @@
+"""Alembic migrations of the outbox schema, shipped inside the package."""

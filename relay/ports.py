@@ -1,0 +1,57 @@
+"""What the loop needs from the database and the broker: two narrow protocols.
+
+The loop (``relay.relay``) sees only these; ``relay.db.claims.ClaimStore`` and
+``relay.publisher.PikaPublisher`` implement them for real, ``tests/support/fakes.py`` in
+memory, and the contract tests hold the fakes to the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from relay.records import BacklogStats, OutboxRow, SettleBatch, Settlement
+
+
+class Store(Protocol):
+    """The outbox as the loop sees it: due rows under a lease, and their outcomes."""
+
+    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+        """Up to ``limit`` due rows, leased to this relay, in id order."""
+
+    def settle(self, batch: SettleBatch, now: datetime) -> None:
+        """Record outcomes: acked rows sent, the others as the batch says."""
+
+    def backlog(self, now: datetime) -> BacklogStats: ...
+
+
+class Publisher(Protocol):
+    """The broker as the loop sees it: a window of unconfirmed publishes."""
+
+    window: int  # the most confirms outstanding at once
+
+    @property
+    def connected(self) -> bool:
+        """A confirm channel is open and the topology declared (it may still be blocked)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Published rows awaiting the broker's answer."""
+
+    def capacity(self) -> int:
+        """How many more rows may be published now: 0 unless connected and not blocked."""
+
+    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
+        """Publish ``rows``; returns those that went out. The others are settled already
+        (rejected, or lost with the channel) and come out of ``take_settled``."""
+
+    def take_settled(self) -> list[Settlement]:
+        """What became of published rows since the last call."""
+
+    async def run(self, wake: Callable[[], None]) -> None:
+        """Connect, keep reconnecting with back-off, until ``close``; call ``wake`` whenever
+        something the loop waits for happened (an answer, a connect, an unblock)."""
+
+    async def close(self) -> None:
+        """Close the connection; rows still awaiting an answer are lost (due again)."""
