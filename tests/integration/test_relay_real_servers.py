@@ -143,7 +143,8 @@ def test_confirm_timeout_while_broker_frozen_leads_to_republish(
                 enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(20)])
                 await wait_for(
                     lambda: (
-                        sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out") >= 20
+                        sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out")
+                        >= 20
                     ),
                     20,
                     "confirms to time out",
@@ -178,7 +179,9 @@ def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
             enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(1000, total)])
             await asyncio.to_thread(rabbit.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": total}, 120, "all rows sent")
-            assert sample_value(parts.metrics, "relay_broker_connections_total") >= 2, "never reconnected"
+            assert sample_value(parts.metrics, "relay_broker_connections_total") >= 2, (
+                "never reconnected"
+            )
 
     asyncio.run(scenario())
     delivered = drain(rabbit.url, queue, expect=total, timeout=60)
