@@ -52,7 +52,6 @@ def test_the_environment_has_the_locked_versions() -> None:
     wrong = {
         str(r): metadata.version(r.name)
         for r in pinned
-        if (r.marker is None or r.marker.evaluate())
-        and metadata.version(r.name) not in r.specifier
+        if (r.marker is None or r.marker.evaluate()) and metadata.version(r.name) not in r.specifier
     }
     assert wrong == {}
