@@ -56,6 +56,10 @@ class ConfirmTracker:
         """A row that cannot be published as stored; it never got a sequence number."""
         self._settled.append(Settlement(row, Outcome.REJECTED, reason))
 
+    def fail(self, row: OutboxRow, reason: str) -> None:
+        """A row whose publish failed in a way that may pass (an attempt counts)."""
+        self._settled.append(Settlement(row, Outcome.FAILED, reason))
+
     def lose(self, rows: Iterable[OutboxRow], reason: str) -> None:
         """Rows handed over but never published (no channel): due again at once."""
         self._settled.extend(Settlement(row, Outcome.LOST, reason) for row in rows)

@@ -13,13 +13,12 @@ pika's exceptions never leave this module; they become ``BrokerError`` or row ou
 from __future__ import annotations
 
 import asyncio
-import decimal
-import json
+import dataclasses
 import logging
 import re
 import ssl
-import struct
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from relay.constants import (
     SHORT_SESSION_S,
 )
 from relay.errors import BrokerError, ConfigError
+from relay.message import Limits, Unpublishable, build
 from relay.records import OutboxRow
 from relay.settings import TlsOptions, redact_url
 from relay.topology import Topology
@@ -46,30 +46,23 @@ log = logging.getLogger(__name__)
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
 _NO_ACCESS = re.compile(r"access to exchange '(?P<name>[^']*)'")
 _TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
+# In the outcome of every row that was unconfirmed on a channel the broker closed. Such a
+# row is a suspect: it may be the one that made the broker close the channel, so its next
+# publish goes out alone (see ``PikaPublisher.publish``). Kept in the row's last_error, so
+# that every relay, and a restarted one, knows its suspects.
+CLOSED_BY_BROKER = "channel closed by the broker"
 
 
-class MalformedRow(ValueError):
-    """The row's stored fields cannot form an AMQP message."""
+class _EncodedProperties(pika.BasicProperties):  # type: ignore[misc]
+    """Basic properties already encoded by ``relay.message`` (pika 1.3 cannot encode a double
+    in a header table). pika asks a content header's properties only for ``encode()``."""
 
+    def __init__(self, encoded: bytes) -> None:
+        super().__init__()
+        self._encoded = encoded
 
-def message_properties(row: OutboxRow) -> pika.BasicProperties:
-    headers: dict[str, Any] | None = None
-    if row.headers:
-        try:
-            # AMQP tables have no float type: JSON numbers with a fraction become decimals.
-            parsed = json.loads(row.headers, parse_float=decimal.Decimal)
-        except ValueError as exc:
-            raise MalformedRow(f"headers are not valid JSON: {exc}") from None
-        if not isinstance(parsed, dict):
-            raise MalformedRow("headers must be a JSON object")
-        headers = parsed
-    return pika.BasicProperties(
-        content_type=row.content_type,
-        delivery_mode=pika.DeliveryMode.Persistent,
-        message_id=row.message_id,
-        timestamp=int(row.created_at.timestamp()),
-        headers=headers,
-    )
+    def encode(self) -> list[bytes]:
+        return [self._encoded]
 
 
 def connection_parameters(url: str, name: str, tls: TlsOptions | None = None) -> pika.URLParameters:
@@ -111,6 +104,14 @@ class PikaPublisher(ConfirmWindow):
     States, one word each: ``connected`` (a confirm channel is open and the topology
     declared), ``blocked`` (the broker paused publishing: a resource alarm), and
     ``can_publish`` (connected and not blocked).
+
+    Blame for a channel close: the broker closes the channel when a message breaks one of
+    its rules (404 no exchange, 403 refused or internal exchange, 406 too large, or a rule
+    no pattern here knows), and every unconfirmed publish on it is lost with it. Those rows
+    become suspects, and a suspect is published alone, with nothing else in flight: if the
+    channel closes then, that row is the culprit for certain and is charged an attempt (it
+    is parked in the end); if it is confirmed, it was innocent. Good rows are taken down
+    with a bad one once at most (one window), never again on its later attempts.
     """
 
     def __init__(
@@ -142,6 +143,9 @@ class PikaPublisher(ConfirmWindow):
         self._channel: Any = None
         self.connected = False
         self.blocked = False
+        self._limits = Limits()
+        self._held: deque[OutboxRow] = deque()  # suspects waiting to go out alone
+        self._alone: OutboxRow | None = None  # the suspect in flight by itself
         self._closing = False
         self._session_closed: asyncio.Future[str] | None = None
         self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
@@ -153,33 +157,60 @@ class PikaPublisher(ConfirmWindow):
     def can_publish(self) -> bool:
         return self.connected and not self.blocked
 
+    def capacity(self) -> int:
+        # While suspects wait or one is out alone, nothing else may join the window.
+        return 0 if self._held or self._alone is not None else super().capacity()
+
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
-        now = time.monotonic()
         published = []
         for row in rows:
             if not self.connected:
                 self.tracker.lose([row], "no channel to publish on")
-                continue
-            try:
-                self._channel.basic_publish(
-                    row.exchange,
-                    row.routing_key,
-                    row.payload,
-                    message_properties(row),
-                    mandatory=True,
-                )
-            except MalformedRow as exc:
-                self.tracker.reject(row, str(exc))
-                continue
-            except (pika.exceptions.UnsupportedAMQPFieldException, struct.error) as exc:
-                self.tracker.reject(row, f"headers cannot be encoded as an AMQP table: {exc!r}")
-                continue
-            except pika.exceptions.AMQPError as exc:
-                self.tracker.lose([row], f"publish failed: {exc!r}")
-                continue
-            self.tracker.published(row, now)
-            published.append(row)
+            elif _suspect(row):
+                self._held.append(row)
+            elif self._send(row):
+                published.append(row)
+        published += self._release_suspect()
         return published
+
+    def _send(self, row: OutboxRow) -> bool:
+        """Publish one row; any failure becomes its outcome. True when it went out."""
+        try:
+            message = build(row, self._limits)
+        except Unpublishable as exc:
+            self.tracker.reject(row, str(exc))
+            return False
+        try:
+            self._channel.basic_publish(
+                message.exchange,
+                message.routing_key,
+                message.body,
+                _EncodedProperties(message.properties),
+                mandatory=True,
+            )
+        except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
+            self.tracker.lose([row], "the channel closed as the row was published")
+            return False
+        except Exception as exc:  # whatever one row does, the others go on
+            log.warning(
+                "row %d could not be published: %r",
+                row.id,
+                exc,
+                extra={"action": "publish_failed", "row_id": row.id},
+            )
+            self.tracker.fail(row, f"publish failed: {exc!r}")
+            return False
+        self.tracker.published(row, time.monotonic())
+        return True
+
+    def _release_suspect(self) -> list[OutboxRow]:
+        """Publish the next held suspect if nothing else is in flight; the rows that went out."""
+        while self.connected and self._held and self._alone is None and not self.tracker.in_flight:
+            row = self._held.popleft()
+            if self._send(row):
+                self._alone = row
+                return [row]
+        return []
 
     async def run(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -264,6 +295,9 @@ class PikaPublisher(ConfirmWindow):
             raise
         self.blocked = False
         self.connected = True
+        self._limits = dataclasses.replace(
+            self._limits, frame_max=self._connection.params.frame_max
+        )
         self._on_state(True)
         log.info("connected to broker", extra={"action": "broker_connected", "broker": self._where})
         self._wake()
@@ -325,7 +359,9 @@ class PikaPublisher(ConfirmWindow):
             self.tracker.on_ack(method.delivery_tag, method.multiple, time.monotonic())
         else:
             self.tracker.on_nack(method.delivery_tag, method.multiple)
-        self._wake()
+        if not self.tracker.in_flight:
+            self._alone = None  # answered: innocent (or nacked, which counts an attempt)
+        self._wake()  # the loop publishes the next held suspect, or claims again
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
         self.tracker.on_return(
@@ -335,13 +371,20 @@ class PikaPublisher(ConfirmWindow):
         )
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
-        # A channel closed by the broker is a channel error caused by something we sent.
-        # Name the rows that caused it, so that they count an attempt, then start afresh
-        # on a new connection (the simplest state to reason about).
         code = getattr(reason, "reply_code", 0)
         text = str(getattr(reason, "reply_text", reason))
+        if not isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+            self._session_lost(f"channel closed: {code} {text}")  # with its connection
+            return
+        # A channel error: something we sent broke one of the broker's rules. Charge the
+        # row that did it an attempt; the others become suspects (see the class docstring).
+        # Then start afresh on a new connection (the simplest state to reason about).
+        why = f"{CLOSED_BY_BROKER}: {code} {text}"
         culprit: Callable[[OutboxRow], bool] | None = None
-        if (code == 404 and (m := _NO_EXCHANGE.search(text))) or (
+        alone = self._alone
+        if alone is not None:
+            culprit = lambda row: row is alone  # noqa: E731 - nothing else was in flight
+        elif (code == 404 and (m := _NO_EXCHANGE.search(text))) or (
             code == 403 and (m := _NO_ACCESS.search(text))
         ):
             name = "" if m["name"] == "amq.default" else m["name"]
@@ -349,7 +392,11 @@ class PikaPublisher(ConfirmWindow):
         elif code == 406 and (m := _TOO_LARGE.search(text)):
             limit = int(m["size"])
             culprit = lambda row: len(row.payload) > limit  # noqa: E731
-        self._session_lost(f"channel closed: {code} {text}", culprit, f"{code} {text}")
+        if code == 406 and (m := _TOO_LARGE.search(text)):
+            # Remembered for this relay's life: an oversized row is then refused before it
+            # is sent, and takes no channel (and no good rows) down with it.
+            self._limits = dataclasses.replace(self._limits, max_message_size=int(m["size"]))
+        self._session_lost(why, culprit, why)
         if self._connection is not None and self._connection.is_open:
             self._connection.close()
 
@@ -363,6 +410,10 @@ class PikaPublisher(ConfirmWindow):
             self.connected = False
             self._on_state(False)
         self.tracker.channel_lost(reason, culprit, culprit_reason)
+        # Held suspects never went out: due again, and still suspects.
+        self.tracker.lose(self._held, f"held back as a suspect ({CLOSED_BY_BROKER} earlier)")
+        self._held.clear()
+        self._alone = None
         self._wake()
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
@@ -401,6 +452,11 @@ class PikaPublisher(ConfirmWindow):
                         _drop_if_open,
                         connection,
                     )
+
+
+def _suspect(row: OutboxRow) -> bool:
+    """The row was unconfirmed on a channel the broker closed (or closed it itself)."""
+    return row.last_error is not None and CLOSED_BY_BROKER in row.last_error
 
 
 def _drop_if_open(connection: AsyncioConnection) -> None:

@@ -26,6 +26,9 @@ class OutboxRow:
     created_at: datetime
     attempts: int
     last_error: str | None = None
+    # Why the stored row could not be read (a value of the wrong type, say), or None. Such a
+    # row carries only its id and is parked by the ordinary path, as a rejected publish.
+    unreadable: str | None = None
 
     @property
     def republish(self) -> bool:

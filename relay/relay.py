@@ -103,15 +103,17 @@ class Relay:
                 wanted = min(self.batch_size, self.publisher.capacity())
                 if len(self._unsettled) >= self.publisher.window:
                     wanted = 0  # settling lags behind: memory stays within twice the window
+                rows: list[OutboxRow] = []
                 if wanted >= self._min_claim or (wanted > 0 and not self.publisher.in_flight):
                     rows = await self._db(functools.partial(self._claim, wanted))
-                    published = self.publisher.publish(rows)
-                    self.metrics.published.inc(len(published))
-                    self.metrics.republished.inc(sum(1 for r in published if r.republish))
-                    if len(published) < len(rows):
-                        self.wake()  # the others are settled already: record them
-                    if len(rows) == wanted:
-                        continue  # more rows may be due: claim again right away
+                # With no rows too: the publisher may have rows it held back to send now.
+                published = self.publisher.publish(rows)
+                self.metrics.published.inc(len(published))
+                self.metrics.republished.inc(sum(1 for r in published if r.republish))
+                if rows and len(rows) == wanted:
+                    continue  # more rows may be due: claim again right away
+                if len(published) < len(rows):
+                    continue  # the others are settled already (or held back): record them
                 await self._wait(self.poll_interval)
             return await self._drain(settling)
         finally:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
 
@@ -82,11 +82,32 @@ def _optional_path(text: str) -> Path | None:
 
 
 def _url(*schemes: str) -> Callable[[str], str]:
+    """A URL with one of ``schemes``. Database URLs are checked whole here (a bad port or
+    host would otherwise surface as a traceback from the driver); AMQP URLs are checked by
+    pika when the relay starts (``relay.publisher.connection_parameters``)."""
+
     def parse(text: str) -> str:
         scheme = text.split(":", 1)[0].split("+", 1)[0].lower()
         if "://" not in text or scheme not in schemes:
             raise ValueError(
                 f"must be a URL starting with {' or '.join(s + '://' for s in schemes)}"
+            )
+        if scheme.startswith("amqp"):
+            return text
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 - parsing the port is the check
+        except ValueError as exc:  # "Port could not be cast...", "Invalid IPv6 URL"
+            raise ValueError(f"is not a valid URL: {exc}") from None
+        if scheme == "sqlite" and (
+            parts.path in ("", "/", "/:memory:")
+            or "memory" in parse_qs(parts.query).get("mode", [])
+        ):
+            # An in-memory database lives and dies with one connection: the relay and its
+            # writers would each see an empty outbox of their own.
+            raise ValueError(
+                "must name a database file (sqlite:///path/outbox.db): an in-memory SQLite "
+                "database is not shared with the writers"
             )
         return text
 
@@ -365,11 +386,16 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 
 def redact_url(value: Any) -> Any:
-    """Replace the password of a URL by ``***``; other values pass through."""
+    """Replace the password of a URL by ``***``; other values pass through. A URL too broken
+    to find its password in shows only its scheme."""
     if not isinstance(value, str) or "://" not in value:
         return value
-    parts = urlsplit(value)
-    if parts.password is None:
+    try:
+        parts = urlsplit(value)
+        password = parts.password
+    except ValueError:
+        return value.split("://", 1)[0] + "://(not shown: not a valid URL)"
+    if password is None:
         return value
     netloc = parts.netloc.rsplit("@", 1)
     user = parts.username or ""

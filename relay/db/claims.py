@@ -16,9 +16,9 @@ the lease runs out.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -36,6 +36,94 @@ from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
 from relay.errors import StoreError
 from relay.records import PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
 from relay.settings import redact_url
+
+# The claimed columns as the driver returns them, without SQLAlchemy's result processing:
+# SQLite stores any value in any column, and one row's INTEGER payload or epoch created_at
+# must not fail the claim of the whole batch; ``decode_row`` reads each row on its own.
+_RAW_COLUMNS = [sa.type_coerce(c, sa.types.NullType()).label(c.name) for c in ROW_COLUMNS]
+_TEXT = ("message_id", "exchange", "routing_key", "content_type")
+
+
+def decode_row(raw: Mapping[Any, Any]) -> OutboxRow:
+    """A claimed row from the driver's values. A row that cannot be read comes back with
+    ``unreadable`` saying which column holds what, and is parked (``relay.message``)."""
+    try:
+        return OutboxRow(
+            id=raw["id"],
+            message_id=_text(raw, "message_id"),
+            exchange=_text(raw, "exchange"),
+            routing_key=_text(raw, "routing_key"),
+            payload=_payload(raw["payload"]),
+            content_type=_text(raw, "content_type"),
+            headers=None if raw["headers"] is None else _text(raw, "headers"),
+            created_at=_time(raw["created_at"]),
+            attempts=_attempts(raw["attempts"]),
+            last_error=None if raw["last_error"] is None else str(raw["last_error"]),
+        )
+    except _Unreadable as exc:
+        message_id = raw["message_id"] if isinstance(raw["message_id"], str) else ""
+        attempts = raw["attempts"] if isinstance(raw["attempts"], int) else 0
+        return OutboxRow(
+            id=raw["id"],
+            message_id=message_id,
+            exchange="",
+            routing_key="",
+            payload=b"",
+            content_type="",
+            headers=None,
+            created_at=datetime.fromtimestamp(0, UTC),
+            attempts=attempts,
+            unreadable=f"unreadable row: {exc}",
+        )
+
+
+class _Unreadable(ValueError):
+    pass
+
+
+def _stored(value: Any) -> str:
+    kinds = {int: "an INTEGER", float: "a REAL", bytes: "a BLOB", memoryview: "a BLOB"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
+def _text(raw: Mapping[Any, Any], column: str) -> str:
+    value = raw[column]
+    if not isinstance(value, str):
+        raise _Unreadable(f"{column} is {_stored(value)}, not text")
+    return value
+
+
+def _payload(value: Any) -> bytes:
+    if isinstance(value, bytes | memoryview):
+        return bytes(value)
+    if isinstance(value, str):  # written as text by plain SQL on SQLite: its UTF-8 bytes
+        return value.encode("utf-8", "surrogatepass")
+    raise _Unreadable(f"payload is {_stored(value)}, not bytes or text")
+
+
+def _time(value: Any) -> datetime:
+    """created_at: a timestamp (PostgreSQL), ISO-8601 text or Unix seconds (SQLite)."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise _Unreadable(f"created_at {value[:40]!r} is not an ISO-8601 time") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            moment = datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            raise _Unreadable(f"created_at {value!r} is not a time in Unix seconds") from None
+    else:
+        raise _Unreadable(f"created_at is {_stored(value)}, not a time")
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _attempts(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Unreadable(f"attempts is {_stored(value)}, not a whole number")
+    return value
 
 
 class ClaimStore:
@@ -80,10 +168,10 @@ class ClaimStore:
             sa.update(outbox)
             .where(outbox.c.id.in_(due.scalar_subquery()))
             .values(next_attempt_at=now + self.lease, lease_owner=self.owner)
-            .returning(*ROW_COLUMNS)
+            .returning(*_RAW_COLUMNS)
         )
         with db_errors("claim", self._where), self._writing, self.engine.begin() as conn:
-            rows = [OutboxRow(**r._mapping) for r in conn.execute(stmt)]
+            rows = [decode_row(r._mapping) for r in conn.execute(stmt)]
         rows.sort(key=lambda r: r.id)
         return rows
 

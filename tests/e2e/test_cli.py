@@ -48,6 +48,13 @@ def test_help_lists_every_setting_with_its_variable() -> None:
             {"RELAY_AMQP_URL": "amqp://u:hunter2@h:notaport/"},
             "RELAY_AMQP_URL=amqp://u:***@h:notaport/",
         ),
+        (
+            ["run"],
+            {"RELAY_DATABASE_URL": "postgresql://app:hunter2@127.0.0.1:notaport/outbox"},
+            "RELAY_DATABASE_URL=(hidden): is not a valid URL",
+        ),
+        (["migrate"], {"RELAY_DATABASE_URL": "postgresql://app:hunter2@[::1/outbox"}, "RELAY_DAT"),
+        (["run"], {"RELAY_DATABASE_URL": "sqlite://"}, "RELAY_DATABASE_URL=(hidden): must name"),
     ],
 )
 def test_bad_configuration_is_one_line_and_exit_2(

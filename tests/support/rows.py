@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
+from typing import Any
 
 from relay.records import OutboxRow
 
 
-def row(
-    id: int,
-    *,
-    exchange: str = "ex",
-    attempts: int = 0,
-    payload: bytes = b"p",
-    headers: str | None = None,
-    last_error: str | None = None,
-) -> OutboxRow:
-    return OutboxRow(
+def row(id: int, **fields: Any) -> OutboxRow:
+    """A claimed row with plain values (message id ``m-<id>``); ``fields`` override them."""
+    plain = OutboxRow(
         id=id,
         message_id=f"m-{id}",
-        exchange=exchange,
+        exchange="ex",
         routing_key="rk",
-        payload=payload,
+        payload=b"p",
         content_type="text/plain",
-        headers=headers,
+        headers=None,
         created_at=datetime(2026, 1, 1, tzinfo=UTC),
-        attempts=attempts,
-        last_error=last_error,
+        attempts=0,
     )
+    return dataclasses.replace(plain, **fields)

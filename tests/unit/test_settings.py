@@ -44,6 +44,23 @@ def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path)
         ({"RELAY_AMQP_URL": "http://u:secret@h"}, "RELAY_AMQP_URL=(hidden): must be a URL"),
         ({"RELAY_DATABASE_URL": "mysql://u:secret@h/db"}, "RELAY_DATABASE_URL=(hidden)"),
         (
+            {"RELAY_DATABASE_URL": "postgresql://app:pw@127.0.0.1:notaport/outbox"},
+            "RELAY_DATABASE_URL=(hidden): is not a valid URL: Port could not be cast",
+        ),
+        (
+            {"RELAY_DATABASE_URL": "postgresql://app:pw@[::1/outbox"},
+            "RELAY_DATABASE_URL=(hidden): is not a valid URL: Invalid IPv6 URL",
+        ),
+        (
+            {"RELAY_DATABASE_URL": "sqlite://"},
+            "RELAY_DATABASE_URL=(hidden): must name a database file",
+        ),
+        ({"RELAY_DATABASE_URL": "sqlite:///:memory:"}, "RELAY_DATABASE_URL=(hidden): must name a"),
+        (
+            {"RELAY_DATABASE_URL": "sqlite:///file:o?mode=memory&uri=true"},
+            "RELAY_DATABASE_URL=(hidden): must name a database file",
+        ),
+        (
             {"RELAY_LEASE": "50", "RELAY_CONFIRM_TIMEOUT": "30"},
             "RELAY_LEASE=50 must be more than twice",
         ),

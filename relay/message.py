@@ -1,0 +1,230 @@
+"""From an outbox row to the AMQP message it becomes, or the reason it never can. Pure: no I/O.
+
+Every check here is against a limit of AMQP 0-9-1 (as RabbitMQ implements it) or one the
+broker has shown, and every reason names the column and the limit, so that an operator who
+reads ``last_error`` knows what to fix. A row that fails here is parked at once: no retry
+could make it publishable.
+
+Headers are stored as JSON text (any writer can produce it); the mapping to an AMQP field
+table is total and documented in the README:
+
+=================================  =====================================================
+JSON                               AMQP field value (RabbitMQ's type letter)
+=================================  =====================================================
+string                             long string ``S`` (UTF-8)
+true / false                       boolean ``t``
+null                               void ``V``
+integer in [-2**31, 2**31)         32-bit signed ``I``
+integer in [-2**63, 2**63)         64-bit signed ``l``
+other integers                     parked: AMQP has no wider integer
+number with a fraction/exponent    decimal ``D`` when its digits fit (a 32-bit mantissa,
+                                   0-255 decimal places: ``19.99``, ``0.5``), else double
+                                   ``d`` when it is a double (``0.30000000000000004``,
+                                   ``3.141592653589793``, ``1.5e10``); parked when neither
+                                   holds it exactly (more digits than a double, or beyond
+                                   a double's range)
+array                              array ``A``
+object                             table ``F`` (keys at most 255 bytes of UTF-8)
+=================================  =====================================================
+
+Nesting deeper than ``MAX_HEADER_DEPTH`` is parked (RabbitMQ and clients decode tables
+recursively). The headers are encoded here, not by pika: pika 1.3 cannot encode a double,
+and would encode a large decimal into a 32-bit field it does not check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from relay.records import OutboxRow
+
+SHORT_STRING_MAX = 255  # bytes: exchange, routing key, message id, content type, header keys
+LONG_STRING_MAX = 2**32 - 1  # bytes: a header string value, an encoded table
+# Tables within tables within arrays...: deeper than any sensible header, shallow enough for
+# every decoder on the way (RabbitMQ's, clients', this module's) to recurse safely.
+MAX_HEADER_DEPTH = 32
+# The properties travel in one content-header frame, which must fit the connection's
+# negotiated frame_max: 7 bytes of frame header and 1 frame-end octet around 12 bytes of
+# class id, weight and body size, then the properties.
+CONTENT_HEADER_OVERHEAD = 8 + 12
+PERSISTENT = 2  # delivery_mode: the broker writes the message to disk
+# Basic properties' flag bits (AMQP 0-9-1, 4.2.6.1), for those the relay sets.
+_CONTENT_TYPE, _HEADERS, _DELIVERY_MODE, _MESSAGE_ID, _TIMESTAMP = (
+    1 << b for b in (15, 13, 12, 7, 6)
+)
+_I32 = range(-(2**31), 2**31)
+_I64 = range(-(2**63), 2**63)
+_DECIMAL_MANTISSA = range(-(2**31), 2**31)
+
+
+class Unpublishable(ValueError):
+    """The row can never be published as stored; the message says which column and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the broker connection allows (0: no limit known)."""
+
+    frame_max: int = 0  # negotiated at connect: the properties must fit one frame
+    max_message_size: int = 0  # bytes of body; learned from the broker's 406 close
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A row as it goes on the wire: every field checked against the protocol's limits."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: bytes  # encoded: content type, headers, persistent, message id, timestamp
+
+
+def build(row: OutboxRow, limits: Limits = Limits()) -> Message:
+    """The message for ``row``; raises Unpublishable naming the column and the limit."""
+    if row.unreadable is not None:
+        raise Unpublishable(row.unreadable)
+    _short_string("exchange", row.exchange)
+    _short_string("routing_key", row.routing_key)
+    if limits.max_message_size and len(row.payload) > limits.max_message_size:
+        raise Unpublishable(
+            f"payload is {len(row.payload)} bytes, larger than configured max size "
+            f"{limits.max_message_size} (the broker's max_message_size)"
+        )
+    flags = _CONTENT_TYPE | _DELIVERY_MODE | _MESSAGE_ID | _TIMESTAMP
+    pieces = [_short_string("content_type", row.content_type)]
+    if row.headers is not None:
+        flags |= _HEADERS
+        pieces.append(encode_headers(row.headers))
+    pieces += [
+        struct.pack("B", PERSISTENT),
+        _short_string("message_id", row.message_id),
+        struct.pack(">Q", _timestamp(row.created_at)),
+    ]
+    properties = struct.pack(">H", flags) + b"".join(pieces)
+    if limits.frame_max and len(properties) + CONTENT_HEADER_OVERHEAD > limits.frame_max:
+        raise Unpublishable(
+            f"the message properties (mostly headers) encode to {len(properties)} bytes; they "
+            f"must fit one frame (frame_max {limits.frame_max} bytes, "
+            f"{CONTENT_HEADER_OVERHEAD} of them overhead)"
+        )
+    return Message(row.exchange, row.routing_key, row.payload, properties)
+
+
+def _short_string(column: str, value: str) -> bytes:
+    """``value`` encoded as an AMQP short string (length octet, UTF-8)."""
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) > SHORT_STRING_MAX:
+        raise Unpublishable(
+            f"{column} is {len(raw)} bytes; AMQP allows at most {SHORT_STRING_MAX} (a short string)"
+        )
+    return struct.pack("B", len(raw)) + raw
+
+
+def _timestamp(created_at: datetime) -> int:
+    seconds = int(created_at.astimezone(UTC).timestamp())
+    if seconds < 0:
+        raise Unpublishable(
+            f"created_at {created_at.isoformat()} is before 1970: AMQP's timestamp is unsigned"
+        )
+    return seconds
+
+
+def encode_headers(text: str) -> bytes:
+    """The JSON object ``text`` as an encoded AMQP field table (see the module docstring)."""
+    try:
+        parsed = json.loads(text, parse_float=Decimal, parse_int=int, parse_constant=_constant)
+    except RecursionError:
+        raise Unpublishable(
+            f"headers are nested deeper than {MAX_HEADER_DEPTH} levels (JSON too deep to read)"
+        ) from None
+    except ValueError as exc:
+        raise Unpublishable(f"headers are not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise Unpublishable("headers must be a JSON object")
+    return _table(parsed, "", 1)
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _table(table: dict[str, Any], path: str, depth: int) -> bytes:
+    if depth > MAX_HEADER_DEPTH:
+        raise Unpublishable(f"headers are nested deeper than {MAX_HEADER_DEPTH} levels")
+    pieces = []
+    for key, value in table.items():
+        where = f"{path}.{key}" if path else key
+        pieces += [_short_string(f"header key {_shown(where)}", key), _value(value, where, depth)]
+    return _sized(b"".join(pieces), "headers")
+
+
+def _value(value: Any, where: str, depth: int) -> bytes:
+    if isinstance(value, str):
+        return b"S" + _sized(value.encode("utf-8", "surrogatepass"), f"header {_shown(where)}")
+    if isinstance(value, bool):
+        return b"t" + struct.pack("B", value)
+    if value is None:
+        return b"V"
+    if isinstance(value, int):
+        if value in _I32:
+            return b"I" + struct.pack(">i", value)
+        if value in _I64:
+            return b"l" + struct.pack(">q", value)
+        raise Unpublishable(
+            f"header {_shown(where)}: the integer {_number(value)} is outside AMQP's 64-bit range"
+        )
+    if isinstance(value, Decimal):
+        return _fraction(value, where)
+    if isinstance(value, list):
+        if depth + 1 > MAX_HEADER_DEPTH:
+            raise Unpublishable(f"headers are nested deeper than {MAX_HEADER_DEPTH} levels")
+        items = b"".join(_value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+        return b"A" + _sized(items, f"header {_shown(where)}")
+    if isinstance(value, dict):
+        return b"F" + _table(value, where, depth + 1)
+    raise Unpublishable(f"header {_shown(where)}: {type(value).__name__} has no AMQP type")
+
+
+def _fraction(value: Decimal, where: str) -> bytes:
+    """A JSON number with a fraction or an exponent: decimal if its digits fit, else double."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # json never produces NaN or infinities here
+    mantissa = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+    scale = -exponent
+    while scale < 0 and mantissa in _DECIMAL_MANTISSA:
+        mantissa, scale = mantissa * 10, scale + 1  # 15E+2 -> 1500, scale 0
+    if 0 <= scale <= 255 and mantissa in _DECIMAL_MANTISSA and not (sign and mantissa == 0):
+        return b"D" + struct.pack(">Bi", scale, mantissa)
+    double = float(value)
+    try:
+        exact = math.isfinite(double) and Decimal(repr(double)) == value
+    except InvalidOperation:
+        exact = False
+    if not exact:
+        raise Unpublishable(
+            f"header {_shown(where)}: the number {_number(value)} fits neither an AMQP decimal "
+            "(32-bit mantissa) nor a double without changing its value"
+        )
+    return b"d" + struct.pack(">d", double)
+
+
+def _sized(data: bytes, what: str) -> bytes:
+    if len(data) > LONG_STRING_MAX:
+        raise Unpublishable(f"{what} is {len(data)} bytes; AMQP allows at most {LONG_STRING_MAX}")
+    return struct.pack(">I", len(data)) + data
+
+
+def _shown(where: str) -> str:
+    """A header path as a reason shows it: quoted, and cut if very long."""
+    return repr(where if len(where) <= 60 else where[:57] + "...")
+
+
+def _number(value: int | Decimal) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"

@@ -1,0 +1,82 @@
+"""Reading a claimed row: whatever a column holds, one row never fails the others."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from relay.db.claims import decode_row
+
+STORED = {
+    "id": 7,
+    "message_id": "m-7",
+    "exchange": "ex",
+    "routing_key": "rk",
+    "payload": b"p",
+    "content_type": "text/plain",
+    "headers": None,
+    "created_at": "2026-01-01 00:00:00.000000",
+    "attempts": 0,
+    "last_error": None,
+}
+T = datetime(2026, 1, 1, tzinfo=UTC)
+
+# A stored value -> the field it becomes (the other columns as in STORED).
+READABLE = {
+    "SQLite text time": ("created_at", "2026-01-01 00:00:00.000000", "created_at", T),
+    "SQLite CURRENT_TIMESTAMP": ("created_at", "2026-01-01 00:00:00", "created_at", T),
+    "ISO time with offset": ("created_at", "2026-01-01T01:00:00+01:00", "created_at", T),
+    "Unix seconds": ("created_at", int(T.timestamp()), "created_at", T),
+    "Unix seconds, fractional": (
+        "created_at",
+        T.timestamp() + 0.5,
+        "created_at",
+        T + timedelta(seconds=0.5),
+    ),
+    "PostgreSQL timestamptz": (
+        "created_at",
+        T.astimezone(timezone(timedelta(hours=2))),
+        "created_at",
+        T,
+    ),
+    "text payload is UTF-8": ("payload", "héllo", "payload", "héllo".encode()),
+    "memoryview payload": ("payload", memoryview(b"raw"), "payload", b"raw"),
+    "headers text": ("headers", '{"a": 1}', "headers", '{"a": 1}'),
+}
+
+
+@pytest.mark.parametrize(
+    ("column", "stored", "field", "value"), READABLE.values(), ids=list(READABLE)
+)
+def test_stored_values_are_read(column: str, stored: Any, field: str, value: Any) -> None:
+    row = decode_row({**STORED, column: stored})
+    assert row.unreadable is None
+    assert getattr(row, field) == value
+
+
+UNREADABLE = {
+    "INTEGER payload": ("payload", 42, "payload is an INTEGER, not bytes or text"),
+    "REAL payload": ("payload", 4.2, "payload is a REAL"),
+    "BLOB routing key": ("routing_key", b"rk", "routing_key is a BLOB, not text"),
+    "INTEGER exchange": ("exchange", 5, "exchange is an INTEGER, not text"),
+    "INTEGER headers": ("headers", 1, "headers is an INTEGER, not text"),
+    "text that is no time": (
+        "created_at",
+        "yesterday",
+        "created_at 'yesterday' is not an ISO-8601 time",
+    ),
+    "seconds out of range": ("created_at", 10**20, "is not a time in Unix seconds"),
+    "BLOB time": ("created_at", b"\x00", "created_at is a BLOB, not a time"),
+    "text attempts": ("attempts", "3", "attempts is a str, not a whole number"),
+}
+
+
+@pytest.mark.parametrize(("column", "stored", "reason"), UNREADABLE.values(), ids=list(UNREADABLE))
+def test_an_unreadable_row_carries_its_id_and_the_reason(
+    column: str, stored: Any, reason: str
+) -> None:
+    row = decode_row({**STORED, column: stored})
+    assert row.id == 7 and row.unreadable is not None
+    assert row.unreadable.startswith("unreadable row: ") and reason in row.unreadable

@@ -1,0 +1,169 @@
+"""relay.message: every row becomes its exact AMQP message, or a reason naming column and limit."""
+
+from __future__ import annotations
+
+import json
+import struct
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pika
+import pytest
+
+from relay.message import MAX_HEADER_DEPTH, Limits, Unpublishable, build, encode_headers
+from tests.support.rows import row
+
+CREATED = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp())
+
+
+def pika_decoded(properties: bytes) -> pika.BasicProperties:
+    decoded = pika.BasicProperties()
+    decoded.decode(properties)
+    return decoded
+
+
+def test_properties_are_byte_for_byte_what_pika_encodes_where_pika_can() -> None:
+    headers = {
+        "s": "x",
+        "i": -5,
+        "big": 2**40,
+        "t": True,
+        "v": None,
+        "a": [1, "y", {"z": False}],
+        "f": {"g": {"h": "k"}},
+        "money": 19.99,
+        "half": 0.5,
+        "utf": "größe ✓",
+    }
+    ours = build(row(1, headers=json.dumps(headers))).properties
+    as_pika = {**headers, "money": Decimal("19.99"), "half": Decimal("0.5")}
+    theirs = pika.BasicProperties(
+        content_type="text/plain",
+        delivery_mode=2,
+        message_id="m-1",
+        timestamp=CREATED,
+        headers=as_pika,
+    )
+    assert ours == b"".join(theirs.encode())
+    decoded = pika_decoded(ours)
+    assert (decoded.content_type, decoded.delivery_mode, decoded.message_id, decoded.timestamp) == (
+        "text/plain",
+        2,
+        "m-1",
+        CREATED,
+    )
+    assert decoded.headers == as_pika
+
+
+def test_no_headers_means_no_header_table() -> None:
+    decoded = pika_decoded(build(row(1)).properties)
+    assert decoded.headers is None and decoded.message_id == "m-1"
+
+
+def field(value_json: str) -> bytes:
+    """The encoded field value of header "k" = ``value_json`` (after the table's length and key)."""
+    return encode_headers('{"k": ' + value_json + "}")[4 + 2 :]
+
+
+# JSON value -> the exact AMQP field value it becomes (type letter and big-endian bytes).
+MAPPING = {
+    '"text"': b"S" + struct.pack(">I", 4) + b"text",
+    '"\\u00e9"': b"S" + struct.pack(">I", 2) + "é".encode(),
+    "true": b"t\x01",
+    "false": b"t\x00",
+    "null": b"V",
+    "0": b"I" + struct.pack(">i", 0),
+    "-2147483648": b"I" + struct.pack(">i", -(2**31)),
+    "2147483648": b"l" + struct.pack(">q", 2**31),
+    "-9223372036854775808": b"l" + struct.pack(">q", -(2**63)),
+    "9223372036854775807": b"l" + struct.pack(">q", 2**63 - 1),
+    "19.99": b"D" + struct.pack(">Bi", 2, 1999),
+    "0.5": b"D" + struct.pack(">Bi", 1, 5),
+    "-1.25": b"D" + struct.pack(">Bi", 2, -125),
+    "15e2": b"D" + struct.pack(">Bi", 0, 1500),
+    "1.0": b"D" + struct.pack(">Bi", 1, 10),
+    "0.30000000000000004": b"d" + struct.pack(">d", 0.30000000000000004),
+    "3.141592653589793": b"d" + struct.pack(">d", 3.141592653589793),
+    "1.5e10": b"d" + struct.pack(">d", 1.5e10),
+    "1e-300": b"d" + struct.pack(">d", 1e-300),
+    "-0.0": b"d" + struct.pack(">d", -0.0),
+    "[]": b"A" + struct.pack(">I", 0),
+    '[1, "a"]': b"A" + struct.pack(">I", 11) + b"I\x00\x00\x00\x01S\x00\x00\x00\x01a",
+    "{}": b"F" + struct.pack(">I", 0),
+    '{"a": null}': b"F" + struct.pack(">I", 3) + b"\x01aV",
+}
+
+
+@pytest.mark.parametrize(("value", "encoded"), MAPPING.items(), ids=list(MAPPING))
+def test_every_json_value_has_one_exact_amqp_field(value: str, encoded: bytes) -> None:
+    assert field(value) == encoded
+
+
+def nested(depth: int) -> str:
+    """Headers of ``depth`` tables, one inside the other."""
+    return '{"a": ' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+LONG = "x" * 256
+# Row fields -> the reason it can never be published (a part of it).
+DEEP_ARRAYS = '{"a": ' + "[" * MAX_HEADER_DEPTH + "]" * MAX_HEADER_DEPTH + "}"
+# Row fields -> the reason it can never be published (a part of it).
+UNPUBLISHABLE = {
+    "routing key too long": ({"routing_key": LONG}, "is 256 bytes; AMQP allows at most 255"),
+    "exchange too long": ({"exchange": LONG}, "exchange is 256 bytes; AMQP allows at"),
+    "message id too long": ({"message_id": LONG}, "message_id is 256 bytes"),
+    "content type too long": ({"content_type": LONG}, "content_type is 256 bytes"),
+    "characters count as bytes": ({"routing_key": "é" * 128}, "routing_key is 256 bytes"),
+    "header key too long": ({"headers": json.dumps({LONG: 1})}, "header key 'xxxx"),
+    "nested key too long": ({"headers": json.dumps({"a": {LONG: 1}})}, "header key 'a.xxx"),
+    "headers not JSON": ({"headers": "not json"}, "headers are not valid JSON"),
+    "headers not an object": ({"headers": "[1, 2]"}, "headers must be a JSON object"),
+    "NaN is not JSON": ({"headers": '{"x": NaN}'}, "NaN is not a JSON number"),
+    "Infinity is not JSON": ({"headers": '{"x": -Infinity}'}, "-Infinity is not a JSON number"),
+    "nested too deep": ({"headers": nested(MAX_HEADER_DEPTH + 1)}, "nested deeper than 32"),
+    "arrays count as depth": ({"headers": DEEP_ARRAYS}, "nested deeper than 32"),
+    "deeper than JSON reads": ({"headers": nested(200_000)}, "nested deeper than 32"),
+    "integer beyond 64 bits": ({"headers": '{"n": 9223372036854775808}'}, "'n': the integer"),
+    "number beyond a double": ({"headers": '{"n": 1e400}'}, "'n': the number 1E+400 fits neither"),
+    "more digits than a double": (
+        {"headers": '{"n": 0.1000000000000000055511151231257827}'},
+        "fits neither an AMQP decimal (32-bit mantissa) nor a double",
+    ),
+    "created before 1970": (
+        {"created_at": datetime(1960, 1, 1, tzinfo=UTC)},
+        "created_at 1960-01-01T00:00:00+00:00 is before 1970",
+    ),
+    "unreadable as stored": (
+        {"unreadable": "unreadable row: payload is an INTEGER"},
+        "unreadable row: payload is an INTEGER",
+    ),
+}
+
+
+@pytest.mark.parametrize(("fields", "reason"), UNPUBLISHABLE.values(), ids=list(UNPUBLISHABLE))
+def test_a_row_that_can_never_be_published_says_which_column_and_limit(
+    fields: dict[str, object], reason: str
+) -> None:
+    with pytest.raises(Unpublishable) as raised:
+        build(row(1, **fields))  # type: ignore[arg-type]
+    assert reason in str(raised.value)
+
+
+def test_limits_at_the_edge_are_allowed() -> None:
+    edge = "x" * 255
+    fields = {"routing_key": edge, "exchange": edge, "message_id": edge, "content_type": edge}
+    message = build(row(1, headers=json.dumps({edge: 1}), **fields))  # type: ignore[arg-type]
+    assert (message.exchange, message.routing_key) == (edge, edge)
+    assert pika_decoded(message.properties).headers == {edge: 1}
+    build(row(1, headers=nested(MAX_HEADER_DEPTH)))
+
+
+def test_limits_the_broker_has_shown_are_applied() -> None:
+    big = row(1, payload=b"x" * 1001)
+    assert build(big, Limits(max_message_size=1001)).body == big.payload
+    with pytest.raises(Unpublishable, match="1001 bytes, larger than configured max size 1000"):
+        build(big, Limits(max_message_size=1000))
+    headers = json.dumps({"h": "y" * 5000})
+    build(row(1, headers=headers), Limits(frame_max=8192))
+    with pytest.raises(Unpublishable, match=r"must fit one frame \(frame_max 4096"):
+        build(row(1, headers=headers), Limits(frame_max=4096))
