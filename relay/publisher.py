@@ -146,6 +146,7 @@ class PikaPublisher(ConfirmWindow):
         self._limits = Limits()
         self._held: deque[OutboxRow] = deque()  # suspects waiting to go out alone
         self._alone: OutboxRow | None = None  # the suspect in flight by itself
+        self._row_closed_channel = False  # this session ended with a channel error
         self._closing = False
         self._session_closed: asyncio.Future[str] | None = None
         self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
@@ -219,8 +220,8 @@ class PikaPublisher(ConfirmWindow):
         try:
             while not self._closing:
                 if short_sessions:
-                    # Sessions that die as soon as they start (a row the broker refuses in a
-                    # way no row can be blamed for) must not become a reconnect storm.
+                    # Connections that die as soon as they open (the broker or the network
+                    # drops them, no row is to blame) must not become a reconnect storm.
                     await asyncio.sleep(self._reconnect.delay(short_sessions))
                 retrying = tenacity.AsyncRetrying(
                     wait=self._reconnect.wait,
@@ -236,9 +237,12 @@ class PikaPublisher(ConfirmWindow):
                 except BrokerError:
                     return  # closing while still unable to connect
                 started = time.monotonic()
+                self._row_closed_channel = False
                 reason = await closed
+                # A close that rows are charged for is theirs to pay (their attempts and
+                # back-off), not a reason to keep every other row waiting for a reconnect.
                 short = time.monotonic() - started < SHORT_SESSION_S
-                short_sessions = short_sessions + 1 if short else 0
+                short_sessions = short_sessions + 1 if short and not self._row_closed_channel else 0
                 if not self._closing:
                     log.warning(
                         "broker connection lost: %s",
@@ -380,6 +384,7 @@ class PikaPublisher(ConfirmWindow):
         # row that did it an attempt; the others become suspects (see the class docstring).
         # Then start afresh on a new connection (the simplest state to reason about).
         why = f"{CLOSED_BY_BROKER}: {code} {text}"
+        self._row_closed_channel = True
         culprit: Callable[[OutboxRow], bool] | None = None
         alone = self._alone
         if alone is not None:
