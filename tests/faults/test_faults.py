@@ -444,3 +444,58 @@ def test_13_a_memory_alarm_pauses_publishing_without_errors(
     logged = relays[0].log_path.read_text()
     actions = [json.loads(line)["action"] for line in logged.splitlines()]
     assert "broker_blocked" in actions and "confirm_timeout" not in actions
+
+
+def test_14_poison_rows_of_every_kind_while_three_relays_run(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """Rows that once spun, crashed or stalled a relay, one of each kind every second or so,
+    twice over, while the writers write and three relays share the outbox: none exits, each
+    bad row is parked with its reason, the doubles are delivered, and each row that made the
+    broker close a channel took one window of good rows down with it at most."""
+    parked: dict[str, str] = {}
+    deep = '{"a": ' * 600 + "1" + "}" * 600
+    kinds = [
+        ("long-key", {"routing_key": "k" * 300}, "rejected: routing_key is 300 bytes"),
+        ("deep", {"headers": deep}, "rejected: headers are nested deeper than 32"),
+        ("header-key", {"headers": json.dumps({"h" * 300: 1})}, "rejected: header key"),
+        ("huge-int", {"headers": '{"n": 99999999999999999999}'}, "rejected: header 'n'"),
+        ("internal", {"exchange": "amq.rabbitmq.trace"}, "403 ACCESS_REFUSED"),
+        ("doubles", {"headers": '{"r": 0.30000000000000004, "pi": 3.141592653589793}'}, None),
+    ]
+    engine = sa.create_engine(postgresql_url)
+
+    def poison_rows(_relays: list[FaultRelay]) -> float:
+        for round_ in range(2):
+            for name, columns, reason in kinds:
+                values = {
+                    "message_id": f"{name}-{round_}",
+                    "exchange": "faults",
+                    "routing_key": "k",
+                    "payload": b"p",
+                } | columns
+                with engine.begin() as conn:
+                    conn.execute(sa.insert(sa.table("outbox", *map(sa.column, values))), values)
+                if reason is not None:
+                    parked[values["message_id"]] = reason
+                time.sleep(0.5)
+        return time.time()
+
+    try:
+        consumer, relays = scenario(
+            "14-poison-every-kind",
+            postgresql_url,
+            fresh_broker,
+            tmp_path,
+            poison_rows,
+            relays=3,
+            parked=parked,
+            max_attempts="3",
+        )
+    finally:
+        engine.dispose()
+    assert not any(relay.killed for relay in relays)
+    assert {"doubles-0", "doubles-1"} <= consumer.seen()
+    first = [m for m, redelivered in consumer.deliveries if not redelivered]
+    duplicates = len(first) - len(set(first))
+    assert duplicates <= 2 * WINDOW, f"{duplicates} duplicates for two channel-closing rows"
