@@ -51,6 +51,7 @@ _TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
 # publish goes out alone (see ``PikaPublisher.publish``). Kept in the row's last_error, so
 # that every relay, and a restarted one, knows its suspects.
 CLOSED_BY_BROKER = "channel closed by the broker"
+_HELD_SUSPECT = f"not published again yet: a suspect since a {CLOSED_BY_BROKER}"
 
 
 class _EncodedProperties(pika.BasicProperties):  # type: ignore[misc]
@@ -166,7 +167,7 @@ class PikaPublisher(ConfirmWindow):
         published = []
         for row in rows:
             if not self.connected:
-                self.tracker.lose([row], "no channel to publish on")
+                self._lose(row, "no channel to publish on")
             elif _suspect(row):
                 self._held.append(row)
             elif self._send(row):
@@ -178,10 +179,6 @@ class PikaPublisher(ConfirmWindow):
         """Publish one row; any failure becomes its outcome. True when it went out."""
         try:
             message = build(row, self._limits)
-        except Unpublishable as exc:
-            self.tracker.reject(row, str(exc))
-            return False
-        try:
             self._channel.basic_publish(
                 message.exchange,
                 message.routing_key,
@@ -189,8 +186,11 @@ class PikaPublisher(ConfirmWindow):
                 _EncodedProperties(message.properties),
                 mandatory=True,
             )
+        except Unpublishable as exc:
+            self.tracker.reject(row, str(exc))
+            return False
         except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
-            self.tracker.lose([row], "the channel closed as the row was published")
+            self._lose(row, "the channel closed as the row was published")
             return False
         except Exception as exc:  # whatever one row does, the others go on
             log.warning(
@@ -203,6 +203,10 @@ class PikaPublisher(ConfirmWindow):
             return False
         self.tracker.published(row, time.monotonic())
         return True
+
+    def _lose(self, row: OutboxRow, reason: str) -> None:
+        """Due again at once; a suspect stays one (its reason keeps the mark)."""
+        self.tracker.lose([row], _HELD_SUSPECT if _suspect(row) else reason)
 
     def _release_suspect(self) -> list[OutboxRow]:
         """Publish the next held suspect if nothing else is in flight; the rows that went out."""
@@ -416,7 +420,7 @@ class PikaPublisher(ConfirmWindow):
             self._on_state(False)
         self.tracker.channel_lost(reason, culprit, culprit_reason)
         # Held suspects never went out: due again, and still suspects.
-        self.tracker.lose(self._held, f"held back as a suspect ({CLOSED_BY_BROKER} earlier)")
+        self.tracker.lose(self._held, _HELD_SUSPECT)
         self._held.clear()
         self._alone = None
         self._wake()
