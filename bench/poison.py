@@ -3,13 +3,14 @@ the relay.
 
     .venv/bin/python -m bench.poison [--backlog 30000] [--window 1000]
 
-Starts a private RabbitMQ node and PostgreSQL. For each case, a `relay run` (RELAY_MAX_ATTEMPTS
-=3, default back-off) drains a backlog of good rows; right after it starts, the bad row is
-inserted (by plain SQL, on PostgreSQL, or on SQLite where the case is SQLite's), due before
-the backlog. Reports the seconds from the bad row's commit until it is parked (or sent, for
-rows that are good after all; the default back-off puts 1 s and 2 s between attempts), the duplicate deliveries of good rows, and the good rows' rate while the bad row was
-being retried against the same drain with no bad row (the baseline). Case 6 (malformed
-settings) reports the exit code and the seconds to it. By hand only: the machine is shared.
+Starts a private RabbitMQ node and PostgreSQL. For each case, a `relay run`
+(RELAY_MAX_ATTEMPTS=3, default back-off: 1 s, then 2 s between attempts) drains a backlog of
+good rows; once it is under way, the bad row is inserted by plain SQL (on PostgreSQL, or on
+SQLite where the case is SQLite's), due before the backlog. Reports the seconds from the bad
+row's commit until it is parked (or sent, for rows that are good after all), the duplicate
+deliveries of good rows, and the good rows' rate in that time, beside a baseline drain with
+no bad row. Case 6 (a malformed setting) reports the exit code and the seconds to it. By
+hand only: the machine is shared.
 """
 
 from __future__ import annotations
