@@ -29,6 +29,7 @@ import pika
 import sqlalchemy as sa
 
 from devtools.broker import simple_topology, write_topology
+from devtools.outbox import insert
 from devtools.relayproc import RelayProcess, relay, relay_env
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from relay.db.engine import migrate
@@ -74,12 +75,15 @@ def reset(url: str, amqp_url: str, backlog: int) -> None:
     channel.queue_purge(QUEUE)
     conn.close()
     engine = sa.create_engine(url)
-    insert = sa.text(
-        "INSERT INTO outbox (message_id, exchange, routing_key, payload) VALUES (:m, :x, 'k', :p)"
-    )
     with engine.begin() as db:
         db.execute(sa.text("DELETE FROM outbox"))
-        db.execute(insert, [{"m": f"good-{i}", "x": EXCHANGE, "p": b"x"} for i in range(backlog)])
+    insert(
+        engine,
+        [
+            {"message_id": f"good-{i}", "exchange": EXCHANGE, "routing_key": "k", "payload": b"x"}
+            for i in range(backlog)
+        ],
+    )
     engine.dispose()
 
 
@@ -124,15 +128,7 @@ def run_case(
                 # row's own, not its wait behind 30,000 rows.
                 "next_attempt_at": "2000-01-01 00:00:00",
             } | bad
-            columns = ", ".join(values)
-            with engine.begin() as conn:
-                conn.execute(
-                    sa.text(
-                        f"INSERT INTO outbox ({columns}) VALUES "
-                        f"({', '.join(':' + c for c in values)})"
-                    ),
-                    values,
-                )
+            insert(engine, [values])
             wait_until(
                 lambda: status(engine, "bad") in ("parked", "sent"), 120, "the bad row settled"
             )

@@ -42,3 +42,20 @@ def rows(target: str | sa.Engine) -> list[Any]:
     """Every row, every column, in id order."""
     with _connection(target) as conn:
         return list(conn.execute(sa.select(outbox).order_by(outbox.c.id)))
+
+
+def insert(target: str | sa.Engine, rows: list[dict[str, Any]]) -> None:
+    """Rows as any SQL writer inserts them: the given columns only, values bound as they are
+    (past SQLAlchemy's column types, so SQLite keeps an INTEGER payload as one), the database
+    filling in the rest, in one transaction. Every row names the same columns."""
+    columns = list(rows[0])
+    statement = sa.text(
+        f"INSERT INTO outbox ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})"
+    )
+    engine = target if isinstance(target, sa.Engine) else sa.create_engine(target)
+    try:
+        with engine.begin() as conn:
+            conn.execute(statement, rows)
+    finally:
+        if engine is not target:
+            engine.dispose()

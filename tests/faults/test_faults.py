@@ -20,6 +20,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
+from devtools.outbox import insert
 from devtools.relayproc import rss_mb
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from tests.faults.harness import (
@@ -39,20 +40,6 @@ from tests.faults.proxy import TcpProxy
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 MAX_MESSAGE = 1024 * 1024  # the fault node's max_message_size
-
-
-def insert(url: str, rows: list[dict[str, object]]) -> None:
-    """Rows written beside the writers' (message_id, exchange, payload, headers)."""
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO outbox (message_id, exchange, routing_key, payload, "
-                "headers) VALUES (:m, :x, 'k', :p, :h)"
-            ),
-            rows,
-        )
-    engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -370,11 +357,16 @@ def test_8_an_unroutable_flood_is_parked_and_good_rows_keep_flowing(
     def flood(_relays: list[FaultRelay]) -> float:
         for burst in range(3):
             rows = [
-                {"m": f"unroutable-{burst}-{i}", "x": UNBOUND, "p": b"lost?", "h": None}
+                {
+                    "message_id": f"unroutable-{burst}-{i}",
+                    "exchange": UNBOUND,
+                    "routing_key": "k",
+                    "payload": b"lost?",
+                }
                 for i in range(100)
             ]
             insert(postgresql_url, rows)
-            parked.update({str(r["m"]): "312 NO_ROUTE" for r in rows})
+            parked.update({str(r["message_id"]): "312 NO_ROUTE" for r in rows})
             time.sleep(1)
         return time.time()
 
@@ -404,7 +396,8 @@ def test_9_poison_rows_are_parked_with_their_reason_and_the_rest_flows(
 
     def poison_rows(relays: list[FaultRelay]) -> float:
         for message_id, exchange, payload, headers, reason in poison:
-            insert(postgresql_url, [{"m": message_id, "x": exchange, "p": payload, "h": headers}])
+            row = {"message_id": message_id, "exchange": exchange, "routing_key": "k"}
+            insert(postgresql_url, [row | {"payload": payload, "headers": headers}])
             parked[message_id] = reason
             time.sleep(0.5)
         return time.time()
@@ -474,8 +467,7 @@ def test_14_poison_rows_of_every_kind_while_three_relays_run(
                     "routing_key": "k",
                     "payload": b"p",
                 } | columns
-                with engine.begin() as conn:
-                    conn.execute(sa.insert(sa.table("outbox", *map(sa.column, values))), values)
+                insert(engine, [values])
                 if reason is not None:
                     parked[values["message_id"]] = reason
                 time.sleep(0.5)

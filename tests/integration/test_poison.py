@@ -21,23 +21,14 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.broker import drain, names, simple_topology
-from devtools.outbox import rows, statuses
+from devtools.outbox import insert, rows, statuses
 from devtools.servers import RabbitNode
-from relay.db.schema import outbox
 from relay.records import NewMessage
 from tests.support.inprocess import Running, enqueue, settings, wait_for
 from tests.support.metrics import sample_value
 
 WINDOW = 20
 GOOD = 30  # good rows written before and after each bad one
-
-
-def insert(url: str, values: dict[str, Any]) -> None:
-    """One row as any SQL writer inserts it (the database fills in the rest)."""
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.insert(outbox).values(**values))
-    engine.dispose()
 
 
 def around(exchange: str, tag: str) -> list[NewMessage]:
@@ -59,7 +50,9 @@ def relay_with_a_bad_row(
     async def scenario() -> dict[str, Any]:
         async with running as parts:
             enqueue(parts, around(exchange, "before"))
-            insert(database_url, {"message_id": "bad", "exchange": exchange, "payload": b"x"} | bad)
+            insert(
+                database_url, [{"message_id": "bad", "exchange": exchange, "payload": b"x"} | bad]
+            )
             enqueue(parts, around(exchange, "after"))
 
             def settled() -> bool:
@@ -151,14 +144,7 @@ def test_on_sqlite_a_value_of_another_storage_class_parks_its_row_only(
     async def scenario() -> None:
         async with running as parts:
             enqueue(parts, around(exchange, "before"))
-            with engine.begin() as conn:  # plain SQL, past SQLAlchemy's types
-                conn.execute(
-                    sa.text(
-                        f"INSERT INTO outbox ({', '.join(values)}) "
-                        f"VALUES ({', '.join(':' + name for name in values)})"
-                    ),
-                    values,
-                )
+            insert(sqlite_url, [values])  # plain SQL, past SQLAlchemy's types
             enqueue(parts, around(exchange, "after"))
             await wait_for(
                 lambda: statuses(sqlite_url) == {"sent": 2 * GOOD, "parked": 1},
@@ -184,14 +170,8 @@ def test_on_sqlite_an_epoch_created_at_is_read_as_unix_seconds(
 
     async def scenario() -> None:
         async with running as parts:
-            engine = sa.create_engine(sqlite_url)
-            with engine.begin() as conn:
-                insert_epoch = sa.text(
-                    "INSERT INTO outbox (message_id, exchange, payload, created_at) "
-                    "VALUES ('epoch', :x, 'text payload', 1767225600)"
-                )
-                conn.execute(insert_epoch.bindparams(x=exchange))
-            engine.dispose()
+            epoch = {"message_id": "epoch", "exchange": exchange, "payload": "text payload"}
+            insert(sqlite_url, [epoch | {"created_at": 1767225600}])
             await wait_for(lambda: statuses(sqlite_url) == {"sent": 1}, 30, "the row sent")
             assert parts.relay.ready()
 
@@ -214,7 +194,7 @@ def test_doubles_in_headers_are_published_exactly(
     async def scenario() -> None:
         async with running:
             row = {"message_id": "doubles", "exchange": exchange, "payload": b"d"}
-            insert(database_url, row | {"headers": json.dumps(headers)})
+            insert(database_url, [row | {"headers": json.dumps(headers)}])
             await wait_for(lambda: [r.status for r in rows(database_url)] == ["sent"], 30, "sent")
 
     asyncio.run(scenario())
