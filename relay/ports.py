@@ -43,8 +43,10 @@ class Publisher(Protocol):
         """How many more rows may be published now: 0 unless connected and not blocked."""
 
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
-        """Publish ``rows``; returns those that went out. The others are settled already
-        (rejected, or lost with the channel) and come out of ``take_settled``."""
+        """Publish ``rows`` (called every turn, with none too); returns the rows that went out,
+        rows held back on an earlier call among them. The others are settled already
+        (rejected, or lost with the channel; they come out of ``take_settled``) or held back
+        until nothing else is in flight (suspects, see ``relay.publisher``)."""
 
     def take_settled(self) -> list[Settlement]:
         """What became of published rows since the last call."""
