@@ -210,7 +210,9 @@ class PikaPublisher(ConfirmWindow):
 
     def _release_suspect(self) -> list[OutboxRow]:
         """Publish the next held suspect if nothing else is in flight; the rows that went out."""
-        while self.connected and self._held and self._alone is None and not self.tracker.in_flight:
+        while (
+            self.can_publish and self._held and self._alone is None and not self.tracker.in_flight
+        ):
             row = self._held.popleft()
             if self._send(row):
                 self._alone = row
