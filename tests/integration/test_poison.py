@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import time
 from collections import Counter
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 import sqlalchemy as sa
 
-from devtools.broker import drain, names, simple_topology
+from devtools.broker import drain, names, simple_topology, write_topology
 from devtools.outbox import insert, rows, statuses
-from devtools.servers import RabbitNode
+from devtools.relayproc import RelayProcess, cpu_seconds, relay_env
+from devtools.servers import RabbitNode, wait_until
 from relay.records import NewMessage
 from tests.support.inprocess import Running, enqueue, settings, wait_for
 from tests.support.metrics import sample_value
@@ -212,3 +215,38 @@ def test_doubles_in_headers_are_published_exactly(
     for key in ("r", "pi", "big"):
         assert bytes([len(key)]) + key.encode() + b"d" + struct.pack(">d", headers[key]) in raw, key
     assert running.drained is True
+
+
+def test_a_row_being_retried_costs_the_relay_almost_no_cpu(
+    postgresql_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    """A row that closes the channel on every attempt, retried about once a second, and
+    nothing else to do: the relay waits, it does not spin (a spinning row burns a core)."""
+    exchange, queue = names("idle")
+    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
+    env = relay_env(
+        RELAY_DATABASE_URL=postgresql_url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_TOPOLOGY_FILE=str(topology),
+        RELAY_METRICS_PORT="0",
+        RELAY_MAX_ATTEMPTS="1000",
+        RELAY_BACKOFF_INITIAL="0.5",
+        RELAY_BACKOFF_MAX="1",
+    )
+    insert(
+        postgresql_url, [{"message_id": "bad", "exchange": "amq.rabbitmq.trace", "payload": b"x"}]
+    )
+    with RelayProcess(env, tmp_path / "relay.log") as relay:
+
+        def attempts() -> int:
+            (row,) = [r for r in rows(postgresql_url) if r.message_id == "bad"]
+            return int(row.attempts)
+
+        wait_until(lambda: attempts() >= 2, 60, "the bad row retried")
+        cpu, started, first = cpu_seconds(relay.pid), time.monotonic(), attempts()
+        wait_until(lambda: attempts() >= first + 3, 60, "three more attempts")
+        used, waited = cpu_seconds(relay.pid) - cpu, time.monotonic() - started
+        assert relay.running
+        assert relay.stop() == 0
+    assert used < 0.25 * waited, f"{used:.2f} s of CPU in {waited:.1f} s"
+    assert relay.tracebacks() == []
