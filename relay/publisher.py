@@ -396,6 +396,12 @@ class PikaPublisher(ConfirmWindow):
         # Then start afresh on a new connection (the simplest state to reason about).
         why = f"{CLOSED_BY_BROKER}: {code} {text}"
         self._row_closed_channel = True
+        too_large = _TOO_LARGE.search(text) if code == 406 else None
+        if too_large:
+            # Remembered for this relay's life: an oversized row is then refused before it
+            # is sent, and takes no channel (and no good rows) down with it.
+            limit = int(too_large["size"])
+            self._limits = dataclasses.replace(self._limits, max_message_size=limit)
         culprit: Callable[[OutboxRow], bool] | None = None
         alone = self._alone
         if alone is not None:
@@ -405,13 +411,8 @@ class PikaPublisher(ConfirmWindow):
         ):
             name = "" if m["name"] == "amq.default" else m["name"]
             culprit = lambda row: row.exchange == name  # noqa: E731
-        elif code == 406 and (m := _TOO_LARGE.search(text)):
-            limit = int(m["size"])
+        elif too_large:
             culprit = lambda row: len(row.payload) > limit  # noqa: E731
-        if code == 406 and (m := _TOO_LARGE.search(text)):
-            # Remembered for this relay's life: an oversized row is then refused before it
-            # is sent, and takes no channel (and no good rows) down with it.
-            self._limits = dataclasses.replace(self._limits, max_message_size=int(m["size"]))
         self._session_lost(why, culprit, why)
         if self._connection is not None and self._connection.is_open:
             self._connection.close()
