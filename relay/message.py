@@ -60,7 +60,7 @@ _CONTENT_TYPE, _HEADERS, _DELIVERY_MODE, _MESSAGE_ID, _TIMESTAMP = (
 )
 _I32 = range(-(2**31), 2**31)
 _I64 = range(-(2**63), 2**63)
-_DECIMAL_MANTISSA = range(-(2**31), 2**31)
+_DECIMAL_MANTISSA = _I32  # an AMQP decimal's mantissa is a signed 32-bit integer
 
 
 class Unpublishable(ValueError):
