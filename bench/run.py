@@ -1,28 +1,47 @@
-"""Benchmark: the relay against a bare publisher and a naive relay, same broker, same run.
+"""Benchmark: the relay against a bare publisher and a naive relay, same broker, same run,
+and where each row's CPU time goes.
 
-    .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--memory-rows 1000000]
-                                  [--three-relays]
+    .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--backlog-rows 1000000]
+                                  [--scaling] [--rounds 1] [--profile DIR]
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
 measures, with 200-byte persistent messages into one durable queue and the same window:
   (a) a bare pika asynchronous publisher with confirms (no database at all),
   (b) a naive relay: claim one row, publish, wait for its confirm, mark it sent,
   (c) ``relay run`` end to end, from committed outbox rows to rows marked sent, on
-      PostgreSQL and on SQLite.
-Prints a table of rows/s with the ratios c/a and c/b, then, with --memory-rows, the relay's
-peak resident memory while it drains a backlog of that many rows; the last line is one JSON
-object with every figure. By hand only: these machines are shared and noisy.
+      PostgreSQL and on SQLite; with --scaling also 2 and 3 relays on PostgreSQL; with
+      --backlog-rows also one relay over a backlog that large, with its peak RSS.
+Each relay case starts the relays on an empty outbox, waits until they are ready, then
+commits the whole backlog in one transaction: the clock runs from that commit to the last
+row's ``sent_at`` (recorded after its ack), as the bare publisher's runs from its open
+channel to its last confirm; neither counts start-up.
+
+For each case the table shows CPU seconds per 1,000 rows (from /proc) of the publishing
+process (the relays, or this process for (a) and (b)), the broker and PostgreSQL (every
+process of each server, its exited children included). --rounds N measures every case N
+times, interleaved, and shows the median (these machines' speed drifts by 20% within
+minutes). --profile DIR then records one more PostgreSQL relay case with py-spy (``pip
+install py-spy``) into DIR and prints the functions holding most samples. The last line is
+one JSON object with every figure. By hand only: these machines are shared and noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import shutil
+import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,27 +49,72 @@ import pika
 import sqlalchemy as sa
 from pika.adapters.asyncio_connection import AsyncioConnection
 
-from devtools.relayproc import RelayProcess, relay_env, rss_mb
-from devtools.servers import PostgresServer, RabbitNode
+from devtools.procfs import rss_mb, tree_cpu_seconds
+from devtools.relayproc import RelayProcess, relay_env
+from devtools.scrape import http_get
+from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine, migrate
 from relay.db.schema import outbox
 
 BODY = b"x" * 200
 WINDOW = 1000
+QUEUE = "bench"
+FILL_CHUNK = 20_000  # rows per INSERT statement while filling the backlog
 
 
-def declare(url: str, queue: str) -> None:
+@dataclass
+class Servers:
+    node: RabbitNode
+    pg: PostgresServer
+
+    def cpu(self, publisher: Callable[[], float]) -> dict[str, float]:
+        return {
+            "publisher": publisher(),
+            "broker": tree_cpu_seconds(self.node.beam_pid()),
+            "postgresql": tree_cpu_seconds(self.pg.pid()),
+        }
+
+
+@dataclass
+class Case:
+    rows: int
+    seconds: float
+    cpu: dict[str, float]  # CPU seconds per 1,000 rows, by process
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+
+@contextmanager
+def metered(
+    servers: Servers, publisher: Callable[[], float], rows: int
+) -> Iterator[dict[str, float]]:
+    """CPU seconds per 1,000 rows used between entering and leaving, filled in on leaving."""
+    per_1k: dict[str, float] = {}
+    before = servers.cpu(publisher)
+    yield per_1k
+    after = servers.cpu(publisher)
+    per_1k.update({k: (after[k] - before[k]) * 1000 / rows for k in before})
+
+
+def own_cpu() -> float:
+    return time.process_time()
+
+
+def declare(url: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
-    ch.queue_delete(queue)
-    ch.queue_declare(queue, durable=True)
+    ch.queue_delete(QUEUE)
+    ch.queue_declare(QUEUE, durable=True)
     conn.close()
 
 
-def bare_publisher(url: str, queue: str, count: int) -> float:
+def bare_publisher(servers: Servers, count: int) -> Case:
     """(a) pika's asynchronous API, confirm mode, up to WINDOW confirms outstanding."""
 
-    async def run() -> float:
+    async def run() -> Case:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         opened: asyncio.Future[object] = loop.create_future()
@@ -62,7 +126,7 @@ def bare_publisher(url: str, queue: str, count: int) -> float:
             ch = channel[0]
             while state["sent"] < count and state["sent"] - state["confirmed"] < WINDOW:
                 state["sent"] += 1
-                ch.basic_publish("", queue, BODY, props)  # type: ignore[attr-defined]
+                ch.basic_publish("", QUEUE, BODY, props)  # type: ignore[attr-defined]
 
         def on_confirm(frame: object) -> None:
             method = frame.method  # type: ignore[attr-defined]
@@ -79,75 +143,79 @@ def bare_publisher(url: str, queue: str, count: int) -> float:
             ch.confirm_delivery(on_confirm, callback=lambda _f: opened.set_result(ch))  # type: ignore[attr-defined]
 
         conn = AsyncioConnection(
-            pika.URLParameters(url),
+            pika.URLParameters(servers.node.url),
             on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
             custom_ioloop=loop,
         )
         await opened
-        start = time.perf_counter()
-        pump()
-        await done
-        elapsed = time.perf_counter() - start
+        with metered(servers, own_cpu, count) as cpu:
+            start = time.perf_counter()
+            pump()
+            await done
+            elapsed = time.perf_counter() - start
         conn.close()
-        return count / elapsed
+        return Case(count, elapsed, cpu)
 
     return asyncio.run(run())
 
 
-def fill(database_url: str, count: int, routing: tuple[str, str]) -> None:
-    engine = create_engine(database_url)
+def fill(engine: sa.Engine, count: int) -> datetime:
+    """Commit ``count`` due rows in one transaction; the moment it committed."""
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        for start in range(0, count, FILL_CHUNK):
+            rows = [
+                {
+                    "message_id": f"b-{i}",
+                    "routing_key": QUEUE,
+                    "payload": BODY,
+                    "content_type": "application/octet-stream",
+                    "created_at": now,
+                    "next_attempt_at": now,
+                }
+                for i in range(start, min(count, start + FILL_CHUNK))
+            ]
+            conn.execute(sa.insert(outbox), rows)
+    return datetime.now(UTC)
+
+
+def empty(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.execute(sa.delete(outbox))
-    now = datetime.now(UTC)
-    chunk = 20_000
-    for start in range(0, count, chunk):
-        rows = [
-            {
-                "message_id": f"b-{i}",
-                "exchange": routing[0],
-                "routing_key": routing[1],
-                "payload": BODY,
-                "content_type": "application/octet-stream",
-                "created_at": now,
-                "next_attempt_at": now,
-            }
-            for i in range(start, min(count, start + chunk))
-        ]
-        with engine.begin() as conn:
-            conn.execute(sa.insert(outbox), rows)
-    engine.dispose()
 
 
-def naive_relay(database_url: str, amqp_url: str, queue: str, count: int) -> float:
+def naive_relay(servers: Servers, database_url: str, count: int) -> Case:
     """(b) one row at a time: claim, publish, block until its confirm, mark sent."""
-    fill(database_url, count, ("", queue))
     engine = create_engine(database_url)
-    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    empty(engine)
+    fill(engine, count)
+    conn = pika.BlockingConnection(pika.URLParameters(servers.node.url))
     ch = conn.channel()
     ch.confirm_delivery()
     props = pika.BasicProperties(delivery_mode=2)
-    start = time.perf_counter()
-    while True:
-        with engine.begin() as db:
-            row = db.execute(
-                sa.select(outbox.c.id, outbox.c.payload, outbox.c.message_id)
-                .where(outbox.c.status == "pending")
-                .order_by(outbox.c.id)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            ).first()
-            if row is None:
-                break
-            ch.basic_publish("", queue, row.payload, props, mandatory=True)
-            db.execute(
-                sa.update(outbox)
-                .where(outbox.c.id == row.id)
-                .values(status="sent", sent_at=datetime.now(UTC))
-            )
-    elapsed = time.perf_counter() - start
+    with metered(servers, own_cpu, count) as cpu:
+        start = time.perf_counter()
+        while True:
+            with engine.begin() as db:
+                row = db.execute(
+                    sa.select(outbox.c.id, outbox.c.payload, outbox.c.message_id)
+                    .where(outbox.c.status == "pending")
+                    .order_by(outbox.c.id)
+                    .limit(1)
+                    .with_for_update(skip_locked=True)
+                ).first()
+                if row is None:
+                    break
+                ch.basic_publish("", QUEUE, row.payload, props, mandatory=True)
+                db.execute(
+                    sa.update(outbox)
+                    .where(outbox.c.id == row.id)
+                    .values(status="sent", sent_at=datetime.now(UTC))
+                )
+        elapsed = time.perf_counter() - start
     conn.close()
     engine.dispose()
-    return count / elapsed
+    return Case(count, elapsed, cpu)
 
 
 def drained(engine: sa.Engine) -> bool:
@@ -158,41 +226,105 @@ def drained(engine: sa.Engine) -> bool:
         return conn.execute(q).first() is None
 
 
+class Profiler:
+    """py-spy sampling one process (every thread, native code excluded) into a raw file."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists():
+            raise SystemExit("--profile needs py-spy: pip install py-spy")
+        self.out = out
+        self.proc = subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--output",
+                str(out),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> list[tuple[str, float, float]]:
+        """(function, % of samples on top of the stack, % anywhere in it), the 20 first."""
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=60)
+        own: Counter[str] = Counter()
+        anywhere: Counter[str] = Counter()
+        total = 0
+        for line in self.out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [
+                f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] + ")"
+                for f in stack.split(";")[1:]
+            ]  # the first is the thread
+            if not frames:
+                continue
+            total += int(count)
+            own[frames[-1]] += int(count)
+            for frame in set(frames):
+                anywhere[frame] += int(count)
+        return [(f, 100 * n / total, 100 * anywhere[f] / total) for f, n in own.most_common(20)]
+
+
 def this_relay(
+    servers: Servers,
     database_url: str,
-    amqp_url: str,
-    queue: str,
     count: int,
     *,
-    on_sample: Callable[[float], None] | None = None,
     relays: int = 1,
-) -> float:
-    """(c) ``relay run`` as ``relays`` subprocesses, timed from their start to the last row
-    marked sent."""
-    fill(database_url, count, ("", queue))
+    memory: bool = False,
+    profile: Path | None = None,
+) -> Case:
+    """(c) ``relay run`` as ``relays`` subprocesses, from the backlog's commit to its last
+    row's ``sent_at``."""
     engine = create_engine(database_url)
+    empty(engine)
+    ports = [free_port() for _ in range(relays)]
     env = relay_env(
         RELAY_DATABASE_URL=database_url,
-        RELAY_AMQP_URL=amqp_url,
-        RELAY_METRICS_PORT="0",
+        RELAY_AMQP_URL=servers.node.url,
         RELAY_WINDOW=str(WINDOW),
         RELAY_LOG_LEVEL="warning",
     )
-    start = time.perf_counter()
-    procs = [RelayProcess({**env, "RELAY_NAME": f"bench-{n}"}).start() for n in range(relays)]
+    procs = [
+        RelayProcess({**env, "RELAY_NAME": f"bench-{n}", "RELAY_METRICS_PORT": str(port)}).start()
+        for n, port in enumerate(ports)
+    ]
+    peak = 0.0
     try:
-        while not drained(engine):
-            if on_sample is not None:
-                on_sample(rss_mb(procs[0].pid))
-            if not all(p.running for p in procs):
-                raise RuntimeError("a relay exited")
-            time.sleep(0.2)
-        elapsed = time.perf_counter() - start
+        for port in ports:
+            ready = f"http://127.0.0.1:{port}/readyz"
+            wait_until(lambda url=ready: http_get(url)[0] == 200, 60, "the relay ready")
+        profiler = Profiler(procs[0].pid, profile) if profile is not None else None
+        relay_cpu = lambda: sum(tree_cpu_seconds(p.pid) for p in procs)  # noqa: E731
+        committed = fill(engine, count)
+        with metered(servers, relay_cpu, count) as cpu:
+            while not drained(engine):
+                if memory:
+                    peak = max(peak, rss_mb(procs[0].pid))
+                if not all(p.running for p in procs):
+                    raise RuntimeError("a relay exited")
+                time.sleep(0.1)
+        with engine.connect() as conn:
+            last = conn.execute(sa.select(sa.func.max(outbox.c.sent_at))).scalar_one()
+        extra = {"peak_rss_mb": peak} if memory else {}
+        if profiler is not None:
+            print(f"\nrelay profile (py-spy, {profile}): % of samples on top / anywhere")
+            for function, top, anywhere in profiler.stop():
+                print(f"  {top:5.1f} {anywhere:5.1f}  {function}")
     finally:
         for proc in procs:
             proc.stop()
         engine.dispose()
-    return count / elapsed
+    return Case(count, (last - committed).total_seconds(), cpu, extra)
 
 
 def main() -> int:
@@ -200,78 +332,109 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--naive-rows", type=int, default=5_000)
     parser.add_argument(
-        "--memory-rows",
+        "--backlog-rows",
         type=int,
         default=0,
-        help="also drain a backlog this large and report peak RSS",
+        help="also drain a backlog this large on PostgreSQL and report peak RSS",
     )
     parser.add_argument(
-        "--three-relays",
-        action="store_true",
-        help="also drain --rows with three relays on PostgreSQL",
+        "--scaling", action="store_true", help="also drain --rows with 2 and 3 relays"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure every case this often; medians shown"
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="then record one PostgreSQL relay case with py-spy into DIR"
     )
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[Case]] = {}
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         base = Path(tmp)
-        node = RabbitNode(base / "rabbit", name="relay-bench")
-        pg = PostgresServer(base / "pg")
-        node.start()
-        pg.start()
+        servers = Servers(
+            RabbitNode(base / "rabbit", name="relay-bench"), PostgresServer(base / "pg")
+        )
+        servers.node.start()
+        servers.pg.start()
         try:
-            pg.psql("CREATE DATABASE bench")
-            pg_url = pg.url("bench")
+            servers.pg.psql("CREATE DATABASE bench")
+            pg_url = servers.pg.url("bench")
             sqlite_url = f"sqlite:///{base / 'bench.db'}"
             for url in (pg_url, sqlite_url):
                 migrate(url)
-            results: dict[str, float] = {}
-            declare(node.url, "bench")
-            results["bare_publisher"] = bare_publisher(node.url, "bench", args.rows)
-            declare(node.url, "bench")
-            results["naive_relay_postgresql"] = naive_relay(
-                pg_url, node.url, "bench", args.naive_rows
-            )
-            for name, url in (("postgresql", pg_url), ("sqlite", sqlite_url)):
-                declare(node.url, "bench")
-                results[f"relay_{name}"] = this_relay(url, node.url, "bench", args.rows)
-            if args.three_relays:
-                declare(node.url, "bench")
-                results["relay_postgresql_3_relays"] = this_relay(
-                    pg_url, node.url, "bench", args.rows, relays=3
+            cases: dict[str, Callable[[], Case]] = {
+                "bare_publisher": lambda: bare_publisher(servers, args.rows),
+                "naive_relay_postgresql": lambda: naive_relay(servers, pg_url, args.naive_rows),
+                "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows),
+                "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows),
+            }
+            for relays in (2, 3) if args.scaling else ():
+                cases[f"relay_postgresql_{relays}_relays"] = functools.partial(
+                    this_relay, servers, pg_url, args.rows, relays=relays
                 )
-            peak = 0.0
-            if args.memory_rows:
-                samples: list[float] = []
-                declare(node.url, "bench")
-                results["relay_postgresql_backlog"] = this_relay(
-                    pg_url, node.url, "bench", args.memory_rows, on_sample=samples.append
-                )
-                peak = max(samples)
-            declare(node.url, "bench")
+            for _ in range(args.rounds):
+                for name, measure in cases.items():
+                    declare(servers.node.url)
+                    results.setdefault(name, []).append(measure())
+            if args.profile is not None:
+                declare(servers.node.url)
+                this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt")
+            if args.backlog_rows:
+                declare(servers.node.url)
+                results["relay_postgresql_backlog"] = [
+                    this_relay(servers, pg_url, args.backlog_rows, memory=True)
+                ]
         finally:
-            node.stop()
-            pg.stop()
-    a, b = results["bare_publisher"], results["naive_relay_postgresql"]
-    print(f"\n{'measure':<34} {'rows/s':>10} {'c/a':>6} {'c/b':>7}")
-    for name, rate in results.items():
-        ratios = f"{rate / a:>6.2f} {rate / b:>7.1f}" if name.startswith("relay_") else ""
-        print(f"{name:<34} {rate:>10.0f} {ratios}")
-    print(
-        f"(rows: {args.rows}; naive rows: {args.naive_rows}; window {WINDOW}; 200-byte "
-        "persistent messages into one durable queue)"
-    )
-    summary: dict[str, object] = {k: round(v, 1) for k, v in results.items()}
-    summary.update(
-        {f"{k}_over_bare": round(v / a, 3) for k, v in results.items() if k.startswith("relay_")}
-    )
-    summary.update(
-        {f"{k}_over_naive": round(v / b, 1) for k, v in results.items() if k.startswith("relay_")}
-    )
-    if args.memory_rows:
-        print(f"peak RSS draining {args.memory_rows} rows: {peak:.0f} MB")
-        summary["memory_rows"] = args.memory_rows
-        summary["peak_rss_mb"] = round(peak, 1)
-    print(json.dumps(summary))
+            servers.node.stop()
+            servers.pg.stop()
+    report(results, args)
     return 0
+
+
+def median_case(cases: list[Case]) -> Case:
+    """The median rate's case (the lower of two middle ones), with the median CPU of each
+    process over every round."""
+    chosen = sorted(cases, key=lambda c: c.rate)[(len(cases) - 1) // 2]
+    cpu = {k: statistics.median(c.cpu[k] for c in cases) for k in chosen.cpu}
+    return Case(chosen.rows, chosen.seconds, cpu, chosen.extra)
+
+
+def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
+    results = {name: median_case(cases) for name, cases in measured.items()}
+    a, b = results["bare_publisher"].rate, results["naive_relay_postgresql"].rate
+    print(
+        f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'c/a':>5} {'c/b':>6}   "
+        "CPU s per 1k rows: publisher broker postgresql"
+    )
+    summary: dict[str, object] = {"window": WINDOW, "body_bytes": len(BODY), "rounds": args.rounds}
+    for name, case in results.items():
+        relay = name.startswith("relay_")
+        ratios = f"{case.rate / a:>5.2f} {case.rate / b:>6.1f}" if relay else " " * 12
+        cpu = case.cpu
+        print(
+            f"{name:<32} {case.rows:>8} {case.rate:>8.0f} {ratios}   "
+            f"{cpu['publisher']:>9.3f} {cpu['broker']:>6.3f} {cpu['postgresql']:>10.3f}"
+        )
+        entry: dict[str, object] = {
+            "rows": case.rows,
+            "rows_per_s": round(case.rate, 1),
+            "rows_per_s_each_round": [round(c.rate, 1) for c in measured[name]],
+            "cpu_s_per_1k_rows": {k: round(v, 4) for k, v in cpu.items()},
+            **{k: round(v, 1) for k, v in case.extra.items()},
+        }
+        if relay:
+            entry.update(over_bare=round(case.rate / a, 3), over_naive=round(case.rate / b, 1))
+        summary[name] = entry
+    print(
+        f"(medians of {args.rounds} round(s); window {WINDOW}; {len(BODY)}-byte persistent "
+        "messages into one durable queue; publisher: the relays, or this process for the bare "
+        "publisher and the naive relay)"
+    )
+    if "relay_postgresql_backlog" in results:
+        peak = results["relay_postgresql_backlog"].extra["peak_rss_mb"]
+        print(f"peak RSS draining {args.backlog_rows} rows: {peak:.0f} MB")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

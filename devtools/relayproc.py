@@ -110,25 +110,3 @@ def run_relay_until(
     with RelayProcess(env, log_path) as proc:
         wait_until(done, timeout, what)
         return proc.stop()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time process ``pid`` has used so far (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    # utime and stime are fields 14 and 15 of stat(5); fields[0] here is field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MiB (0 when it is gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0

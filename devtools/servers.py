@@ -225,6 +225,10 @@ class PostgresServer:
         if (self.data / "postmaster.pid").exists():
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
+    def pid(self) -> int:
+        """The postmaster's process id (its backends are its children)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def psql(self, sql: str, database: str = "postgres") -> str:
         return self._run(
             "psql",

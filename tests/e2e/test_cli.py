@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from devtools.broker import declare_bound, drain, names, simple_topology, write_topology
 from devtools.outbox import statuses
 from devtools.relayproc import RelayProcess, relay, relay_env, run_relay_until
+from devtools.scrape import http_get, metric
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.schema import outbox
 from relay.settings import known_env_names
-from tests.support.scrape import http_get, metric
 
 
 def test_help_lists_every_setting_with_its_variable() -> None:

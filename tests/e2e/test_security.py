@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from devtools.broker import declare_bound, drain, names
 from devtools.outbox import statuses
 from devtools.relayproc import relay, relay_env, run_relay_until
+from devtools.scrape import http_get
 from devtools.servers import PostgresServer, RabbitNode, ServerError, free_port
-from tests.support.scrape import http_get
 
 
 @pytest.fixture

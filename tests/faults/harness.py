@@ -26,9 +26,9 @@ import sqlalchemy as sa
 from devtools.broker import write_topology
 from devtools.outbox import statuses
 from devtools.relayproc import RelayProcess, relay_env
+from devtools.scrape import http_get
 from devtools.servers import free_port, wait_until
 from relay.topology import Binding, Exchange, Queue, Topology
-from tests.support.scrape import http_get
 
 EXCHANGE = "faults"
 QUEUE = "faults.all"

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.outbox import insert
-from devtools.relayproc import rss_mb
+from devtools.procfs import rss_mb
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from tests.faults.harness import (
     QUEUE,

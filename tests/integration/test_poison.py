@@ -24,7 +24,8 @@ import sqlalchemy as sa
 
 from devtools.broker import drain, names, simple_topology, write_topology
 from devtools.outbox import insert, rows, statuses
-from devtools.relayproc import RelayProcess, cpu_seconds, relay_env
+from devtools.procfs import cpu_seconds
+from devtools.relayproc import RelayProcess, relay_env
 from devtools.servers import RabbitNode, wait_until
 from relay.records import NewMessage
 from tests.support.inprocess import Running, enqueue, settings, wait_for
