@@ -31,7 +31,7 @@ from relay.constants import (
     LAST_ERROR_MAX_CHARS,
     LISTEN_STOP_CHECK_S,
 )
-from relay.db.engine import create_engine, db_errors
+from relay.db.engine import create_engine, db_errors, id_in
 from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
 from relay.errors import StoreError
 from relay.records import PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
@@ -180,7 +180,7 @@ class ClaimStore:
             return
         sent = (
             sa.update(outbox)
-            .where(outbox.c.id.in_(sa.bindparam("ids", expanding=True)))
+            .where(id_in(outbox.c.id, self.engine.dialect))
             .where(outbox.c.status == PENDING)
             .values(status=SENT, sent_at=now, lease_owner=None)
         )

@@ -17,7 +17,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from relay.constants import IDS_PER_STATEMENT, PURGE_CHUNK
-from relay.db.engine import create_engine, db_errors, transaction
+from relay.db.engine import create_engine, db_errors, id_in, transaction
 from relay.db.schema import ROW_COLUMNS, outbox
 from relay.records import (
     PARKED,
@@ -122,7 +122,7 @@ class OutboxAdmin:
         replay = (
             sa.update(outbox)
             .where(outbox.c.status == PARKED)
-            .where(outbox.c.id.in_(sa.bindparam("ids", expanding=True)))
+            .where(id_in(outbox.c.id, self.engine.dialect))
             .values(status=PENDING, attempts=0, next_attempt_at=now, lease_owner=None)
         )
         with transaction(self.engine, "replay", self._where) as conn:
@@ -153,7 +153,7 @@ class OutboxAdmin:
             .limit(chunk)
         )
         delete = sa.delete(outbox).where(
-            outbox.c.id.in_(sa.bindparam("ids", expanding=True)), outbox.c.status == SENT
+            id_in(outbox.c.id, self.engine.dialect), outbox.c.status == SENT
         )
         deleted, after = 0, 0
         while stop is None or not stop.is_set():
