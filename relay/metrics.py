@@ -6,6 +6,7 @@ counters and nothing lives in module globals.
 
 from __future__ import annotations
 
+import collections
 import logging
 import socketserver
 import threading
@@ -88,10 +89,14 @@ class Metrics:
             self.broker_connections.inc()
 
     def settled(self, settlements: Iterable[Settlement], parked: int) -> None:
+        # Counted per outcome first: a label lookup per row cost 1.4% of the relay's CPU.
+        counts: collections.Counter[Outcome] = collections.Counter()
         for s in settlements:
-            self.outcomes.labels(s.outcome.value).inc()
+            counts[s.outcome] += 1
             if s.latency is not None:
                 self.confirm_latency.observe(s.latency)
+        for outcome, count in counts.items():
+            self.outcomes.labels(outcome.value).inc(count)
         self.parked.inc(parked)
 
 
