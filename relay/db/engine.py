@@ -3,15 +3,17 @@
 Two kinds of session, by what their writes must survive:
 
 - ``relay_session=True`` (the relay's claims and settles): ``synchronous_commit=off`` on
-  PostgreSQL. A claim or settle lost in a database crash only makes rows due again, so they
-  are published twice, never lost; not waiting for the WAL flush takes a disk flush off every
-  batch.
+  PostgreSQL, ``synchronous=NORMAL`` on SQLite (in WAL mode: no fsync at commit, only at
+  checkpoints). A claim or settle lost in a database or machine crash only makes rows due
+  again, so they are published twice, never lost; not waiting for the flush takes a disk
+  flush off every batch.
 - the default (writers, operators, migrations, the Spark writer's merge): plain, durable
   commits. A message a writer was told is in the outbox must be there after a crash.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -36,10 +38,22 @@ RELAY_SESSION_SETTINGS = {
     # bitmap scans the claim walks the partial index in order and stops at its LIMIT; the
     # relay's other statements are primary-key lookups, which this does not affect.
     "enable_bitmapscan": "off",
+    # psycopg prepares a statement run five times, and PostgreSQL may then switch to one
+    # generic plan, made with the statistics of that moment: a relay that idled on an empty
+    # outbox kept a plan fit for an empty table, and when a bulk load arrived one claim took
+    # over 30 s (the statement timeout) instead of a few ms (seen in bench.run). Custom plans
+    # are made per execution with the table's current size; parsing is still saved.
+    "plan_cache_mode": "force_custom_plan",
     # See the module docstring.
     "synchronous_commit": "off",
 }
 APPLICATION_NAME = "outbox-relay"
+# Every SQLite connection: WAL lets the relay read while a writer (Spark, enqueue) holds the
+# write lock; the busy timeout makes writers queue instead of failing with "database is
+# locked".
+SQLITE_PRAGMAS = ("journal_mode=WAL", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+# The relay's own SQLite connections (``relay_session=True``): see the module docstring.
+SQLITE_RELAY_PRAGMAS = ("synchronous=NORMAL",)
 
 
 def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
@@ -60,16 +74,15 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
             )
         return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-    sa.event.listen(engine, "connect", _sqlite_pragmas)
+    pragmas = SQLITE_PRAGMAS + (SQLITE_RELAY_PRAGMAS if relay_session else ())
+    sa.event.listen(engine, "connect", functools.partial(_sqlite_pragmas, pragmas))
     return engine
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    # WAL lets the relay read while a writer (Spark, enqueue) holds the write lock; the
-    # busy timeout makes writers queue instead of failing with "database is locked".
+def _sqlite_pragmas(pragmas: tuple[str, ...], dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    for pragma in pragmas:
+        cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
 
 
