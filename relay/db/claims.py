@@ -34,7 +34,7 @@ from relay.constants import (
 from relay.db.engine import create_engine, db_errors, id_in
 from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
 from relay.errors import StoreError
-from relay.records import PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
+from relay.records import PARKED, PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
 from relay.settings import redact_url
 
 # The claimed columns as the driver returns them, without SQLAlchemy's result processing:
@@ -42,6 +42,13 @@ from relay.settings import redact_url
 # must not fail the claim of the whole batch; ``decode_row`` reads each row on its own.
 _RAW_COLUMNS = [sa.type_coerce(c, sa.types.NullType()).label(c.name) for c in ROW_COLUMNS]
 _TEXT = ("message_id", "exchange", "routing_key", "content_type")
+# "The row is still pending" for the settle, which finds its rows by primary key: said so that
+# the planner cannot prove ``status = 'pending'`` and so cannot pick the partial due index for
+# it. Right after a bulk load, with statistics saying "few pending rows", it scanned every
+# pending row in outbox_due_idx instead of looking up 500 ids (EXPLAIN ANALYZE in bench.run:
+# 523 ms per settle, 96,500 index entries read and dropped). The check constraint allows
+# these three statuses only, so the meaning is the same.
+_STILL_PENDING = sa.and_(outbox.c.status != SENT, outbox.c.status != PARKED)
 
 
 def decode_row(raw: Mapping[Any, Any]) -> OutboxRow:
@@ -180,8 +187,7 @@ class ClaimStore:
             return
         sent = (
             sa.update(outbox)
-            .where(id_in(outbox.c.id, self.engine.dialect))
-            .where(outbox.c.status == PENDING)
+            .where(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
             .values(status=SENT, sent_at=now, lease_owner=None)
         )
         # A failure is written only while the row is still ours: if our lease ran out and
@@ -191,7 +197,7 @@ class ClaimStore:
             sa.update(outbox)
             .where(
                 outbox.c.id == sa.bindparam("row_id"),
-                outbox.c.status == PENDING,
+                _STILL_PENDING,
                 outbox.c.lease_owner == self.owner,
             )
             .values(
