@@ -17,10 +17,13 @@ settlements. The protocol facts it encodes (RabbitMQ's publisher-confirm documen
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from relay.records import OutboxRow, Outcome, Settlement
+
+# Why a row claimed for publishing is due again without having been published.
+RELEASED = "claimed, not published: publishing paused or the relay stopped"
 
 
 @dataclass(slots=True)
@@ -170,6 +173,9 @@ class ConfirmWindow:
 
     def capacity(self) -> int:
         return max(0, self.window - self.tracker.in_flight) if self.can_publish else 0
+
+    def release(self, rows: Sequence[OutboxRow]) -> None:
+        self.tracker.lose(rows, RELEASED)
 
     def take_settled(self) -> list[Settlement]:
         return self.tracker.take_settled()

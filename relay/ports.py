@@ -39,8 +39,16 @@ class Publisher(Protocol):
     def in_flight(self) -> int:
         """Published rows awaiting the broker's answer."""
 
+    @property
+    def can_publish(self) -> bool:
+        """Connected and not blocked by the broker."""
+
     def capacity(self) -> int:
         """How many more rows may be published now: 0 unless connected and not blocked."""
+
+    def release(self, rows: Sequence[OutboxRow]) -> None:
+        """Rows claimed for publishing that will not be published now (the broker blocked
+        or went away, or the relay stops): due again at once, through ``take_settled``."""
 
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         """Publish ``rows`` (called every turn, with none too); returns the rows that went out,

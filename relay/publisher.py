@@ -28,7 +28,7 @@ import tenacity
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from relay.backoff import Backoff, log_before_retry
-from relay.confirms import ConfirmWindow
+from relay.confirms import RELEASED, ConfirmWindow
 from relay.constants import (
     HALF_OPEN_CLOSE_S,
     MIN_CONNECT_TIMEOUT_S,
@@ -191,6 +191,10 @@ class PikaPublisher(ConfirmWindow):
     def capacity(self) -> int:
         # While suspects wait or one is out alone, nothing else may join the window.
         return 0 if self._held or self._alone is not None else super().capacity()
+
+    def release(self, rows: Sequence[OutboxRow]) -> None:
+        for row in rows:
+            self._lose(row, RELEASED)
 
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         published = []

@@ -78,8 +78,9 @@ class Relay:
         self.stats_interval = stats_interval
         self.retry = retry
         self.clock = clock
-        # Claiming a handful of rows at a time costs a query each; wait for a useful batch.
         self._min_claim = max(1, batch_size // 4)
+        self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
+        self._claim_wanted = asyncio.Event()
         self._unsettled: list[Settlement] = []
         self._settle_wanted = asyncio.Event()
         # Set by whatever the loop waits for: the broker's answers and connects (through
@@ -94,34 +95,32 @@ class Relay:
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
         publishing = asyncio.create_task(self.publisher.run(self.wake), name="publisher")
+        claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
         stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
         try:
             while not self._stopping.is_set():
                 self._last_beat = time.monotonic()
+                if claiming.done():
+                    claiming.result()  # the claim task failed: so does the relay
                 self._collect()
-                wanted = min(self.batch_size, self.publisher.capacity())
-                if len(self._unsettled) >= self.publisher.window:
-                    wanted = 0  # settling lags behind: memory stays within twice the window
-                rows: list[OutboxRow] = []
-                if wanted >= self._min_claim or (wanted > 0 and not self.publisher.in_flight):
-                    rows = await self._db(functools.partial(self._claim, wanted))
-                # With no rows too: the publisher may have rows it held back to send now.
-                published = self.publisher.publish(rows)
-                self.metrics.published.inc(len(published))
-                self.metrics.republished.inc(sum(1 for r in published if r.republish))
-                if rows and len(rows) == wanted:
-                    continue  # more rows may be due: claim again right away
-                if len(published) < len(rows):
+                offered, published = self._publish_ready()
+                if len(published) < offered:
                     continue  # the others are settled already (or held back): record them
+                if self._wanted():
+                    self._claim_wanted.set()
                 await self._wait(self.poll_interval)
+            self._claim_wanted.set()
+            await claiming  # a claim under way finishes: its rows are released with the rest
+            self.publisher.release(self._ready)  # due again at once, for whoever claims next
+            self._ready = []
             return await self._drain(settling)
         finally:
-            stats.cancel()
-            settling.cancel()
+            for task in (stats, claiming, settling):
+                task.cancel()
             await self.publisher.close()
             publishing.cancel()
-            await asyncio.gather(publishing, settling, stats, return_exceptions=True)
+            await asyncio.gather(publishing, claiming, settling, stats, return_exceptions=True)
 
     def wake(self) -> None:
         """Turn the loop now, not at the next poll (an answer came, new rows were announced)."""
@@ -139,6 +138,53 @@ class Relay:
 
     def ready(self) -> bool:
         return self._database_ok and self.publisher.connected
+
+    async def _claim_until_stopped(self) -> None:
+        """Keep rows ready for the window, beside the publishing loop: a claim's round trip
+        then delays no publish (confirms that free the window are answered from rows
+        claimed ahead)."""
+        while not self._stopping.is_set():
+            await self._claim_wanted.wait()
+            self._claim_wanted.clear()
+            while (wanted := self._wanted()) and not self._stopping.is_set():
+                rows = await self._db(functools.partial(self._claim, wanted))
+                self._ready += rows
+                self.wake()
+                if len(rows) < wanted:
+                    break  # no more due now: the next poll, notification or confirm asks again
+
+    def _wanted(self) -> int:
+        """How many rows to claim now. Up to one batch more than the window has room for is
+        claimed ahead: they are ready when confirms free the window, instead of a claim's
+        round trip later (the window ran emptier than its size: a relay with window 1,000
+        moved 6,923 rows/s, with 2,000 8,600, in bench.run). Nothing while the broker cannot
+        take rows, or while settling lags a window behind (memory stays bounded)."""
+        if not self.publisher.can_publish or len(self._unsettled) >= self.publisher.window:
+            return 0
+        room = self.publisher.capacity() + self.batch_size - len(self._ready)
+        wanted = min(self.batch_size, room)
+        # Claiming a handful of rows at a time costs a query each; wait for a useful batch,
+        # unless nothing else is under way.
+        if wanted >= self._min_claim or (
+            wanted > 0 and not self.publisher.in_flight and not self._ready
+        ):
+            return wanted
+        return 0
+
+    def _publish_ready(self) -> tuple[int, list[OutboxRow]]:
+        """Hand the publisher what its window takes now (nothing too: it may have rows it
+        held back to send now); (rows offered, rows that went out)."""
+        if self._ready and not self.publisher.can_publish:
+            # Blocked or disconnected for who knows how long: the rows must not sit here
+            # while their leases run out.
+            self.publisher.release(self._ready)
+            self._ready = []
+        room = self.publisher.capacity()
+        offered, self._ready = self._ready[:room], self._ready[room:]
+        published = self.publisher.publish(offered)
+        self.metrics.published.inc(len(published))
+        self.metrics.republished.inc(sum(1 for r in published if r.republish))
+        return len(offered), published
 
     def _claim(self, limit: int) -> list[OutboxRow]:
         return self.store.claim(limit, self.clock())

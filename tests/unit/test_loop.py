@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from relay.backoff import Backoff
+from relay.confirms import RELEASED
 from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
 from relay.relay import Relay
@@ -44,12 +45,16 @@ def make(
     )
 
 
-async def run_until(relay: Relay, condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    task = asyncio.create_task(relay.run())
+async def wait(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+async def run_until(relay: Relay, condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    task = asyncio.create_task(relay.run())
+    await wait(condition, timeout)
     relay.stop()
     return await task
 
@@ -175,6 +180,36 @@ def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
         s = store.rows[id]
         assert s.lease_owner is None and s.next_attempt_at == clock.now, "not due again at once"
         assert s.row.attempts == 0 and s.row.last_error == "lost: publisher closed"
+
+
+def leased(store: InMemoryStore) -> set[int]:
+    return {id for id, s in store.rows.items() if s.lease_owner is not None}
+
+
+def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_stops() -> None:
+    store, clock = InMemoryStore(), Clock()
+    fill(store, clock, 30)
+    publisher = ScriptedPublisher(lambda row: None, window=10, confirm_timeout=60)  # silent
+    relay = make(store, publisher, clock, batch_size=5)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: len(publisher.published) == 10 and len(leased(store)) == 15)
+        await asyncio.sleep(0.05)
+        assert len(leased(store)) == 15, "claimed more than one batch ahead"
+        publisher.connected = False  # the broker went away: the ready batch goes back
+        await wait(lambda: leased(store) == set(range(1, 11)))
+        for id in range(11, 16):
+            s = store.rows[id]
+            assert s.next_attempt_at == clock.now and s.row.attempts == 0, "not due at once"
+            assert s.row.last_error == f"lost: {RELEASED}"
+        publisher.connected = True
+        await wait(lambda: len(leased(store)) == 15)  # a batch ahead again
+        relay.stop()
+        assert await task
+        assert not leased(store), "a row stayed leased after the relay stopped"
+
+    asyncio.run(scenario())
 
 
 def acked_order(ordered: bool) -> dict[str, list[int]]:
