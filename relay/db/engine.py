@@ -111,13 +111,15 @@ def transaction(engine: sa.Engine, what: str, where: str) -> Iterator[sa.Connect
 
 
 def id_in(column: sa.ColumnElement[int], dialect: sa.Dialect) -> sa.ColumnElement[bool]:
-    """``column IN :ids``, where ``ids`` is bound to a list of row ids. On PostgreSQL one
-    array parameter (``= ANY(:ids)``): the statement's text is the same for every list, so
-    psycopg prepares it once, and the server parses one parameter instead of hundreds (an
-    expanded ``IN`` is a new statement for each list length)."""
+    """``column IN :ids``, where ``ids`` is bound to a list of row ids, as one parameter: the
+    statement's text is the same for every list, so it is compiled and prepared once, and the
+    database parses one parameter instead of hundreds (an expanded ``IN`` is a new statement
+    for each list length)."""
     if dialect.name == "postgresql":
         return column == sa.any_(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger())))
-    return column.in_(sa.bindparam("ids", expanding=True))
+    # SQLite has no arrays: the ids travel as one JSON array, unpacked by json_each.
+    ids = sa.func.json_each(sa.bindparam("ids", type_=sa.JSON())).table_valued("value")
+    return column.in_(sa.select(ids.c.value))
 
 
 def schema_missing(where: str) -> SchemaMissingError:
