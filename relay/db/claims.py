@@ -178,7 +178,7 @@ class ClaimStore:
             .returning(*_RAW_COLUMNS)
         )
         with db_errors("claim", self._where), self._writing, self.engine.begin() as conn:
-            rows = [decode_row(r._mapping) for r in conn.execute(stmt)]
+            rows = [decode_row(r) for r in conn.execute(stmt).mappings().all()]
         rows.sort(key=lambda r: r.id)
         return rows
 
