@@ -7,14 +7,18 @@ inserts ``--rate`` rows a second for ``--seconds`` in transactions of ``--batch`
 an application would. A row's latency is from its insert (``created_at``, the transaction's
 start, just before its commit) to the moment the relay marked it sent (``sent_at``, after
 the broker's ack). Measured twice: with the NOTIFY wake-up, and polling only (the trigger
-dropped, ``RELAY_POLL_INTERVAL`` at its default). Prints p50/p90/p99/max and, last, one
-JSON line. By hand only: these machines are shared and noisy.
+dropped, ``RELAY_POLL_INTERVAL`` at its default). For reference, a bare pika publisher
+paced at the same rate into the same queue reports its own publish-to-confirm latency: the
+broker's share, which no relay can undercut. Prints p50/p90/p99/max and, last, one JSON
+line. By hand only: these machines are shared and noisy.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -22,12 +26,79 @@ from pathlib import Path
 
 import pika
 import sqlalchemy as sa
+from pika.adapters.asyncio_connection import AsyncioConnection
 
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from relay.db.engine import create_engine, migrate
 
 QUEUE = "latency"
+BODY = b"x" * 200
+TICK_S = 0.01  # the paced publisher sends rate * TICK_S messages every TICK_S seconds
+
+
+def empty_queue(amqp_url: str) -> None:
+    """The queue, declared afresh: every measurement starts with it empty (a queue holding
+    the previous run's 100,000 messages confirms more slowly)."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = conn.channel()
+    channel.queue_delete(QUEUE)
+    channel.queue_declare(QUEUE, durable=True)
+    conn.close()
+
+
+def bare_publisher(amqp_url: str, rate: int, seconds: float) -> dict[str, float]:
+    """Publish-to-confirm latency of a bare pika publisher paced at ``rate`` messages/s."""
+
+    async def run() -> list[float]:
+        loop = asyncio.get_running_loop()
+        opened: asyncio.Future[object] = loop.create_future()
+        sent_at: dict[int, float] = {}
+        latencies: list[float] = []
+        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream")
+
+        def on_confirm(frame: object) -> None:
+            method = frame.method  # type: ignore[attr-defined]
+            now = time.perf_counter()
+            tags = (
+                [t for t in sent_at if t <= method.delivery_tag]
+                if method.multiple
+                else [method.delivery_tag]
+            )
+            for tag in tags:
+                latencies.append(now - sent_at.pop(tag))
+
+        conn = AsyncioConnection(
+            pika.URLParameters(amqp_url),
+            on_open_callback=lambda c: c.channel(
+                on_open_callback=lambda ch: ch.confirm_delivery(
+                    on_confirm, callback=lambda _f: opened.set_result(ch)
+                )
+            ),
+            custom_ioloop=loop,
+        )
+        channel = await opened
+        start, tag = time.perf_counter(), 0
+        while (now := time.perf_counter()) - start < seconds:
+            while tag < (now - start) * rate:
+                tag += 1
+                sent_at[tag] = time.perf_counter()
+                channel.basic_publish("", QUEUE, BODY, props)  # type: ignore[attr-defined]
+            await asyncio.sleep(TICK_S)
+        while sent_at:
+            await asyncio.sleep(TICK_S)
+        conn.close()
+        return latencies
+
+    ms = sorted(1000 * x for x in asyncio.run(run()))
+    p50, p90, p99 = (statistics.quantiles(ms, n=100)[q - 1] for q in (50, 90, 99))
+    return {
+        "rows_per_s": round(len(ms) / seconds, 1),
+        "p50_ms": round(p50, 1),
+        "p90_ms": round(p90, 1),
+        "p99_ms": round(p99, 1),
+        "max_ms": round(ms[-1], 1),
+    }
 
 
 def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> dict[str, float]:
@@ -99,17 +170,18 @@ def main() -> int:
             pg.psql("CREATE DATABASE bench")
             url = pg.url("bench")
             migrate(url)
-            conn = pika.BlockingConnection(pika.URLParameters(node.url))
-            conn.channel().queue_declare(QUEUE, durable=True)
-            conn.close()
+            empty_queue(node.url)
+            results["bare pika"] = bare_publisher(node.url, args.rate, args.seconds)
+            empty_queue(node.url)
             results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
             pg.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
+            empty_queue(node.url)
             results["polling"] = measure(url, node.url, args.rate, args.seconds, args.batch)
         finally:
             node.stop()
             pg.stop()
     print(
-        f"\n{'wake-up':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f"\n{'measure':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
     )
     for name, r in results.items():
         print(
