@@ -81,6 +81,8 @@ class Relay:
         self._min_claim = max(1, batch_size // 4)
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
         self._claim_wanted = asyncio.Event()
+        self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
+        self._next_poll = time.monotonic()
         self._unsettled: list[Settlement] = []
         self._settle_wanted = asyncio.Event()
         # Set by whatever the loop waits for: the broker's answers and connects (through
@@ -94,7 +96,7 @@ class Relay:
 
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
-        publishing = asyncio.create_task(self.publisher.run(self.wake), name="publisher")
+        publishing = asyncio.create_task(self.publisher.run(self._answered), name="publisher")
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
         stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
@@ -107,9 +109,9 @@ class Relay:
                 offered, published = self._publish_ready()
                 if len(published) < offered:
                     continue  # the others are settled already (or held back): record them
-                if self._wanted():
+                if self._may_be_due() and self._wanted():
                     self._claim_wanted.set()
-                await self._wait(self.poll_interval)
+                await self._wait(self._until_poll())
             self._claim_wanted.set()
             await claiming  # a claim under way finishes: its rows are released with the rest
             self.publisher.release(self._ready)  # due again at once, for whoever claims next
@@ -123,8 +125,26 @@ class Relay:
             await asyncio.gather(publishing, claiming, settling, stats, return_exceptions=True)
 
     def wake(self) -> None:
-        """Turn the loop now, not at the next poll (an answer came, new rows were announced)."""
+        """Rows may be due that no claim has looked for (new rows were announced, or rows
+        were settled due again): turn the loop and claim now, not at the next poll."""
+        self._maybe_due = True
         self._woken.set()
+
+    def _answered(self) -> None:
+        """The broker answered (or connected), or claimed rows are ready: turn the loop to
+        publish and settle. By itself no reason to look for due rows: after a claim found
+        the backlog empty, claiming again on every confirm was an empty query per ack frame
+        (thousands in a drain's last seconds)."""
+        self._woken.set()
+
+    def _may_be_due(self) -> bool:
+        return self._maybe_due or time.monotonic() >= self._next_poll
+
+    def _until_poll(self) -> float:
+        """Seconds to the next poll; a whole interval once it is past (while claiming
+        cannot go on, the loop must not spin: answers still wake it)."""
+        left = self._next_poll - time.monotonic()
+        return left if 0 < left < self.poll_interval else self.poll_interval
 
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
@@ -147,11 +167,15 @@ class Relay:
             await self._claim_wanted.wait()
             self._claim_wanted.clear()
             while (wanted := self._wanted()) and not self._stopping.is_set():
+                # Consumed before the claim: a notification during it sets it again.
+                self._maybe_due = False
+                self._next_poll = time.monotonic() + self.poll_interval
                 rows = await self._db(functools.partial(self._claim, wanted))
                 self._ready += rows
-                self.wake()
+                self._answered()
                 if len(rows) < wanted:
-                    break  # no more due now: the next poll, notification or confirm asks again
+                    break  # no more due now: the next notification or poll asks again
+                self._maybe_due = True
 
     def _wanted(self) -> int:
         """How many rows to claim now. Up to one batch more than the window has room for is
@@ -216,7 +240,11 @@ class Relay:
         except StoreError:
             self._unsettled[:0] = pending  # only when stopping past the drain deadline
             return
-        self.wake()  # claiming may have paused for this settle
+        # Claiming may have paused for this settle; rows it made due again are for a claim.
+        if batch.changes:
+            self.wake()
+        else:
+            self._answered()
         parked = [c for c in batch.changes if c.status == PARKED]
         self.metrics.settled(pending, len(parked))
         for change in parked:
