@@ -79,6 +79,9 @@ class Relay:
         self.retry = retry
         self.clock = clock
         self._min_claim = max(1, batch_size // 4)
+        # Rows claimed beyond what the window takes: one batch, never more than a window
+        # (with a small window, a batch ahead would be most of what a channel loss loses).
+        self._ahead = min(batch_size, self.publisher.window)
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
         self._claim_wanted = asyncio.Event()
         self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
@@ -178,14 +181,15 @@ class Relay:
                 self._maybe_due = True
 
     def _wanted(self) -> int:
-        """How many rows to claim now. Up to one batch more than the window has room for is
-        claimed ahead: they are ready when confirms free the window, instead of a claim's
-        round trip later (the window ran emptier than its size: a relay with window 1,000
-        moved 6,923 rows/s, with 2,000 8,600, in bench.run). Nothing while the broker cannot
-        take rows, or while settling lags a window behind (memory stays bounded)."""
+        """How many rows to claim now. Up to one batch (at most a window) more than the window
+        has room for is claimed ahead: they are ready when confirms free the window, instead
+        of a claim's round trip later (the window ran emptier than its size: a relay with
+        window 1,000 moved 6,923 rows/s, with 2,000 8,600, in bench.run). Nothing while the
+        broker cannot take rows, or while settling lags a window behind (memory stays
+        bounded)."""
         if not self.publisher.can_publish or len(self._unsettled) >= self.publisher.window:
             return 0
-        room = self.publisher.capacity() + self.batch_size - len(self._ready)
+        room = self.publisher.capacity() + self._ahead - len(self._ready)
         wanted = min(self.batch_size, room)
         # Claiming a handful of rows at a time costs a query each; wait for a useful batch,
         # unless nothing else is under way.

@@ -159,18 +159,20 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
     after_stop = statuses(url, leased=True)
     assert after_stop["leased"] == 0, "rows left under this relay's lease"
     assert after_stop.get("sent", 0) + after_stop.get("pending", 0) == 5500
-    # A restarted relay sends what the first one did not.
+    # A restarted relay sends what the first one did not, and rows written while no relay
+    # ran (so that it has work however far the first one got before its SIGTERM).
+    enqueue(5500, 100)
     assert (
         run_relay_until(
             env,
             tmp_path / "relay2.log",
-            lambda: statuses(url, leased=True).get("sent") == 5500,
+            lambda: statuses(url, leased=True).get("sent") == 5600,
             "every row sent by the second relay",
         )
         == 0
     )
-    delivered = {d.message_id for d in drain(rabbit.url, queue, expect=5500, timeout=60)}
-    assert delivered == {f"id-{i}" for i in range(5500)}
+    delivered = {d.message_id for d in drain(rabbit.url, queue, expect=5600, timeout=60)}
+    assert delivered == {f"id-{i}" for i in range(5600)}
 
 
 def test_relay_run_purges_old_sent_rows_when_retention_is_set(

@@ -123,9 +123,10 @@ def test_a_row_the_broker_closes_the_channel_for_is_blamed_and_parked(
     assert parked.attempts == 3
     duplicates = len(delivered) - len(set(delivered))
     assert duplicates <= WINDOW, f"{duplicates} duplicates: more than one window"
-    # Lost (due again, no attempt counted): the rows of the first closed channel, and suspects
-    # still waiting when a later close came. A row lost again and again would be thousands.
-    assert counts["lost"] <= 2 * WINDOW
+    # Lost (due again, no attempt counted): the rows of the first closed channel, suspects
+    # still waiting when a later close came, and at each close the rows claimed ahead (at
+    # most a window). A row lost again and again would be thousands.
+    assert counts["lost"] <= 2 * WINDOW + parked.attempts * WINDOW
 
 
 @pytest.mark.parametrize(
