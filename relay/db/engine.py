@@ -72,7 +72,11 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
             connect_args["options"] = " ".join(
                 f"-c {name}={value}" for name, value in RELAY_SESSION_SETTINGS.items()
             )
-        return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+        # Writers' and operators' engines test a pooled connection before using it. The relay's
+        # do not: a connection the database dropped fails one claim or settle, which is retried
+        # (SQLAlchemy then discards every pooled connection of that age); a test query per
+        # call was a round trip on every claim and settle.
+        return sa.create_engine(parsed, pool_pre_ping=not relay_session, connect_args=connect_args)
     engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
     pragmas = SQLITE_PRAGMAS + (SQLITE_RELAY_PRAGMAS if relay_session else ())
     sa.event.listen(engine, "connect", functools.partial(_sqlite_pragmas, pragmas))
