@@ -6,7 +6,10 @@ and where each row's CPU time goes.
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
 measures, with 200-byte persistent messages into one durable queue and the same window:
-  (a) a bare pika asynchronous publisher with confirms (no database at all),
+  (a) a bare pika asynchronous publisher with confirms (no database at all), twice: with
+      lean messages (delivery mode and content type), and (a2) with the messages the
+      relay sends (also a message id, a timestamp, and ``mandatory``): c/a2 is what the
+      relay itself costs, c/a also what its messages cost the broker,
   (b) a naive relay: claim one row, publish, wait for its confirm, mark it sent,
   (c) ``relay run`` end to end, from committed outbox rows to rows marked sent, on
       PostgreSQL and on SQLite; with --scaling also 2 and 3 relays on PostgreSQL; with
@@ -111,22 +114,35 @@ def declare(url: str) -> None:
     conn.close()
 
 
-def bare_publisher(servers: Servers, count: int) -> Case:
-    """(a) pika's asynchronous API, confirm mode, up to WINDOW confirms outstanding."""
+def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False) -> Case:
+    """(a) pika's asynchronous API, confirm mode, up to WINDOW confirms outstanding; with
+    ``relay_messages`` (a2), each message has the properties and flag the relay publishes."""
 
     async def run() -> Case:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         opened: asyncio.Future[object] = loop.create_future()
         state = {"sent": 0, "confirmed": 0}
-        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream")
+        lean = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream")
         channel: list[object] = []
+
+        def props(n: int) -> pika.BasicProperties:
+            if not relay_messages:
+                return lean
+            return pika.BasicProperties(
+                delivery_mode=2,
+                content_type="application/octet-stream",
+                message_id=f"b-{n}",
+                timestamp=int(time.time()),
+            )
 
         def pump() -> None:
             ch = channel[0]
             while state["sent"] < count and state["sent"] - state["confirmed"] < WINDOW:
                 state["sent"] += 1
-                ch.basic_publish("", QUEUE, BODY, props)  # type: ignore[attr-defined]
+                ch.basic_publish(  # type: ignore[attr-defined]
+                    "", QUEUE, BODY, props(state["sent"]), mandatory=relay_messages
+                )
 
         def on_confirm(frame: object) -> None:
             method = frame.method  # type: ignore[attr-defined]
@@ -365,6 +381,9 @@ def main() -> int:
                 migrate(url)
             cases: dict[str, Callable[[], Case]] = {
                 "bare_publisher": lambda: bare_publisher(servers, args.rows),
+                "bare_publisher_relay_messages": lambda: bare_publisher(
+                    servers, args.rows, relay_messages=True
+                ),
                 "naive_relay_postgresql": lambda: naive_relay(servers, pg_url, args.naive_rows),
                 "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows),
                 "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows),
@@ -403,14 +422,19 @@ def median_case(cases: list[Case]) -> Case:
 def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
     results = {name: median_case(cases) for name, cases in measured.items()}
     a, b = results["bare_publisher"].rate, results["naive_relay_postgresql"].rate
+    a2 = results["bare_publisher_relay_messages"].rate
     print(
-        f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'c/a':>5} {'c/b':>6}   "
+        f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'c/a':>5} {'c/a2':>5} {'c/b':>6}   "
         "CPU s per 1k rows: publisher broker postgresql"
     )
     summary: dict[str, object] = {"window": WINDOW, "body_bytes": len(BODY), "rounds": args.rounds}
     for name, case in results.items():
         relay = name.startswith("relay_")
-        ratios = f"{case.rate / a:>5.2f} {case.rate / b:>6.1f}" if relay else " " * 12
+        ratios = (
+            f"{case.rate / a:>5.2f} {case.rate / a2:>5.2f} {case.rate / b:>6.1f}"
+            if relay
+            else " " * 18
+        )
         cpu = case.cpu
         print(
             f"{name:<32} {case.rows:>8} {case.rate:>8.0f} {ratios}   "
@@ -424,7 +448,11 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
             **{k: round(v, 1) for k, v in case.extra.items()},
         }
         if relay:
-            entry.update(over_bare=round(case.rate / a, 3), over_naive=round(case.rate / b, 1))
+            entry.update(
+                over_bare=round(case.rate / a, 3),
+                over_bare_relay_messages=round(case.rate / a2, 3),
+                over_naive=round(case.rate / b, 1),
+            )
         summary[name] = entry
     print(
         f"(medians of {args.rounds} round(s); window {WINDOW}; {len(BODY)}-byte persistent "
