@@ -173,7 +173,7 @@ class ClaimStore:
             )
         stmt = (
             sa.update(outbox)
-            .where(outbox.c.id.in_(due.scalar_subquery()))
+            .where(self._one_of(due))
             .values(next_attempt_at=now + self.lease, lease_owner=self.owner)
             .returning(*_RAW_COLUMNS)
         )
@@ -181,6 +181,20 @@ class ClaimStore:
             rows = [decode_row(r) for r in conn.execute(stmt).mappings().all()]
         rows.sort(key=lambda r: r.id)
         return rows
+
+    def _one_of(self, due: sa.Select[tuple[int]]) -> sa.ColumnElement[bool]:
+        """``id IN (due)``, with ``due`` run exactly once.
+
+        On PostgreSQL, ``id IN (subquery)`` is a join the planner may turn around. With
+        statistics taken while the table was empty (drained, purged, vacuumed) and rows
+        loaded since, it became a nested loop over the whole table that ran the locking
+        subquery again for every row: the claim leased every due row instead of ``limit``
+        (tests/integration/test_claim_plan.py), and over 100,000 rows hit the 30 s statement
+        timeout (bench.run, three relays: 1,280 rows/s). ``id = ANY(ARRAY(subquery))`` is an
+        InitPlan, run once, then primary-key lookups, whatever the statistics say."""
+        if self.engine.dialect.name == "postgresql":
+            return outbox.c.id == sa.any_(sa.func.array(due.scalar_subquery()))
+        return outbox.c.id.in_(due.scalar_subquery())
 
     def settle(self, batch: SettleBatch, now: datetime) -> None:
         if not batch:

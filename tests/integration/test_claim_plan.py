@@ -1,0 +1,70 @@
+"""The claim takes at most its limit, and locks its rows in one pass, whatever PostgreSQL's
+statistics say.
+
+An outbox drained and purged (every row deleted), then vacuumed, has statistics that say
+"empty" until the next ANALYZE. With rows loaded in bulk before that (a Spark job),
+PostgreSQL ran ``id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)`` as a nested loop over
+the whole table that ran the locking subquery again for every row: a claim of 100 leased
+all 2,000 rows here, and over 100,000 rows every claim hit the statement timeout
+(bench.run, three relays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from devtools.outbox import insert
+from relay.db.claims import ClaimStore
+
+ROWS = 2000
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from nodes(child)
+
+
+def statistics_say_empty(url: str) -> None:
+    """Fill, purge and vacuum (keeping the pages, as a vacuum does while rows remain at the
+    table's end): the table's row estimate is 0."""
+    insert(url, [{"message_id": f"gone-{i}", "payload": b"x"} for i in range(ROWS)])
+    conninfo = sa.make_url(url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("DELETE FROM outbox")
+        conn.execute("VACUUM (TRUNCATE false) outbox")
+        [(estimate,)] = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'outbox'")
+    assert estimate == 0
+
+
+def test_the_claims_locking_subquery_runs_once(postgresql_url: str) -> None:
+    statistics_say_empty(postgresql_url)
+    insert(postgresql_url, [{"message_id": f"m-{i}", "payload": b"x"} for i in range(ROWS)])
+    store = ClaimStore(postgresql_url, "relay-1", 60.0)
+    claims: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.startswith("UPDATE outbox SET next_attempt_at"):
+            claims.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", capture)
+    try:
+        assert len(store.claim(100, datetime.now(UTC))) == 100
+        [(statement, parameters)] = claims
+        raw = store.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
+            [[explained]] = cursor.fetchall()
+            raw.rollback()
+        finally:
+            raw.close()
+    finally:
+        store.close()
+    [lock] = [n for n in nodes(explained[0]["Plan"]) if n["Node Type"] == "LockRows"]
+    assert (lock["Actual Loops"], lock["Actual Rows"]) == (1, 100)
