@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
 from devtools.outbox import insert
 from relay.db.claims import ClaimStore
+from relay.db.engine import create_engine
 
 ROWS = 2000
 
@@ -34,11 +34,16 @@ def statistics_say_empty(url: str) -> None:
     """Fill, purge and vacuum (keeping the pages, as a vacuum does while rows remain at the
     table's end): the table's row estimate is 0."""
     insert(url, [{"message_id": f"gone-{i}", "payload": b"x"} for i in range(ROWS)])
-    conninfo = sa.make_url(url).set(drivername="postgresql").render_as_string(False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("DELETE FROM outbox")
-        conn.execute("VACUUM (TRUNCATE false) outbox")
-        [(estimate,)] = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'outbox'")
+    engine = create_engine(url).execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("DELETE FROM outbox"))
+            conn.execute(sa.text("VACUUM (TRUNCATE false) outbox"))
+            estimate = conn.scalar(
+                sa.text("SELECT reltuples FROM pg_class WHERE relname = 'outbox'")
+            )
+    finally:
+        engine.dispose()
     assert estimate == 0
 
 
