@@ -28,6 +28,7 @@ import pika
 import sqlalchemy as sa
 from pika.adapters.asyncio_connection import AsyncioConnection
 
+from devtools.broker import fresh_queue
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from relay.db.engine import create_engine, migrate
@@ -35,16 +36,6 @@ from relay.db.engine import create_engine, migrate
 QUEUE = "latency"
 BODY = b"x" * 200
 TICK_S = 0.01  # the paced publisher sends rate * TICK_S messages every TICK_S seconds
-
-
-def empty_queue(amqp_url: str) -> None:
-    """The queue, declared afresh: every measurement starts with it empty (a queue holding
-    the previous run's 100,000 messages confirms more slowly)."""
-    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    channel = conn.channel()
-    channel.queue_delete(QUEUE)
-    channel.queue_declare(QUEUE, durable=True)
-    conn.close()
 
 
 def bare_publisher(amqp_url: str, rate: int, seconds: float) -> dict[str, float]:
@@ -170,12 +161,12 @@ def main() -> int:
             pg.psql("CREATE DATABASE bench")
             url = pg.url("bench")
             migrate(url)
-            empty_queue(node.url)
+            fresh_queue(node.url, QUEUE)
             results["bare pika"] = bare_publisher(node.url, args.rate, args.seconds)
-            empty_queue(node.url)
+            fresh_queue(node.url, QUEUE)
             results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
             pg.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
-            empty_queue(node.url)
+            fresh_queue(node.url, QUEUE)
             results["polling"] = measure(url, node.url, args.rate, args.seconds, args.batch)
         finally:
             node.stop()

@@ -52,6 +52,7 @@ import pika
 import sqlalchemy as sa
 from pika.adapters.asyncio_connection import AsyncioConnection
 
+from devtools.broker import fresh_queue
 from devtools.procfs import rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import http_get
@@ -104,14 +105,6 @@ def metered(
 
 def own_cpu() -> float:
     return time.process_time()
-
-
-def declare(url: str) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    ch.queue_delete(QUEUE)
-    ch.queue_declare(QUEUE, durable=True)
-    conn.close()
 
 
 def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False) -> Case:
@@ -394,13 +387,13 @@ def main() -> int:
                 )
             for _ in range(args.rounds):
                 for name, measure in cases.items():
-                    declare(servers.node.url)
+                    fresh_queue(servers.node.url, QUEUE)
                     results.setdefault(name, []).append(measure())
             if args.profile is not None:
-                declare(servers.node.url)
+                fresh_queue(servers.node.url, QUEUE)
                 this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt")
             if args.backlog_rows:
-                declare(servers.node.url)
+                fresh_queue(servers.node.url, QUEUE)
                 results["relay_postgresql_backlog"] = [
                     this_relay(servers, pg_url, args.backlog_rows, memory=True)
                 ]

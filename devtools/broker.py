@@ -77,6 +77,16 @@ def declare_bound(url: str, exchange: str, queue: str) -> None:
     conn.close()
 
 
+def fresh_queue(url: str, queue: str) -> None:
+    """``queue``, durable and empty: deleted and declared again (a queue still holding an
+    earlier measurement's messages confirms more slowly)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = conn.channel()
+    channel.queue_delete(queue)
+    channel.queue_declare(queue, durable=True)
+    conn.close()
+
+
 def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Delivered]:
     """Consume (with manual acks) until ``expect`` messages arrived and the queue stays empty
     for a moment, or the deadline passes; never trusts the queue's counters."""
