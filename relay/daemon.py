@@ -45,7 +45,7 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
         settings.database_url, settings.name, settings.lease, ordered=settings.ordering
     )
     publisher = PikaPublisher(
-        settings.amqp_url,
+        settings.amqp_urls,
         topology,
         window=settings.window,
         confirm_timeout=settings.confirm_timeout,
@@ -72,7 +72,8 @@ def run(settings: Settings) -> bool:
     """Serve until SIGTERM or SIGINT, then drain; True when every outcome was recorded."""
     topology = load_topology(settings.topology_file)
     # Fail fast on a bad URL or unusable TLS files.
-    connection_parameters(settings.amqp_url, settings.name, settings.amqp_tls)
+    for url in settings.amqp_urls:
+        connection_parameters(url, settings.name, settings.amqp_tls)
     log.info("starting", extra={"action": "start", "settings": settings.redacted()})
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     return asyncio.run(serve(settings, topology))

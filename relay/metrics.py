@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from relay.records import Outcome, Settlement
+from relay.records import BrokerNode, Outcome, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,13 @@ class Metrics:
             "Confirm channels opened (the first connect and every reconnect).",
             registry=r,
         )
+        self.broker_node = Gauge(
+            "relay_broker_node_info",
+            "1 for the broker node the confirm channel is open on, labelled with its address "
+            "and what it announced (product, version, cluster); no series while disconnected.",
+            ["address", "product", "version", "cluster"],
+            registry=r,
+        )
         self.database_connected = Gauge(
             "relay_database_connected", "1 while the last database call succeeded.", registry=r
         )
@@ -83,10 +90,14 @@ class Metrics:
             registry=r,
         )
 
-    def broker_state(self, connected: bool) -> None:
-        self.broker_connected.set(1 if connected else 0)
-        if connected:
+    def broker_state(self, node: BrokerNode | None) -> None:
+        """Connected to ``node``, or (None) disconnected."""
+        self.broker_connected.set(0 if node is None else 1)
+        self.broker_node.clear()
+        if node is not None:
             self.broker_connections.inc()
+            labels = (node.address, node.product, node.version, node.cluster_name)
+            self.broker_node.labels(*labels).set(1)
 
     def settled(self, settlements: Iterable[Settlement], parked: int) -> None:
         # Counted per outcome first: a label lookup per row cost 1.4% of the relay's CPU.

@@ -37,7 +37,7 @@ from relay.constants import (
 )
 from relay.errors import BrokerError, ConfigError
 from relay.message import Limits, Unpublishable, build
-from relay.records import OutboxRow
+from relay.records import BrokerNode, OutboxRow
 from relay.settings import TlsOptions, redact_url
 from relay.topology import Topology
 
@@ -145,26 +145,31 @@ class PikaPublisher(ConfirmWindow):
 
     def __init__(
         self,
-        url: str,
+        urls: Sequence[str],
         topology: Topology,
         *,
         window: int,
         confirm_timeout: float,
         reconnect: Backoff,
         name: str = "outbox-relay",
-        on_state: Callable[[bool], None] = lambda _connected: None,
+        on_state: Callable[[BrokerNode | None], None] = lambda _node: None,
         tls: TlsOptions | None = None,
     ) -> None:
         super().__init__(window, confirm_timeout)
-        self._params = connection_parameters(url, name, tls)
-        # A connect attempt made while the link was black-holed hangs until this timeout
-        # (pika's default: 15 s) even after the link is back; no longer than the confirm
-        # timeout, so that recovery is as quick as the detection.
-        self._params.stack_timeout = min(
-            self._params.stack_timeout or PIKA_DEFAULT_CONNECT_TIMEOUT_S,
-            max(MIN_CONNECT_TIMEOUT_S, confirm_timeout),
-        )
-        self._where = f"{self._params.host}:{self._params.port}"
+        self._nodes = [connection_parameters(url, name, tls) for url in urls]
+        for params in self._nodes:
+            # A connect attempt made while the link was black-holed hangs until this timeout
+            # (pika's default: 15 s) even after the link is back; no longer than the confirm
+            # timeout, so that recovery is as quick as the detection.
+            params.stack_timeout = min(
+                params.stack_timeout or PIKA_DEFAULT_CONNECT_TIMEOUT_S,
+                max(MIN_CONNECT_TIMEOUT_S, confirm_timeout),
+            )
+            if len(self._nodes) > 1 and params.blocked_connection_timeout is None:
+                # A node that stays blocked (its memory or disk alarm) longer than a confirm
+                # may take is left for the next one: pika closes the connection.
+                params.blocked_connection_timeout = confirm_timeout
+        self._node = 0  # index of the node in use, or of the one to try first
         self._topology = topology
         self._reconnect = reconnect
         self._on_state = on_state
@@ -181,8 +186,16 @@ class PikaPublisher(ConfirmWindow):
         self._session_closed: asyncio.Future[str] | None = None
         self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
         self._log_retry = log_before_retry(
-            log, "broker unavailable", "broker_retry", broker=self._where
+            log, "broker unavailable", "broker_retry", broker=",".join(map(_address, self._nodes))
         )
+
+    @property
+    def _params(self) -> pika.URLParameters:
+        return self._nodes[self._node]
+
+    @property
+    def _where(self) -> str:
+        return _address(self._params)
 
     @property
     def can_publish(self) -> bool:
@@ -279,6 +292,10 @@ class PikaPublisher(ConfirmWindow):
                 started = time.monotonic()
                 self._row_closed_channel = False
                 reason = await closed
+                lost = self._where
+                # The next connect tries the next node first: this one may be down, and
+                # trying it again first could wait out a connect timeout.
+                self._node = (self._node + 1) % len(self._nodes)
                 # A close that rows are charged for is theirs to pay (their attempts and
                 # back-off), not a reason to keep every other row waiting for a reconnect.
                 short = time.monotonic() - started < SHORT_SESSION_S
@@ -287,7 +304,7 @@ class PikaPublisher(ConfirmWindow):
                     log.warning(
                         "broker connection lost: %s",
                         reason,
-                        extra={"action": "broker_disconnected", "broker": self._where},
+                        extra={"action": "broker_disconnected", "broker": lost},
                     )
         finally:
             expiry.cancel()
@@ -302,7 +319,26 @@ class PikaPublisher(ConfirmWindow):
             await asyncio.shield(self._session_closed)
 
     async def _connect(self) -> asyncio.Future[str]:
-        """Open a connection and a confirm channel and declare the topology."""
+        """Connect to the first node, from the current one on, that takes a connection and a
+        confirm channel; all failing is one failure (the caller backs off, then tries again)."""
+        failures = []
+        for _ in self._nodes:
+            try:
+                return await self._connect_node()
+            except BrokerError as exc:
+                failures.append(str(exc))
+                if len(failures) < len(self._nodes):
+                    log.warning(
+                        "%s; trying the next node",
+                        exc,
+                        extra={"action": "broker_node_failed", "broker": self._where},
+                    )
+                self._node = (self._node + 1) % len(self._nodes)
+        raise BrokerError("; ".join(failures))
+
+    async def _connect_node(self) -> asyncio.Future[str]:
+        """Open a connection and a confirm channel to the current node and declare the
+        topology."""
         loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()
         closed: asyncio.Future[str] = loop.create_future()
@@ -339,11 +375,23 @@ class PikaPublisher(ConfirmWindow):
             raise
         self.blocked = False
         self.connected = True
-        self._limits = dataclasses.replace(
-            self._limits, frame_max=self._connection.params.frame_max
+        node = _announced(self._where, self._connection)
+        self._limits = dataclasses.replace(self._limits, frame_max=node.frame_max)
+        self._on_state(node)
+        log.info(
+            "connected to broker node %s: %s %s, cluster %r, frame_max %d",
+            node.address,
+            node.product,
+            node.version,
+            node.cluster_name,
+            node.frame_max,
+            extra={
+                "action": "broker_connected",
+                "broker": node.address,
+                "broker_version": node.version,
+                "broker_cluster": node.cluster_name,
+            },
         )
-        self._on_state(True)
-        log.info("connected to broker", extra={"action": "broker_connected", "broker": self._where})
         self._wake()
         return closed
 
@@ -457,7 +505,7 @@ class PikaPublisher(ConfirmWindow):
     ) -> None:
         if self.connected:
             self.connected = False
-            self._on_state(False)
+            self._on_state(None)
         self.tracker.channel_lost(reason, culprit, culprit_reason)
         # Held suspects never went out: due again, and still suspects.
         self.tracker.lose(self._held, _HELD_SUSPECT)
@@ -501,6 +549,23 @@ class PikaPublisher(ConfirmWindow):
                         _drop_if_open,
                         connection,
                     )
+
+
+def _address(params: pika.URLParameters) -> str:
+    return f"{params.host}:{params.port}"
+
+
+def _announced(address: str, connection: AsyncioConnection) -> BrokerNode:
+    """The node as its connection.start announced it (text fields may arrive as bytes)."""
+    props = connection.server_properties or {}
+
+    def text(key: str) -> str:
+        value = props.get(key, "")
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    return BrokerNode(
+        address, text("product"), text("version"), text("cluster_name"), connection.params.frame_max
+    )
 
 
 def _suspect(row: OutboxRow) -> bool:

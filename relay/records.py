@@ -57,6 +57,17 @@ class Settlement:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerNode:
+    """The broker node a relay is connected to, as the node announced itself on connect."""
+
+    address: str  # host:port, as in the relay's settings
+    product: str  # "RabbitMQ"
+    version: str  # "3.10.8", "4.0.5"
+    cluster_name: str
+    frame_max: int  # negotiated: a message's properties must fit one frame
+
+
+@dataclass(frozen=True, slots=True)
 class RowChange:
     """The new state of a row that was not acked; applied only while this relay holds it."""
 

@@ -114,6 +114,19 @@ def _url(*schemes: str) -> Callable[[str], str]:
     return parse
 
 
+def _amqp_urls(text: str) -> str:
+    """One AMQP URL, or several separated by commas (one per node of a cluster), all with
+    the same scheme: TLS settings apply to every node alike."""
+    urls = [u.strip() for u in text.split(",")]
+    if not all(urls):
+        raise ValueError("must be AMQP URLs separated by commas, with none empty")
+    for url in urls:
+        _url("amqp", "amqps")(url)
+    if len({u.split(":", 1)[0].lower() for u in urls}) > 1:
+        raise ValueError("must use one scheme for every node: all amqp:// or all amqps://")
+    return ",".join(urls)
+
+
 def _setting(default: Any, parse: Callable[[str], Any], help: str, secret: bool = False) -> Any:
     return field(default=default, metadata={"parse": parse, "help": help, "secret": secret})
 
@@ -142,8 +155,10 @@ class Settings:
     )
     amqp_url: str = _setting(
         "amqp://guest:guest@localhost:5672/%2F",
-        _url("amqp", "amqps"),
-        "AMQP URL of the RabbitMQ broker; query options such as heartbeat= are honoured.",
+        _amqp_urls,
+        "AMQP URL of the RabbitMQ broker; query options such as heartbeat= are honoured. For "
+        "a cluster, one URL per node separated by commas: the relay uses one node at a time "
+        "and moves on to the next when it loses it (a comma in a password is written %2C).",
         secret=True,
     )
     amqp_ca_file: Path | None = _setting(
@@ -278,6 +293,11 @@ class Settings:
         return cls(**kwargs)
 
     @property
+    def amqp_urls(self) -> tuple[str, ...]:
+        """The broker's nodes, in the order the relay tries them."""
+        return tuple(self.amqp_url.split(","))
+
+    @property
     def amqp_tls(self) -> TlsOptions | None:
         if not self.amqp_url.lower().startswith("amqps://"):
             return None
@@ -338,6 +358,9 @@ def _read_secret(var: str, path: str) -> str:
 
 
 def _with_password(key: str, url: str, password: str) -> str:
+    pieces = url.split(",")
+    if len(pieces) > 1 and all("://" in piece for piece in pieces):  # a cluster: every node
+        return ",".join(_with_password(key, piece.strip(), password) for piece in pieces)
     parts = urlsplit(url)
     if "://" not in url or not parts.username or parts.hostname is None:
         raise ConfigError(f"{key} must name a user and a host for a password file to apply")
@@ -387,9 +410,12 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 def redact_url(value: Any) -> Any:
     """Replace the password of a URL by ``***``; other values pass through. A URL too broken
-    to find its password in shows only its scheme."""
+    to find its password in shows only its scheme. A comma-separated list of URLs (the
+    nodes of a cluster) has each one's password replaced."""
     if not isinstance(value, str) or "://" not in value:
         return value
+    if "," in value:
+        return ",".join(redact_url(piece) for piece in value.split(","))
     try:
         parts = urlsplit(value)
         password = parts.password

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from devtools.broker import drain, names, simple_topology
-from devtools.servers import RabbitNode
+from devtools.servers import RabbitNode, free_port
 from relay.backoff import Backoff
 from relay.publisher import PikaPublisher
-from relay.records import Outcome, Settlement
+from relay.records import BrokerNode, Outcome, Settlement
 from tests.support.inprocess import wait_for
 from tests.support.rows import row
 
@@ -34,7 +34,7 @@ def test_rows_published_in_one_call_go_out_in_a_few_writes_and_in_order(
 
     async def scenario() -> None:
         publisher = PikaPublisher(
-            rabbit.url,
+            [rabbit.url],
             simple_topology(exchange, queue),
             window=1000,
             confirm_timeout=30,
@@ -62,3 +62,56 @@ def test_rows_published_in_one_call_go_out_in_a_few_writes_and_in_order(
     assert 0 < len(sends) <= 10, sends
     delivered = drain(rabbit.url, queue, expect=len(rows))
     assert [d.message_id for d in delivered] == [r.message_id for r in rows]
+
+
+def test_moves_on_to_the_next_node_when_one_refuses_or_dies(
+    rabbit: RabbitNode, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Three addresses: nothing listens on the first, the second is a node the test kills,
+    the third the session's node. Two separate nodes stand in for a cluster's: what is tested
+    here is which node the publisher uses, and what it reports about it."""
+    exchange, queue = names("nodes")
+    doomed = RabbitNode(tmp_path_factory.mktemp("doomed"), name="relay-doomed")
+    doomed.start()
+    nodes: list[BrokerNode | None] = []
+
+    async def publish_and_confirm(publisher: PikaPublisher, first: int) -> None:
+        rows = [row(i, exchange=exchange, message_id=f"nodes-{i}") for i in range(first, first + 5)]
+        assert publisher.publish(rows) == rows
+        settled: list[Settlement] = []
+        while len(settled) < len(rows):
+            settled.extend(publisher.take_settled())
+            await asyncio.sleep(0.05)
+        assert {s.outcome for s in settled} == {Outcome.ACKED}
+
+    async def scenario() -> None:
+        publisher = PikaPublisher(
+            [f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F", doomed.url, rabbit.url],
+            simple_topology(exchange, queue),
+            window=100,
+            confirm_timeout=5,
+            reconnect=Backoff(0.05, 1),
+            on_state=nodes.append,
+        )
+        running = asyncio.create_task(publisher.run(lambda: None))
+        await wait_for(lambda: publisher.connected, 30, "connected")
+        await asyncio.wait_for(publish_and_confirm(publisher, 1), 30)
+        doomed.kill()
+        await wait_for(lambda: len(nodes) == 3 and publisher.connected, 30, "reconnected")
+        await asyncio.wait_for(publish_and_confirm(publisher, 6), 30)
+        await publisher.close()
+        await running
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        doomed.kill()
+    first, lost, second, closed = nodes
+    assert first is not None and first.address == f"127.0.0.1:{doomed.port}"
+    assert first.product == "RabbitMQ" and first.version.startswith("3.")
+    assert first.frame_max > 0
+    assert lost is None
+    assert second is not None and second.address == f"127.0.0.1:{rabbit.port}"
+    assert closed is None
+    delivered = drain(rabbit.url, queue, expect=5)
+    assert [d.message_id for d in delivered] == [f"nodes-{i}" for i in range(6, 11)]

@@ -65,6 +65,18 @@ def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path)
             "RELAY_LEASE=50 must be more than twice",
         ),
         ({"RELAY_BACKOFF_MAX": "0.5"}, "RELAY_BACKOFF_MAX must not be less than"),
+        (
+            {"RELAY_AMQP_URL": "amqp://u:secret@a,,amqp://u:secret@b"},
+            "RELAY_AMQP_URL=(hidden): must be AMQP URLs separated by commas, with none empty",
+        ),
+        (
+            {"RELAY_AMQP_URL": "amqp://u:secret@a,u:secret@b"},
+            "RELAY_AMQP_URL=(hidden): must be a URL starting with amqp:// or amqps://",
+        ),
+        (
+            {"RELAY_AMQP_URL": "amqps://u:secret@a,amqp://u:secret@b"},
+            "RELAY_AMQP_URL=(hidden): must use one scheme for every node",
+        ),
     ],
 )
 def test_bad_values_name_the_setting(environ: dict[str, str], message: str) -> None:
@@ -94,6 +106,29 @@ def test_redacted_hides_passwords_only() -> None:
     assert shown["amqp_url"] == "amqp://relay:***@rabbit:5672/%2F"
     assert shown["database_url"] == "postgresql://app:***@db/outbox"
     assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_a_cluster_is_a_list_of_urls_tried_in_order() -> None:
+    s = Settings.load({"RELAY_AMQP_URL": "amqp://r:pw@n1:5672/%2F, amqp://r:pw@n2:5673/%2F"})
+    assert s.amqp_urls == ("amqp://r:pw@n1:5672/%2F", "amqp://r:pw@n2:5673/%2F")
+    assert s.redacted()["amqp_url"] == "amqp://r:***@n1:5672/%2F,amqp://r:***@n2:5673/%2F"
+    assert Settings.load({}).amqp_urls == ("amqp://guest:guest@localhost:5672/%2F",)
+
+
+def test_a_password_file_applies_to_every_node(tmp_path: Path) -> None:
+    (tmp_path / "amqp_password").write_text("a,b@c\n")
+    s = Settings.load(
+        {
+            "RELAY_AMQP_URL": "amqps://relay@n1:5671/%2F,amqps://relay@n2:5671/%2F",
+            "RELAY_AMQP_PASSWORD_FILE": str(tmp_path / "amqp_password"),
+        }
+    )
+    # Encoded, so the comma in the password does not split the list.
+    assert s.amqp_urls == (
+        "amqps://relay:a%2Cb%40c@n1:5671/%2F",
+        "amqps://relay:a%2Cb%40c@n2:5671/%2F",
+    )
+    assert s.amqp_tls is not None
 
 
 def test_secrets_from_files_whole_url_or_password_only(tmp_path: Path) -> None:
