@@ -11,7 +11,7 @@ instead of silently routing nowhere.
 
     [[queue]]
     name = "orders.created"
-    arguments = { "x-queue-type" = "quorum" }
+    arguments = { "x-queue-type" = "quorum", "x-delivery-limit" = 20 }
 
     [[binding]]
     exchange = "orders"
@@ -29,6 +29,13 @@ from typing import Any
 from relay.errors import ConfigError
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+QUEUE_TYPES = ("classic", "quorum", "stream")
+# Replicated queues (quorum, stream) keep messages on several nodes, so they exist only as
+# durable queues; the broker refuses anything else (PRECONDITION_FAILED at every connect).
+REPLICATED = ("quorum", "stream")
+# Queue arguments that must be whole numbers above zero, where the broker would refuse
+# (or, for some, silently ignore) anything else.
+POSITIVE_ARGUMENTS = ("x-delivery-limit", "x-quorum-initial-group-size", "x-max-length")
 Arguments = dict[str, Any]
 
 
@@ -123,6 +130,8 @@ def parse_topology(data: dict[str, Any], where: str) -> Topology:
                 f"{where}: exchange[{i}] {exchange.name!r}: type must be one of "
                 f"{', '.join(EXCHANGE_TYPES)}"
             )
+    for i, queue in enumerate(queues):
+        _check_queue(queue, f"{where}: queue[{i}] {queue.name!r}")
     queue_names = {q.name for q in queues}
     exchange_names = {e.name for e in exchanges}
     for i, binding in enumerate(bindings):
@@ -133,6 +142,21 @@ def parse_topology(data: dict[str, Any], where: str) -> Topology:
                 f"{where}: binding[{i}]: exchange {binding.exchange!r} is not declared"
             )
     return Topology(exchanges, queues, bindings)
+
+
+def _check_queue(queue: Queue, where: str) -> None:
+    """What RabbitMQ (3.10 and 4.x alike) would refuse at connect time, said at start-up."""
+    kind = queue.arguments.get("x-queue-type", "classic")
+    if kind not in QUEUE_TYPES:
+        raise ConfigError(f"{where}: x-queue-type must be one of {', '.join(QUEUE_TYPES)}")
+    if kind in REPLICATED and (not queue.durable or queue.auto_delete):
+        raise ConfigError(f"{where}: a {kind} queue must be durable and not auto_delete")
+    for name in POSITIVE_ARGUMENTS:
+        value = queue.arguments.get(name)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise ConfigError(f"{where}: {name} must be a whole number of at least 1")
 
 
 def _tables(data: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:

@@ -279,3 +279,33 @@ def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
 
     asyncio.run(scenario())
     assert len(drain(rabbit.url, queue, expect=100)) == 100
+
+
+def test_a_quorum_queue_gets_every_row_and_the_relay_reports_the_broker_version(
+    postgresql_url: str, rabbit: RabbitNode
+) -> None:
+    """The same topology on 3.10 and 4.0: a quorum queue with a delivery limit."""
+    exchange, queue = names("quorum")
+    topology = simple_topology(exchange, queue, {"x-queue-type": "quorum", "x-delivery-limit": 5})
+    version = rabbit.ctl("version").strip()
+
+    async def scenario() -> None:
+        async with Running(settings(postgresql_url, rabbit.url), topology) as parts:
+            enqueue(parts, [NewMessage(b"q%d" % i, exchange, "k") for i in range(200)])
+            await wait_for(lambda: rows_by_status(parts) == {"sent": 200}, 30, "all rows sent")
+            [node] = [
+                (sample.labels, sample.value)
+                for family in parts.metrics.registry.collect()
+                if family.name == "relay_broker_node_info"
+                for sample in family.samples
+            ]
+            assert node[1] == 1
+            assert node[0]["address"] == f"127.0.0.1:{rabbit.port}"
+            assert (node[0]["product"], node[0]["version"]) == ("RabbitMQ", version)
+            assert node[0]["cluster"]
+
+    asyncio.run(scenario())
+    assert "quorum" in rabbit.ctl("list_queues", "name", "type")
+    assert {d.body for d in drain(rabbit.url, queue, expect=200)} == {
+        b"q%d" % i for i in range(200)
+    }

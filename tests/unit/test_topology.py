@@ -23,6 +23,10 @@ type = "fanout"
 name = "orders.created"
 arguments = { "x-max-length" = 10, "x-overflow" = "reject-publish" }
 
+[[queue]]
+name = "orders.audit"
+arguments = { "x-queue-type" = "quorum", "x-delivery-limit" = 20, "x-quorum-initial-group-size" = 1}
+
 [[binding]]
 exchange = "orders"
 queue = "orders.created"
@@ -38,6 +42,7 @@ def test_good_file(tmp_path: Path) -> None:
     assert orders.declare_arguments() == {"alternate-exchange": "orders.unrouted"}
     assert topology.queues[0].arguments["x-overflow"] == "reject-publish"
     assert topology.bindings[0].routing_key == "order.*"
+    assert topology.queues[1].arguments["x-queue-type"] == "quorum"
 
 
 @pytest.mark.parametrize(
@@ -51,6 +56,23 @@ def test_good_file(tmp_path: Path) -> None:
         ("[exchanges]\nname = 'x'\n", "unknown section 'exchanges'"),
         ("exchange = 'x'\n", "exchange must be an array of tables"),
         ("[[exchange]\n", "not valid TOML"),
+        (
+            "[[queue]]\nname = 'q'\narguments = { 'x-queue-type' = 'qourum' }\n",
+            "queue[0] 'q': x-queue-type must be one of classic, quorum, stream",
+        ),
+        (
+            "[[queue]]\nname = 'q'\ndurable = false\narguments = { 'x-queue-type' = 'quorum' }\n",
+            "queue[0] 'q': a quorum queue must be durable and not auto_delete",
+        ),
+        (
+            "[[queue]]\nname = 'q'\narguments = { 'x-queue-type' = 'quorum', "
+            "'x-delivery-limit' = 0 }\n",
+            "queue[0] 'q': x-delivery-limit must be a whole number of at least 1",
+        ),
+        (
+            "[[queue]]\nname = 'q'\narguments = { 'x-quorum-initial-group-size' = '3' }\n",
+            "x-quorum-initial-group-size must be a whole number of at least 1",
+        ),
     ],
 )
 def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
