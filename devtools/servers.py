@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from devtools import debian13
+
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 
 
@@ -45,22 +47,33 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 class RabbitNode:
-    """A rabbitmq-server node named ``<name>-<pid>@127.0.0.1`` listening on 127.0.0.1."""
+    """A rabbitmq-server node named ``<name>-<pid>@127.0.0.1`` listening on 127.0.0.1.
+
+    By default the machine's own RabbitMQ (Debian 12: 3.10). With ``root``, the one installed
+    in that Debian root (``devtools.debian13``: 4.0), run there through chroot with ``base``
+    at the same path inside.
+    """
 
     def __init__(
-        self, base: Path, name: str = "relay", port: int | None = None, config: str = ""
+        self,
+        base: Path,
+        name: str = "relay",
+        port: int | None = None,
+        config: str = "",
+        root: Path | None = None,
     ) -> None:
         """``config``: extra ``rabbitmq.conf`` lines (for example a TLS listener)."""
-        if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        if not ((root or Path("/")) / RABBITMQ_BIN.relative_to("/") / "rabbitmq-server").exists():
             raise ServerError(
                 "rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)"
             )
-        self.base = base
+        self.root = root
+        self.base = base.absolute()
         self.name = f"{name}-{os.getpid()}@127.0.0.1"
         self.port = port or free_port()
         self.dist_port = free_port()
-        self.home = base / "home"
-        self.log_path = base / "log" / "console.log"
+        self.home = self.base / "home"
+        self.log_path = self.base / "log" / "console.log"
         self.config = config
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -68,9 +81,16 @@ class RabbitNode:
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
+    def _command(self, program: str, *args: str) -> tuple[list[str], dict[str, str] | None]:
+        """(argv, environment) for one of RabbitMQ's programs, run for this node."""
+        argv = [str(RABBITMQ_BIN / program), *args]
+        if self.root is None:
+            return argv, {**os.environ, **self.env()}
+        return debian13.command(self.root, argv, self.env(), self.base), None
+
     def env(self) -> dict[str, str]:
+        """The node's own variables."""
         return {
-            **os.environ,
             "HOME": str(self.home),
             "RABBITMQ_NODENAME": self.name,
             # A long name on the loopback address: no host name to resolve (a minimal
@@ -94,9 +114,10 @@ class RabbitNode:
         if not config.exists():
             config.write_text("log.console = false\nlog.file.level = warning\n" + self.config)
         log = self.log_path.open("ab")
+        argv, env = self._command("rabbitmq-server")
         self._process = subprocess.Popen(
-            [str(RABBITMQ_BIN / "rabbitmq-server")],
-            env=self.env(),
+            argv,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -124,9 +145,10 @@ class RabbitNode:
         return self._process is not None and self._process.poll() is None
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        argv, env = self._command("rabbitmqctl", "-n", self.name, *args)
         result = subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],
-            env=self.env(),
+            argv,
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,

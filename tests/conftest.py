@@ -1,7 +1,15 @@
 """Session fixtures: a private RabbitMQ node and a private PostgreSQL, started once on
 loopback in temporary directories when a test first needs them; SQLite in a temp file.
 
-A missing server binary fails loudly: these tests never skip themselves."""
+Two RabbitMQ versions: ``rabbit`` is Debian 12's own (3.10), ``rabbit4`` is 4.0 from a Debian
+13 root (``devtools.debian13``, built on first use into a cache folder). The integration and
+fault suites run against both (their ``rabbit`` and ``broker`` fixtures are parametrized);
+the items on 4.0 are marked ``rabbitmq4``, so either layer runs alone (``-m rabbitmq4``,
+``-m "not rabbitmq4"``).
+
+A missing server binary fails loudly: these tests never skip themselves, except the 4.0
+layer on a machine where it cannot run (no root, no debootstrap): it is skipped, with why.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +21,30 @@ import pytest
 
 from devtools.servers import PostgresServer, RabbitNode
 from relay.db.engine import migrate
+from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
 
-SERVER_FIXTURES = {"rabbit", "postgres", "postgresql_url", "database_url"}
+SERVER_FIXTURES = {"rabbit", "rabbit4", "postgres", "postgresql_url", "database_url"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        callspec = getattr(item, "callspec", None)
+        if "rabbit4" in getattr(item, "fixturenames", ()) or (
+            callspec is not None and RABBITMQ_4 in callspec.params.values()
+        ):
+            item.add_marker(pytest.mark.rabbitmq4)
 
 
 @pytest.fixture(scope="session")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
-    node = RabbitNode(tmp_path_factory.mktemp("rabbit"), name="relay-tests")
-    node.start()
-    yield node
-    node.stop()
+    yield from running(rabbit_node(RABBITMQ_3, tmp_path_factory, "relay-tests"))
+
+
+@pytest.fixture(scope="session")
+def rabbit4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
+    yield from running(rabbit_node(RABBITMQ_4, tmp_path_factory, "relay-tests-4"))
 
 
 @pytest.fixture(scope="session")

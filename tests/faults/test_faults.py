@@ -37,18 +37,19 @@ from tests.faults.harness import (
     recovered_at,
 )
 from tests.faults.proxy import TcpProxy
+from tests.support.rabbitmq import RABBITMQ_VERSIONS, rabbit_node
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 MAX_MESSAGE = 1024 * 1024  # the fault node's max_message_size
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
-    """A node of its own: these tests stop, kill and freeze it."""
-    node = RabbitNode(
-        tmp_path_factory.mktemp("fault-rabbit"),
-        name="relay-faults",
-        config=f"max_message_size = {MAX_MESSAGE}\n",
+@pytest.fixture(scope="module", params=RABBITMQ_VERSIONS)
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RabbitNode]:
+    """A node of its own, of each version: these tests stop, kill and freeze it."""
+    node = rabbit_node(
+        request.param, tmp_path_factory, "relay-faults", f"max_message_size = {MAX_MESSAGE}\n"
     )
     node.start()
     yield node

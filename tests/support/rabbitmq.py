@@ -1,0 +1,34 @@
+"""The two RabbitMQ versions the integration and fault suites run against."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from devtools import debian13
+from devtools.servers import RabbitNode
+
+RABBITMQ_3 = "rabbitmq3.10"  # Debian 12's package
+RABBITMQ_4 = "rabbitmq4.0"  # Debian 13's package, in its own root
+RABBITMQ_VERSIONS = (RABBITMQ_3, RABBITMQ_4)
+
+
+def rabbit_node(
+    version: str, tmp_path_factory: pytest.TempPathFactory, name: str, config: str = ""
+) -> RabbitNode:
+    """A node (not started) of ``version``; the 4.0 one skips the test where it cannot run."""
+    if version == RABBITMQ_3:
+        return RabbitNode(tmp_path_factory.mktemp(name), name=name, config=config)
+    reason = debian13.unavailable()
+    if reason is not None:
+        pytest.skip(f"RabbitMQ 4.0 layer: {reason}")
+    root = debian13.ensure_root()
+    return RabbitNode(tmp_path_factory.mktemp(name), name=name, config=config, root=root)
+
+
+def running(node: RabbitNode) -> Iterator[RabbitNode]:
+    """``node``, started, for a fixture to yield from; stopped after."""
+    node.start()
+    yield node
+    node.stop()
