@@ -184,6 +184,7 @@ class PikaPublisher(ConfirmWindow):
         self._row_closed_channel = False  # this session ended with a channel error
         self._closing = False
         self._session_closed: asyncio.Future[str] | None = None
+        self._session_opened: asyncio.Future[None] | None = None
         self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
         self._log_retry = log_before_retry(
             log, "broker unavailable", "broker_retry", broker=",".join(map(_address, self._nodes))
@@ -312,6 +313,11 @@ class PikaPublisher(ConfirmWindow):
     async def close(self) -> None:
         """Close the connection; outstanding rows are LOST (due again at once)."""
         self._closing = True
+        if self._session_opened is not None:
+            # pika cannot abort a connection that is still opening: its workflow then fails
+            # an assertion in a callback (pika#970). Let the opening end first; pika bounds
+            # it with its own socket and handshake timeouts.
+            await asyncio.wait({self._session_opened})
         connection = self._connection
         if connection is not None and not (connection.is_closed or connection.is_closing):
             connection.close()
@@ -343,6 +349,7 @@ class PikaPublisher(ConfirmWindow):
         opened: asyncio.Future[None] = loop.create_future()
         closed: asyncio.Future[str] = loop.create_future()
         self._session_closed = closed
+        self._session_opened = opened
 
         def on_open(_conn: Any) -> None:
             _resolve(opened, None)

@@ -115,3 +115,31 @@ def test_moves_on_to_the_next_node_when_one_refuses_or_dies(
     assert closed is None
     delivered = drain(rabbit.url, queue, expect=5)
     assert [d.message_id for d in delivered] == [f"nodes-{i}" for i in range(6, 11)]
+
+
+def test_closing_while_a_connection_is_still_opening_is_clean() -> None:
+    """A stop can come while the publisher is still opening a connection (here to a socket
+    that accepts and never answers): the close lets the opening end rather than abort it,
+    which pika cannot do cleanly (pika#970: a failed assertion in a callback)."""
+    errors: list[dict[str, Any]] = []
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}/%2F"
+
+        async def scenario() -> None:
+            asyncio.get_running_loop().set_exception_handler(lambda _l, c: errors.append(c))
+            exchange, queue = names("opening")
+            publisher = PikaPublisher(
+                [url],
+                simple_topology(exchange, queue),
+                window=10,
+                confirm_timeout=1,
+                reconnect=Backoff(0.05, 1),
+            )
+            running = asyncio.create_task(publisher.run(lambda: None))
+            await asyncio.sleep(0.5)  # the protocol header is sent; no answer comes
+            assert not publisher.connected
+            await asyncio.wait_for(publisher.close(), 30)
+            await asyncio.wait_for(running, 30)
+
+        asyncio.run(scenario())
+    assert errors == []
