@@ -3,7 +3,8 @@ loopback in temporary directories when a test first needs them; SQLite in a temp
 
 Two RabbitMQ versions: ``rabbit`` is Debian 12's own (3.10), ``rabbit4`` is 4.0 from a Debian
 13 root (``devtools.debian13``, built on first use into a cache folder). The integration and
-fault suites run against both (their ``rabbit`` and ``broker`` fixtures are parametrized);
+fault suites run against both (their ``rabbit`` and ``broker`` fixtures are parametrized;
+the fault scenarios with the broker a bystander run on 3.10 alone);
 the items on 4.0 are marked ``rabbitmq4``, so either layer runs alone (``-m rabbitmq4``,
 ``-m "not rabbitmq4"``).
 

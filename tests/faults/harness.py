@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,8 +146,9 @@ class Consumer:
     """Consumes the queue with manual acks into a record, reconnecting through outages."""
 
     def __init__(self, amqp_url: str, delay: float = 0.0) -> None:
-        """``delay``: seconds spent on each message (a slow consumer)."""
-        self.url = amqp_url
+        """``amqp_url``: one node, or several, comma-separated (the first that answers is
+        used); ``delay``: seconds spent on each message (a slow consumer)."""
+        self.nodes = [pika.URLParameters(u) for u in amqp_url.split(",")]
         self.delay = delay
         self.deliveries: list[tuple[str, bool]] = []  # (message_id, redelivered)
         self._stop = threading.Event()
@@ -155,7 +157,7 @@ class Consumer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                conn = pika.BlockingConnection(pika.URLParameters(self.url))
+                conn = pika.BlockingConnection(self.nodes)
             except pika.exceptions.AMQPError:
                 time.sleep(0.3)
                 continue
@@ -289,6 +291,59 @@ def order_by_key(consumer: Consumer) -> dict[str, list[int]]:
         writer, number = message_id.split(".", 1)[1][1:].split("-")
         firsts[f"key-{int(number) % KEYS}-{writer}"].append(int(number))
     return firsts
+
+
+Fault = Callable[[list[FaultRelay]], float]  # injects; returns when the recovery clock starts
+
+
+def scenario(
+    name: str,
+    url: str,
+    broker_url: str,
+    tmp: Path,
+    fault: Fault,
+    *,
+    relays: int = 1,
+    faults: int = 1,
+    relay_url: str = "",
+    consumer_delay: float = 0.0,
+    parked: dict[str, str] | None = None,
+    after: Callable[[], None] | None = None,
+    **settings: str,
+) -> tuple[Consumer, list[FaultRelay]]:
+    """Relays on the outbox at ``url`` and ``broker_url`` (one node, or several as
+    ``RELAY_AMQP_URL`` takes them; ``relay_url`` instead for the relays only), writers and a
+    consumer; ``fault`` while they run, the time until every row written before it returned
+    is sent, then ``after`` (while the writers still write), then the check."""
+    running = [
+        FaultRelay(f"{name}-{n}", tmp, url, relay_url or broker_url, **settings).start()
+        for n in range(relays)
+    ]
+    try:
+        for relay in running:
+            wait_until(lambda r=relay: connected(r), 60, f"{relay.name} connected")
+        with Consumer(broker_url, consumer_delay) as consumer:
+            with Writers(url):
+                time.sleep(1)  # rows flowing
+                restored = fault(running)
+                recovery = recovered_at(url, restored, restored)
+                if after is not None:
+                    after()
+                time.sleep(0.5)  # and still flowing after
+            finish(
+                name,
+                url,
+                consumer,
+                running,
+                bound=faults * relays * WINDOW,
+                recovery=recovery,
+                parked=parked,
+            )
+    finally:
+        for relay in running:
+            if relay.running:
+                relay.kill()
+    return consumer, running
 
 
 def metrics_text(relay: FaultRelay) -> str:
