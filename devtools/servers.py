@@ -13,7 +13,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -145,7 +147,12 @@ class RabbitNode:
         return self._process is not None and self._process.poll() is None
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
-        argv, env = self._command("rabbitmqctl", "-n", self.name, *args)
+        return self.tool("rabbitmqctl", *args, timeout=timeout)
+
+    def tool(self, program: str, *args: str, timeout: float = 60.0) -> str:
+        """The output of one of RabbitMQ's command-line tools (``rabbitmqctl``,
+        ``rabbitmq-queues``, ``rabbitmq-upgrade``...) run against this node."""
+        argv, env = self._command(program, "-n", self.name, *args)
         result = subprocess.run(
             argv,
             env=env,
@@ -155,7 +162,7 @@ class RabbitNode:
             check=False,
         )
         if result.returncode != 0:
-            raise ServerError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip()}")
+            raise ServerError(f"{program} {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
 
     def beam_pid(self) -> int:
@@ -186,6 +193,72 @@ class RabbitNode:
             os.kill(self.beam_pid(), signal.SIGKILL)
         self._process.wait(timeout=30)
         self._process = None
+
+
+class RabbitCluster:
+    """``size`` RabbitMQ nodes on loopback, clustered: one Erlang cookie in every node's home,
+    and every node after the first joined to it (``stop_app``, ``join_cluster``,
+    ``start_app``). A node stopped or killed later rejoins by itself when started again: its
+    data directory remembers the cluster."""
+
+    def __init__(
+        self,
+        base: Path,
+        name: str = "cluster",
+        size: int = 3,
+        config: str = "",
+        root: Path | None = None,
+    ) -> None:
+        self.nodes = [
+            RabbitNode(base / f"{name}{n}", name=f"{name}{n}", config=config, root=root)
+            for n in range(1, size + 1)
+        ]
+
+    @property
+    def url(self) -> str:
+        """Every node's URL, comma-separated, as ``RELAY_AMQP_URL`` takes them."""
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self, timeout: float = 120.0) -> None:
+        cookie = uuid.uuid4().hex
+        for node in self.nodes:
+            node.home.mkdir(parents=True, exist_ok=True)
+            path = node.home / ".erlang.cookie"
+            path.write_text(cookie)
+            path.chmod(0o400)  # Erlang refuses a cookie others can read
+        # The nodes boot in parallel (each takes several seconds); joining is one at a time.
+        errors: list[BaseException] = []
+
+        def boot(node: RabbitNode) -> None:
+            try:
+                node.start(timeout)
+            except BaseException as exc:  # reported below, on the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=boot, args=(node,)) for node in self.nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        try:
+            if errors:
+                raise errors[0]
+            first = self.nodes[0]
+            for node in self.nodes[1:]:
+                node.ctl("stop_app")
+                node.ctl("join_cluster", first.name)
+                node.ctl("start_app")
+        except BaseException:
+            self.kill()
+            raise
+
+    def node_at(self, address: str) -> RabbitNode:
+        """The node listening at ``address`` (``host:port``, as the relay reports it)."""
+        return next(node for node in self.nodes if address == f"127.0.0.1:{node.port}")
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
 
 
 class PostgresServer:
