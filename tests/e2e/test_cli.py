@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -145,13 +146,17 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
         assert metric(text, "relay_published_total") == 500
         assert metric(text, "relay_broker_connected") == 1
         assert metric(text, "relay_confirm_latency_seconds_count") == 500
-        enqueue(500, 5000)
+        # Watched while the rows go in: once committed, a relay may send 5,000 rows before
+        # `relay enqueue` has even exited.
+        writer = threading.Thread(target=enqueue, args=(500, 5000))
+        writer.start()
         wait_until(
             lambda: metric(http_get(base + "/metrics")[1], "relay_in_flight") > 0,
             30,
             "publishing under way",
         )
         assert proc.stop() == 0
+        writer.join()
     logged = (tmp_path / "relay.log").read_text()
     assert "Traceback" not in logged
     actions = [json.loads(line)["action"] for line in logged.splitlines()]

@@ -44,11 +44,18 @@ def test_rows_are_relayed_with_their_properties_and_marked_sent(
             settings(database_url, rabbit.url), simple_topology(exchange, queue)
         ) as parts:
             ids = enqueue(parts, messages)
-            await wait_for(lambda: rows_by_status(parts) == {"sent": 51}, 30, "all rows sent")
+            # The metrics count a settle after its commit: wait for both.
+            await wait_for(
+                lambda: (
+                    rows_by_status(parts) == {"sent": 51}
+                    and sample_value(parts.metrics, "relay_outcomes_total", outcome="acked") == 51
+                ),
+                30,
+                "all rows sent and counted as acked",
+            )
             assert ids[-1] == "fixed-id"
             rows = table(parts)
             assert all(r.sent_at is not None and r.attempts == 0 for r in rows)
-            assert sample_value(parts.metrics, "relay_outcomes_total", outcome="acked") == 51
 
     asyncio.run(scenario())
     got = {d.message_id: d for d in drain(rabbit.url, queue, expect=51)}
@@ -75,14 +82,17 @@ def test_nacked_rows_are_retried_then_parked(database_url: str, rabbit: RabbitNo
     async def scenario() -> None:
         async with Running(settings(database_url, rabbit.url, max_attempts=3), topology) as parts:
             enqueue(parts, [NewMessage(b"m", exchange, "k") for _ in range(3)])
+            # The metrics count a settle after its commit: wait for both.
             await wait_for(
-                lambda: rows_by_status(parts) == {"sent": 1, "parked": 2},
+                lambda: (
+                    rows_by_status(parts) == {"sent": 1, "parked": 2}
+                    and sample_value(parts.metrics, "relay_outcomes_total", outcome="nacked") == 6
+                ),
                 30,
-                "one row sent, two parked",
+                "one row sent, two parked, six nacks counted",
             )
             parked = [r for r in table(parts) if r.status == "parked"]
             assert all(r.attempts == 3 and r.last_error.startswith("nacked") for r in parked)
-            assert sample_value(parts.metrics, "relay_outcomes_total", outcome="nacked") == 6
             assert sample_value(parts.metrics, "relay_republished_total") == 4
 
     asyncio.run(scenario())
