@@ -3,6 +3,7 @@ and where each row's CPU time goes.
 
     .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--backlog-rows 1000000]
                                   [--scaling] [--rounds 1] [--profile DIR]
+                                  [--broker 3.10|4.0|4.0-cluster] [--quorum]
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
 measures, with 200-byte persistent messages into one durable queue and the same window:
@@ -26,6 +27,12 @@ times, interleaved, and shows the median (these machines' speed drifts by 20% wi
 minutes). --profile DIR then records one more PostgreSQL relay case with py-spy (``pip
 install py-spy``) into DIR and prints the functions holding most samples. The last line is
 one JSON object with every figure. By hand only: these machines are shared and noisy.
+
+The broker is Debian 12's RabbitMQ 3.10 unless --broker says 4.0 (one node) or 4.0-cluster
+(three nodes; the relays get every node's URL, and every publisher starts with the first);
+both run from the Debian 13 root the tests build (``devtools.debian13``, root only).
+--quorum makes the queue a quorum queue (three replicas on the cluster). The broker's CPU is
+every node's.
 """
 
 from __future__ import annotations
@@ -52,11 +59,12 @@ import pika
 import sqlalchemy as sa
 from pika.adapters.asyncio_connection import AsyncioConnection
 
+from devtools import debian13
 from devtools.broker import fresh_queue
 from devtools.procfs import rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import http_get
-from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
+from devtools.servers import PostgresServer, RabbitCluster, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine, migrate
 from relay.db.schema import outbox
 
@@ -66,17 +74,45 @@ QUEUE = "bench"
 FILL_CHUNK = 20_000  # rows per INSERT statement while filling the backlog
 
 
+BROKERS = ("3.10", "4.0", "4.0-cluster")
+QUORUM = {"x-queue-type": "quorum"}
+
+
 @dataclass
 class Servers:
-    node: RabbitNode
+    nodes: list[RabbitNode]
     pg: PostgresServer
+    queue_arguments: dict[str, object] | None = None
+
+    @property
+    def url(self) -> str:
+        """Where every publisher starts: the first node."""
+        return self.nodes[0].url
+
+    def fresh_queue(self) -> None:
+        fresh_queue(self.url, QUEUE, self.queue_arguments)
 
     def cpu(self, publisher: Callable[[], float]) -> dict[str, float]:
         return {
             "publisher": publisher(),
-            "broker": tree_cpu_seconds(self.node.beam_pid()),
+            "broker": sum(tree_cpu_seconds(node.beam_pid()) for node in self.nodes),
             "postgresql": tree_cpu_seconds(self.pg.pid()),
         }
+
+
+def broker(kind: str, base: Path) -> tuple[list[RabbitNode], Callable[[], None]]:
+    """The nodes of ``kind`` (one of BROKERS), not started, and how to start them."""
+    if kind == "3.10":
+        node = RabbitNode(base / "rabbit", name="relay-bench")
+        return [node], node.start
+    if (reason := debian13.unavailable()) is not None:
+        raise SystemExit(f"--broker {kind}: {reason}")
+    root = debian13.ensure_root()
+    if kind == "4.0":
+        node = RabbitNode(base / "rabbit", name="relay-bench", root=root)
+        return [node], node.start
+    cluster = RabbitCluster(base / "cluster", name="relay-bench", root=root)
+    return cluster.nodes, cluster.start
 
 
 @dataclass
@@ -152,7 +188,7 @@ def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False
             ch.confirm_delivery(on_confirm, callback=lambda _f: opened.set_result(ch))  # type: ignore[attr-defined]
 
         conn = AsyncioConnection(
-            pika.URLParameters(servers.node.url),
+            pika.URLParameters(servers.url),
             on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
             custom_ioloop=loop,
         )
@@ -198,7 +234,7 @@ def naive_relay(servers: Servers, database_url: str, count: int) -> Case:
     engine = create_engine(database_url)
     empty(engine)
     fill(engine, count)
-    conn = pika.BlockingConnection(pika.URLParameters(servers.node.url))
+    conn = pika.BlockingConnection(pika.URLParameters(servers.url))
     ch = conn.channel()
     ch.confirm_delivery()
     props = pika.BasicProperties(delivery_mode=2)
@@ -299,7 +335,7 @@ def this_relay(
     ports = [free_port() for _ in range(relays)]
     env = relay_env(
         RELAY_DATABASE_URL=database_url,
-        RELAY_AMQP_URL=servers.node.url,
+        RELAY_AMQP_URL=",".join(node.url for node in servers.nodes),
         RELAY_WINDOW=str(WINDOW),
         RELAY_LOG_LEVEL="warning",
     )
@@ -355,16 +391,17 @@ def main() -> int:
     parser.add_argument(
         "--profile", type=Path, help="then record one PostgreSQL relay case with py-spy into DIR"
     )
+    parser.add_argument("--broker", choices=BROKERS, default=BROKERS[0])
+    parser.add_argument("--quorum", action="store_true", help="into a quorum queue")
     args = parser.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[Case]] = {}
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         base = Path(tmp)
-        servers = Servers(
-            RabbitNode(base / "rabbit", name="relay-bench"), PostgresServer(base / "pg")
-        )
-        servers.node.start()
+        nodes, start_broker = broker(args.broker, base)
+        servers = Servers(nodes, PostgresServer(base / "pg"), QUORUM if args.quorum else None)
+        start_broker()
         servers.pg.start()
         try:
             servers.pg.psql("CREATE DATABASE bench")
@@ -387,18 +424,19 @@ def main() -> int:
                 )
             for _ in range(args.rounds):
                 for name, measure in cases.items():
-                    fresh_queue(servers.node.url, QUEUE)
+                    servers.fresh_queue()
                     results.setdefault(name, []).append(measure())
             if args.profile is not None:
-                fresh_queue(servers.node.url, QUEUE)
+                servers.fresh_queue()
                 this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt")
             if args.backlog_rows:
-                fresh_queue(servers.node.url, QUEUE)
+                servers.fresh_queue()
                 results["relay_postgresql_backlog"] = [
                     this_relay(servers, pg_url, args.backlog_rows, memory=True)
                 ]
         finally:
-            servers.node.stop()
+            for node in servers.nodes:
+                node.stop()
             servers.pg.stop()
     report(results, args)
     return 0
@@ -420,7 +458,14 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
         f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'c/a':>5} {'c/a2':>5} {'c/b':>6}   "
         "CPU s per 1k rows: publisher broker postgresql"
     )
-    summary: dict[str, object] = {"window": WINDOW, "body_bytes": len(BODY), "rounds": args.rounds}
+    queue = "quorum" if args.quorum else "classic"
+    summary: dict[str, object] = {
+        "window": WINDOW,
+        "body_bytes": len(BODY),
+        "rounds": args.rounds,
+        "broker": args.broker,
+        "queue": queue,
+    }
     for name, case in results.items():
         relay = name.startswith("relay_")
         ratios = (
@@ -449,8 +494,8 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
         summary[name] = entry
     print(
         f"(medians of {args.rounds} round(s); window {WINDOW}; {len(BODY)}-byte persistent "
-        "messages into one durable queue; publisher: the relays, or this process for the bare "
-        "publisher and the naive relay)"
+        f"messages into one durable {queue} queue on RabbitMQ {args.broker}; publisher: the "
+        "relays, or this process for the bare publisher and the naive relay)"
     )
     if "relay_postgresql_backlog" in results:
         peak = results["relay_postgresql_backlog"].extra["peak_rss_mb"]

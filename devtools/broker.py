@@ -77,13 +77,13 @@ def declare_bound(url: str, exchange: str, queue: str) -> None:
     conn.close()
 
 
-def fresh_queue(url: str, queue: str) -> None:
+def fresh_queue(url: str, queue: str, arguments: dict[str, Any] | None = None) -> None:
     """``queue``, durable and empty: deleted and declared again (a queue still holding an
-    earlier measurement's messages confirms more slowly)."""
+    earlier measurement's messages confirms more slowly), with ``arguments``."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
     channel = conn.channel()
     channel.queue_delete(queue)
-    channel.queue_declare(queue, durable=True)
+    channel.queue_declare(queue, durable=True, arguments=arguments)
     conn.close()
 
 
