@@ -17,6 +17,15 @@ from tests.support.inprocess import wait_for
 from tests.support.rows import row
 
 
+async def settlements(publisher: PikaPublisher, count: int) -> list[Settlement]:
+    """The publisher's next ``count`` settlements, as they come."""
+    settled: list[Settlement] = []
+    while len(settled) < count:
+        settled.extend(publisher.take_settled())
+        await asyncio.sleep(0.05)
+    return settled
+
+
 def test_rows_published_in_one_call_go_out_in_a_few_writes_and_in_order(
     rabbit: RabbitNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -44,14 +53,7 @@ def test_rows_published_in_one_call_go_out_in_a_few_writes_and_in_order(
         await wait_for(lambda: publisher.connected, 30, "connected")
         monkeypatch.setattr(socket.socket, "send", counting_send)
         assert publisher.publish(rows) == rows
-        settled: list[Settlement] = []
-
-        async def confirmed() -> None:
-            while len(settled) < len(rows):
-                settled.extend(publisher.take_settled())
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(confirmed(), 30)
+        settled = await asyncio.wait_for(settlements(publisher, len(rows)), 30)
         monkeypatch.undo()
         assert {s.outcome for s in settled} == {Outcome.ACKED}
         await publisher.close()
@@ -78,10 +80,7 @@ def test_moves_on_to_the_next_node_when_one_refuses_or_dies(
     async def publish_and_confirm(publisher: PikaPublisher, first: int) -> None:
         rows = [row(i, exchange=exchange, message_id=f"nodes-{i}") for i in range(first, first + 5)]
         assert publisher.publish(rows) == rows
-        settled: list[Settlement] = []
-        while len(settled) < len(rows):
-            settled.extend(publisher.take_settled())
-            await asyncio.sleep(0.05)
+        settled = await settlements(publisher, len(rows))
         assert {s.outcome for s in settled} == {Outcome.ACKED}
 
     async def scenario() -> None:
