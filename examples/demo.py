@@ -3,7 +3,7 @@
 Steps, each done the way an operator would:
 1. RabbitMQ: use the one on localhost:5672 if it answers, else start a private node.
 2. ``relay migrate`` creates the outbox in .demo/outbox.db.
-3. A Spark job (examples/order_events_job.py) writes order events through JDBC.
+3. A Spark job (examples/order_events_job.py) writes order events with format("outbox").
 4. ``relay run`` publishes them with confirms and marks each row sent after its basic.ack.
 5. A consumer drains the queue; the rows and the messages are printed side by side.
 
@@ -77,7 +77,7 @@ def run_demo(amqp_url: str, count: int) -> int:
 
     print("==> relay migrate")
     run("migrate", env=env)
-    print(f"==> Spark job: order events for {count} orders into the outbox (local Spark, JDBC)")
+    print(f"==> Spark job: order events for {count} orders into the outbox (local Spark)")
     job = subprocess.run(
         [
             sys.executable,

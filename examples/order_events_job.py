@@ -2,8 +2,7 @@
 
 Copy it and replace ``order_events`` with your own DataFrame. Run it with spark-submit:
 
-    spark-submit --jars /usr/share/java/postgresql.jar,/usr/share/java/sqlite-jdbc.jar \\
-        examples/order_events_job.py --database-url postgresql://app:secret@db/outbox
+    spark-submit examples/order_events_job.py --database-url postgresql://app:secret@db/outbox
 
 or as a plain Python script where PySpark is installed (local mode). Each (order_id, event)
 pair is one message: its message_id is a hash of those two values, so running the job again
@@ -22,7 +21,7 @@ import sys
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from relay.spark import spark_jars, write_outbox
+from relay.spark import write_outbox
 
 
 def order_events(spark: SparkSession, orders: int) -> DataFrame:
@@ -52,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = (
         SparkSession.builder.appName("order-events-to-outbox")
-        .config("spark.jars", spark_jars())
         .config("spark.ui.enabled", "false")
         .getOrCreate()
     )
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         spark.stop()
-    print(f"{result.inserted} new messages in the outbox ({result.staged} rows staged)")
+    print(f"{result.inserted} new messages in the outbox ({result.rows} rows written)")
     return 0
 
 

@@ -50,9 +50,13 @@ LIVENESS_LIMIT_S = 60.0
 SWITCH_INTERVAL_S = 0.001
 
 # --- Spark writer --------------------------------------------------------------------------
-# Rows per JDBC batch when staging: larger batches cost memory in each task, smaller ones
-# round trips.
-JDBC_BATCH_SIZE = 5000
-# The merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million rows
-# still spill to a temporary file), not in many short ones of the 4 MB default.
+# The largest payload the Spark writer accepts by default (bytes; option maxPayloadBytes):
+# RabbitMQ 4's default max_message_size. A larger row would be parked by the relay.
+SPARK_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+# An atomic write's staging table older than this is taken for the leftover of a killed
+# driver and dropped by the next atomic write and by `relay purge` (seconds; option
+# stageAbandonedSeconds). Longer than any one write should take.
+SPARK_STAGE_ABANDONED_S = 24 * 3600
+# The atomic merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million
+# rows still spill to a temporary file), not in many short ones of the 4 MB default.
 MERGE_WORK_MEM = "256MB"

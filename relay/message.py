@@ -89,21 +89,21 @@ def build(row: OutboxRow, limits: Limits = Limits()) -> Message:
     """The message for ``row``; raises Unpublishable naming the column and the limit."""
     if row.unreadable is not None:
         raise Unpublishable(row.unreadable)
-    _short_string("exchange", row.exchange)
-    _short_string("routing_key", row.routing_key)
+    short_string("exchange", row.exchange)
+    short_string("routing_key", row.routing_key)
     if limits.max_message_size and len(row.payload) > limits.max_message_size:
         raise Unpublishable(
             f"payload is {len(row.payload)} bytes, larger than configured max size "
             f"{limits.max_message_size} (the broker's max_message_size)"
         )
     flags = _CONTENT_TYPE | _DELIVERY_MODE | _MESSAGE_ID | _TIMESTAMP
-    pieces = [_short_string("content_type", row.content_type)]
+    pieces = [short_string("content_type", row.content_type)]
     if row.headers is not None:
         flags |= _HEADERS
         pieces.append(encode_headers(row.headers))
     pieces += [
         struct.pack("B", PERSISTENT),
-        _short_string("message_id", row.message_id),
+        short_string("message_id", row.message_id),
         struct.pack(">Q", _timestamp(row.created_at)),
     ]
     properties = struct.pack(">H", flags) + b"".join(pieces)
@@ -116,7 +116,7 @@ def build(row: OutboxRow, limits: Limits = Limits()) -> Message:
     return Message(row.exchange, row.routing_key, row.payload, properties)
 
 
-def _short_string(column: str, value: str) -> bytes:
+def short_string(column: str, value: str) -> bytes:
     """``value`` encoded as an AMQP short string (length octet, UTF-8)."""
     raw = value.encode("utf-8", "surrogatepass")
     if len(raw) > SHORT_STRING_MAX:
@@ -160,7 +160,7 @@ def _table(table: dict[str, Any], path: str, depth: int) -> bytes:
     pieces = []
     for key, value in table.items():
         where = f"{path}.{key}" if path else key
-        pieces += [_short_string(f"header key {_shown(where)}", key), _value(value, where, depth)]
+        pieces += [short_string(f"header key {_shown(where)}", key), _value(value, where, depth)]
     return _sized(b"".join(pieces), "headers")
 
 

@@ -6,6 +6,6 @@ Split by role, each with its own engine tuned for what it does:
 - ``engine``: engine creation, session tuning, error wrapping, ``migrate``.
 - ``claims``: the relay's claim, settle, backlog and LISTEN (fast, non-durable sessions).
 - ``outbox``: writers' inserts (durable sessions) and the operator's status, replay, purge.
-- ``staging``: the Spark writer's staging table: create, merge, drop.
+- ``sink``: the Spark writer's inserts: per-task COPY or insert, atomic staging and merge.
 - ``migrations``: Alembic's environment and versions.
 """

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from relay.spark import LOCAL_MODE_ENV, spark_jars
+from relay.spark import LOCAL_MODE_ENV
 
 
 @pytest.fixture(scope="session")
@@ -18,10 +18,8 @@ def spark() -> Iterator[SparkSession]:
     session = (
         SparkSession.builder.master("local[2,4]")  # 2 threads, a task may fail 3 times
         .appName("outbox-relay-tests")
-        .config("spark.jars", spark_jars())
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")  # no pyarrow here
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from devtools.broker import drain, names, simple_topology
 from devtools.outbox import rows as outbox_rows
 from devtools.servers import RabbitNode
 from relay.errors import InputError, SchemaMissingError
-from relay.spark import write_outbox
+from relay.spark import register, write_outbox
 from tests.support.inprocess import Running, rows_by_status, settings, wait_for
 
 pytestmark = pytest.mark.spark
@@ -47,7 +48,7 @@ def test_dataframe_to_outbox_to_relay_to_consumer(
         headers="meta",
         key=["order_id", "event"],
     )
-    assert (result.staged, result.inserted) == (60, 60)
+    assert (result.rows, result.inserted) == (60, 60)
 
     async def relay_all() -> None:
         async with Running(
@@ -103,20 +104,41 @@ def test_run_id_makes_a_rerun_a_no_op_without_key_columns(
     assert write_outbox(df, database_url, payload="body", run_id="orders-2026-11-23").inserted == 30
 
 
+@dataclass(frozen=True)
+class Expr:
+    """A Column argument in a parametrisation (made when the test runs, in a session)."""
+
+    sql: str
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"payload": "nope"}, "column 'nope' not found"),
         ({"payload": "order_id"}, "column 'order_id' has type bigint: the payload must be"),
-        ({"headers": "event"}, None),  # a string column of JSON is accepted
+        ({"headers": "event"}, "column 'event': headers are not valid JSON"),
+        (
+            {"routing_key": Expr("repeat('r', 256)")},
+            "routingKey is 256 bytes; AMQP allows at most 255",
+        ),
+        ({"exchange": "e" * 256}, "option exchange is 256 bytes"),
+        ({"message_id_prefix": "p" * 200}, "option messageIdPrefix is 264 bytes"),
+        (
+            {"content_type": Expr("string(null)")},
+            "column '__outbox_contentType' \\(contentType\\) is null",
+        ),
+        ({"max_payload_bytes": 10}, "column 'body' is \\d+ bytes, larger than maxPayloadBytes 10"),
+        ({"payload": "meta", "headers": None}, None),  # a map payload is sent as JSON
         ({"headers": "order_id"}, "column 'order_id' has type bigint: headers must be"),
         ({"key": []}, "pass key columns or a run_id"),
+        ({"run_id": "r"}, "pass key columns or a run_id, not both"),
     ],
 )
 def test_bad_dataframes_are_refused_before_anything_is_written(
     spark: SparkSession, sqlite_url: str, change: dict[str, object], message: str | None
 ) -> None:
     args: dict[str, object] = {"payload": "body", "key": ["order_id", "event"], **change}
+    args = {k: F.expr(v.sql) if isinstance(v, Expr) else v for k, v in args.items()}
     if message is None:
         write_outbox(orders(spark, 3), sqlite_url, **args)  # type: ignore[arg-type]
         return
@@ -125,34 +147,62 @@ def test_bad_dataframes_are_refused_before_anything_is_written(
     assert outbox_rows(sqlite_url) == []
 
 
-def test_null_payload_writes_nothing_and_leaves_no_staging_table(
-    spark: SparkSession, database_url: str
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_null_payload_is_refused_and_never_written(
+    spark: SparkSession, database_url: str, atomic: bool
 ) -> None:
+    """Atomic: nothing is written. Default: the partitions without the bad row may be."""
     df = orders(spark, 10).withColumn(
         "body", F.when(F.col("order_id") == 3, None).otherwise(F.col("body"))
     )
-    with pytest.raises(InputError, match="column 'body': 1 rows have a null payload"):
-        write_outbox(df, database_url, payload="body", key=["order_id"])
-    assert outbox_rows(database_url) == []
-    engine = sa.create_engine(database_url)
-    assert [t for t in sa.inspect(engine).get_table_names() if t.startswith("outbox_stage")] == []
-    engine.dispose()
+    with pytest.raises(InputError, match="column 'body' is null: every message needs a payload"):
+        write_outbox(df, database_url, payload="body", key=["order_id"], atomic=atomic)
+    written = {json.loads(r.payload)["order_id"] for r in outbox_rows(database_url)}
+    assert 3 not in written
+    if atomic:
+        assert written == set()
+    assert stage_tables(database_url) == []
 
 
-def test_with_an_ordering_key_ids_follow_the_dataframes_order(
-    spark: SparkSession, database_url: str
+def stage_tables(url: str) -> list[str]:
+    engine = sa.create_engine(url)
+    try:
+        return [t for t in sa.inspect(engine).get_table_names() if t.startswith("outbox_stage")]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_with_an_ordering_key_each_keys_ids_follow_the_dataframes_order(
+    spark: SparkSession, database_url: str, atomic: bool
 ) -> None:
     """Sorted descending, so that neither the input's nor message_id order would pass."""
     df = orders(spark, 40).withColumn("seq", -F.col("order_id")).orderBy("seq")
     write_outbox(
-        df, database_url, payload="body", key=["order_id"], ordering_key=F.col("order_id") % 3
+        df,
+        database_url,
+        payload="body",
+        key=["order_id"],
+        ordering_key=F.col("order_id") % 3,
+        atomic=atomic,
     )
-    in_id_order = [json.loads(r.payload)["order_id"] for r in outbox_rows(database_url)]
-    assert in_id_order == list(range(39, -1, -1))
-    # Without an ordering key the rows go in message_id order (the faster merge).
-    write_outbox(df, database_url, payload="body", key=["order_id"], message_id_prefix="u-")
-    unordered = [r.message_id for r in outbox_rows(database_url) if r.message_id[:2] == "u-"]
-    assert unordered == sorted(unordered)
+    for k in range(3):
+        in_id_order = [
+            json.loads(r.payload)["order_id"]
+            for r in outbox_rows(database_url)
+            if r.ordering_key == str(k)
+        ]
+        assert in_id_order == [i for i in range(39, -1, -1) if i % 3 == k]
+
+
+def test_an_atomic_write_without_ordering_key_inserts_in_message_id_order(
+    spark: SparkSession, database_url: str
+) -> None:
+    """The unique index fills from one end: the faster merge."""
+    write_outbox(orders(spark, 40), database_url, payload="body", key=["order_id"], atomic=True)
+    ids = [r.message_id for r in outbox_rows(database_url)]
+    assert len(ids) == 40
+    assert ids == sorted(ids)
 
 
 def test_unmigrated_database_says_to_run_migrate(spark: SparkSession, tmp_path: Path) -> None:
@@ -197,3 +247,73 @@ def test_content_type_and_ordering_key_come_from_values_or_columns(
     )
     assert without.inserted == 2
     assert {r.ordering_key for r in outbox_rows(database_url) if r.message_id[:2] == "c-"} == {None}
+
+
+def test_run_id_identifies_rows_by_content_whatever_the_partitioning(
+    spark: SparkSession, database_url: str
+) -> None:
+    """Three identical rows are three messages; a re-run after another repartition (and so
+    another row order and placement) adds nothing."""
+    rows = [(i % 7, f"e{i % 5}") for i in range(200)] + [(99, "same")] * 3
+    df = spark.createDataFrame(rows, "n long, event string").select(
+        F.to_json(F.struct("n", "event")).alias("payload"), "n", "event"
+    )
+    first = write_outbox(df.repartition(3), database_url, run_id="job-1")
+    assert first.inserted == 203
+    for again in (df.repartition(5), df.repartition(1, "event"), df.coalesce(1).orderBy("n")):
+        assert write_outbox(again, database_url, run_id="job-1").inserted == 0
+    assert write_outbox(df, database_url, run_id="job-2").inserted == 203
+    assert len({r.message_id for r in outbox_rows(database_url)}) == 406
+
+
+def test_key_ids_do_not_depend_on_the_session_time_zone(
+    spark: SparkSession, database_url: str
+) -> None:
+    df = spark.sql(
+        "SELECT id, timestamp'2026-03-29 01:30:00+00:00' + make_interval(0, 0, 0, 0, id) AS ts,"
+        " to_json(named_struct('id', id)) AS payload FROM range(50)"
+    )
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
+        assert write_outbox(df, database_url, key=["id", "ts"]).inserted == 50
+        spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+        assert write_outbox(df, database_url, key=["id", "ts"]).inserted == 0
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+
+
+def test_values_that_used_to_collide_are_distinct_messages(
+    spark: SparkSession, database_url: str
+) -> None:
+    rows = [("x\x1fy", "z"), ("x", "y\x1fz"), (None, "a"), ("\x00null", "a"), ("", "a")]
+    df = spark.createDataFrame(rows, "a string, b string").withColumn("payload", F.lit("p"))
+    result = write_outbox(df, database_url, key=["a", "b"])
+    assert (result.rows, result.inserted) == (5, 5)
+
+
+def test_format_outbox_is_the_spark_way_to_write(spark: SparkSession, database_url: str) -> None:
+    register(spark)
+    df = orders(spark, 12).withColumn("rk", F.concat(F.lit("order."), F.col("event")))
+    (
+        df.write.format("outbox")
+        .option("url", database_url)
+        .option("payload", "body")
+        .option("exchange", "orders")
+        .option("routingKeyColumn", "rk")
+        .option("headers", "meta")
+        .option("key", "order_id, event")
+        .mode("append")
+        .save()
+    )
+    rows = outbox_rows(database_url)
+    assert len(rows) == 12
+    assert {r.exchange for r in rows} == {"orders"}
+    assert {r.routing_key for r in rows} == {"order.created", "order.paid", "order.shipped"}
+    assert all(
+        json.loads(r.headers or "") == {"tenant": f"t{i % 2}"}
+        for i, r in [(json.loads(r.payload)["order_id"], r) for r in rows]
+    )
+    # The same key through write_outbox is the same message: nothing new.
+    again = write_outbox(df, database_url, payload="body", key=["order_id", "event"])
+    assert again.inserted == 0

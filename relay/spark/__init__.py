@@ -1,0 +1,193 @@
+"""Spark DataFrames into the outbox: ``df.write.format("outbox")``, batch and streaming.
+
+Install with the ``spark`` extra (PySpark 4.1+, pyarrow); the relay daemon never imports
+this package. ``register(spark)`` makes ``format("outbox")`` known to a session;
+``write_outbox`` is the same write as one Python call (it registers, turns Column arguments
+into columns, and numbers identical rows for ``run_id``).
+
+Spark re-runs failed tasks, runs speculative copies, replays a stream's micro-batch after a
+restart, and people re-run whole jobs: every row therefore gets a deterministic
+``message_id`` (``relay.identity``: typed, length-prefixed, independent of partitioning, core
+count, shuffle order, the session's time zone and the Spark version), unique in the outbox,
+and a write inserts only the ids the outbox does not have yet. What identifies a row:
+
+- ``key``: the columns that identify a message (for example ``["order_id", "event"]``);
+  the id hashes their values, whatever else changes. Works for batch and streams.
+- ``run_id`` (batch, no ``key``): a name for this logical run, such as the job name and the
+  date it processes. The id hashes the run id, the row's full content and its occurrence
+  number among identical rows (rows equal in every column are numbered 0, 1, ... by a
+  window over all columns: which copy gets which number does not matter, they are equal),
+  so a re-run over the same rows adds nothing, however they are partitioned.
+- streams without ``key``: the query's id (kept in its checkpoint), the micro-batch id, the
+  partition, the row's content and its occurrence number within the partition. A replayed
+  batch reads the same offsets into the same partitions (rate, file and Kafka sources do),
+  so it writes the same ids; if the stream shuffles before the sink, pass ``key``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from relay import errors
+from relay.db.sink import OutboxSink
+from relay.spark.options import INTERNAL_PREFIX, WriteOptions
+from relay.spark.source import NAME, OutboxDataSource
+
+__all__ = ["LOCAL_MODE_ENV", "OutboxDataSource", "WriteResult", "register", "write_outbox"]
+
+# Local-mode Spark on loopback, with no host name to resolve: a minimal machine or container
+# may have no /etc/hosts, and then neither the machine's name nor "localhost" resolves.
+# SPARK_LOCAL_IP/HOSTNAME keep the JVM on 127.0.0.1 (UnknownHostException at start-up
+# otherwise); PYSPARK_UDS_MODE puts PySpark's accumulator server, which would bind
+# ("localhost", 0) from Python, on a Unix-domain socket instead. PYSPARK_PYTHON: the Python
+# workers run the data source and need this Python's packages (Spark's default is python3).
+LOCAL_MODE_ENV = {
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "SPARK_LOCAL_HOSTNAME": "localhost",
+    "PYSPARK_UDS_MODE": "true",
+    "PYSPARK_PYTHON": sys.executable,
+}
+# How a task's error reads inside the exception Spark raises on the driver.
+_TASK_ERROR = re.compile(r"relay\.errors\.(\w+): (.*)")
+OCCURRENCE = f"{INTERNAL_PREFIX}occurrence"
+POSITION = f"{INTERNAL_PREFIX}position"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    rows: int  # rows the DataFrame had (more if retried tasks wrote rows twice)
+    inserted: int  # rows new to the outbox
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("outbox")`` known to ``spark``."""
+    spark.dataSource.register(OutboxDataSource)
+
+
+def write_outbox(
+    df: DataFrame,
+    database_url: str,
+    *,
+    payload: str = "payload",
+    exchange: str | Column = "",
+    routing_key: str | Column = "",
+    content_type: str | Column | None = None,
+    headers: str | None = None,
+    ordering_key: str | Column | None = None,
+    key: Sequence[str] = (),
+    run_id: str | None = None,
+    message_id_prefix: str = "",
+    atomic: bool = False,
+    max_payload_bytes: int | None = None,
+) -> WriteResult:
+    """Append ``df``'s rows to the outbox at ``database_url`` (a SQLAlchemy URL, as
+    ``RELAY_DATABASE_URL``); each row becomes one message. The README's Spark section lists
+    the options; this is ``df.write.format("outbox")`` with them.
+
+    ``exchange``, ``routing_key``, ``content_type``, ``ordering_key``: a value for every row,
+    or a Column. ``ordering_key``: rows with the same key get ids in the DataFrame's order
+    (each key's rows are put into one partition, in order, for the write).
+    ``atomic``: nothing is visible to the relay until every row is in (one transaction at
+    the end) instead of each partition committing on its own.
+    A bad DataFrame or option raises InputError before anything is written.
+    """
+    options: dict[str, str] = {"url": database_url, "payload": payload}
+    frame = df
+    fields = {
+        "exchange": exchange,
+        "routingKey": routing_key,
+        "contentType": content_type,
+        "orderingKey": ordering_key,
+    }
+    if ordering_key is not None:
+        # The DataFrame's order, taken before any shuffle below.
+        frame = frame.withColumn(POSITION, F.monotonically_increasing_id())
+    for name, value in fields.items():
+        if isinstance(value, Column):
+            column = f"{INTERNAL_PREFIX}{name}"
+            frame = frame.withColumn(column, value.cast("string"))
+            options[f"{name}Column"] = column
+        elif value is not None:
+            options[name] = value
+    if headers is not None:
+        options["headers"] = headers
+    if key:
+        options["key"] = ",".join(key)
+    if run_id is not None:
+        options["runId"] = run_id
+        if not key:
+            frame = _number_identical_rows(frame)
+            options["occurrenceColumn"] = OCCURRENCE
+    options["messageIdPrefix"] = message_id_prefix
+    options["atomic"] = str(atomic).lower()
+    if max_payload_bytes is not None:
+        options["maxPayloadBytes"] = str(max_payload_bytes)
+    # The same checks the data source makes, here first: the caller gets the relay's own
+    # exception types, not Spark's wrapping of them.
+    WriteOptions.parse(options, frame.schema, streaming=False)
+    sink = OutboxSink(database_url)
+    try:
+        sink.check()
+    finally:
+        sink.close()
+    if ordering_key is not None:
+        if atomic:  # the merge gives ids in the written partitions' order
+            frame = frame.orderBy(POSITION)
+        else:  # each partition commits by itself: one key's rows must share one
+            by = F.col(options["orderingKeyColumn"]) if isinstance(ordering_key, Column) else None
+            frame = frame.repartition(by if by is not None else F.lit(ordering_key))
+            frame = frame.sortWithinPartitions(POSITION)
+    register(frame.sparkSession)
+    fd, report = tempfile.mkstemp(prefix="outbox-write-", suffix=".json")
+    os.close(fd)
+    try:
+        try:
+            frame.write.format(NAME).options(**options, reportPath=report).mode("append").save()
+        except Exception as exc:
+            raise _relay_error(exc) from exc
+        result = json.loads(Path(report).read_text())
+    finally:
+        Path(report).unlink(missing_ok=True)
+    return WriteResult(result["rows"], result["inserted"])
+
+
+def _relay_error(exc: Exception) -> Exception:
+    """The relay's own error a task raised (a bad value), out of Spark's wrapping of it."""
+    found = _TASK_ERROR.search(str(exc))
+    kind = getattr(errors, found[1], None) if found else None
+    if found and isinstance(kind, type) and issubclass(kind, errors.RelayError):
+        return kind(found[2])
+    return exc
+
+
+def _number_identical_rows(frame: DataFrame) -> DataFrame:
+    """Each row's occurrence number among the rows equal to it in every column."""
+    group = [
+        F.to_json(F.col(f.name)) if _has_map(f.dataType) else F.col(f.name)
+        for f in frame.schema.fields
+        if not f.name.startswith(INTERNAL_PREFIX)
+    ]
+    # Maps cannot be grouped on: their JSON text stands in (equal maps, equal text).
+    window = Window.partitionBy(*group).orderBy(F.lit(0))
+    return frame.withColumn(OCCURRENCE, F.row_number().over(window) - 1)
+
+
+def _has_map(kind: T.DataType) -> bool:
+    if isinstance(kind, T.MapType):
+        return True
+    if isinstance(kind, T.ArrayType):
+        return _has_map(kind.elementType)
+    if isinstance(kind, T.StructType):
+        return any(_has_map(f.dataType) for f in kind.fields)
+    return False

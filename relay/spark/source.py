@@ -1,0 +1,176 @@
+"""``format("outbox")``: the outbox as a Spark data source (Spark 4's Python Data Source API).
+
+Spark runs ``writer``/``streamWriter`` on the driver, pickles the writer to the executors,
+calls ``write`` once per task with that task's Arrow batches, and ``commit`` (or ``abort``)
+on the driver with what the tasks returned.
+
+- Batch, default: each task writes and commits its partition by itself (``OutboxSink.append``),
+  as Spark's own JDBC append does; a failed job leaves the partitions that finished, and a
+  re-run or a retried task adds only what is missing.
+- Batch, ``atomic=true``: tasks fill a staging table; the driver's commit merges it into the
+  outbox in one transaction, so nothing is visible to the relay until the whole DataFrame is.
+- Stream: each micro-batch as the default batch write; a replayed micro-batch (the query
+  restarted from its checkpoint) writes the same message ids, so it inserts nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql import types as T
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from relay.db.sink import OutboxSink
+from relay.spark.options import WriteOptions
+from relay.spark.rows import RowConverter, StreamBatch
+
+log = logging.getLogger(__name__)
+
+NAME = "outbox"
+# Local properties Spark sets on a micro-batch's tasks (StreamExecution, MicroBatchExecution):
+# the query's id is kept in its checkpoint, so a restarted query has the same one.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    """What one task wrote: rows it was given, rows new to the outbox (0 when staged)."""
+
+    rows: int
+    inserted: int
+
+
+class OutboxDataSource(DataSource):
+    """Register with ``spark.dataSource.register(OutboxDataSource)`` (``relay.spark.register``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def writer(self, schema: T.StructType, overwrite: bool) -> OutboxWriter:
+        return OutboxWriter(WriteOptions.parse(self.options, schema, streaming=False))
+
+    def streamWriter(self, schema: T.StructType, overwrite: bool) -> OutboxStreamWriter:
+        return OutboxStreamWriter(WriteOptions.parse(self.options, schema, streaming=True))
+
+
+class OutboxWriter(DataSourceArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+        self.stage: str | None = None
+        sink = OutboxSink(options.url)
+        try:
+            sink.check()
+            if options.atomic:
+                for name in sink.drop_abandoned_stages(options.stage_abandoned_s):
+                    log.warning(
+                        "dropped an abandoned staging table",
+                        extra={"action": "spark_stage_dropped", "table": name},
+                    )
+                self.stage = sink.create_stage()
+        finally:
+            sink.close()
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        partition = _task().partitionId()
+        converter = RowConverter(self.options, f"partition {partition}")
+        chunks = (converter.convert(batch) for batch in iterator)
+        sink = OutboxSink(self.options.url)
+        try:
+            if self.stage is not None:
+                return Written(sink.stage(self.stage, chunks, partition), 0)
+            return Written(*sink.append(chunks))
+        finally:
+            sink.close()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        rows, inserted = _totals(messages)
+        if self.stage is not None:
+            sink = OutboxSink(self.options.url)
+            try:
+                inserted = sink.merge(self.stage, keep_order=self.options.ordered)
+            finally:
+                sink.close()
+        log.info(
+            "outbox write committed",
+            extra={"action": "spark_write_committed", "rows": rows, "inserted": inserted},
+        )
+        if self.options.report_path is not None:
+            Path(self.options.report_path).write_text(
+                json.dumps({"rows": rows, "inserted": inserted})
+            )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.stage is not None:
+            sink = OutboxSink(self.options.url)
+            try:
+                sink.drop_stage(self.stage)
+            finally:
+                sink.close()
+
+
+class OutboxStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+        sink = OutboxSink(options.url)
+        try:
+            sink.check()
+        finally:
+            sink.close()
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        task = _task()
+        batch = StreamBatch(
+            query_id=task.getLocalProperty(QUERY_ID_PROPERTY) or "",
+            batch_id=int(task.getLocalProperty(BATCH_ID_PROPERTY) or -1),
+            partition_id=task.partitionId(),
+        )
+        converter = RowConverter(self.options, f"batch {batch.batch_id}", stream=batch)
+        sink = OutboxSink(self.options.url)
+        try:
+            return Written(*sink.append(converter.convert(b) for b in iterator))
+        finally:
+            sink.close()
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows, inserted = _totals(messages)
+        log.info(
+            "outbox micro-batch committed",
+            extra={
+                "action": "spark_batch_committed",
+                "batch_id": batchId,
+                "rows": rows,
+                "inserted": inserted,
+            },
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Partitions that committed stay: the replayed batch skips their rows by message_id.
+        log.warning(
+            "outbox micro-batch aborted",
+            extra={"action": "spark_batch_aborted", "batch_id": batchId},
+        )
+
+
+def _task() -> TaskContext:
+    task = TaskContext.get()
+    assert task is not None, "write runs in a Spark task"
+    return task
+
+
+def _totals(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
+    """(rows, inserted) over the tasks' commit messages."""
+    written = [m for m in messages if isinstance(m, Written)]
+    return sum(m.rows for m in written), sum(m.inserted for m in written)
