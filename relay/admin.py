@@ -13,8 +13,9 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from relay.constants import PURGE_CHUNK
+from relay.constants import PURGE_CHUNK, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
+from relay.db.sink import OutboxSink
 from relay.errors import InputError
 from relay.records import OutboxRow, Selection
 from relay.settings import Settings, redact_url
@@ -129,6 +130,14 @@ def add_commands(
         metavar="ROWS",
         help=f"rows deleted per transaction (default: {PURGE_CHUNK})",
     )
+    purge.add_argument(
+        "--stages-older-than",
+        type=duration,
+        default=float(SPARK_STAGE_ABANDONED_S),
+        metavar="AGE",
+        help="also drop the Spark writer's staging tables created longer ago than this, the "
+        f"leftovers of killed atomic writes (default: {SPARK_STAGE_ABANDONED_S // 3600}h)",
+    )
     purge.set_defaults(command="purge", handler=purge_command)
 
 
@@ -213,7 +222,7 @@ def _describe(row: OutboxRow) -> str:
 def purge_command(settings: Settings, args: argparse.Namespace) -> int:
     """Delete sent rows older than --older-than, in chunks of their own transactions (no
     table lock, no long transaction), showing progress on a terminal. Pending and parked
-    rows are never deleted."""
+    rows are never deleted. Also drops the Spark writer's abandoned staging tables."""
     now = datetime.now(UTC)
     cutoff = now - timedelta(seconds=args.older_than)
     show = sys.stderr.isatty()
@@ -230,4 +239,10 @@ def purge_command(settings: Settings, args: argparse.Namespace) -> int:
     if show and deleted:
         print(file=sys.stderr)
     print(f"purged {deleted} sent rows sent before {cutoff.isoformat(timespec='seconds')}")
+    sink = OutboxSink(settings.database_url)
+    try:
+        for table in sink.drop_abandoned_stages(args.stages_older_than):
+            print(f"dropped abandoned staging table {table}")
+    finally:
+        sink.close()
     return 0

@@ -64,7 +64,7 @@ class Unidentifiable(TypeError):
 
 def message_id(values: Iterable[Any], prefix: str = "") -> str:
     """The id of the message identified by ``values`` (in order)."""
-    digest = hashlib.sha256(encode(IDENTITY_VERSION))
+    digest = _VERSIONED.copy()
     for value in values:
         digest.update(encode(value))
     return prefix + digest.hexdigest()
@@ -130,3 +130,7 @@ def _decimal(value: Decimal) -> str:
     if value.is_zero():
         return "0"
     return str(value.normalize())
+
+
+# Every id's hash starts from the version: hashed once, copied per id.
+_VERSIONED = hashlib.sha256(encode(IDENTITY_VERSION))
