@@ -54,7 +54,6 @@ class WriteOptions:
     max_payload_bytes: int
     stage_abandoned_s: int
     report_path: str | None
-    streaming: bool
     content: tuple[str, ...]  # the columns that make a row's content (identity without key)
 
     @property
@@ -157,7 +156,6 @@ class WriteOptions:
                 "stageAbandonedSeconds",
             ),
             report_path=opts.get("reportpath") or None,
-            streaming=streaming,
             content=content,
         )
 

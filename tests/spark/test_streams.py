@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from devtools.outbox import rows as outbox_rows
+from devtools.relayproc import relay, relay_env
 from tests.spark.test_writer import stage_tables
 
 pytestmark = pytest.mark.spark
@@ -99,12 +100,13 @@ def test_an_atomic_write_killed_leaves_nothing_and_its_stage_is_purged(
     assert outbox_rows(database_url) == []  # nothing is visible before the merge
     assert len(stage_tables(database_url)) == 1
     time.sleep(2.0)  # older than --stages-older-than 1
-    purge = subprocess.run(
-        [sys.executable, "-m", "relay", "purge", "--older-than", "7d", "--stages-older-than", "1"],
-        env={"RELAY_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=False,
+    purge = relay(
+        "purge",
+        "--older-than",
+        "7d",
+        "--stages-older-than",
+        "1",
+        env=relay_env(RELAY_DATABASE_URL=database_url),
     )
     assert purge.returncode == 0, purge.stderr
     assert "dropped abandoned staging table outbox_stage_" in purge.stdout
