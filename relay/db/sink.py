@@ -85,7 +85,8 @@ class OutboxSink:
         self.engine.dispose()
 
     def check(self) -> None:
-        """Fails clearly (SchemaMissingError) when the outbox table is not there."""
+        """Fails clearly (SchemaMissingError) when the outbox table is not there. Every write
+        starts with it, on the driver, before any task runs."""
         with transaction(self.engine, "checking the outbox table", self._where) as conn:
             if not sa.inspect(conn).has_table("outbox"):
                 raise schema_missing(self._where)
@@ -116,8 +117,11 @@ class OutboxSink:
 
     def _insert_new(self, conn: sa.Connection, chunk: Sequence[tuple[Any, ...]]) -> int:
         statement = sqlite_insert(outbox).on_conflict_do_nothing(index_elements=["message_id"])
-        params = [dict(zip(WRITTEN_COLUMNS, row, strict=True)) for row in chunk]
-        result = conn.execute(statement, params, execution_options={"preserve_rowcount": True})
+        result = conn.execute(
+            statement,
+            _params(WRITTEN_COLUMNS, chunk),
+            execution_options={"preserve_rowcount": True},
+        )
         return int(result.rowcount)
 
     def _insert_through(self, conn: sa.Connection, chunk: Sequence[tuple[Any, ...]]) -> int:
@@ -131,14 +135,14 @@ class OutboxSink:
         """A new, empty staging table (unlogged on PostgreSQL: a crashed write is re-run)."""
         name = f"{STAGE_PREFIX}{int(time.time())}_{uuid.uuid4().hex[:12]}"
         with transaction(self.engine, f"creating staging table {name}", self._where) as conn:
-            if not sa.inspect(conn).has_table("outbox"):
-                raise schema_missing(self._where)
             _staging_table(name, unlogged=self._postgresql).create(conn)
         return name
 
     def stage(self, name: str, chunks: Iterable[Sequence[tuple[Any, ...]]], partition: int) -> int:
         """Append one task's rows to staging table ``name``; returns how many."""
         rows = 0
+        columns = (*WRITTEN_COLUMNS, POSITION)
+        insert = sa.insert(_staging_table(name))
         with transaction(self.engine, f"staging rows into {name}", self._where) as conn:
             for chunk in chunks:
                 positioned = [
@@ -146,11 +150,9 @@ class OutboxSink:
                 ]
                 rows += len(chunk)
                 if self._postgresql:
-                    _copy(conn, name, (*WRITTEN_COLUMNS, POSITION), positioned)
+                    _copy(conn, name, columns, positioned)
                 else:
-                    columns = (*WRITTEN_COLUMNS, POSITION)
-                    params = [dict(zip(columns, row, strict=True)) for row in positioned]
-                    conn.execute(sa.insert(_staging_table(name)), params)
+                    conn.execute(insert, _params(columns, positioned))
         return rows
 
     def merge(self, name: str, *, keep_order: bool) -> int:
@@ -186,6 +188,11 @@ class OutboxSink:
         for name in abandoned:
             self.drop_stage(name)
         return abandoned
+
+
+def _params(columns: Sequence[str], rows: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """``rows`` as executemany parameters (SQLite has no COPY)."""
+    return [dict(zip(columns, row, strict=True)) for row in rows]
 
 
 def _copy(
