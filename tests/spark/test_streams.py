@@ -1,12 +1,16 @@
 """Drivers killed with SIGKILL mid-batch: streams replay exactly once, no leftovers remain.
 
-Each driver is a process of its own (tests/spark/driver.py) started from here.
+Each driver is a process of its own (tests/spark/driver.py) started from here, in a
+process group of its own. A kill takes the whole group (the Python driver, Spark's JVM and
+its Python workers) at once, as losing the machine or the container would: killing only the
+Python driver lets the JVM run the writer's abort on its way out, which is a kinder failure.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +34,7 @@ def start(*args: str) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "tests.spark.driver", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=True,
     )
 
 
@@ -44,7 +49,7 @@ def kill_when(driver: subprocess.Popen[bytes], ready: Callable[[], bool]) -> Non
         assert driver.poll() is None, driver.communicate()[1].decode(errors="replace")[-3000:]
         assert time.monotonic() < deadline, "the driver never got there"
         time.sleep(0.2)
-    driver.send_signal(signal.SIGKILL)
+    os.killpg(driver.pid, signal.SIGKILL)
     driver.communicate()
 
 
