@@ -20,7 +20,7 @@ from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError
 from relay.records import NewMessage
 from relay.relay import utcnow
-from relay.settings import ENV_FILE_VAR, Settings, describe
+from relay.settings import ENV_FILE_VAR, Settings, TracingSettings, describe
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a runtime failure: the database or broker refused, a drain left rows
@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         return EXIT_USAGE
     try:
         settings = _settings(args, environ)
+        args.tracing = TracingSettings.load(environ)
     except ConfigError as exc:
         print(f"relay: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -134,9 +135,9 @@ def _add_settings(parser: argparse.ArgumentParser, only: Iterable[str] | None) -
         )
 
 
-def _run(settings: Settings, _args: argparse.Namespace) -> int:
+def _run(settings: Settings, args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM or SIGINT, then drain outstanding confirms and exit."""
-    return EXIT_OK if daemon.run(settings) else EXIT_FAILURE
+    return EXIT_OK if daemon.run(settings, args.tracing) else EXIT_FAILURE
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:

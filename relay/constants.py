@@ -49,6 +49,15 @@ LIVENESS_LIMIT_S = 60.0
 # more rows/s at 1 ms).
 SWITCH_INTERVAL_S = 0.001
 
+# --- Tracing -------------------------------------------------------------------------------
+# The service name on the relay's spans when OTEL_SERVICE_NAME (or service.name in
+# OTEL_RESOURCE_ATTRIBUTES) does not set one.
+DEFAULT_SERVICE_NAME = "outbox-relay"
+# Rows whose last failed attempt's span is remembered, so that the next attempt links to it:
+# a bound on memory when the broker refuses everything for a while (a span context is about
+# 200 bytes with its dict entry).
+TRACE_LINKS_MAX = 100_000
+
 # --- Spark writer --------------------------------------------------------------------------
 # The largest payload the Spark writer accepts by default (bytes; option maxPayloadBytes):
 # RabbitMQ 4's default max_message_size. A larger row would be parked by the relay.

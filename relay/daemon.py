@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
 import signal
 import sys
@@ -20,9 +21,10 @@ from relay.errors import ConfigError, RelayError
 from relay.metrics import HealthServer, Metrics
 from relay.publisher import PikaPublisher, connection_parameters
 from relay.relay import Relay, in_thread, utcnow
-from relay.settings import Settings
+from relay.settings import Settings, TracingSettings
 from relay.settle import SettlePolicy
 from relay.topology import Topology, load_topology
+from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class Assembled:
     metrics: Metrics
 
 
-def assemble(settings: Settings, topology: Topology) -> Assembled:
+def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assembled:
     """Build the relay and its adapters from settings (inside a running event loop)."""
     metrics = Metrics()
     backoff = Backoff(settings.backoff_initial, settings.backoff_max)
@@ -53,6 +55,7 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
         name=settings.name,
         on_state=metrics.broker_state,
         tls=settings.amqp_tls,
+        tracing=tracing,
     )
     relay = Relay(
         store,
@@ -64,23 +67,51 @@ def assemble(settings: Settings, topology: Topology) -> Assembled:
         drain_timeout=settings.drain_timeout,
         stats_interval=settings.stats_interval,
         retry=reconnect,
+        tracing=tracing,
     )
     return Assembled(relay, store, metrics)
 
 
-def run(settings: Settings) -> bool:
+def run(settings: Settings, tracing_settings: TracingSettings | None = None) -> bool:
     """Serve until SIGTERM or SIGINT, then drain; True when every outcome was recorded."""
     topology = load_topology(settings.topology_file)
     # Fail fast on a bad URL or unusable TLS files.
     for url in settings.amqp_urls:
         connection_parameters(url, settings.name, settings.amqp_tls)
-    log.info("starting", extra={"action": "start", "settings": settings.redacted()})
+    tracing_settings = tracing_settings or TracingSettings()
+    tracing = start_tracing(tracing_settings)
+    log.info(
+        "starting",
+        extra={
+            "action": "start",
+            "settings": settings.redacted(),
+            "tracing": tracing_settings.exporter,
+        },
+    )
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    return asyncio.run(serve(settings, topology))
+    try:
+        return asyncio.run(serve(settings, topology, tracing))
+    finally:
+        tracing.shutdown()  # exports the spans still buffered
 
 
-async def serve(settings: Settings, topology: Topology) -> bool:
-    parts = assemble(settings, topology)
+def start_tracing(settings: TracingSettings) -> Tracing:
+    """OpenTelemetry tracing when an exporter is configured, else nothing at all."""
+    if not settings.enabled:
+        return NoTracing()
+    try:
+        # Imported here, not at the top: OpenTelemetry is an optional extra.
+        tracing: Tracing = importlib.import_module("relay.otel").start(settings)
+    except ImportError as exc:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER={settings.exporter} (protocol {settings.protocol}) needs "
+            f"the tracing extra: pip install 'outbox-relay[tracing]' ({exc})"
+        ) from None
+    return tracing
+
+
+async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> bool:
+    parts = assemble(settings, topology, tracing)
     relay, store, metrics = parts.relay, parts.store, parts.metrics
     server = None
     if settings.metrics_port:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -85,8 +86,11 @@ class Message:
     properties: bytes  # encoded: content type, headers, persistent, message id, timestamp
 
 
-def build(row: OutboxRow, limits: Limits = Limits()) -> Message:
-    """The message for ``row``; raises Unpublishable naming the column and the limit."""
+def build(
+    row: OutboxRow, limits: Limits = Limits(), trace: Mapping[str, str] | None = None
+) -> Message:
+    """The message for ``row``; raises Unpublishable naming the column and the limit.
+    ``trace``: headers set in place of the row's own (the relay's publish span's context)."""
     if row.unreadable is not None:
         raise Unpublishable(row.unreadable)
     short_string("exchange", row.exchange)
@@ -98,9 +102,9 @@ def build(row: OutboxRow, limits: Limits = Limits()) -> Message:
         )
     flags = _CONTENT_TYPE | _DELIVERY_MODE | _MESSAGE_ID | _TIMESTAMP
     pieces = [short_string("content_type", row.content_type)]
-    if row.headers is not None:
+    if row.headers is not None or trace:
         flags |= _HEADERS
-        pieces.append(encode_headers(row.headers))
+        pieces.append(encode_headers(row.headers or "{}", trace))
     pieces += [
         struct.pack("B", PERSISTENT),
         short_string("message_id", row.message_id),
@@ -135,8 +139,9 @@ def _timestamp(created_at: datetime) -> int:
     return seconds
 
 
-def encode_headers(text: str) -> bytes:
-    """The JSON object ``text`` as an encoded AMQP field table (see the module docstring)."""
+def encode_headers(text: str, replace: Mapping[str, str] | None = None) -> bytes:
+    """The JSON object ``text`` as an encoded AMQP field table (see the module docstring),
+    with the keys of ``replace`` set to its values."""
     try:
         parsed = json.loads(text, parse_float=Decimal, parse_int=int, parse_constant=_constant)
     except RecursionError:
@@ -147,6 +152,8 @@ def encode_headers(text: str) -> bytes:
         raise Unpublishable(f"headers are not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise Unpublishable("headers must be a JSON object")
+    if replace:
+        parsed.update(replace)
     return _table(parsed, "", 1)
 
 

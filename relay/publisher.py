@@ -40,6 +40,7 @@ from relay.message import Limits, Unpublishable, build
 from relay.records import BrokerNode, OutboxRow
 from relay.settings import TlsOptions, redact_url
 from relay.topology import Topology
+from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,10 @@ class PikaPublisher(ConfirmWindow):
         name: str = "outbox-relay",
         on_state: Callable[[BrokerNode | None], None] = lambda _node: None,
         tls: TlsOptions | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__(window, confirm_timeout)
+        self._tracing = tracing or NoTracing()
         self._nodes = [connection_parameters(url, name, tls) for url in urls]
         for params in self._nodes:
             # A connect attempt made while the link was black-holed hangs until this timeout
@@ -226,7 +229,8 @@ class PikaPublisher(ConfirmWindow):
     def _send(self, row: OutboxRow) -> bool:
         """Publish one row; any failure becomes its outcome. True when it went out."""
         try:
-            message = build(row, self._limits)
+            trace = self._tracing.start(row, (self._params.host, self._params.port))
+            message = build(row, self._limits, trace)
             self._channel.basic_publish(
                 message.exchange,
                 message.routing_key,
@@ -245,7 +249,11 @@ class PikaPublisher(ConfirmWindow):
                 "row %d could not be published: %r",
                 row.id,
                 exc,
-                extra={"action": "publish_failed", "row_id": row.id},
+                extra={
+                    "action": "publish_failed",
+                    "row_id": row.id,
+                    **self._tracing.log_fields(row),
+                },
             )
             self.tracker.fail(row, f"publish failed: {exc!r}")
             return False

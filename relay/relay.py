@@ -26,6 +26,7 @@ from relay.metrics import Metrics
 from relay.ports import Publisher, Store
 from relay.records import PARKED, OutboxRow, Settlement
 from relay.settle import SettlePolicy
+from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +68,7 @@ class Relay:
         stats_interval: float,
         retry: Backoff,
         clock: Callable[[], datetime] = utcnow,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -78,6 +80,7 @@ class Relay:
         self.stats_interval = stats_interval
         self.retry = retry
         self.clock = clock
+        self.tracing = tracing or NoTracing()
         self._min_claim = max(1, batch_size // 4)
         # Rows claimed beyond what the window takes: one batch, never more than a window
         # (with a small window, a batch ahead would be most of what a channel loss loses).
@@ -239,6 +242,11 @@ class Relay:
         if not pending:
             return
         batch = self.policy.batch(pending, self.clock())
+        parked = [c for c in batch.changes if c.status == PARKED]
+        # Taken before the spans end: a parked row's log line names its last publish span.
+        rows = {s.row.id: s.row for s in pending} if parked else {}
+        traced = {c.id: self.tracing.log_fields(rows[c.id]) for c in parked}
+        self.tracing.finish(pending, batch)
         try:
             await self._db(lambda: self.store.settle(batch, self.clock()))
         except StoreError:
@@ -249,7 +257,6 @@ class Relay:
             self.wake()
         else:
             self._answered()
-        parked = [c for c in batch.changes if c.status == PARKED]
         self.metrics.settled(pending, len(parked))
         for change in parked:
             log.warning(
@@ -257,7 +264,11 @@ class Relay:
                 change.id,
                 change.attempts,
                 change.last_error,
-                extra={"action": "row_parked", "row_id": change.id},
+                extra={
+                    "action": "row_parked",
+                    "row_id": change.id,
+                    **traced[change.id],
+                },
             )
 
     async def _drain(self, settling: asyncio.Task[None]) -> bool:

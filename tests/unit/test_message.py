@@ -167,3 +167,18 @@ def test_limits_the_broker_has_shown_are_applied() -> None:
     build(row(1, headers=headers), Limits(frame_max=8192))
     with pytest.raises(Unpublishable, match=r"must fit one frame \(frame_max 4096"):
         build(row(1, headers=headers), Limits(frame_max=4096))
+
+
+@pytest.mark.parametrize(
+    ("stored", "published"),
+    [
+        (None, {"traceparent": "relay's"}),
+        ('{"a": 1}', {"a": 1, "traceparent": "relay's"}),
+        ('{"traceparent": "writer\'s", "a": 1}', {"traceparent": "relay's", "a": 1}),
+    ],
+)
+def test_the_relays_trace_headers_replace_the_rows_own(
+    stored: str | None, published: dict[str, object]
+) -> None:
+    message = build(row(1, headers=stored), trace={"traceparent": "relay's"})
+    assert pika_decoded(message.properties).headers == published

@@ -1,0 +1,178 @@
+"""OpenTelemetry tracing: a producer span per publish, ended with its confirm outcome.
+
+The only module that imports OpenTelemetry; ``relay.daemon`` imports it only when tracing is
+on, so a relay without the ``tracing`` extra never needs it. The spans follow OpenTelemetry's
+messaging semantic conventions for RabbitMQ: one ``send <exchange>`` span of kind PRODUCER
+per publish of a row, whose parent is the writer's context from the row's headers, and
+whose own context goes out in the message's ``traceparent`` header, so that a consumer's
+span becomes its child. The span ends when the broker answered (or did not): its outcome
+is an event and, when not acked, the span's error status; a row the settle policy parks
+gets a ``parked`` event and ``error.type`` ``parked``. A later publish of the same row links
+to the span of its earlier attempt, when this relay published that one.
+
+Everything else is OpenTelemetry's own configuration, read by the SDK from the standard
+``OTEL_*`` variables: endpoint, headers, sampler (default: parent-based, always on), service
+name and resource attributes, batch sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+import relay
+from relay.constants import DEFAULT_SERVICE_NAME, TRACE_LINKS_MAX
+from relay.records import PARKED, OutboxRow, Outcome, SettleBatch, Settlement
+from relay.settings import TracingSettings
+from relay.tracing import TRACEPARENT, writer_context
+
+log = logging.getLogger(__name__)
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_DEFAULT_EXCHANGE = "amq.default"  # what RabbitMQ calls the exchange named ""
+
+
+# The OTLP exporter of each protocol, imported only when chosen (gRPC's pulls in grpcio).
+_OTLP_EXPORTERS = {
+    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+}
+
+
+def start(settings: TracingSettings) -> OtelTracing:
+    """Tracing as ``settings`` (and the SDK's ``OTEL_*`` variables) configure it."""
+    return OtelTracing(provider(exporter(settings)))
+
+
+def exporter(settings: TracingSettings) -> SpanExporter:
+    """The span exporter ``OTEL_TRACES_EXPORTER`` names, configured by the SDK from ``OTEL_*``."""
+    if settings.exporter == "console":
+        return ConsoleSpanExporter()
+    module = importlib.import_module(_OTLP_EXPORTERS[settings.protocol])
+    otlp: SpanExporter = module.OTLPSpanExporter()
+    return otlp
+
+
+def provider(span_exporter: SpanExporter) -> TracerProvider:
+    """A tracer provider with the sampler and resource of ``OTEL_*``; the service is named
+    ``outbox-relay`` unless ``OTEL_SERVICE_NAME`` or ``OTEL_RESOURCE_ATTRIBUTES`` name it."""
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    return tracer_provider
+
+
+class OtelTracing:
+    """``relay.tracing.Tracing`` on OpenTelemetry. Runs on the event loop's thread only."""
+
+    def __init__(self, tracer_provider: TracerProvider) -> None:
+        self._provider = tracer_provider
+        self._tracer = tracer_provider.get_tracer("outbox-relay", relay.__version__)
+        self._spans: dict[int, Span] = {}  # row id -> the span of its publish under way
+        # row id -> the span context of its last unacked attempt, for the next attempt's
+        # link. Bounded: a relay restart forgets them anyway (every attempt still has the
+        # writer's span as parent, so they stay in one trace).
+        self._earlier: OrderedDict[int, trace.SpanContext] = OrderedDict()
+
+    def start(self, row: OutboxRow, server: tuple[str, int]) -> Mapping[str, str] | None:
+        parent = _writer(row)
+        earlier = self._earlier.pop(row.id, None)
+        attributes: dict[str, Any] = {
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.destination.name": row.exchange,
+            "messaging.message.id": row.message_id,
+            "messaging.message.body.size": len(row.payload),
+            "server.address": server[0],
+            "server.port": server[1],
+            "outbox.row_id": row.id,
+            "outbox.attempts": row.attempts,
+        }
+        if row.routing_key:
+            attributes["messaging.rabbitmq.destination.routing_key"] = row.routing_key
+        span = self._tracer.start_span(
+            f"send {row.exchange or _DEFAULT_EXCHANGE}",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
+            links=[Link(earlier)] if earlier is not None else None,
+        )
+        self._spans[row.id] = span
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
+        return carrier
+
+    def finish(self, settlements: Sequence[Settlement], batch: SettleBatch) -> None:
+        parked = {c.id: c for c in batch.changes if c.status == PARKED}
+        for s in settlements:
+            span = self._spans.pop(s.row.id, None)
+            if span is None:
+                continue  # released before it was published: no attempt was made
+            outcome = s.outcome.value
+            span.set_attribute("outbox.outcome", outcome)
+            span.add_event(outcome, {"detail": s.detail} if s.detail else None)
+            if s.outcome is not Outcome.ACKED:
+                error = outcome
+                if (change := parked.get(s.row.id)) is not None:
+                    error = PARKED
+                    span.add_event(
+                        PARKED, {"outbox.attempts": change.attempts, "reason": change.last_error}
+                    )
+                else:
+                    self._remember(s.row.id, span.get_span_context())
+                span.set_attribute("error.type", error)
+                span.set_status(Status(StatusCode.ERROR, f"{error}: {s.detail or outcome}"))
+            span.end()
+
+    def _remember(self, row_id: int, context: trace.SpanContext) -> None:
+        self._earlier[row_id] = context
+        if len(self._earlier) > TRACE_LINKS_MAX:
+            self._earlier.popitem(last=False)
+
+    def log_fields(self, row: OutboxRow) -> dict[str, str]:
+        span = self._spans.get(row.id)
+        context = span.get_span_context() if span is not None else _remote(row)
+        if context is None or not context.is_valid:
+            return {}
+        return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()
+
+
+def _writer(row: OutboxRow) -> Context | None:
+    """The writer's context from the row's headers, or None (a new trace) when it has none
+    or it is malformed; a malformed one is logged at debug level, never held against the
+    row."""
+    carrier = writer_context(row)
+    if not carrier:
+        return None
+    context = _PROPAGATOR.extract(carrier)
+    if not trace.get_current_span(context).get_span_context().is_valid:
+        log.debug(
+            "row %d: malformed traceparent %r ignored; published in a new trace",
+            row.id,
+            carrier[TRACEPARENT][:80],
+            extra={"action": "traceparent_ignored", "row_id": row.id},
+        )
+        return None
+    return context
+
+
+def _remote(row: OutboxRow) -> trace.SpanContext | None:
+    context = _writer(row)
+    return None if context is None else trace.get_current_span(context).get_span_context()
