@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,6 +22,7 @@ from relay.errors import ConfigError, InputError, RelayError
 from relay.records import NewMessage
 from relay.relay import utcnow
 from relay.settings import ENV_FILE_VAR, Settings, TracingSettings, describe
+from relay.tracing import given_context, with_context
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a runtime failure: the database or broker refused, a drain left rows
@@ -116,6 +118,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     enq.add_argument("--message-id", help="message id (default: a new UUID)")
     enq.add_argument("--ordering-key", help="rows with the same key are published in order")
+    enq.add_argument(
+        "--traceparent",
+        metavar="TEXT",
+        help='W3C trace context the messages continue (e.g. "$TRACEPARENT"), put in their '
+        "headers unless a message has its own",
+    )
+    enq.add_argument("--tracestate", metavar="TEXT", help="W3C tracestate to go with it")
     enq.set_defaults(command="enqueue", handler=_enqueue)
     admin.add_commands(sub, common, lambda p: _add_settings(p, _DB_ONLY))
     return parser
@@ -185,6 +194,12 @@ def _enqueue(settings: Settings, args: argparse.Namespace) -> int:
                 ordering_key=args.ordering_key,
             )
         ]
+    try:
+        context = given_context(args.traceparent, args.tracestate)
+    except ValueError as exc:
+        raise InputError(f"--traceparent/--tracestate: {exc}") from None
+    if context:
+        messages = [replace(m, headers=with_context(m.headers, context)) for m in messages]
     writer = OutboxWriter(settings.database_url)
     try:
         ids = writer.enqueue(messages, utcnow())

@@ -59,6 +59,33 @@ def writer_context(row: OutboxRow) -> dict[str, str]:
     return carrier
 
 
+def given_context(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """The trace context a writer passes (``relay enqueue``, the Spark writer's options), as
+    the headers it becomes; ValueError says what is wrong with it."""
+    if traceparent is None:
+        if tracestate is not None:
+            raise ValueError("a tracestate needs a traceparent")
+        return {}
+    if trace_ids(traceparent) is None:
+        raise ValueError(
+            f"{traceparent[:80]!r} is not a W3C traceparent "
+            "(00-<32 hex digits>-<16 hex digits>-<2 hex digits>, lower case)"
+        )
+    return {TRACEPARENT: traceparent, **({TRACESTATE: tracestate} if tracestate else {})}
+
+
+def with_context(headers: str | None, context: Mapping[str, str]) -> str | None:
+    """A writer's ``headers`` (JSON object text, already checked, or None) with its trace
+    ``context`` added. The text is spliced, not re-encoded, so that every other header keeps
+    its exact spelling (a decimal's digits); a key the headers already have wins, being the
+    later one in the text (JSON readers keep the last of duplicate keys)."""
+    if not context:
+        return headers
+    added = json.dumps(dict(context), separators=(",", ":"))[1:-1]
+    inner = (headers or "{}").strip()[1:-1].strip()
+    return "{" + added + ("," + inner if inner else "") + "}"
+
+
 def trace_ids(traceparent: str) -> tuple[str, str] | None:
     """(trace id, span id) of a valid W3C ``traceparent``, as hex, or None."""
     match = _TRACEPARENT.fullmatch(traceparent)

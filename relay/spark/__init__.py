@@ -26,6 +26,7 @@ and a write inserts only the ids the outbox does not have yet. What identifies a
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -43,6 +44,7 @@ from relay import errors
 from relay.db.sink import OutboxSink
 from relay.spark.options import INTERNAL_PREFIX, WriteOptions
 from relay.spark.source import NAME, OutboxDataSource
+from relay.tracing import TRACEPARENT, TRACESTATE
 
 __all__ = ["LOCAL_MODE_ENV", "OutboxDataSource", "WriteResult", "register", "write_outbox"]
 
@@ -61,6 +63,7 @@ LOCAL_MODE_ENV = {
 # How a task's error reads inside the exception Spark raises on the driver.
 _TASK_ERROR = re.compile(r"relay\.errors\.(\w+): (.*)")
 OCCURRENCE = f"{INTERNAL_PREFIX}occurrence"
+TRACEPARENT_COLUMN = f"{INTERNAL_PREFIX}traceparent"
 POSITION = f"{INTERNAL_PREFIX}position"
 
 
@@ -90,6 +93,8 @@ def write_outbox(
     message_id_prefix: str = "",
     atomic: bool = False,
     max_payload_bytes: int | None = None,
+    traceparent: str | Column | None = None,
+    tracestate: str | None = None,
 ) -> WriteResult:
     """Append ``df``'s rows to the outbox at ``database_url`` (a SQLAlchemy URL, as
     ``RELAY_DATABASE_URL``); each row becomes one message. The README's Spark section lists
@@ -100,6 +105,9 @@ def write_outbox(
     (each key's rows are put into one partition, in order, for the write).
     ``atomic``: nothing is visible to the relay until every row is in (one transaction at
     the end) instead of each partition committing on its own.
+    ``traceparent`` (and ``tracestate``): the W3C trace context the messages continue, for
+    every row, or a Column of each row's own; by default the driver's current OpenTelemetry
+    context, when OpenTelemetry is installed and a span is active.
     A bad DataFrame or option raises InputError before anything is written.
     """
     options: dict[str, str] = {"url": database_url, "payload": payload}
@@ -122,6 +130,16 @@ def write_outbox(
             options[name] = value
     if headers is not None:
         options["headers"] = headers
+    if isinstance(traceparent, Column):
+        frame = frame.withColumn(TRACEPARENT_COLUMN, traceparent.cast("string"))
+        options["traceparentColumn"] = TRACEPARENT_COLUMN
+    else:
+        context = (
+            {TRACEPARENT: traceparent, TRACESTATE: tracestate or ""}
+            if traceparent is not None
+            else _current_context()
+        )
+        options.update({k: v for k, v in context.items() if v})
     if key:
         options["key"] = ",".join(key)
     if run_id is not None:
@@ -160,6 +178,18 @@ def write_outbox(
     finally:
         Path(report).unlink(missing_ok=True)
     return WriteResult(result["rows"], result["inserted"])
+
+
+def _current_context() -> dict[str, str]:
+    """The driver's current trace context (``traceparent``, ``tracestate``), when OpenTelemetry
+    is installed (it is optional) and a span is active; else nothing."""
+    try:
+        propagate = importlib.import_module("opentelemetry.propagate")
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in (TRACEPARENT, TRACESTATE)}
 
 
 def _relay_error(exc: Exception) -> Exception:

@@ -7,7 +7,7 @@ value for every row (``exchange``) or the name of a string column (``exchangeCol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import types as T
@@ -15,6 +15,7 @@ from pyspark.sql import types as T
 from relay.constants import SPARK_MAX_PAYLOAD_BYTES, SPARK_STAGE_ABANDONED_S
 from relay.errors import InputError
 from relay.message import Unpublishable, short_string
+from relay.tracing import TRACEPARENT, TRACESTATE, given_context
 
 # Columns write_outbox adds for Column arguments; they are not part of a row's content.
 INTERNAL_PREFIX = "__outbox_"
@@ -55,6 +56,8 @@ class WriteOptions:
     stage_abandoned_s: int
     report_path: str | None
     content: tuple[str, ...]  # the columns that make a row's content (identity without key)
+    trace: dict[str, str]  # the writer's trace context, for every row (traceparent option)
+    traceparent_column: str | None  # or each row's own traceparent
 
     @property
     def ordered(self) -> bool:
@@ -137,7 +140,13 @@ class WriteOptions:
                 "atomic is for batch writes: a stream's micro-batches are replayed whole, "
                 "and each partition commits on its own"
             )
-        content = tuple(c for c in columns if not c.startswith(INTERNAL_PREFIX) and c != occurrence)
+        trace, traceparent_column = _trace(opts, column)
+        # The trace context is not content: a re-run in another trace is the same messages.
+        content = tuple(
+            c
+            for c in columns
+            if not c.startswith(INTERNAL_PREFIX) and c not in (occurrence, traceparent_column)
+        )
         return cls(
             url=url,
             payload=payload,
@@ -157,7 +166,26 @@ class WriteOptions:
             ),
             report_path=opts.get("reportpath") or None,
             content=content,
+            trace=trace,
+            traceparent_column=traceparent_column,
         )
+
+
+def _trace(
+    opts: Mapping[str, str], column: Callable[[str, tuple[type[T.DataType], ...], str], str]
+) -> tuple[dict[str, str], str | None]:
+    """(the context for every row, the column of each row's traceparent)."""
+    named = opts.get("traceparentcolumn")
+    traceparent = opts.get(TRACEPARENT)
+    tracestate = opts.get(TRACESTATE)
+    if named is not None:
+        if traceparent is not None or tracestate is not None:
+            raise InputError("pass traceparent (and tracestate) or traceparentColumn, not both")
+        return {}, column(named, (T.StringType,), "a traceparent is text")
+    try:
+        return given_context(traceparent, tracestate), None
+    except ValueError as exc:
+        raise InputError(f"option traceparent/tracestate: {exc}") from None
 
 
 def _check_short(name: str, value: str) -> None:

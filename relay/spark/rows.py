@@ -21,6 +21,7 @@ from relay.errors import InputError
 from relay.identity import Unidentifiable, encode, message_id
 from relay.message import Unpublishable, encode_headers, short_string
 from relay.spark.options import WriteOptions
+from relay.tracing import TRACEPARENT, trace_ids, with_context
 
 # One outbox row, in relay.db.sink.WRITTEN_COLUMNS order.
 Row = tuple[str, str, str, bytes, str, str | None, str | None]
@@ -52,7 +53,7 @@ class RowConverter:
         n = batch.num_rows
         payloads = self._payloads(columns[o.payload])
         text = {name: self._text(name, columns, n) for name in o.fields}
-        headers = self._headers(columns, n)
+        headers = self._traced(self._headers(columns, n), columns)
         ids = self._message_ids(columns, n)
         rows: list[Row] = []
         for i in range(n):
@@ -129,6 +130,19 @@ class RowConverter:
                 except Unpublishable as exc:
                     self._fail(i, f"column {name!r}: {exc}")
         return values  # type: ignore[no-any-return]
+
+    def _traced(self, headers: list[str | None], columns: dict[str, pa.Array]) -> list[str | None]:
+        """``headers`` with the writer's trace context. A row's own traceparent that is null
+        or malformed is left out: the relay would ignore it, and a trace id is no reason to
+        fail a write."""
+        o = self.options
+        if o.traceparent_column is not None:
+            parents = columns[o.traceparent_column].to_pylist()
+            return [
+                with_context(h, {TRACEPARENT: p}) if p is not None and trace_ids(p) else h
+                for h, p in zip(headers, parents, strict=True)
+            ]
+        return [with_context(h, o.trace) for h in headers] if o.trace else headers
 
     def _message_ids(self, columns: dict[str, pa.Array], n: int) -> list[str]:
         o = self.options

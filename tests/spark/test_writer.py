@@ -18,6 +18,7 @@ from devtools.outbox import rows as outbox_rows
 from devtools.servers import RabbitNode
 from relay.errors import InputError, SchemaMissingError
 from relay.spark import register, write_outbox
+from relay.tracing import trace_ids
 from tests.support.inprocess import Running, rows_by_status, settings, wait_for
 
 pytestmark = pytest.mark.spark
@@ -132,6 +133,7 @@ class Expr:
         ({"headers": "order_id"}, "column 'order_id' has type bigint: headers must be"),
         ({"key": []}, "pass key columns or a run_id"),
         ({"run_id": "r"}, "pass key columns or a run_id, not both"),
+        ({"traceparent": "00-junk-01"}, "option traceparent/tracestate: '00-junk-01' is not a"),
     ],
 )
 def test_bad_dataframes_are_refused_before_anything_is_written(
@@ -317,3 +319,41 @@ def test_format_outbox_is_the_spark_way_to_write(spark: SparkSession, database_u
     # The same key through write_outbox is the same message: nothing new.
     again = write_outbox(df, database_url, payload="body", key=["order_id", "event"])
     assert again.inserted == 0
+
+
+def test_messages_carry_the_writers_trace_context_which_is_not_part_of_their_identity(
+    spark: SparkSession, sqlite_url: str
+) -> None:
+    """From the driver's current span, from a value, or from a column (a bad one is left out)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    given = f"00-{trace_id}-{span_id}-01"
+    df = orders(spark, 4, partitions=1).withColumn(
+        "tp", F.when(F.col("order_id") == 0, F.lit("junk")).otherwise(F.lit(given))
+    )
+    run = {"payload": "body", "headers": "meta", "run_id": "traced"}
+    driver = TracerProvider(shutdown_on_exit=False).get_tracer("job")
+    with driver.start_as_current_span("nightly export") as span:
+        assert write_outbox(df.drop("tp"), sqlite_url, **run).inserted == 4  # type: ignore[arg-type]
+        current = span.get_span_context()
+    headers = [json.loads(r.headers) for r in outbox_rows(sqlite_url)]
+    assert {h["tenant"] for h in headers} == {"t0", "t1"}
+    assert {trace_ids(h["traceparent"]) for h in headers} == {
+        (f"{current.trace_id:032x}", f"{current.span_id:016x}")
+    }
+    # Another trace, the same rows: the same messages (a re-run is traced anew, not re-sent).
+    again = write_outbox(df.drop("tp"), sqlite_url, **run, traceparent=given, tracestate="k=v")  # type: ignore[arg-type]
+    assert again.inserted == 0
+    assert (
+        write_outbox(
+            df, sqlite_url, payload="body", key=["order_id"], traceparent=F.col("tp")
+        ).inserted
+        == 4
+    )
+    by_order = {
+        json.loads(r.payload)["order_id"]: json.loads(r.headers or "{}")
+        for r in outbox_rows(sqlite_url)[4:]
+    }
+    assert by_order[0] == {}
+    assert {by_order[i]["traceparent"] for i in (1, 2, 3)} == {given}

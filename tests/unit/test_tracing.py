@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from relay.tracing import NoTracing, trace_ids, writer_context
+from relay.tracing import NoTracing, given_context, trace_ids, with_context, writer_context
 from tests.support.rows import row
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -72,3 +72,59 @@ def test_without_tracing_log_lines_carry_the_writers_ids_and_headers_pass_untouc
     assert tracing.log_fields(traced) == {"trace_id": TRACE, "span_id": SPAN}
     assert tracing.log_fields(row(2, headers='{"traceparent": "junk"}')) == {}
     assert tracing.log_fields(row(3)) == {}
+
+
+# A writer's headers and the context it passes -> the headers the relay then reads.
+SPLICED = {
+    "no headers": (None, {"traceparent": PARENT}),
+    "empty object": ("{ }", {"traceparent": PARENT}),
+    "other headers keep their spelling": (
+        '{"price": 19.990, "n": 1}',
+        {"traceparent": PARENT, "price": 19.990, "n": 1},
+    ),
+    "the row's own context wins": (
+        '{"traceparent": "mine"}',
+        {"traceparent": "mine"},
+    ),
+}
+
+
+@pytest.mark.parametrize(("headers", "read"), SPLICED.values(), ids=SPLICED.keys())
+def test_a_writers_context_is_added_to_its_headers(
+    headers: str | None, read: dict[str, object]
+) -> None:
+    spliced = with_context(headers, {"traceparent": PARENT})
+    assert spliced is not None and json.loads(spliced) == read
+    if headers and "19.990" in headers:
+        assert "19.990" in spliced
+    assert with_context(headers, {}) == headers
+
+
+GIVEN = {
+    "nothing": (None, None, {}),
+    "traceparent": (PARENT, None, {"traceparent": PARENT}),
+    "with tracestate": (PARENT, "k=v", {"traceparent": PARENT, "tracestate": "k=v"}),
+    "empty tracestate": (PARENT, "", {"traceparent": PARENT}),
+}
+
+
+@pytest.mark.parametrize(("parent", "state", "context"), GIVEN.values(), ids=GIVEN.keys())
+def test_a_context_given_by_a_writer(
+    parent: str | None, state: str | None, context: dict[str, str]
+) -> None:
+    assert given_context(parent, state) == context
+
+
+@pytest.mark.parametrize(
+    ("parent", "state", "reason"),
+    [
+        ("00-abc-01", None, "is not a W3C traceparent"),
+        (PARENT.upper(), None, "is not a W3C traceparent"),
+        (None, "k=v", "a tracestate needs a traceparent"),
+    ],
+)
+def test_a_bad_context_given_by_a_writer_says_why(
+    parent: str | None, state: str | None, reason: str
+) -> None:
+    with pytest.raises(ValueError, match=reason):
+        given_context(parent, state)
