@@ -3,7 +3,7 @@ and where each row's CPU time goes.
 
     .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--backlog-rows 1000000]
                                   [--scaling] [--rounds 1] [--profile DIR]
-                                  [--broker 3.10|4.0|4.0-cluster] [--quorum]
+                                  [--broker 3.10|4.0|4.0-cluster] [--quorum] [--tracing]
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
 measures, with 200-byte persistent messages into one durable queue and the same window:
@@ -33,6 +33,13 @@ The broker is Debian 12's RabbitMQ 3.10 unless --broker says 4.0 (one node) or 4
 both run from the Debian 13 root the tests build (``devtools.debian13``, root only).
 --quorum makes the queue a quorum queue (three replicas on the cluster). The broker's CPU is
 every node's.
+
+--tracing measures what OpenTelemetry tracing costs instead: the PostgreSQL relay case with
+tracing off, then with OTLP/HTTP export to a receiver in this process (which reads each
+request and answers, decoding nothing: a collector's work is not the relay's). Every row of
+the three cases carries a writer's ``traceparent``: ``traced_all`` samples every row (the writers'
+contexts are all sampled), ``traced_1pct`` samples parent-based at 1% (1% of the writers'
+contexts are sampled, and rows without one at a ratio of 0.01).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +68,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 
 from devtools import debian13
 from devtools.broker import fresh_queue
+from devtools.otlp import OtlpReceiver
 from devtools.procfs import rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import http_get
@@ -204,8 +212,9 @@ def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False
     return asyncio.run(run())
 
 
-def fill(engine: sa.Engine, count: int) -> datetime:
-    """Commit ``count`` due rows in one transaction; the moment it committed."""
+def fill(engine: sa.Engine, count: int, sampled_every: int = 0) -> datetime:
+    """Commit ``count`` due rows in one transaction; the moment it committed. With
+    ``sampled_every``, each row has a writer's traceparent, sampled on every n-th row."""
     now = datetime.now(UTC)
     with engine.begin() as conn:
         for start in range(0, count, FILL_CHUNK):
@@ -217,11 +226,17 @@ def fill(engine: sa.Engine, count: int) -> datetime:
                     "content_type": "application/octet-stream",
                     "created_at": now,
                     "next_attempt_at": now,
+                    "headers": _traceparent(i, sampled_every) if sampled_every else None,
                 }
                 for i in range(start, min(count, start + FILL_CHUNK))
             ]
             conn.execute(sa.insert(outbox), rows)
     return datetime.now(UTC)
+
+
+def _traceparent(i: int, sampled_every: int) -> str:
+    flags = "01" if i % sampled_every == 0 else "00"
+    return json.dumps({"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-{flags}"})
 
 
 def empty(engine: sa.Engine) -> None:
@@ -327,6 +342,8 @@ def this_relay(
     relays: int = 1,
     memory: bool = False,
     profile: Path | None = None,
+    tracing: dict[str, str] | None = None,
+    sampled_every: int = 0,
 ) -> Case:
     """(c) ``relay run`` as ``relays`` subprocesses, from the backlog's commit to its last
     row's ``sent_at``."""
@@ -338,6 +355,7 @@ def this_relay(
         RELAY_AMQP_URL=",".join(node.url for node in servers.nodes),
         RELAY_WINDOW=str(WINDOW),
         RELAY_LOG_LEVEL="warning",
+        **(tracing or {}),
     )
     procs = [
         RelayProcess({**env, "RELAY_NAME": f"bench-{n}", "RELAY_METRICS_PORT": str(port)}).start()
@@ -350,7 +368,7 @@ def this_relay(
             wait_until(lambda url=ready: http_get(url)[0] == 200, 60, "the relay ready")
         profiler = Profiler(procs[0].pid, profile) if profile is not None else None
         relay_cpu = lambda: sum(tree_cpu_seconds(p.pid) for p in procs)  # noqa: E731
-        committed = fill(engine, count)
+        committed = fill(engine, count, sampled_every)
         with metered(servers, relay_cpu, count) as cpu:
             while not drained(engine):
                 if memory:
@@ -393,11 +411,14 @@ def main() -> int:
     )
     parser.add_argument("--broker", choices=BROKERS, default=BROKERS[0])
     parser.add_argument("--quorum", action="store_true", help="into a quorum queue")
+    parser.add_argument(
+        "--tracing", action="store_true", help="measure tracing's cost instead (see above)"
+    )
     args = parser.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[Case]] = {}
-    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp, ExitStack() as stack:
         base = Path(tmp)
         nodes, start_broker = broker(args.broker, base)
         servers = Servers(nodes, PostgresServer(base / "pg"), QUORUM if args.quorum else None)
@@ -418,6 +439,8 @@ def main() -> int:
                 "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows),
                 "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows),
             }
+            if args.tracing:
+                cases = tracing_cases(servers, pg_url, args.rows, stack)
             for relays in (2, 3) if args.scaling else ():
                 cases[f"relay_postgresql_{relays}_relays"] = functools.partial(
                     this_relay, servers, pg_url, args.rows, relays=relays
@@ -440,6 +463,33 @@ def main() -> int:
             servers.pg.stop()
     report(results, args)
     return 0
+
+
+def tracing_cases(
+    servers: Servers, database_url: str, rows: int, stack: ExitStack
+) -> dict[str, Callable[[], Case]]:
+    """The relay with tracing off, sampling everything, and sampling 1% (parent-based)."""
+    receiver = OtlpReceiver(decode=False)
+    stack.callback(receiver.stop)
+    otlp = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.http_endpoint,
+    }
+    one_percent = {
+        **otlp,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    }
+    relay = functools.partial(this_relay, servers, database_url, rows)
+    return {
+        "bare_publisher": lambda: bare_publisher(servers, rows),
+        "bare_publisher_relay_messages": lambda: bare_publisher(servers, rows, relay_messages=True),
+        "naive_relay_postgresql": lambda: naive_relay(servers, database_url, 1000),
+        "relay_postgresql": lambda: relay(sampled_every=100),  # the same rows, tracing off
+        "relay_postgresql_traced_all": lambda: relay(tracing=otlp, sampled_every=1),
+        "relay_postgresql_traced_1pct": lambda: relay(tracing=one_percent, sampled_every=100),
+    }
 
 
 def median_case(cases: list[Case]) -> Case:
@@ -497,6 +547,12 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
         f"messages into one durable {queue} queue on RabbitMQ {args.broker}; publisher: the "
         "relays, or this process for the bare publisher and the naive relay)"
     )
+    if "relay_postgresql_traced_all" in results:
+        off = results["relay_postgresql"].rate
+        for name in ("relay_postgresql_traced_all", "relay_postgresql_traced_1pct"):
+            ratio = results[name].rate / off
+            print(f"{name} over tracing off: {ratio:.2f}")
+            summary[name]["over_tracing_off"] = round(ratio, 3)  # type: ignore[index]
     if "relay_postgresql_backlog" in results:
         peak = results["relay_postgresql_backlog"].extra["peak_rss_mb"]
         print(f"peak RSS draining {args.backlog_rows} rows: {peak:.0f} MB")

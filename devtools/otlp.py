@@ -33,9 +33,11 @@ class ReceivedSpan:
 
 
 class OtlpReceiver:
-    """``http_endpoint`` (OTLP/HTTP, protobuf) and ``grpc_endpoint`` take traces until ``stop``."""
+    """``http_endpoint`` (OTLP/HTTP, protobuf) and ``grpc_endpoint`` take traces until ``stop``.
+    With ``decode=False``, HTTP requests are only counted (for benchmarks: a collector's
+    decoding is not the exporter's cost)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode: bool = True) -> None:
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
         self.requests = 0
@@ -45,7 +47,8 @@ class OtlpReceiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(body)
+                if decode:
+                    request.ParseFromString(body)
                 receiver.take(request)
                 answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)

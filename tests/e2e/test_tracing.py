@@ -105,7 +105,6 @@ def test_one_trace_runs_from_the_writer_through_each_publish_attempt_to_the_cons
     with writer.start_as_current_span("place order") as span:
         context: dict[str, str] = {}
         PROPAGATOR.inject(context)
-        context["tracestate"] = "shop=1"
         written = span.get_span_context()
         lines = [
             # nacked by the full queue first, acked once the filler is consumed
@@ -113,16 +112,16 @@ def test_one_trace_runs_from_the_writer_through_each_publish_attempt_to_the_cons
                 "exchange": exchange,
                 "routing_key": "order.created",
                 "payload": {"n": 1},
-                "headers": {**context, "x": 1},
+                "headers": {"x": 1},
             },
             # can never be published (a header beyond AMQP's integers): parked at once
             {
                 "exchange": exchange,
                 "routing_key": "other.x",
                 "payload": {"n": 2},
-                "headers": {**context, "big": 2**70},
+                "headers": {"big": 2**70},
             },
-            # a malformed context: published in a new trace, never parked for it
+            # its own, malformed, context: published in a new trace, never parked for it
             {
                 "exchange": exchange,
                 "routing_key": "other.y",
@@ -131,7 +130,15 @@ def test_one_trace_runs_from_the_writer_through_each_publish_attempt_to_the_cons
             },
         ]
         result = relay(
-            "enqueue", "--file", "-", env=env, input="".join(json.dumps(x) + "\n" for x in lines)
+            "enqueue",
+            "--file",
+            "-",
+            "--traceparent",
+            context["traceparent"],
+            "--tracestate",
+            "shop=1",
+            env=env,
+            input="".join(json.dumps(x) + "\n" for x in lines),
         )
         assert result.returncode == 0, result.stderr
     trace_id = f"{written.trace_id:032x}"

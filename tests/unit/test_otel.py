@@ -9,6 +9,7 @@ import logging
 import sys
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,11 +20,12 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from relay.backoff import Backoff
 from relay.daemon import start_tracing
 from relay.errors import ConfigError
-from relay.otel import OtelTracing, provider
+from relay.otel import OtelTracing, _headers, _writer, provider
 from relay.records import OutboxRow, Outcome, Settlement
 from relay.settings import TracingSettings
 from relay.settle import SettlePolicy
@@ -219,6 +221,35 @@ def test_log_lines_carry_the_publish_spans_ids_while_it_runs_else_the_writers() 
     traced.tracing.finish([Settlement(r, Outcome.ACKED)], POLICY.batch([], r.created_at))
     assert traced.tracing.log_fields(r) == {"trace_id": TRACE, "span_id": WRITER_SPAN}
     assert traced.tracing.log_fields(row(2)) == {}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"traceparent": f"00-{TRACE}-{WRITER_SPAN}-01"},
+        {"traceparent": f"00-{TRACE}-{WRITER_SPAN}-00", "tracestate": "a=1,b=2"},
+        {"traceparent": f"00-{TRACE}-{WRITER_SPAN}-03", "tracestate": ""},
+        {"traceparent": f"01-{TRACE}-{WRITER_SPAN}-01-future"},
+        {"traceparent": f"00-{TRACE}-{WRITER_SPAN}-01-extra"},
+        {"traceparent": f"ff-{TRACE}-{WRITER_SPAN}-01"},
+        {"traceparent": "junk"},
+    ],
+)
+def test_the_context_read_and_written_is_what_opentelemetrys_propagator_reads_and_writes(
+    headers: dict[str, str],
+) -> None:
+    """relay.otel formats and parses the W3C headers itself (for speed): as the propagator."""
+    propagator = TraceContextTextMapPropagator()
+    expected = trace.get_current_span(propagator.extract(headers)).get_span_context()
+    ours = _writer(row(1, headers=json.dumps(headers)))
+    got = trace.get_current_span(ours).get_span_context() if ours is not None else None
+    if not expected.is_valid:
+        assert got is None
+        return
+    assert got == expected and got.trace_state == expected.trace_state
+    written: dict[str, str] = {}
+    propagator.inject(written, trace.set_span_in_context(trace.NonRecordingSpan(expected)))
+    assert _headers(expected) == written
 
 
 def test_the_service_is_named_outbox_relay_unless_otel_variables_name_it(
