@@ -49,6 +49,22 @@ def relay_spans(receiver: OtlpReceiver) -> list[ReceivedSpan]:
     return [s for s in receiver.spans() if s.service == "outbox-relay"]
 
 
+def migrated(tmp_path: Path, rabbit: RabbitNode, **variables: str) -> tuple[str, dict[str, str]]:
+    """A migrated SQLite outbox, and the environment of a traced `relay run` on it."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    env = relay_env(
+        RELAY_DATABASE_URL=url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_METRICS_PORT="0",
+        RELAY_POLL_INTERVAL="0.05",
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        **variables,
+    )
+    assert relay("migrate", env=env).returncode == 0
+    return url, env
+
+
 def declare(url: str, exchange: str, full: str, plain: str) -> None:
     """``full`` holds one message and nacks the next (reject-publish) until consumed."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -83,22 +99,16 @@ def test_one_trace_runs_from_the_writer_through_each_publish_attempt_to_the_cons
     exchange, full = names("trace")
     plain = full + ".plain"
     declare(rabbit.url, exchange, full, plain)
-    url = f"sqlite:///{tmp_path / 'outbox.db'}"
-    env = relay_env(
-        RELAY_DATABASE_URL=url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_METRICS_PORT="0",
-        RELAY_POLL_INTERVAL="0.05",
+    url, env = migrated(
+        tmp_path,
+        rabbit,
         RELAY_BACKOFF_INITIAL="0.3",
         RELAY_BACKOFF_MAX="0.3",
         RELAY_LOG_FORMAT="json",
         RELAY_LOG_LEVEL="debug",
-        OTEL_TRACES_EXPORTER="otlp",
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.http_endpoint,
-        OTEL_BSP_SCHEDULE_DELAY="100",
     )
-    assert relay("migrate", env=env).returncode == 0
 
     # The writer: its transaction's span, whose context goes into the row's headers.
     writer_provider, writer = app_tracer(receiver, "orders-service")
@@ -218,18 +228,13 @@ def test_spans_go_out_over_grpc_too(
 ) -> None:
     exchange, queue = names("trace-grpc")
     declare(rabbit.url, exchange, queue, queue + ".plain")
-    url = f"sqlite:///{tmp_path / 'outbox.db'}"
-    env = relay_env(
-        RELAY_DATABASE_URL=url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_METRICS_PORT="0",
-        RELAY_POLL_INTERVAL="0.05",
-        OTEL_TRACES_EXPORTER="otlp",
+    url, env = migrated(
+        tmp_path,
+        rabbit,
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grpc",
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.grpc_endpoint,
         OTEL_SERVICE_NAME="orders-relay",
     )
-    assert relay("migrate", env=env).returncode == 0
     line = {"exchange": exchange, "routing_key": "other.z", "payload": "hi"}
     assert relay("enqueue", "--file", "-", env=env, input=json.dumps(line) + "\n").returncode == 0
     with RelayProcess(env, tmp_path / "relay.log") as proc:
