@@ -35,7 +35,7 @@ import relay
 from relay.constants import DEFAULT_SERVICE_NAME, TRACE_LINKS_MAX
 from relay.records import PARKED, OutboxRow, Outcome, SettleBatch, Settlement
 from relay.settings import TracingSettings
-from relay.tracing import TRACEPARENT, TRACESTATE, trace_ids, writer_context
+from relay.tracing import TRACEPARENT, TRACESTATE, trace_ids, writer_context, writer_log_fields
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,9 @@ class OtelTracing:
 
     def log_fields(self, row: OutboxRow) -> dict[str, str]:
         span = self._spans.get(row.id)
-        context = span.get_span_context() if span is not None else _remote(row)
-        if context is None or not context.is_valid:
-            return {}
+        if span is None:  # its publish is over: the writer's ids, as without tracing
+            return writer_log_fields(row)
+        context = span.get_span_context()
         return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
 
     def shutdown(self) -> None:
@@ -197,8 +197,3 @@ def _writer(row: OutboxRow) -> Context | None:
         trace_state=TraceState.from_header([state]) if state else None,
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
-
-
-def _remote(row: OutboxRow) -> trace.SpanContext | None:
-    context = _writer(row)
-    return None if context is None else trace.get_current_span(context).get_span_context()

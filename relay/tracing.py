@@ -100,6 +100,12 @@ def trace_ids(traceparent: str) -> tuple[str, str] | None:
     return match["trace_id"], match["span_id"]
 
 
+def writer_log_fields(row: OutboxRow) -> dict[str, str]:
+    """``trace_id`` and ``span_id`` of the writer's context in ``row``, when it has a valid one."""
+    ids = trace_ids(writer_context(row).get(TRACEPARENT, ""))
+    return {} if ids is None else {"trace_id": ids[0], "span_id": ids[1]}
+
+
 class Tracing(Protocol):
     """What the publisher and the loop ask of tracing."""
 
@@ -127,8 +133,7 @@ class NoTracing:
         pass
 
     def log_fields(self, row: OutboxRow) -> dict[str, str]:
-        ids = trace_ids(writer_context(row).get(TRACEPARENT, ""))
-        return {} if ids is None else {"trace_id": ids[0], "span_id": ids[1]}
+        return writer_log_fields(row)
 
     def shutdown(self) -> None:
         pass
