@@ -71,7 +71,7 @@ from devtools.broker import fresh_queue
 from devtools.otlp import OtlpReceiver
 from devtools.procfs import rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
-from devtools.scrape import http_get
+from devtools.scrape import answers_ok
 from devtools.servers import PostgresServer, RabbitCluster, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine, migrate
 from relay.db.schema import outbox
@@ -83,7 +83,7 @@ FILL_CHUNK = 20_000  # rows per INSERT statement while filling the backlog
 
 
 BROKERS = ("3.10", "4.0", "4.0-cluster")
-QUORUM = {"x-queue-type": "quorum"}
+QUORUM: dict[str, object] = {"x-queue-type": "quorum"}
 
 
 @dataclass
@@ -365,7 +365,7 @@ def this_relay(
     try:
         for port in ports:
             ready = f"http://127.0.0.1:{port}/readyz"
-            wait_until(lambda url=ready: http_get(url)[0] == 200, 60, "the relay ready")
+            wait_until(functools.partial(answers_ok, ready), 60, "the relay ready")
         profiler = Profiler(procs[0].pid, profile) if profile is not None else None
         relay_cpu = lambda: sum(tree_cpu_seconds(p.pid) for p in procs)  # noqa: E731
         committed = fill(engine, count, sampled_every)

@@ -41,7 +41,7 @@ def simple_topology(
 
 def write_topology(path: Path, topology: Topology) -> Path:
     """``topology`` as the TOML file ``RELAY_TOPOLOGY_FILE`` reads (defaults left out)."""
-    sections = [
+    sections: list[tuple[str, tuple[Exchange | Queue | Binding, ...]]] = [
         ("exchange", topology.exchanges),
         ("queue", topology.queues),
         ("binding", topology.bindings),

@@ -60,7 +60,7 @@ class OtlpReceiver:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        class Service(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request: Any, _context: Any) -> Any:
                 receiver.take(request)
                 return trace_service_pb2.ExportTraceServiceResponse()

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from devtools.servers import wait_until
 from relay.settings import ENV_PREFIX
@@ -48,7 +49,7 @@ class RelayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False
 
-    def start(self) -> RelayProcess:
+    def start(self) -> Self:
         if self.log_path is None:
             self.proc = subprocess.Popen([*RELAY, "run"], env=self.env)
         else:
@@ -92,7 +93,7 @@ class RelayProcess:
     def tracebacks(self) -> list[str]:
         return [line for line in self.log().splitlines() if "Traceback" in line]
 
-    def __enter__(self) -> RelayProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -17,6 +17,11 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
+def answers_ok(url: str) -> bool:
+    """True once ``url`` answers 200 (e.g. /readyz)."""
+    return http_get(url)[0] == 200
+
+
 def metric(text: str, name: str) -> float:
     """The value of an unlabelled sample in a Prometheus text exposition."""
     for line in text.splitlines():

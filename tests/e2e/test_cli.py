@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 from devtools.broker import declare_bound, drain, names, simple_topology, write_topology
 from devtools.outbox import statuses
 from devtools.relayproc import RelayProcess, relay, relay_env, run_relay_until
-from devtools.scrape import http_get, metric
+from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.schema import outbox
 from relay.settings import known_env_names
@@ -135,7 +136,7 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
     enqueue(0, 500)
     base = f"http://127.0.0.1:{port}"
     with RelayProcess(env, tmp_path / "relay.log") as proc:
-        wait_until(lambda: http_get(base + "/readyz")[0] == 200, 60, "/readyz")
+        wait_until(functools.partial(answers_ok, base + "/readyz"), 60, "/readyz")
         assert http_get(base + "/healthz")[0] == 200
         wait_until(
             lambda: 'relay_outcomes_total{outcome="acked"} 500.0' in http_get(base + "/metrics")[1],
@@ -237,18 +238,18 @@ def test_on_postgresql_a_committed_row_wakes_the_relay_without_polling(
         RELAY_LOG_FORMAT="json",
     )
     database = sa.make_url(postgresql_url).database or ""
+
+    def sent(count: int) -> bool:
+        return statuses(postgresql_url, leased=True).get("sent") == count
+
     with RelayProcess(env, tmp_path / "relay.log") as proc:
-        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, "ready")
+        wait_until(functools.partial(answers_ok, f"http://127.0.0.1:{port}/readyz"), 60, "ready")
         for n in range(3):  # a plain INSERT, as any writer (or Spark's JDBC) does it
             postgres.psql(
                 f"INSERT INTO outbox (exchange, payload) VALUES ('{exchange}', 'row {n}')",
                 database=database,
             )
-            wait_until(
-                lambda n=n: statuses(postgresql_url, leased=True).get("sent") == n + 1,
-                30,
-                f"row {n} sent after its NOTIFY",
-            )
+            wait_until(functools.partial(sent, n + 1), 30, f"row {n} sent after its NOTIFY")
         assert proc.stop() == 0
     assert "Traceback" not in (tmp_path / "relay.log").read_text()
     assert len(drain(rabbit.url, queue, expect=3)) == 3

@@ -4,7 +4,9 @@ loopback, the real broker, a writer and a consumer with OpenTelemetry of their o
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -31,9 +33,9 @@ PROPAGATOR = TraceContextTextMapPropagator()
 
 
 @pytest.fixture
-def receiver() -> OtlpReceiver:
+def receiver() -> Iterator[OtlpReceiver]:
     received = OtlpReceiver()
-    yield received  # type: ignore[misc]
+    yield received
     received.stop()
 
 
@@ -81,7 +83,7 @@ def declare(url: str, exchange: str, full: str, plain: str) -> None:
     conn.close()
 
 
-def get(url: str, queue: str) -> tuple[bytes, dict[str, str]]:
+def get(url: str, queue: str) -> tuple[bytes, dict[str, Any]]:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
         method, props, body = conn.channel().basic_get(queue, auto_ack=True)

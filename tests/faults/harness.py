@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,10 +41,10 @@ KEYS = 20  # ordering keys the writers spread their rows over
 UNBOUND = "faults.nowhere"  # an exchange with no binding: everything sent there returns
 
 
-def topology(queue_arguments: dict[str, object] | None = None) -> Topology:
+def topology(queue_arguments: Mapping[str, object] | None = None) -> Topology:
     return Topology(
         exchanges=(Exchange(EXCHANGE, type="topic"), Exchange(UNBOUND, type="topic")),
-        queues=(Queue(QUEUE, arguments=queue_arguments or {}),),
+        queues=(Queue(QUEUE, arguments=dict(queue_arguments or {})),),
         bindings=(Binding(EXCHANGE, QUEUE, "#"),),
     )
 
@@ -57,7 +58,7 @@ class FaultRelay(RelayProcess):
         directory: Path,
         database_url: str,
         amqp_url: str,
-        queue_arguments: dict[str, object] | None = None,
+        queue_arguments: Mapping[str, object] | None = None,
         **settings: str,
     ) -> None:
         self.name = name
@@ -309,6 +310,7 @@ def scenario(
     consumer_delay: float = 0.0,
     parked: dict[str, str] | None = None,
     after: Callable[[], None] | None = None,
+    queue_arguments: Mapping[str, object] | None = None,
     **settings: str,
 ) -> tuple[Consumer, list[FaultRelay]]:
     """Relays on the outbox at ``url`` and ``broker_url`` (one node, or several as
@@ -316,12 +318,14 @@ def scenario(
     consumer; ``fault`` while they run, the time until every row written before it returned
     is sent, then ``after`` (while the writers still write), then the check."""
     running = [
-        FaultRelay(f"{name}-{n}", tmp, url, relay_url or broker_url, **settings).start()
+        FaultRelay(
+            f"{name}-{n}", tmp, url, relay_url or broker_url, queue_arguments, **settings
+        ).start()
         for n in range(relays)
     ]
     try:
         for relay in running:
-            wait_until(lambda r=relay: connected(r), 60, f"{relay.name} connected")
+            wait_until(functools.partial(connected, relay), 60, f"{relay.name} connected")
         with Consumer(broker_url, consumer_delay) as consumer:
             with Writers(url):
                 time.sleep(1)  # rows flowing

@@ -90,7 +90,8 @@ def test_0_a_late_commit_with_a_low_id_is_relayed_and_a_rollback_stalls_nothing(
         rolled_back.rollback()
         late.commit()
         committed = time.time()
-        late.close(), rolled_back.close()
+        late.close()
+        rolled_back.close()
         return committed
 
     scenario("0-commit-order-gap", postgresql_url, fresh_broker.url, tmp_path, hold_open, faults=0)
@@ -399,7 +400,7 @@ def test_13_a_memory_alarm_pauses_publishing_without_errors(
 
     _, relays = scenario("13-memory-alarm", postgresql_url, fresh_broker.url, tmp_path, alarm)
     assert max(peak) < 200, f"relay RSS {max(peak):.0f} MB while blocked"
-    logged = relays[0].log_path.read_text()
+    logged = relays[0].log()
     actions = [json.loads(line)["action"] for line in logged.splitlines()]
     assert "broker_blocked" in actions and "confirm_timeout" not in actions
 
@@ -413,7 +414,7 @@ def test_14_poison_rows_of_every_kind_while_three_relays_run(
     broker close a channel took one window of good rows down with it at most."""
     parked: dict[str, str] = {}
     deep = '{"a": ' * 600 + "1" + "}" * 600
-    kinds = [
+    kinds: list[tuple[str, dict[str, object], str | None]] = [
         ("long-key", {"routing_key": "k" * 300}, "rejected: routing_key is 300 bytes"),
         ("deep", {"headers": deep}, "rejected: headers are nested deeper than 32"),
         ("header-key", {"headers": json.dumps({"h" * 300: 1})}, "rejected: header key"),
@@ -426,15 +427,16 @@ def test_14_poison_rows_of_every_kind_while_three_relays_run(
     def poison_rows(_relays: list[FaultRelay]) -> float:
         for round_ in range(2):
             for name, columns, reason in kinds:
+                message_id = f"{name}-{round_}"
                 values = {
-                    "message_id": f"{name}-{round_}",
+                    "message_id": message_id,
                     "exchange": "faults",
                     "routing_key": "k",
                     "payload": b"p",
                 } | columns
                 insert(engine, [values])
                 if reason is not None:
-                    parked[values["message_id"]] = reason
+                    parked[message_id] = reason
                 time.sleep(0.5)
         return time.time()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -55,7 +56,7 @@ def main(mode: str, url: str, *args: str) -> None:
             .option("maxFilesPerTrigger", 2)
             .json(args[1])
         )
-        trigger = {"availableNow": True}
+        trigger: dict[str, Any] = {"availableNow": True}
         column = "id"
     else:
         source = (

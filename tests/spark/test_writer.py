@@ -276,6 +276,7 @@ def test_key_ids_do_not_depend_on_the_session_time_zone(
         " to_json(named_struct('id', id)) AS payload FROM range(50)"
     )
     zone = spark.conf.get("spark.sql.session.timeZone")
+    assert zone is not None
     try:
         spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
         assert write_outbox(df, database_url, key=["id", "ts"]).inserted == 50

@@ -17,6 +17,7 @@ from relay.records import NewMessage
 from relay.relay import Relay, utcnow
 from relay.settings import Settings
 from relay.topology import Topology
+from relay.tracing import NoTracing
 
 FAST = {
     "poll_interval": "0.05",
@@ -73,7 +74,7 @@ class Running:
         self.drained: bool | None = None
 
     async def __aenter__(self) -> Parts:
-        built = assemble(self.settings, self.topology)
+        built = assemble(self.settings, self.topology, NoTracing())
         writer = OutboxWriter(self.settings.database_url)
         self.parts = Parts(built.relay, built.store, built.metrics, writer)
         self.task = asyncio.create_task(self.parts.relay.run())

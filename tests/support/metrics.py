@@ -5,6 +5,8 @@ from __future__ import annotations
 from relay.metrics import Metrics
 
 
-def sample_value(metrics: Metrics, name: str, **labels: str) -> float | None:
-    """The value of one sample (None when it is not exported)."""
-    return metrics.registry.get_sample_value(name, labels)
+def sample_value(metrics: Metrics, name: str, **labels: str) -> float:
+    """The value of one sample; a sample that is not exported fails the test."""
+    value = metrics.registry.get_sample_value(name, labels)
+    assert value is not None, f"{name}{labels or ''} is not exported"
+    return value

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
 from relay.confirms import ConfirmTracker
-from relay.records import Outcome
+from relay.records import OutboxRow, Outcome
 from tests.support.rows import row
 
 A, N, R, T, F, L = (
@@ -65,6 +66,10 @@ CASES: dict[str, tuple[int, list[tuple[Any, ...]], dict[int, Outcome], int]] = {
 }
 
 
+def sent_to(exchange: str, row: OutboxRow) -> bool:
+    return row.exchange == exchange
+
+
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_tracker(case: str) -> None:
     count, events, expected, in_flight = CASES[case]
@@ -85,7 +90,7 @@ def test_tracker(case: str) -> None:
             culprit = event[1]
             tracker.channel_lost(
                 "connection reset",
-                (lambda r, name=culprit: r.exchange == name) if culprit else None,
+                functools.partial(sent_to, culprit) if culprit else None,
                 "404 NOT_FOUND",
             )
     settled = tracker.take_settled()
