@@ -28,7 +28,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 import relay
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 # Where a traceparent's flags are: after "00-", 32 hex digits, "-", 16 hex digits and "-".
 _FLAGS = slice(53, 55)
 _DEFAULT_EXCHANGE = "amq.default"  # what RabbitMQ calls the exchange named ""
+# How a parent-based sampler describes itself when it drops every span whose remote parent
+# was not sampled (the default of ParentBased and of every OTEL_TRACES_SAMPLER parentbased_*).
+_DROPS_UNSAMPLED_REMOTE = "remoteParentNotSampled:AlwaysOffSampler"
 
 
 # The OTLP exporter of each protocol, imported only when chosen (gRPC's pulls in grpcio).
@@ -82,6 +86,13 @@ class OtelTracing:
     def __init__(self, tracer_provider: TracerProvider) -> None:
         self._provider = tracer_provider
         self._tracer = tracer_provider.get_tracer("outbox-relay", relay.__version__)
+        sampler = tracer_provider.sampler
+        # With such a sampler, a row whose writer did not sample its trace gets a span that
+        # is dropped whatever else it holds: ``start`` then writes that span's context
+        # itself, without the SDK's 20 us per row (most rows, at a low sampling rate).
+        self._parent_decides = isinstance(sampler, ParentBased) and (
+            _DROPS_UNSAMPLED_REMOTE in sampler.get_description()
+        )
         self._spans: dict[int, Span] = {}  # row id -> the span of its publish under way
         # row id -> the span context of its last unacked attempt, for the next attempt's
         # link. Bounded: a relay restart forgets them anyway (every attempt still has the
@@ -89,10 +100,13 @@ class OtelTracing:
         self._earlier: OrderedDict[int, trace.SpanContext] = OrderedDict()
 
     def start(self, row: OutboxRow, server: tuple[str, int]) -> Mapping[str, str] | None:
+        carrier = writer_context(row)
+        if self._parent_decides and (dropped := self._dropped(carrier)) is not None:
+            return dropped
         earlier = self._earlier.pop(row.id, None)
         span = self._tracer.start_span(
             f"send {row.exchange or _DEFAULT_EXCHANGE}",
-            context=_writer(row),
+            context=_writer(row.id, carrier),
             kind=SpanKind.PRODUCER,
             # What a sampler may look at; the rest only when the span is sampled (most are
             # not, at a low sampling rate, and each attribute costs on the hot path).
@@ -141,6 +155,25 @@ class OtelTracing:
                 span.set_status(Status(StatusCode.ERROR, f"{error}: {s.detail or outcome}"))
             span.end()
 
+    def _dropped(self, carrier: Mapping[str, str]) -> dict[str, str] | None:
+        """The headers of the span the SDK would start, and drop, under the writer's
+        ``carrier`` when that context is valid and not sampled (else None): a new span id in
+        the writer's trace, not sampled, random-trace-id flag and trace state as the
+        writer's (the tests compare it with the SDK's)."""
+        traceparent = carrier.get(TRACEPARENT)
+        if traceparent is None or (ids := trace_ids(traceparent)) is None:
+            return None
+        flags = int(traceparent[_FLAGS], 16)
+        if flags & TraceFlags.SAMPLED:
+            return None
+        span_id = self._provider.id_generator.generate_span_id()
+        headers = {
+            TRACEPARENT: f"00-{ids[0]}-{span_id:016x}-{flags & TraceFlags.RANDOM_TRACE_ID:02x}"
+        }
+        if state := _trace_state(carrier):
+            headers[TRACESTATE] = state.to_header()
+        return headers
+
     def _remember(self, row_id: int, context: trace.SpanContext) -> None:
         self._earlier[row_id] = context
         if len(self._earlier) > TRACE_LINKS_MAX:
@@ -169,11 +202,10 @@ def _headers(context: trace.SpanContext) -> dict[str, str]:
     return headers
 
 
-def _writer(row: OutboxRow) -> Context | None:
-    """The writer's context from the row's headers, or None (a new trace) when it has none
-    or it is malformed; a malformed one is logged at debug level, never held against the
-    row."""
-    carrier = writer_context(row)
+def _writer(row_id: int, carrier: Mapping[str, str]) -> Context | None:
+    """The writer's context from ``carrier`` (``writer_context`` of row ``row_id``), or
+    None (a new trace) when it has none or it is malformed; a malformed one is logged at
+    debug level, never held against the row."""
     if not carrier:
         return None
     traceparent = carrier[TRACEPARENT]
@@ -181,19 +213,24 @@ def _writer(row: OutboxRow) -> Context | None:
     if ids is None:
         log.debug(
             "row %d: malformed traceparent %r ignored; published in a new trace",
-            row.id,
+            row_id,
             traceparent[:80],
-            extra={"action": "traceparent_ignored", "row_id": row.id},
+            extra={"action": "traceparent_ignored", "row_id": row_id},
         )
         return None
     # Built here rather than by the propagator's extract, which cost 20 us per message (as
     # much as the span itself); trace_ids has checked the text (the tests compare the two).
-    state = carrier.get(TRACESTATE)
     parent = trace.SpanContext(
         int(ids[0], 16),
         int(ids[1], 16),
         is_remote=True,
         trace_flags=trace.TraceFlags(int(traceparent[_FLAGS], 16)),
-        trace_state=TraceState.from_header([state]) if state else None,
+        trace_state=_trace_state(carrier),
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+def _trace_state(carrier: Mapping[str, str]) -> TraceState | None:
+    """The writer's ``tracestate``, parsed as the propagator does (bad entries dropped)."""
+    state = carrier.get(TRACESTATE)
+    return TraceState.from_header([state]) if state else None

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
     ALWAYS_ON,
     ParentBased,
     Sampler,
@@ -29,7 +30,7 @@ from relay.otel import OtelTracing, _headers, _writer, provider
 from relay.records import OutboxRow, Outcome, Settlement
 from relay.settings import TracingSettings
 from relay.settle import SettlePolicy
-from relay.tracing import trace_ids
+from relay.tracing import trace_ids, writer_context
 from tests.support.rows import row
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -210,6 +211,60 @@ def test_parent_based_sampling_follows_the_writers_decision() -> None:
     assert not sampled(rootless["traceparent"])
 
 
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        ParentBased(ALWAYS_ON),
+        ParentBased(TraceIdRatioBased(0.5)),
+        ParentBased(ALWAYS_OFF, remote_parent_sampled=ALWAYS_OFF),
+    ],
+    ids=lambda s: s.get_description()[:40],
+)
+@pytest.mark.parametrize(
+    ("flags", "state"),
+    [("00", None), ("02", None), ("00", "a=1, b=2"), ("02", "a=1,=bad"), ("00", "=")],
+)
+def test_a_row_its_writer_did_not_sample_gets_the_context_the_sdk_would_give_it(
+    sampler: Sampler, flags: str, state: str | None
+) -> None:
+    """Parent-based samplers drop such spans: the relay writes their context itself, so it
+    must be the one the SDK writes (a new span id in the writer's trace, same flags, the
+    writer's trace state as the propagator parses it), and no span is recorded."""
+    headers = {"traceparent": f"00-{TRACE}-{WRITER_SPAN}-{flags}"}
+    if state is not None:
+        headers["tracestate"] = state
+    r = row(1, headers=json.dumps(headers))
+    traced = Traced(sampler)
+    got = traced.tracing.start(r, NODE)
+    assert got is not None
+    # Without a span of its own, the row's log lines carry the writer's ids.
+    assert traced.tracing.log_fields(r) == {"trace_id": TRACE, "span_id": WRITER_SPAN}
+    traced.tracing.finish([Settlement(r, Outcome.NACKED)], POLICY.batch([], r.created_at))
+    assert traced.spans() == []
+
+    sdk_span = (
+        TracerProvider(sampler=sampler, shutdown_on_exit=False)
+        .get_tracer("t")
+        .start_span("send ex", context=_writer(1, writer_context(r)))
+    )
+    assert not sdk_span.is_recording()
+    expected = _headers(sdk_span.get_span_context())
+    version, trace_id, span_id, written_flags = got["traceparent"].split("-")
+    assert (version, trace_id, written_flags) == tuple(
+        expected["traceparent"].split("-")[i] for i in (0, 1, 3)
+    )
+    assert len(span_id) == 16 and span_id not in (WRITER_SPAN, "0" * 16)
+    assert got.get("tracestate") == expected.get("tracestate")
+
+
+def test_a_sampler_that_may_keep_spans_under_an_unsampled_writer_gets_to_decide() -> None:
+    traced = Traced(ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON))
+    headers = traced.publish(written(1, flags="00"), Outcome.ACKED)
+    [span] = traced.spans()
+    assert span.context is not None and span.context.trace_flags.sampled
+    assert sampled(headers["traceparent"])
+
+
 def test_log_lines_carry_the_publish_spans_ids_while_it_runs_else_the_writers() -> None:
     traced = Traced()
     r = written(1)
@@ -241,7 +296,7 @@ def test_the_context_read_and_written_is_what_opentelemetrys_propagator_reads_an
     """relay.otel formats and parses the W3C headers itself (for speed): as the propagator."""
     propagator = TraceContextTextMapPropagator()
     expected = trace.get_current_span(propagator.extract(headers)).get_span_context()
-    ours = _writer(row(1, headers=json.dumps(headers)))
+    ours = _writer(1, writer_context(row(1, headers=json.dumps(headers))))
     got = trace.get_current_span(ours).get_span_context() if ours is not None else None
     if not expected.is_valid:
         assert got is None
