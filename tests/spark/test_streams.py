@@ -65,15 +65,15 @@ def test_a_file_stream_killed_mid_batch_and_restarted_writes_every_row_once(
     database_url = postgresql_url
     source = tmp_path / "in"
     source.mkdir()
-    ids = range(600)
-    for part in range(12):  # two files (two partitions) per micro-batch
+    ids = range(400)
+    for part in range(8):  # two files (two partitions) per micro-batch
         lines = [json.dumps({"id": i, "word": "same"}) for i in ids[part * 50 : part * 50 + 50]]
         (source / f"part-{part:02}.json").write_text("\n".join(lines))
     checkpoint = str(tmp_path / "checkpoint")
     driver = start("files", database_url, checkpoint, str(source))
     # Mid-batch: one of a batch's two partitions is in, the other (with a slow row) is not.
     kill_when(driver, lambda: len(counts(database_url, "id")) % 100 == 50)
-    assert 0 < len(counts(database_url, "id")) < 600
+    assert 0 < len(counts(database_url, "id")) < len(ids)
     finish(start("files", database_url, checkpoint, str(source)))
     after = counts(database_url, "id")
     assert sorted(after) == list(ids)
