@@ -3,10 +3,12 @@ the RELAY_* settings given (none inherited from the caller's environment)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +25,51 @@ def relay_env(**variables: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(variables)
     return env
+
+
+def skewed(env: dict[str, str], offset: str) -> dict[str, str]:
+    """``env`` with this host's wall clock ``offset`` away for the process (Debian's
+    libfaketime, ``"+10m"``, ``"-10m"``), as a drifted NTP would leave it: the monotonic
+    clock is left alone. Python's ``time.sleep`` then fails (libfaketime 0.9.10's
+    ``clock_nanosleep`` answers EINVAL for a real monotonic clock); `relay run` never calls
+    it. See ``skew_unavailable``."""
+    return {
+        **env,
+        "LD_PRELOAD": _faketime_library() or "",
+        "FAKETIME": offset,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+
+
+def skew_unavailable() -> str | None:
+    """Why ``skewed`` cannot work here (no libfaketime, a Python it does not reach), or None."""
+    if _faketime_library() is None:
+        return "libfaketime is not installed (Debian package faketime)"
+    probe = "import time; print(time.time() - float(input()), time.monotonic())"
+    try:
+        before = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            env=skewed(dict(os.environ), "+1h"),
+            input=f"{time.time()}\n",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        ahead, monotonic = float(out[0]), float(out[1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return f"a process under libfaketime did not run: {exc}"
+    if not 3500 < ahead < 3700:
+        return f"LD_PRELOAD of libfaketime did not move the clock (off by {ahead:.0f} s)"
+    if not before <= monotonic < time.monotonic() + 1:
+        return "libfaketime moved the monotonic clock too"
+    return None
+
+
+def _faketime_library() -> str | None:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return found[0] if found else None
 
 
 def relay(

@@ -11,7 +11,6 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 
 from relay.constants import PURGE_CHUNK, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
@@ -144,10 +143,9 @@ def add_commands(
 def status_command(settings: Settings, args: argparse.Namespace) -> int:
     """Show rows by status, the due backlog and its oldest row's age, and parked rows by
     reason. With --max-* thresholds, exit 3 when one is exceeded (for scripts and checks)."""
-    now = datetime.now(UTC)
     admin = OutboxAdmin(settings.database_url)
     try:
-        report = admin.status(now)
+        report = admin.status()
     finally:
         admin.close()
     limits = [
@@ -191,10 +189,8 @@ def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     """Move parked rows back to pending, due now, with their attempt count reset, so the
     relays publish them again. Select rows with --id, --ids, --reason, --exchange and
     --older-than (together they narrow the selection), or --all. --dry-run only shows them."""
-    now = datetime.now(UTC)
     first, last = args.id_range or (None, None)
-    created_before = None if args.older_than is None else now - timedelta(seconds=args.older_than)
-    selection = Selection(tuple(args.ids), first, last, args.reason, args.exchange, created_before)
+    selection = Selection(tuple(args.ids), first, last, args.reason, args.exchange, args.older_than)
     if bool(selection) == args.all:
         raise InputError(
             "say which parked rows to replay: --id, --ids, --reason, --exchange "
@@ -202,7 +198,7 @@ def replay_command(settings: Settings, args: argparse.Namespace) -> int:
         )
     admin = OutboxAdmin(settings.database_url)
     try:
-        rows = admin.replay(selection, now, args.dry_run)
+        rows = admin.replay(selection, args.dry_run)
     finally:
         admin.close()
     for row in rows[:_SHOWN_ROWS]:
@@ -223,8 +219,6 @@ def purge_command(settings: Settings, args: argparse.Namespace) -> int:
     """Delete sent rows older than --older-than, in chunks of their own transactions (no
     table lock, no long transaction), showing progress on a terminal. Pending and parked
     rows are never deleted. Also drops the Spark writer's abandoned staging tables."""
-    now = datetime.now(UTC)
-    cutoff = now - timedelta(seconds=args.older_than)
     show = sys.stderr.isatty()
 
     def progress(deleted: int) -> None:
@@ -233,12 +227,12 @@ def purge_command(settings: Settings, args: argparse.Namespace) -> int:
 
     admin = OutboxAdmin(settings.database_url)
     try:
-        deleted = admin.purge(cutoff, args.chunk, progress)
+        deleted = admin.purge(args.older_than, args.chunk, progress)
     finally:
         admin.close()
     if show and deleted:
         print(file=sys.stderr)
-    print(f"purged {deleted} sent rows sent before {cutoff.isoformat(timespec='seconds')}")
+    print(f"purged {deleted} sent rows sent more than {args.older_than:g} s ago")
     sink = OutboxSink(settings.database_url)
     try:
         for table in sink.drop_abandoned_stages(args.stages_older_than):

@@ -20,7 +20,6 @@ from relay.db.engine import migrate
 from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError
 from relay.records import NewMessage
-from relay.relay import utcnow
 from relay.settings import ENV_FILE_VAR, Settings, TracingSettings, describe
 from relay.tracing import given_context, with_context
 
@@ -202,7 +201,7 @@ def _enqueue(settings: Settings, args: argparse.Namespace) -> int:
         messages = [replace(m, headers=with_context(m.headers, context)) for m in messages]
     writer = OutboxWriter(settings.database_url)
     try:
-        ids = writer.enqueue(messages, utcnow())
+        ids = writer.enqueue(messages)
     finally:
         writer.close()
     for message_id in ids:

@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from datetime import timedelta
 
 from relay.backoff import Backoff
 from relay.constants import PURGE_CHUNK, SWITCH_INTERVAL_S
@@ -20,7 +19,7 @@ from relay.db.outbox import OutboxAdmin
 from relay.errors import ConfigError, RelayError
 from relay.metrics import HealthServer, Metrics
 from relay.publisher import PikaPublisher, connection_parameters
-from relay.relay import Relay, in_thread, utcnow
+from relay.relay import Relay, in_thread
 from relay.settings import Settings, TracingSettings
 from relay.settle import SettlePolicy
 from relay.topology import Topology, load_topology
@@ -183,8 +182,7 @@ async def _retention(settings: Settings) -> None:
     stopped = threading.Event()
     try:
         while True:
-            cutoff = utcnow() - timedelta(seconds=settings.retention)
-            purge = functools.partial(purger.purge, cutoff, PURGE_CHUNK, stop=stopped)
+            purge = functools.partial(purger.purge, settings.retention, PURGE_CHUNK, stop=stopped)
             try:
                 deleted = await in_thread(purge, stopped.set)
             except RelayError as exc:

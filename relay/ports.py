@@ -8,22 +8,22 @@ memory, and the contract tests hold the fakes to the real ones.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Protocol
 
 from relay.records import BacklogStats, OutboxRow, SettleBatch, Settlement
 
 
 class Store(Protocol):
-    """The outbox as the loop sees it: due rows under a lease, and their outcomes."""
+    """The outbox as the loop sees it: due rows under a lease, and their outcomes. Every time
+    is the store's own (the database's clock): the loop passes none."""
 
-    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+    def claim(self, limit: int) -> list[OutboxRow]:
         """Up to ``limit`` due rows, leased to this relay, in id order."""
 
-    def settle(self, batch: SettleBatch, now: datetime) -> None:
+    def settle(self, batch: SettleBatch) -> None:
         """Record outcomes: acked rows sent, the others as the batch says."""
 
-    def backlog(self, now: datetime) -> BacklogStats: ...
+    def backlog(self) -> BacklogStats: ...
 
 
 class Publisher(Protocol):

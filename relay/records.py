@@ -69,12 +69,14 @@ class BrokerNode:
 
 @dataclass(frozen=True, slots=True)
 class RowChange:
-    """The new state of a row that was not acked; applied only while this relay holds it."""
+    """The new state of a row that was not acked; applied only while this relay holds it.
+    ``delay``: seconds after the database's current time at which the row is due again
+    (a duration, not a time: the relay's clock decides nothing, see ``relay.db.clock``)."""
 
     id: int
     status: str
     attempts: int
-    next_attempt_at: datetime
+    delay: float
     last_error: str
 
 
@@ -131,7 +133,7 @@ class Selection:
     last_id: int | None = None
     reason: str | None = None  # a part of last_error
     exchange: str | None = None
-    created_before: datetime | None = None
+    older_than: float | None = None  # seconds since created, by the database's clock
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) not in ((), None) for name in self.__slots__)

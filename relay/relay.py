@@ -14,7 +14,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TypeVar
 
 import tenacity
@@ -50,10 +49,6 @@ async def in_thread(call: Callable[[], T], on_cancel: Callable[[], None] = lambd
         raise
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class Relay:
     def __init__(
         self,
@@ -67,7 +62,6 @@ class Relay:
         drain_timeout: float,
         stats_interval: float,
         retry: Backoff,
-        clock: Callable[[], datetime] = utcnow,
         tracing: Tracing | None = None,
     ) -> None:
         self.store = store
@@ -79,7 +73,6 @@ class Relay:
         self.drain_timeout = drain_timeout
         self.stats_interval = stats_interval
         self.retry = retry
-        self.clock = clock
         self.tracing = tracing or NoTracing()
         self._min_claim = max(1, batch_size // 4)
         # Rows claimed beyond what the window takes: one batch, never more than a window
@@ -176,7 +169,7 @@ class Relay:
                 # Consumed before the claim: a notification during it sets it again.
                 self._maybe_due = False
                 self._next_poll = time.monotonic() + self.poll_interval
-                rows = await self._db(functools.partial(self._claim, wanted))
+                rows = await self._db(functools.partial(self.store.claim, wanted))
                 self._ready += rows
                 self._answered()
                 if len(rows) < wanted:
@@ -217,9 +210,6 @@ class Relay:
         self.metrics.republished.inc(sum(1 for r in published if r.republish))
         return len(offered), published
 
-    def _claim(self, limit: int) -> list[OutboxRow]:
-        return self.store.claim(limit, self.clock())
-
     def _collect(self) -> None:
         """Hand the broker's answers to the settle task (which runs beside the claims, so
         that the two database round trips overlap instead of adding up)."""
@@ -241,14 +231,14 @@ class Relay:
         pending, self._unsettled = self._unsettled, []
         if not pending:
             return
-        batch = self.policy.batch(pending, self.clock())
+        batch = self.policy.batch(pending)
         parked = [c for c in batch.changes if c.status == PARKED]
         # Taken before the spans end: a parked row's log line names its last publish span.
         rows = {s.row.id: s.row for s in pending} if parked else {}
         traced = {c.id: self.tracing.log_fields(rows[c.id]) for c in parked}
         self.tracing.finish(pending, batch)
         try:
-            await self._db(lambda: self.store.settle(batch, self.clock()))
+            await self._db(functools.partial(self.store.settle, batch))
         except StoreError:
             self._unsettled[:0] = pending  # only when stopping past the drain deadline
             return
@@ -340,7 +330,7 @@ class Relay:
         last_error = None
         while True:
             try:
-                stats = await in_thread(functools.partial(self.store.backlog, self.clock()))
+                stats = await in_thread(self.store.backlog)
             except StoreError as exc:
                 if str(exc) != last_error:
                     log.warning("%s", exc, extra={"action": "backlog_stats_failed"})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
 
 from relay.backoff import Backoff
 from relay.records import PARKED, PENDING, Outcome, RowChange, SettleBatch, Settlement
@@ -19,23 +18,22 @@ class SettlePolicy:
         self.max_attempts = max_attempts
         self.backoff = backoff
 
-    def batch(self, settlements: Iterable[Settlement], now: datetime) -> SettleBatch:
+    def batch(self, settlements: Iterable[Settlement]) -> SettleBatch:
         sent: list[int] = []
         changes: list[RowChange] = []
         for s in settlements:
             if s.outcome is Outcome.ACKED:
                 sent.append(s.row.id)
             else:
-                changes.append(self.change(s, now))
+                changes.append(self.change(s))
         return SettleBatch(tuple(sent), tuple(changes))
 
-    def change(self, s: Settlement, now: datetime) -> RowChange:
+    def change(self, s: Settlement) -> RowChange:
         error = f"{s.outcome.value}: {s.detail}" if s.detail else s.outcome.value
         attempts = s.row.attempts
         if s.outcome is Outcome.LOST:
-            return RowChange(s.row.id, PENDING, attempts, now, error)
+            return RowChange(s.row.id, PENDING, attempts, 0.0, error)
         attempts += 1
         if s.outcome is Outcome.REJECTED or attempts >= self.max_attempts:
-            return RowChange(s.row.id, PARKED, attempts, now, error)
-        delay = timedelta(seconds=self.backoff.delay(attempts))
-        return RowChange(s.row.id, PENDING, attempts, now + delay, error)
+            return RowChange(s.row.id, PARKED, attempts, 0.0, error)
+        return RowChange(s.row.id, PENDING, attempts, self.backoff.delay(attempts), error)

@@ -10,7 +10,8 @@ in another order, so a cursor skips rows that commit late. A claim instead takes
 rows (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so concurrent relays take disjoint rows) and
 pushes their ``next_attempt_at`` one lease ahead, in one committed statement. No transaction
 stays open while the broker is asked; a relay that dies leaves rows that are due again when
-the lease runs out.
+the lease runs out. "Due" and the lease's end are the database's time (``relay.db.clock``):
+relays whose clocks disagree by more than a lease still agree on every lease.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -31,6 +32,7 @@ from relay.constants import (
     LAST_ERROR_MAX_CHARS,
     LISTEN_STOP_CHECK_S,
 )
+from relay.db.clock import database_time, seconds_since
 from relay.db.engine import create_engine, db_errors, id_in
 from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
 from relay.errors import StoreError
@@ -146,7 +148,7 @@ class ClaimStore:
         # round trips of the three a claim took (see ``_session``).
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.owner = owner
-        self.lease = timedelta(seconds=lease)
+        self.lease = lease
         self.ordered = ordered
         self._where = redact_url(url)
         # SQLite has one writer at a time and makes others wait by sleeping in growing steps;
@@ -154,10 +156,10 @@ class ClaimStore:
         sqlite = self.engine.dialect.name == "sqlite"
         self._writing: AbstractContextManager[Any] = threading.Lock() if sqlite else nullcontext()
 
-    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+    def claim(self, limit: int) -> list[OutboxRow]:
         due = (
             sa.select(outbox.c.id)
-            .where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= now)
+            .where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time())
             .order_by(outbox.c.next_attempt_at, outbox.c.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -177,7 +179,7 @@ class ClaimStore:
         stmt = (
             sa.update(outbox)
             .where(self._one_of(due))
-            .values(next_attempt_at=now + self.lease, lease_owner=self.owner)
+            .values(next_attempt_at=database_time(self.lease), lease_owner=self.owner)
             .returning(*_RAW_COLUMNS)
         )
         with self._session("claim", statements=1) as conn:
@@ -199,13 +201,13 @@ class ClaimStore:
             return outbox.c.id == sa.any_(sa.func.array(due.scalar_subquery()))
         return outbox.c.id.in_(due.scalar_subquery())
 
-    def settle(self, batch: SettleBatch, now: datetime) -> None:
+    def settle(self, batch: SettleBatch) -> None:
         if not batch:
             return
         sent = (
             sa.update(outbox)
             .where(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
-            .values(status=SENT, sent_at=now, lease_owner=None)
+            .values(status=SENT, sent_at=database_time(), lease_owner=None)
         )
         # A failure is written only while the row is still ours: if our lease ran out and
         # another relay holds it now, its outcome decides. An ack is written regardless:
@@ -220,7 +222,7 @@ class ClaimStore:
             .values(
                 status=sa.bindparam("new_status"),
                 attempts=sa.bindparam("new_attempts"),
-                next_attempt_at=sa.bindparam("new_next_attempt_at"),
+                next_attempt_at=database_time(sa.bindparam("new_delay", type_=sa.Float())),
                 last_error=sa.bindparam("new_last_error"),
                 lease_owner=None,
             )
@@ -237,7 +239,7 @@ class ClaimStore:
                             "row_id": c.id,
                             "new_status": c.status,
                             "new_attempts": c.attempts,
-                            "new_next_attempt_at": c.next_attempt_at,
+                            "new_delay": c.delay,
                             "new_last_error": c.last_error[:LAST_ERROR_MAX_CHARS],
                         }
                         for c in batch.changes
@@ -255,14 +257,13 @@ class ClaimStore:
         with db_errors(what, self._where), self._writing, engine.begin() as conn:
             yield conn
 
-    def backlog(self, now: datetime) -> BacklogStats:
-        stmt = sa.select(sa.func.count(), sa.func.min(outbox.c.next_attempt_at)).where(
-            outbox.c.status == PENDING, outbox.c.next_attempt_at <= now
-        )
+    def backlog(self) -> BacklogStats:
+        stmt = sa.select(
+            sa.func.count(), seconds_since(sa.func.min(outbox.c.next_attempt_at))
+        ).where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time())
         with db_errors("backlog", self._where), self._autocommit.connect() as conn:
-            count, oldest = conn.execute(stmt).one()
-        age = (now - oldest).total_seconds() if oldest is not None else 0.0
-        return BacklogStats(due=int(count), oldest_due_age=max(0.0, age))
+            count, age = conn.execute(stmt).one()
+        return BacklogStats(due=int(count), oldest_due_age=max(0.0, age or 0.0))
 
     @property
     def notifies(self) -> bool:

@@ -4,7 +4,9 @@ Every write here must survive a database crash once it has returned (a writer wa
 message is in the outbox; an operator was told rows were replayed), so these engines use
 plain durable sessions, unlike the relay's claims (``relay.db.claims``). Each write is short:
 replay changes only parked rows, and purge deletes sent rows in chunks of their own
-transactions, so neither holds locks that would stall the relays.
+transactions, so neither holds locks that would stall the relays. Times are the database's
+(``relay.db.clock``): a new row's are the column defaults, and ages and cut-offs are computed
+in SQL, whatever this host's clock says.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
 
 import sqlalchemy as sa
 
 from relay.constants import IDS_PER_STATEMENT, PURGE_CHUNK
+from relay.db.clock import database_time, seconds_since
 from relay.db.engine import create_engine, db_errors, id_in, transaction
 from relay.db.schema import ROW_COLUMNS, outbox
 from relay.records import (
@@ -39,8 +41,9 @@ class OutboxWriter:
         self.engine = create_engine(url)
         self._where = redact_url(url)
 
-    def enqueue(self, messages: Sequence[NewMessage], now: datetime) -> list[str]:
-        """Insert ``messages`` in one transaction; returns their message ids."""
+    def enqueue(self, messages: Sequence[NewMessage]) -> list[str]:
+        """Insert ``messages`` in one transaction; returns their message ids. Their
+        ``created_at`` and ``next_attempt_at`` are the database's (the column defaults)."""
         ids = [m.message_id or str(uuid.uuid4()) for m in messages]
         rows = [
             {
@@ -51,8 +54,6 @@ class OutboxWriter:
                 "content_type": m.content_type,
                 "headers": m.headers,
                 "ordering_key": m.ordering_key,
-                "created_at": now,
-                "next_attempt_at": now,
             }
             for m, message_id in zip(messages, ids, strict=True)
         ]
@@ -73,14 +74,15 @@ class OutboxAdmin:
         self.engine = create_engine(url)
         self._where = redact_url(url)
 
-    def status(self, now: datetime, reasons: int = 10) -> OutboxStatus:
+    def status(self, reasons: int = 10) -> OutboxStatus:
         pending = outbox.c.status == PENDING
+        now = database_time()
         due = sa.and_(pending, outbox.c.next_attempt_at <= now)
         leased = sa.and_(pending, outbox.c.lease_owner.is_not(None), outbox.c.next_attempt_at > now)
         totals = sa.select(
             *(sa.func.count().filter(outbox.c.status == s) for s in STATUSES),
             sa.func.count().filter(due),
-            sa.func.min(outbox.c.next_attempt_at).filter(due),
+            seconds_since(sa.func.min(outbox.c.next_attempt_at).filter(due)),
             sa.func.count().filter(leased),
         )
         by_reason = (
@@ -91,18 +93,17 @@ class OutboxAdmin:
             .limit(reasons)
         )
         with db_errors("status", self._where), self.engine.connect() as conn:
-            *counts, due_rows, oldest, leased_rows = conn.execute(totals).one()
+            *counts, due_rows, age, leased_rows = conn.execute(totals).one()
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
-        age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
         return OutboxStatus(
             dict(zip(STATUSES, map(int, counts), strict=True)),
             int(due_rows),
-            age,
+            max(0.0, age or 0.0),
             int(leased_rows),
             parked,
         )
 
-    def replay(self, selection: Selection, now: datetime, dry_run: bool) -> list[OutboxRow]:
+    def replay(self, selection: Selection, dry_run: bool) -> list[OutboxRow]:
         """Move the selected parked rows back to pending, due now, with their attempts reset;
         returns them (as they were) in id order. With ``dry_run``, changes nothing."""
         where = [outbox.c.status == PARKED]
@@ -116,14 +117,14 @@ class OutboxAdmin:
             where.append(outbox.c.last_error.contains(selection.reason, autoescape=True))
         if selection.exchange is not None:
             where.append(outbox.c.exchange == selection.exchange)
-        if selection.created_before is not None:
-            where.append(outbox.c.created_at < selection.created_before)
+        if selection.older_than is not None:
+            where.append(outbox.c.created_at < database_time(-selection.older_than))
         chosen = sa.select(*ROW_COLUMNS).where(*where).order_by(outbox.c.id)
         replay = (
             sa.update(outbox)
             .where(outbox.c.status == PARKED)
             .where(id_in(outbox.c.id, self.engine.dialect))
-            .values(status=PENDING, attempts=0, next_attempt_at=now, lease_owner=None)
+            .values(status=PENDING, attempts=0, next_attempt_at=database_time(), lease_owner=None)
         )
         with transaction(self.engine, "replay", self._where) as conn:
             rows = [OutboxRow(**r._mapping) for r in conn.execute(chosen)]
@@ -133,12 +134,13 @@ class OutboxAdmin:
 
     def purge(
         self,
-        sent_before: datetime,
+        older_than: float,
         chunk: int = PURGE_CHUNK,
         progress: Callable[[int], None] | None = None,
         stop: threading.Event | None = None,
     ) -> int:
-        """Delete rows sent before ``sent_before``, ``chunk`` rows per transaction, walking
+        """Delete rows sent more than ``older_than`` seconds ago (by the database's clock),
+        ``chunk`` rows per transaction, walking
         the primary key so that every chunk is as cheap as the first; returns the rows
         deleted. ``progress`` is told the total after each full chunk; a set ``stop`` ends
         the purge after the chunk under way (the relay's shutdown waits for one at most)."""
@@ -147,7 +149,7 @@ class OutboxAdmin:
             .where(
                 outbox.c.id > sa.bindparam("after"),
                 outbox.c.status == SENT,
-                outbox.c.sent_at < sent_before,
+                outbox.c.sent_at < database_time(-older_than),
             )
             .order_by(outbox.c.id)
             .limit(chunk)

@@ -20,7 +20,6 @@ already are skipped. Two ways in:
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import MERGE_WORK_MEM
+from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
 from relay.db.schema import outbox
 from relay.errors import StoreError
@@ -132,9 +132,11 @@ class OutboxSink:
         return _insert_ignoring_duplicates(conn, incoming, keep_order=True)
 
     def create_stage(self) -> str:
-        """A new, empty staging table (unlogged on PostgreSQL: a crashed write is re-run)."""
-        name = f"{STAGE_PREFIX}{int(time.time())}_{uuid.uuid4().hex[:12]}"
-        with transaction(self.engine, f"creating staging table {name}", self._where) as conn:
+        """A new, empty staging table (unlogged on PostgreSQL: a crashed write is re-run),
+        named with the database's time: ``drop_abandoned_stages`` judges its age by the same
+        clock, whichever hosts the driver and the purge run on."""
+        with transaction(self.engine, "creating a staging table", self._where) as conn:
+            name = f"{STAGE_PREFIX}{int(epoch_seconds(conn))}_{uuid.uuid4().hex[:12]}"
             _staging_table(name, unlogged=self._postgresql).create(conn)
         return name
 
@@ -179,8 +181,8 @@ class OutboxSink:
     def drop_abandoned_stages(self, older_than_s: float) -> list[str]:
         """Drop the staging tables created more than ``older_than_s`` seconds ago (the
         leftovers of writes whose driver was killed); returns their names."""
-        cutoff = time.time() - older_than_s
         with db_errors("listing staging tables", self._where), self.engine.connect() as conn:
+            cutoff = epoch_seconds(conn) - older_than_s
             names = sa.inspect(conn).get_table_names()
         abandoned = [
             n for n in names if (m := _STAGE_NAME.match(n)) is not None and int(m[1]) <= cutoff

@@ -1,13 +1,13 @@
 """One contract, three stores: the in-memory fake, SQLite and PostgreSQL behave alike.
 
 If the fake drifts from the real stores, these tests fail for the fake, so the loop tests
-that use it keep telling the truth."""
+that use it keep telling the truth. Every time is the store's own (the database's clock): the
+tests move it with ``advance``, which the real stores play by moving every stored time back."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -16,7 +16,9 @@ from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox
 from relay.records import PARKED, PENDING, SENT, NewMessage, RowChange, SettleBatch
-from tests.support.fakes import InMemoryStore
+from tests.support.fakes import DatabaseClock, InMemoryStore
+
+_TIMES = (outbox.c.created_at, outbox.c.next_attempt_at, outbox.c.sent_at)
 
 
 class SqlStore(ClaimStore):
@@ -27,16 +29,27 @@ class SqlStore(ClaimStore):
         super().__init__(url, owner, lease, ordered=ordered)
         self.writer = OutboxWriter(url)
 
-    def enqueue(self, messages: list[NewMessage], now: datetime) -> list[str]:
-        return self.writer.enqueue(messages, now)
+    def enqueue(self, messages: list[NewMessage]) -> list[str]:
+        return self.writer.enqueue(messages)
+
+    def advance(self, seconds: float) -> None:
+        """As if the database's clock moved ``seconds`` on: every stored time moves back."""
+        if self.engine.dialect.name == "postgresql":
+            back = {c.name: c - sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds) for c in _TIMES}
+        else:
+            fmt, by = "%Y-%m-%d %H:%M:%f000", f"{-seconds:.6f} seconds"
+            back = {c.name: sa.func.strftime(fmt, c, by) for c in _TIMES}
+        with self.writer.engine.begin() as conn:
+            conn.execute(sa.update(outbox).values(back))
 
     def close(self) -> None:
         super().close()
         self.writer.close()
 
 
-T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 LEASE = 60.0
+# Real databases' clocks run on while a test runs: a margin for the time its statements take.
+SLACK = 5.0
 StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=False)
 
 
@@ -45,10 +58,10 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     """Returns a factory: owner -> a store on the same outbox."""
     made: list[SqlStore] = []
     if request.param == "memory":
-        shared = InMemoryStore()
+        shared, clock = InMemoryStore(), DatabaseClock()
 
         def memory(owner: str, ordered: bool = False) -> InMemoryStore:
-            store = InMemoryStore(owner, LEASE, ordered)
+            store = InMemoryStore(owner, LEASE, ordered, clock)
             store.rows = shared.rows
             return store
 
@@ -85,84 +98,100 @@ def msgs(n: int) -> list[NewMessage]:
     ]
 
 
+def advance(store: InMemoryStore | SqlStore, seconds: float) -> None:
+    if isinstance(store, InMemoryStore):
+        store.clock.advance(seconds)
+    else:
+        store.advance(seconds)
+
+
 def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreFactory) -> None:
     store = make_store("a")
-    ids = store.enqueue(msgs(3), T0)
-    rows = store.claim(10, T0)
+    ids = store.enqueue(msgs(3))
+    rows = store.claim(10)
     assert [r.message_id for r in rows] == ids
     assert [r.id for r in rows] == sorted(r.id for r in rows)
     first = rows[0]
     assert (first.exchange, first.routing_key, first.payload) == ("ex", "rk.0", b"body 0")
     assert (first.content_type, first.headers, first.attempts) == ("text/plain", '{"n": 0}', 0)
-    assert first.created_at == T0
+    assert first.created_at.tzinfo is not None
 
 
 def test_claim_takes_at_most_limit_and_only_due_rows(make_store: StoreFactory) -> None:
     store = make_store("a")
-    store.enqueue(msgs(5), T0)
-    assert len(store.claim(2, T0)) == 2
-    assert len(store.claim(10, T0 - timedelta(seconds=1))) == 0, "rows not yet due"
-    assert len(store.claim(10, T0)) == 3
+    store.enqueue(msgs(5))
+    first, _ = store.claim(2)
+    store.settle(SettleBatch(changes=(RowChange(first.id, PENDING, 1, LEASE, "nacked: x"),)))
+    assert len(store.claim(10)) == 3, "the retried row came due early"
+    assert store.claim(10) == []
 
 
 def test_claimed_rows_are_leased_until_the_lease_ends(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
-    a.enqueue(msgs(2), T0)
-    assert len(a.claim(10, T0)) == 2
-    assert b.claim(10, T0 + timedelta(seconds=LEASE - 1)) == []
-    assert len(b.claim(10, T0 + timedelta(seconds=LEASE))) == 2, "a dead relay's rows return"
+    a.enqueue(msgs(2))
+    assert len(a.claim(10)) == 2
+    advance(a, LEASE - SLACK)
+    assert b.claim(10) == []
+    advance(a, SLACK)
+    assert len(b.claim(10)) == 2, "a dead relay's rows return"
 
 
 def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFactory) -> None:
     store = make_store("a")
-    store.enqueue(msgs(2), T0)
-    rows = store.claim(10, T0)
-    store.settle(SettleBatch(sent=(rows[0].id,)), T0)
+    store.enqueue(msgs(2))
+    rows = store.claim(10)
+    store.settle(SettleBatch(sent=(rows[0].id,)))
     assert state(store, rows[0].id)[0] == SENT
-    assert [r.id for r in store.claim(10, T0 + timedelta(hours=1))] == [rows[1].id]
+    advance(store, 3600)
+    assert [r.id for r in store.claim(10)] == [rows[1].id]
 
 
 def test_changes_apply_only_while_the_lease_is_ours(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
-    a.enqueue(msgs(1), T0)
-    (row,) = a.claim(10, T0)
-    later = T0 + timedelta(seconds=LEASE)
-    assert [r.id for r in b.claim(10, later)] == [row.id]
-    a.settle(SettleBatch(changes=(RowChange(row.id, PARKED, 1, later, "nacked: x"),)), later)
+    a.enqueue(msgs(1))
+    (row,) = a.claim(10)
+    advance(a, LEASE)
+    assert [r.id for r in b.claim(10)] == [row.id]
+    a.settle(SettleBatch(changes=(RowChange(row.id, PARKED, 1, 0.0, "nacked: x"),)))
     assert state(a, row.id) == (PENDING, 0, None), "a stale failure overwrote b's lease"
-    a.settle(SettleBatch(sent=(row.id,)), later)
+    a.settle(SettleBatch(sent=(row.id,)))
     assert state(a, row.id)[0] == SENT, "an ack proves delivery whoever holds the row"
 
 
 def test_retry_and_park(make_store: StoreFactory) -> None:
     store = make_store("a")
-    store.enqueue(msgs(2), T0)
-    r1, r2 = store.claim(10, T0)
-    retry_at = T0 + timedelta(seconds=30)
+    store.enqueue(msgs(2))
+    r1, r2 = store.claim(10)
+    delay = 30.0
     store.settle(
         SettleBatch(
             changes=(
-                RowChange(r1.id, PENDING, 1, retry_at, "nacked: x"),
-                RowChange(r2.id, PARKED, 3, T0, "returned: 312 NO_ROUTE"),
+                RowChange(r1.id, PENDING, 1, delay, "nacked: x"),
+                RowChange(r2.id, PARKED, 3, 0.0, "returned: 312 NO_ROUTE"),
             )
-        ),
-        T0,
+        )
     )
     assert state(store, r1.id) == (PENDING, 1, "nacked: x")
     assert state(store, r2.id) == (PARKED, 3, "returned: 312 NO_ROUTE")
-    assert store.claim(10, retry_at - timedelta(seconds=1)) == []
-    (again,) = store.claim(10, retry_at)
+    advance(store, delay - SLACK)
+    assert store.claim(10) == [], "retried before its back-off"
+    advance(store, SLACK)
+    (again,) = store.claim(10)
     assert (again.id, again.attempts, again.republish) == (r1.id, 1, True)
 
 
 def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -> None:
     store = make_store("a")
-    store.enqueue(msgs(3), T0)
-    stats = store.backlog(T0 + timedelta(seconds=10))
-    assert (stats.due, stats.oldest_due_age) == (3, 10.0)
-    store.claim(1, T0)
-    assert store.backlog(T0 + timedelta(seconds=10)).due == 2
-    assert store.backlog(T0 - timedelta(seconds=1)).due == 0
+    store.enqueue(msgs(3))
+    advance(store, 10)
+    stats = store.backlog()
+    assert stats.due == 3
+    # SQLite's column default has whole seconds: a row may look up to 1 s older.
+    assert 10.0 <= stats.oldest_due_age < 10.0 + SLACK
+    store.claim(1)
+    assert store.backlog().due == 2
+    store.claim(10)
+    assert (store.backlog().due, store.backlog().oldest_due_age) == (0, 0.0)
 
 
 def keyed(*keys: str | None) -> list[NewMessage]:
@@ -173,29 +202,30 @@ def test_ordered_claims_take_each_keys_earliest_pending_row_only(
     make_store: StoreFactory,
 ) -> None:
     a, b = make_store("a", ordered=True), make_store("b", ordered=True)
-    a.enqueue(keyed("k1", "k2", "k1", None, "k2", None, "k1"), T0)
-    first = a.claim(10, T0)
+    a.enqueue(keyed("k1", "k2", "k1", None, "k2", None, "k1"))
+    first = a.claim(10)
     assert [r.payload for r in first] == [b"k1-0", b"k2-1", b"None-3", b"None-5"]
     # Another relay sees the later rows of k1 and k2 blocked by the claimed (pending) ones.
-    assert b.claim(10, T0) == []
+    assert b.claim(10) == []
     k1, k2 = first[0], first[1]
-    retry_at = T0 + timedelta(seconds=5)
-    retried = RowChange(k2.id, PENDING, 1, retry_at, "nacked")
-    a.settle(SettleBatch(sent=(k1.id,), changes=(retried,)), T0)
+    delay = 30.0
+    retried = RowChange(k2.id, PENDING, 1, delay, "nacked")
+    a.settle(SettleBatch(sent=(k1.id,), changes=(retried,)))
     # k1's next row is free; k2's waits behind its retried row, even after that row's due.
-    assert [r.payload for r in b.claim(10, T0)] == [b"k1-2"]
-    assert [r.payload for r in b.claim(10, retry_at)] == [b"k2-1"]
+    assert [r.payload for r in b.claim(10)] == [b"k1-2"]
+    advance(a, delay)
+    assert [r.payload for r in b.claim(10)] == [b"k2-1"]
 
 
 def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(
     make_store: StoreFactory,
 ) -> None:
     a = make_store("a", ordered=True)
-    a.enqueue(keyed("k", "k", "k"), T0)
-    (head,) = a.claim(10, T0)
-    a.settle(SettleBatch(changes=(RowChange(head.id, PARKED, 1, T0, "rejected: x"),)), T0)
-    assert [r.payload for r in a.claim(10, T0)] == [b"k-1"]
+    a.enqueue(keyed("k", "k", "k"))
+    (head,) = a.claim(10)
+    a.settle(SettleBatch(changes=(RowChange(head.id, PARKED, 1, 0.0, "rejected: x"),)))
+    assert [r.payload for r in a.claim(10)] == [b"k-1"]
     unordered = make_store("u")
-    unordered.enqueue(keyed("j", "j"), T0)
+    unordered.enqueue(keyed("j", "j"))
     # k-2 waits behind k-1 for an ordered relay, not for this one.
-    assert [r.payload for r in unordered.claim(10, T0)] == [b"k-2", b"j-0", b"j-1"]
+    assert [r.payload for r in unordered.claim(10)] == [b"k-2", b"j-0", b"j-1"]

@@ -18,7 +18,6 @@ from relay.db.engine import migrate
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox
 from relay.records import NewMessage
-from relay.relay import utcnow
 from relay.topology import Exchange, Topology
 from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
 from tests.support.metrics import sample_value
@@ -201,12 +200,12 @@ def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
 def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> None:
     stores = [ClaimStore(postgresql_url, f"relay-{i}", 60) for i in range(3)]
     writer = OutboxWriter(postgresql_url)
-    writer.enqueue([NewMessage(b"x") for _ in range(3000)], utcnow())
+    writer.enqueue([NewMessage(b"x") for _ in range(3000)])
     writer.close()
     claimed: list[list[int]] = [[] for _ in stores]
 
     def worker(i: int) -> None:
-        while rows := stores[i].claim(50, utcnow()):
+        while rows := stores[i].claim(50):
             claimed[i].extend(r.id for r in rows)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
@@ -234,7 +233,7 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
     url = database.url("outbox")
     migrate(url)
     writer = OutboxWriter(url)
-    writer.enqueue([NewMessage(f"{i}".encode(), exchange, "k") for i in range(50)], utcnow())
+    writer.enqueue([NewMessage(f"{i}".encode(), exchange, "k") for i in range(50)])
     writer.close()
     database.stop()
     rabbit.stop()

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from relay.confirms import ConfirmWindow
 from relay.errors import StoreError
@@ -34,18 +34,38 @@ class _Stored:
     ordering_key: str | None = None
 
 
-class InMemoryStore:
-    """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage)."""
+class DatabaseClock:
+    """The fake database's clock: it stands still until a test moves it (``advance``)."""
 
-    def __init__(self, owner: str = "relay-a", lease: float = 60.0, ordered: bool = False):
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 22, tzinfo=UTC)
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class InMemoryStore:
+    """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage).
+    Every time is its ``clock``'s, as every time of the real stores is the database's;
+    stores that share ``rows`` share the clock too."""
+
+    def __init__(
+        self,
+        owner: str = "relay-a",
+        lease: float = 60.0,
+        ordered: bool = False,
+        clock: DatabaseClock | None = None,
+    ):
         self.owner = owner
         self.lease = timedelta(seconds=lease)
         self.ordered = ordered
+        self.clock = clock or DatabaseClock()
         self.rows: dict[int, _Stored] = {}
         self.failing = False
 
-    def claim(self, limit: int, now: datetime) -> list[OutboxRow]:
+    def claim(self, limit: int) -> list[OutboxRow]:
         self._check()
+        now = self.clock.now
         first_pending: dict[str, int] = {}
         for s in sorted(self.rows.values(), key=lambda s: s.row.id):
             if s.status == PENDING and s.ordering_key is not None:
@@ -69,8 +89,9 @@ class InMemoryStore:
             s.lease_owner = self.owner
         return sorted((s.row for s in due), key=lambda r: r.id)
 
-    def settle(self, batch: SettleBatch, now: datetime) -> None:
+    def settle(self, batch: SettleBatch) -> None:
         self._check()
+        now = self.clock.now
         for id in batch.sent:
             s = self.rows[id]
             if s.status == PENDING:
@@ -78,17 +99,20 @@ class InMemoryStore:
         for c in batch.changes:
             s = self.rows[c.id]
             if s.status == PENDING and s.lease_owner == self.owner:
-                s.status, s.next_attempt_at, s.lease_owner = c.status, c.next_attempt_at, None
+                s.status, s.lease_owner = c.status, None
+                s.next_attempt_at = now + timedelta(seconds=c.delay)
                 s.row = replace(s.row, attempts=c.attempts, last_error=c.last_error)
 
-    def backlog(self, now: datetime) -> BacklogStats:
+    def backlog(self) -> BacklogStats:
         self._check()
+        now = self.clock.now
         due = [s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now]
         oldest = min((s.next_attempt_at for s in due), default=now)
         return BacklogStats(len(due), (now - oldest).total_seconds())
 
-    def enqueue(self, messages: Sequence[NewMessage], now: datetime) -> list[str]:
+    def enqueue(self, messages: Sequence[NewMessage]) -> list[str]:
         self._check()
+        now = self.clock.now
         ids = []
         for m in messages:
             message_id = m.message_id or str(uuid.uuid4())

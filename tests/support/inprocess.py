@@ -14,7 +14,7 @@ from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxWriter
 from relay.metrics import Metrics
 from relay.records import NewMessage
-from relay.relay import Relay, utcnow
+from relay.relay import Relay
 from relay.settings import Settings
 from relay.topology import Topology
 from relay.tracing import NoTracing
@@ -54,7 +54,7 @@ def table(parts: Parts) -> list[Any]:
 
 
 def enqueue(parts: Parts, messages: Sequence[NewMessage]) -> list[str]:
-    return parts.writer.enqueue(messages, utcnow())
+    return parts.writer.enqueue(messages)
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 
 from relay.backoff import Backoff
 from relay.confirms import RELEASED
@@ -16,18 +15,9 @@ from tests.support.fakes import InMemoryStore, ScriptedPublisher
 from tests.support.metrics import sample_value
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 11, 22, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 def make(
     store: InMemoryStore,
     publisher: ScriptedPublisher,
-    clock: Callable[[], datetime],
     max_attempts: int = 3,
     batch_size: int = 50,
 ) -> Relay:
@@ -41,7 +31,6 @@ def make(
         drain_timeout=1.0,
         stats_interval=0.05,
         retry=Backoff(0.01, 0.05),
-        clock=clock,
     )
 
 
@@ -63,15 +52,15 @@ def statuses(store: InMemoryStore) -> dict[int, str]:
     return {id: s.status for id, s in store.rows.items()}
 
 
-def fill(store: InMemoryStore, clock: Clock, n: int) -> None:
-    store.enqueue([NewMessage(b"x", "ex", "rk") for _ in range(n)], clock.now)
+def fill(store: InMemoryStore, n: int) -> None:
+    store.enqueue([NewMessage(b"x", "ex", "rk") for _ in range(n)])
 
 
 def test_every_acked_row_is_sent_and_the_window_is_never_exceeded() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 1000)
+    store = InMemoryStore()
+    fill(store, 1000)
     publisher = ScriptedPublisher(lambda row: "ack", window=64)
-    relay = make(store, publisher, clock)
+    relay = make(store, publisher)
     ok = asyncio.run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
     assert ok
     assert len(publisher.published) == 1000
@@ -80,10 +69,10 @@ def test_every_acked_row_is_sent_and_the_window_is_never_exceeded() -> None:
 
 
 def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 2)
+    store = InMemoryStore()
+    fill(store, 2)
     publisher = ScriptedPublisher(lambda row: "nack" if row.id == 1 else "ack")
-    relay = make(store, publisher, clock, max_attempts=3)
+    relay = make(store, publisher, max_attempts=3)
 
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
@@ -91,8 +80,8 @@ def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
             while store.rows[1].row.attempts < attempts:
                 await asyncio.sleep(0.005)
             assert store.rows[1].status == PENDING
-            assert store.rows[1].next_attempt_at > clock.now, "retried without back-off"
-            clock.now += timedelta(seconds=30)
+            assert store.rows[1].next_attempt_at > store.clock.now, "retried without back-off"
+            store.clock.advance(30)
         while store.rows[1].status != PARKED:
             await asyncio.sleep(0.005)
         relay.stop()
@@ -107,18 +96,18 @@ def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
 
 
 def test_returned_row_is_never_marked_sent() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 1)
+    store = InMemoryStore()
+    fill(store, 1)
     publisher = ScriptedPublisher(lambda row: "return")
-    relay = make(store, publisher, clock)
+    relay = make(store, publisher)
     asyncio.run(run_until(relay, lambda: store.rows[1].row.attempts == 1))
     assert store.rows[1].status == PENDING
     assert store.rows[1].row.last_error == "returned: 312 NO_ROUTE"
 
 
 def test_unconfirmed_row_times_out_and_is_republished() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 1)
+    store = InMemoryStore()
+    fill(store, 1)
     seen: list[int] = []
 
     def first_silent(row: OutboxRow) -> str | None:
@@ -126,13 +115,13 @@ def test_unconfirmed_row_times_out_and_is_republished() -> None:
         return None if len(seen) == 1 else "ack"
 
     publisher = ScriptedPublisher(first_silent, confirm_timeout=0.05)
-    relay = make(store, publisher, clock)
+    relay = make(store, publisher)
 
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
         while store.rows[1].row.attempts < 1:
             await asyncio.sleep(0.005)
-        clock.now += timedelta(seconds=30)
+        store.clock.advance(30)
         while store.rows[1].status != SENT:
             await asyncio.sleep(0.005)
         relay.stop()
@@ -144,10 +133,10 @@ def test_unconfirmed_row_times_out_and_is_republished() -> None:
 
 
 def test_outcomes_survive_a_database_outage_and_are_recorded_after_it() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 10)
+    store = InMemoryStore()
+    fill(store, 10)
     publisher = ScriptedPublisher(lambda row: "ack")
-    relay = make(store, publisher, clock, batch_size=10)
+    relay = make(store, publisher, batch_size=10)
 
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
@@ -169,16 +158,18 @@ def test_outcomes_survive_a_database_outage_and_are_recorded_after_it() -> None:
 
 
 def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 4)
+    store = InMemoryStore()
+    fill(store, 4)
     publisher = ScriptedPublisher(lambda row: "ack" if row.id % 2 else None, confirm_timeout=60)
-    relay = make(store, publisher, clock)
+    relay = make(store, publisher)
     ok = asyncio.run(run_until(relay, lambda: len(publisher.published) == 4))
     assert ok
     assert statuses(store) == {1: SENT, 2: PENDING, 3: SENT, 4: PENDING}
     for id in (2, 4):
         s = store.rows[id]
-        assert s.lease_owner is None and s.next_attempt_at == clock.now, "not due again at once"
+        assert s.lease_owner is None and s.next_attempt_at == store.clock.now, (
+            "not due again at once"
+        )
         assert s.row.attempts == 0 and s.row.last_error == "lost: publisher closed"
 
 
@@ -187,10 +178,10 @@ def leased(store: InMemoryStore) -> set[int]:
 
 
 def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_stops() -> None:
-    store, clock = InMemoryStore(), Clock()
-    fill(store, clock, 30)
+    store = InMemoryStore()
+    fill(store, 30)
     publisher = ScriptedPublisher(lambda row: None, window=10, confirm_timeout=60)  # silent
-    relay = make(store, publisher, clock, batch_size=5)
+    relay = make(store, publisher, batch_size=5)
 
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
@@ -201,7 +192,7 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
         await wait(lambda: leased(store) == set(range(1, 11)))
         for id in range(11, 16):
             s = store.rows[id]
-            assert s.next_attempt_at == clock.now and s.row.attempts == 0, "not due at once"
+            assert s.next_attempt_at == store.clock.now and s.row.attempts == 0, "not due at once"
             assert s.row.last_error == f"lost: {RELEASED}"
         publisher.connected = True
         await wait(lambda: len(leased(store)) == 15)  # a batch ahead again
@@ -215,9 +206,9 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
 def acked_order(ordered: bool) -> dict[str, list[int]]:
     """Rows of three keys, interleaved; the first attempt of each key's first row is nacked.
     Returns, per key, the ids in the order the broker acked them."""
-    store, clock = InMemoryStore(ordered=ordered), Clock()
+    store = InMemoryStore(ordered=ordered)
     keys = ["a", "b", "c"] * 10
-    store.enqueue([NewMessage(k.encode(), "ex", ordering_key=k) for k in keys], clock.now)
+    store.enqueue([NewMessage(k.encode(), "ex", ordering_key=k) for k in keys])
     first_rows = {1, 2, 3}
     acked: dict[str, list[int]] = {}
 
@@ -227,10 +218,10 @@ def acked_order(ordered: bool) -> dict[str, list[int]]:
         acked.setdefault(row.payload.decode(), []).append(row.id)
         return "ack"
 
-    relay = make(store, ScriptedPublisher(respond, window=8), clock, max_attempts=5)
+    relay = make(store, ScriptedPublisher(respond, window=8), max_attempts=5)
 
     def all_sent() -> bool:
-        clock.now += timedelta(seconds=1)  # let retries come due
+        store.clock.advance(1)  # let retries come due
         return set(statuses(store).values()) == {SENT}
 
     assert asyncio.run(run_until(relay, all_sent))

@@ -53,7 +53,7 @@ class Traced:
         headers = self.tracing.start(r, NODE)
         assert headers is not None
         settlements = [Settlement(r, outcome, detail)]
-        self.tracing.finish(settlements, POLICY.batch(settlements, r.created_at))
+        self.tracing.finish(settlements, POLICY.batch(settlements))
         return dict(headers)
 
     def spans(self) -> list[ReadableSpan]:
@@ -171,7 +171,7 @@ def test_a_row_released_before_its_publish_has_no_span() -> None:
     traced = Traced()
     r = written(1)
     settlements = [Settlement(r, Outcome.LOST, "released")]
-    traced.tracing.finish(settlements, POLICY.batch(settlements, r.created_at))
+    traced.tracing.finish(settlements, POLICY.batch(settlements))
     assert traced.spans() == []
 
 
@@ -239,7 +239,7 @@ def test_a_row_its_writer_did_not_sample_gets_the_context_the_sdk_would_give_it(
     assert got is not None
     # Without a span of its own, the row's log lines carry the writer's ids.
     assert traced.tracing.log_fields(r) == {"trace_id": TRACE, "span_id": WRITER_SPAN}
-    traced.tracing.finish([Settlement(r, Outcome.NACKED)], POLICY.batch([], r.created_at))
+    traced.tracing.finish([Settlement(r, Outcome.NACKED)], POLICY.batch([]))
     assert traced.spans() == []
 
     sdk_span = (
@@ -273,7 +273,7 @@ def test_log_lines_carry_the_publish_spans_ids_while_it_runs_else_the_writers() 
     assert traced.tracing.log_fields(r) == dict(
         zip(("trace_id", "span_id"), trace_ids(headers["traceparent"]) or (), strict=True)
     )
-    traced.tracing.finish([Settlement(r, Outcome.ACKED)], POLICY.batch([], r.created_at))
+    traced.tracing.finish([Settlement(r, Outcome.ACKED)], POLICY.batch([]))
     assert traced.tracing.log_fields(r) == {"trace_id": TRACE, "span_id": WRITER_SPAN}
     assert traced.tracing.log_fields(row(2)) == {}
 

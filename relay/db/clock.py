@@ -1,0 +1,92 @@
+"""The database's clock, as SQL: every time that decides anything is the database's.
+
+Relays run on several hosts whose clocks drift from each other and from the database (by
+seconds, by minutes after a bad NTP day). A lease ended by one relay's clock and judged by
+another's is taken over while its holder still works on it (a relay 10 minutes ahead
+published 2,994 of 6,000 rows twice), and a due test by a late clock holds new rows back
+(10 minutes behind: nothing published for 10 minutes). So the claim's due test, the lease's
+end, a retry's next attempt, ``sent_at``, ages and cut-offs are computed by the database in
+the statement that uses them, from one clock; the relay sends only durations. Its own clock
+is for local timers (monotonic) and log lines.
+
+PostgreSQL: ``statement_timestamp()``, the start of the current statement (``now()`` would
+be the transaction's start, which a settle's several statements share; the difference is
+milliseconds, but statement time is what the statement saw). SQLite: its ``'now'``, which
+is this host's clock: an embedded database has one host and so one clock. SQLite stores the
+times as text, in the format SQLAlchemy writes (``YYYY-MM-DD HH:MM:SS.ffffff``), so that
+they compare with the values already stored by text order; its clock has milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+from relay.db.schema import UTCDateTime
+
+# SQLite's strftime has milliseconds (%f is SS.SSS); three zeros make SQLAlchemy's 6 digits.
+_SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
+
+
+def _seconds(value: float | sa.ColumnElement[float]) -> sa.ColumnElement[float]:
+    if isinstance(value, sa.ColumnElement):
+        return value
+    return sa.literal(float(value), sa.Float())
+
+
+class database_time(FunctionElement[Any]):
+    """The database's current time plus ``seconds`` (a number or a bound parameter; negative
+    for the past)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+    def __init__(self, seconds: float | sa.ColumnElement[float] = 0.0) -> None:
+        super().__init__(_seconds(seconds))
+
+
+class seconds_since(FunctionElement[float]):
+    """Seconds from the time ``moment`` (a column or an aggregate of one) to the database's
+    current time; NULL when ``moment`` is NULL."""
+
+    type = sa.Float()
+    inherit_cache = True
+
+    def __init__(self, moment: sa.ColumnElement[Any]) -> None:
+        super().__init__(moment)
+
+
+def _argument(element: FunctionElement[Any], compiler: Any, **kw: Any) -> str:
+    (argument,) = element.clauses
+    return str(compiler.process(argument, **kw))
+
+
+@compiles(database_time, "postgresql")
+def _database_time_pg(element: database_time, compiler: Any, **kw: Any) -> str:
+    return f"(statement_timestamp() + make_interval(secs => {_argument(element, compiler, **kw)}))"
+
+
+@compiles(database_time, "sqlite")
+def _database_time_sqlite(element: database_time, compiler: Any, **kw: Any) -> str:
+    seconds = _argument(element, compiler, **kw)
+    return f"strftime({_SQLITE_FORMAT}, 'now', printf('%.6f seconds', {seconds}))"
+
+
+@compiles(seconds_since, "postgresql")
+def _seconds_since_pg(element: seconds_since, compiler: Any, **kw: Any) -> str:
+    moment = _argument(element, compiler, **kw)
+    return f"extract(epoch FROM statement_timestamp() - {moment})::float8"
+
+
+@compiles(seconds_since, "sqlite")
+def _seconds_since_sqlite(element: seconds_since, compiler: Any, **kw: Any) -> str:
+    return f"((julianday('now') - julianday({_argument(element, compiler, **kw)})) * 86400.0)"
+
+
+def epoch_seconds(conn: sa.Connection) -> float:
+    """The database's current time in Unix seconds."""
+    epoch = "'epoch'::timestamptz" if conn.dialect.name == "postgresql" else "'1970-01-01'"
+    return float(conn.execute(sa.select(seconds_since(sa.literal_column(epoch)))).scalar_one())

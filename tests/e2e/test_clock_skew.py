@@ -1,0 +1,231 @@
+"""Relays whose host clocks are wrong (libfaketime on the relay process only, the monotonic
+clock untouched, as a drifted NTP leaves it): leases, due times and back-off are the
+database's, so a skewed relay neither steals leases, nor holds rows back, nor retries early.
+
+Rows are written with plain SQL and the column defaults, as any writer does; a consumer
+counts what reached the queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from devtools.broker import drain, names, simple_topology, write_topology
+from devtools.outbox import insert, statuses
+from devtools.relayproc import RelayProcess, relay_env, skew_unavailable, skewed
+from devtools.scrape import http_get, metric
+from devtools.servers import RabbitNode, free_port, wait_until
+
+TEN_MINUTES_AHEAD, TEN_MINUTES_BEHIND = "+10m", "-10m"
+ROWS_PER_WRITER = 3000
+
+
+@pytest.fixture(scope="module")
+def faketime() -> None:
+    reason = skew_unavailable()
+    if reason is not None:
+        pytest.skip(f"cannot skew a relay's clock here: {reason}")
+
+
+@dataclass(frozen=True)
+class Setup:
+    exchange: str  # a topic exchange bound to ``queue`` for every routing key
+    queue: str
+    env: dict[str, str]  # a relay's, on that topology and a PostgreSQL outbox
+
+
+@pytest.fixture
+def setup(tmp_path: Path, rabbit: RabbitNode, postgresql_url: str) -> Setup:
+    exchange, queue = names("skew")
+    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
+    env = relay_env(
+        RELAY_DATABASE_URL=postgresql_url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_TOPOLOGY_FILE=str(topology),
+        RELAY_METRICS_HOST="127.0.0.1",
+        RELAY_LOG_FORMAT="json",
+    )
+    return Setup(exchange, queue, env)
+
+
+def write(url: str, first: int, count: int, exchange: str, routing_key: str = "k") -> None:
+    """``count`` rows in statements of 100, as an application writes them (column defaults)."""
+    for start in range(first, first + count, 100):
+        insert(
+            url,
+            [
+                {
+                    "message_id": f"m-{i}",
+                    "exchange": exchange,
+                    "routing_key": routing_key,
+                    "payload": b"p%d" % i,
+                }
+                for i in range(start, min(start + 100, first + count))
+            ],
+        )
+        time.sleep(0.01)
+
+
+def test_two_relays_ten_minutes_apart_publish_every_row_once(
+    faketime: None,
+    tmp_path: Path,
+    rabbit: RabbitNode,
+    postgresql_url: str,
+    setup: Setup,
+) -> None:
+    """The relay ahead judges every lease by the database's clock, not its own: before,
+    it took each of the other relay's leases for expired and published those rows again
+    (2,994 duplicates of 6,000 rows)."""
+    env = setup.env
+    ports = [free_port(), free_port()]
+    relays = [
+        RelayProcess(
+            {**env, "RELAY_METRICS_PORT": str(ports[0]), "RELAY_NAME": "on-time"},
+            tmp_path / "on-time.log",
+        ),
+        RelayProcess(
+            skewed(
+                {**env, "RELAY_METRICS_PORT": str(ports[1]), "RELAY_NAME": "ahead"},
+                TEN_MINUTES_AHEAD,
+            ),
+            tmp_path / "ahead.log",
+        ),
+    ]
+    total = 2 * ROWS_PER_WRITER
+    try:
+        for proc in relays:
+            proc.start()
+        writers = [
+            threading.Thread(
+                target=write,
+                args=(postgresql_url, n * ROWS_PER_WRITER, ROWS_PER_WRITER, setup.exchange),
+            )
+            for n in range(2)
+        ]
+        started = time.monotonic()
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        wait_until(lambda: statuses(postgresql_url).get("sent") == total, 120, "every row sent")
+        drained_in = time.monotonic() - started
+        published = [
+            metric(http_get(f"http://127.0.0.1:{port}/metrics")[1], "relay_published_total")
+            for port in ports
+        ]
+        for proc in relays:
+            assert proc.stop() == 0
+    finally:
+        for proc in relays:
+            if proc.running:
+                proc.kill()
+    delivered = Counter(
+        d.message_id for d in drain(rabbit.url, setup.queue, expect=total, timeout=120)
+    )
+    duplicates = sum(delivered.values()) - len(delivered)
+    lost = total - len(delivered)
+    print(
+        f"two relays 10 min apart: {total} rows, {duplicates} duplicates, {lost} lost, "
+        f"published {published[0]:.0f} + {published[1]:.0f}, all sent in {drained_in:.1f} s"
+    )
+    assert all(n > 0 for n in published), f"one relay did all the work: {published}"
+    assert (duplicates, lost) == (0, 0)
+    assert set(delivered) == {f"m-{i}" for i in range(total)}
+    assert not any(proc.tracebacks() for proc in relays)
+
+
+def test_a_relay_ten_minutes_behind_publishes_new_rows_at_once(
+    faketime: None,
+    tmp_path: Path,
+    rabbit: RabbitNode,
+    postgresql_url: str,
+    setup: Setup,
+) -> None:
+    """Rows are due by the database's clock: before, a relay 10 minutes behind held every
+    row written with the column defaults back for 10 minutes."""
+    env = skewed({**setup.env, "RELAY_METRICS_PORT": "0"}, TEN_MINUTES_BEHIND)
+    with RelayProcess(env, tmp_path / "behind.log") as proc:
+        wait_until(lambda: "broker_connected" in proc.log(), 60, "the relay connected")
+        started = time.monotonic()
+        write(postgresql_url, 0, 500, setup.exchange)
+        wait_until(
+            lambda: statuses(postgresql_url).get("sent") == 500,
+            30,
+            "500 rows sent by a relay 10 minutes behind (not 10 minutes later)",
+        )
+        print(
+            f"relay 10 min behind: 500 rows sent {time.monotonic() - started:.1f} s after "
+            "the first was written"
+        )
+        assert proc.stop() == 0
+    assert len({d.message_id for d in drain(rabbit.url, setup.queue, expect=500)}) == 500
+
+
+@pytest.mark.parametrize("offset", [TEN_MINUTES_AHEAD, TEN_MINUTES_BEHIND])
+def test_a_skewed_relay_backs_off_by_the_databases_clock(
+    faketime: None,
+    tmp_path: Path,
+    postgresql_url: str,
+    setup: Setup,
+    offset: str,
+) -> None:
+    """An unroutable row (returned) is retried after ``backoff_initial`` plus jitter of
+    database time, whichever way the relay's clock is off: not at once (behind), not ten
+    minutes late (ahead)."""
+    initial = 2.0
+    env = skewed(
+        {
+            **setup.env,
+            "RELAY_METRICS_PORT": "0",
+            "RELAY_BACKOFF_INITIAL": str(initial),
+            "RELAY_BACKOFF_MAX": str(initial),
+        },
+        offset,
+    )
+    # The exchange exists (the topology declares it) and binds "#": an unroutable row needs
+    # a routing key nothing binds, so it goes to the default exchange's queue that is not.
+    insert(
+        postgresql_url,
+        [{"message_id": "lost", "exchange": "", "routing_key": "no.such.queue", "payload": b"p"}],
+    )
+    engine = sa.create_engine(postgresql_url)
+    due_in = sa.text(
+        "SELECT attempts, extract(epoch FROM next_attempt_at - statement_timestamp()) "
+        "FROM outbox WHERE message_id = 'lost'"
+    )
+
+    def attempt(n: int) -> float:
+        """Waits for the ``n``th recorded attempt; seconds until the row is due again."""
+        seen: list[float] = []
+
+        def recorded() -> bool:
+            with engine.connect() as conn:
+                attempts, due = conn.execute(due_in).one()
+            seen[:] = [float(due)]
+            return int(attempts) >= n
+
+        wait_until(recorded, 60, f"attempt {n} recorded")
+        return seen[0]
+
+    try:
+        with RelayProcess(env, tmp_path / "relay.log") as proc:
+            first_due = attempt(1)
+            first_at = time.monotonic()
+            attempt(2)
+            between = time.monotonic() - first_at
+            assert proc.stop() == 0
+    finally:
+        engine.dispose()
+    print(
+        f"relay {offset}: due again {first_due:.2f} s after the first attempt was recorded, "
+        f"second attempt {between:.2f} s later"
+    )
+    # backoff_initial plus up to backoff_initial of jitter, less the time since the settle.
+    assert 0 < first_due <= 2 * initial
+    assert initial * 0.5 < between < 2 * initial + 5
