@@ -19,7 +19,10 @@ null                         ``n``
 boolean                      ``b`` + one byte 0/1
 integer (any width)          ``i`` + length + decimal digits
 float (32 or 64 bit)         ``f`` + the 8 bytes of the double; ``-0.0`` as ``0.0``, one NaN
-decimal                      ``d`` + length + the normalised digits (``1.10`` as ``1.1``)
+decimal                      ``d`` + length + ``<coefficient>e<exponent>`` in decimal digits,
+                             exact at any precision, trailing zeros moved into the exponent
+                             (``1.10`` and ``1.1`` as ``11e-1``, ``100`` as ``1e2``, zero as
+                             ``0e0``); ``NaN``, ``Infinity``, ``-Infinity``
 string                       ``s`` + length + UTF-8
 binary                       ``y`` + length + bytes
 timestamp (with time zone)   ``t`` + microseconds since 1970-01-01 UTC (8 bytes): the instant,
@@ -33,9 +36,13 @@ struct                       ``r`` + count + each field's name (as a string) and
 map                          ``m`` + count + each key and value, in the map's order
 ===========================  ==================================================================
 
-Lengths and counts are 8-byte big-endian unsigned integers. The encoding is versioned by
-``IDENTITY_VERSION``, which is the first value of every id's sequence: ids stay stable
-across releases of this package and of Spark.
+Lengths and counts are 8-byte big-endian unsigned integers; the other 8-byte values signed.
+The encoding is versioned by ``IDENTITY_VERSION``, which is the first value of every id's
+sequence: ids stay stable across releases of this package and of Spark, until the version
+changes. Version 1 wrote a decimal as ``str(value.normalize())``, which rounds to 28
+significant digits: two ``decimal(38, 0)`` values that differ past the 28th digit shared an
+id, and the second message was taken for a re-run of the first and dropped. Version 2 is
+exact.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-IDENTITY_VERSION = "outbox-identity/1"
+IDENTITY_VERSION = "outbox-identity/2"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
 _EPOCH_DAY = date(1970, 1, 1).toordinal()
@@ -125,11 +132,20 @@ def _micros(delta: timedelta) -> int:
 
 
 def _decimal(value: Decimal) -> str:
-    if not value.is_finite():
-        return str(value)
-    if value.is_zero():
-        return "0"
-    return str(value.normalize())
+    """Exact: from the decimal's own digits, never through a context's precision."""
+    if value.is_nan():
+        return "NaN"  # one NaN, as for floats
+    if value.is_infinite():
+        return "-Infinity" if value.is_signed() else "Infinity"
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    coefficient = int("".join(map(str, digits)))
+    if coefficient == 0:
+        return "0e0"  # -0 and 0E-5 are 0
+    while coefficient % 10 == 0:
+        coefficient //= 10
+        exponent += 1
+    return f"{'-' if sign else ''}{coefficient}e{exponent}"
 
 
 # Every id's hash starts from the version: hashed once, copied per id.
