@@ -4,6 +4,7 @@ and where each row's CPU time goes.
     .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--backlog-rows 1000000]
                                   [--scaling] [--rounds 1] [--profile DIR]
                                   [--broker 3.10|4.0|4.0-cluster] [--quorum] [--tracing]
+                                  [--payload-bytes 200]
 
 Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
 measures, with 200-byte persistent messages into one durable queue and the same window:
@@ -33,6 +34,12 @@ The broker is Debian 12's RabbitMQ 3.10 unless --broker says 4.0 (one node) or 4
 both run from the Debian 13 root the tests build (``devtools.debian13``, root only).
 --quorum makes the queue a quorum queue (three replicas on the cluster). The broker's CPU is
 every node's.
+
+--payload-bytes sets the messages' size (200 by default). Every relay case then reports MB/s,
+its peak RSS (VmHWM) and the rows it published more than once (``relay_republished_total``:
+none is due without faults). The bare publishers keep as many bytes outstanding as the
+relay's default byte budget allows (``RELAY_MAX_INFLIGHT_BYTES``), at most WINDOW messages:
+the same flow control, or 1,000 messages of 1.5 MiB would be 1.5 GB in their buffers.
 
 --tracing measures what OpenTelemetry tracing costs instead: the PostgreSQL relay case with
 tracing off, then with OTLP/HTTP export to a receiver in this process (which reads each
@@ -69,17 +76,19 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from devtools import debian13
 from devtools.broker import fresh_queue
 from devtools.otlp import OtlpReceiver
-from devtools.procfs import rss_mb, tree_cpu_seconds
+from devtools.procfs import peak_rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
-from devtools.scrape import answers_ok
+from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import PostgresServer, RabbitCluster, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine, migrate
 from relay.db.schema import outbox
+from relay.settings import Settings
 
 BODY = b"x" * 200
 WINDOW = 1000
 QUEUE = "bench"
 FILL_CHUNK = 20_000  # rows per INSERT statement while filling the backlog
+FILL_CHUNK_BYTES = 64 * 1024**2  # and payload bytes per statement, for big messages
 
 
 BROKERS = ("3.10", "4.0", "4.0-cluster")
@@ -151,9 +160,14 @@ def own_cpu() -> float:
     return time.process_time()
 
 
-def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False) -> Case:
-    """(a) pika's asynchronous API, confirm mode, up to WINDOW confirms outstanding; with
-    ``relay_messages`` (a2), each message has the properties and flag the relay publishes."""
+def bare_publisher(
+    servers: Servers, count: int, *, relay_messages: bool = False, body: bytes = BODY
+) -> Case:
+    """(a) pika's asynchronous API, confirm mode, up to WINDOW confirms outstanding (fewer
+    for big messages: see the module docstring); with ``relay_messages`` (a2), each message
+    has the properties and flag the relay publishes."""
+    budget = Settings.load({}).max_inflight_bytes
+    window = min(WINDOW, max(1, budget // len(body)))
 
     async def run() -> Case:
         loop = asyncio.get_running_loop()
@@ -175,10 +189,10 @@ def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False
 
         def pump() -> None:
             ch = channel[0]
-            while state["sent"] < count and state["sent"] - state["confirmed"] < WINDOW:
+            while state["sent"] < count and state["sent"] - state["confirmed"] < window:
                 state["sent"] += 1
                 ch.basic_publish(  # type: ignore[attr-defined]
-                    "", QUEUE, BODY, props(state["sent"]), mandatory=relay_messages
+                    "", QUEUE, body, props(state["sent"]), mandatory=relay_messages
                 )
 
         def on_confirm(frame: object) -> None:
@@ -212,23 +226,24 @@ def bare_publisher(servers: Servers, count: int, *, relay_messages: bool = False
     return asyncio.run(run())
 
 
-def fill(engine: sa.Engine, count: int, sampled_every: int = 0) -> datetime:
+def fill(engine: sa.Engine, count: int, sampled_every: int = 0, body: bytes = BODY) -> datetime:
     """Commit ``count`` due rows in one transaction; the moment it committed. With
     ``sampled_every``, each row has a writer's traceparent, sampled on every n-th row."""
     now = datetime.now(UTC)
+    chunk = max(1, min(FILL_CHUNK, FILL_CHUNK_BYTES // len(body)))
     with engine.begin() as conn:
-        for start in range(0, count, FILL_CHUNK):
+        for start in range(0, count, chunk):
             rows = [
                 {
                     "message_id": f"b-{i}",
                     "routing_key": QUEUE,
-                    "payload": BODY,
+                    "payload": body,
                     "content_type": "application/octet-stream",
                     "created_at": now,
                     "next_attempt_at": now,
                     "headers": _traceparent(i, sampled_every) if sampled_every else None,
                 }
-                for i in range(start, min(count, start + FILL_CHUNK))
+                for i in range(start, min(count, start + chunk))
             ]
             conn.execute(sa.insert(outbox), rows)
     return datetime.now(UTC)
@@ -244,11 +259,11 @@ def empty(engine: sa.Engine) -> None:
         conn.execute(sa.delete(outbox))
 
 
-def naive_relay(servers: Servers, database_url: str, count: int) -> Case:
+def naive_relay(servers: Servers, database_url: str, count: int, body: bytes = BODY) -> Case:
     """(b) one row at a time: claim, publish, block until its confirm, mark sent."""
     engine = create_engine(database_url)
     empty(engine)
-    fill(engine, count)
+    fill(engine, count, body=body)
     conn = pika.BlockingConnection(pika.URLParameters(servers.url))
     ch = conn.channel()
     ch.confirm_delivery()
@@ -340,13 +355,13 @@ def this_relay(
     count: int,
     *,
     relays: int = 1,
-    memory: bool = False,
     profile: Path | None = None,
     tracing: dict[str, str] | None = None,
     sampled_every: int = 0,
+    body: bytes = BODY,
 ) -> Case:
     """(c) ``relay run`` as ``relays`` subprocesses, from the backlog's commit to its last
-    row's ``sent_at``."""
+    row's ``sent_at``; with the first relay's peak RSS and the rows republished."""
     engine = create_engine(database_url)
     empty(engine)
     ports = [free_port() for _ in range(relays)]
@@ -361,24 +376,25 @@ def this_relay(
         RelayProcess({**env, "RELAY_NAME": f"bench-{n}", "RELAY_METRICS_PORT": str(port)}).start()
         for n, port in enumerate(ports)
     ]
-    peak = 0.0
     try:
         for port in ports:
             ready = f"http://127.0.0.1:{port}/readyz"
             wait_until(functools.partial(answers_ok, ready), 60, "the relay ready")
         profiler = Profiler(procs[0].pid, profile) if profile is not None else None
         relay_cpu = lambda: sum(tree_cpu_seconds(p.pid) for p in procs)  # noqa: E731
-        committed = fill(engine, count, sampled_every)
+        committed = fill(engine, count, sampled_every, body)
         with metered(servers, relay_cpu, count) as cpu:
             while not drained(engine):
-                if memory:
-                    peak = max(peak, rss_mb(procs[0].pid))
                 if not all(p.running for p in procs):
                     raise RuntimeError("a relay exited")
                 time.sleep(0.1)
         with engine.connect() as conn:
             last = conn.execute(sa.select(sa.func.max(outbox.c.sent_at))).scalar_one()
-        extra = {"peak_rss_mb": peak} if memory else {}
+        republished = sum(
+            metric(http_get(f"http://127.0.0.1:{port}/metrics")[1], "relay_republished_total")
+            for port in ports
+        )
+        extra = {"peak_rss_mb": peak_rss_mb(procs[0].pid), "republished": republished}
         if profiler is not None:
             print(f"\nrelay profile (py-spy, {profile}): % of samples on top / anywhere")
             for function, top, anywhere in profiler.stop():
@@ -414,7 +430,11 @@ def main() -> int:
     parser.add_argument(
         "--tracing", action="store_true", help="measure tracing's cost instead (see above)"
     )
+    parser.add_argument(
+        "--payload-bytes", type=int, default=len(BODY), help="the messages' size (see above)"
+    )
     args = parser.parse_args()
+    body = b"x" * args.payload_bytes
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[Case]] = {}
@@ -431,19 +451,21 @@ def main() -> int:
             for url in (pg_url, sqlite_url):
                 migrate(url)
             cases: dict[str, Callable[[], Case]] = {
-                "bare_publisher": lambda: bare_publisher(servers, args.rows),
+                "bare_publisher": lambda: bare_publisher(servers, args.rows, body=body),
                 "bare_publisher_relay_messages": lambda: bare_publisher(
-                    servers, args.rows, relay_messages=True
+                    servers, args.rows, relay_messages=True, body=body
                 ),
-                "naive_relay_postgresql": lambda: naive_relay(servers, pg_url, args.naive_rows),
-                "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows),
-                "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows),
+                "naive_relay_postgresql": lambda: naive_relay(
+                    servers, pg_url, args.naive_rows, body
+                ),
+                "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows, body=body),
+                "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows, body=body),
             }
             if args.tracing:
                 cases = tracing_cases(servers, pg_url, args.rows, stack)
             for relays in (2, 3) if args.scaling else ():
                 cases[f"relay_postgresql_{relays}_relays"] = functools.partial(
-                    this_relay, servers, pg_url, args.rows, relays=relays
+                    this_relay, servers, pg_url, args.rows, relays=relays, body=body
                 )
             for _ in range(args.rounds):
                 for name, measure in cases.items():
@@ -451,11 +473,13 @@ def main() -> int:
                     results.setdefault(name, []).append(measure())
             if args.profile is not None:
                 servers.fresh_queue()
-                this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt")
+                this_relay(
+                    servers, pg_url, args.rows, profile=args.profile / "relay.txt", body=body
+                )
             if args.backlog_rows:
                 servers.fresh_queue()
                 results["relay_postgresql_backlog"] = [
-                    this_relay(servers, pg_url, args.backlog_rows, memory=True)
+                    this_relay(servers, pg_url, args.backlog_rows, body=body)
                 ]
         finally:
             for node in servers.nodes:
@@ -505,13 +529,13 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
     a, b = results["bare_publisher"].rate, results["naive_relay_postgresql"].rate
     a2 = results["bare_publisher_relay_messages"].rate
     print(
-        f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'c/a':>5} {'c/a2':>5} {'c/b':>6}   "
-        "CPU s per 1k rows: publisher broker postgresql"
+        f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'MB/s':>7} {'c/a':>5} {'c/a2':>5} "
+        f"{'c/b':>6}   CPU s per 1k rows: publisher broker postgresql   peak RSS MB, republished"
     )
     queue = "quorum" if args.quorum else "classic"
     summary: dict[str, object] = {
         "window": WINDOW,
-        "body_bytes": len(BODY),
+        "body_bytes": args.payload_bytes,
         "rounds": args.rounds,
         "broker": args.broker,
         "queue": queue,
@@ -524,13 +548,20 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
             else " " * 18
         )
         cpu = case.cpu
+        mb_per_s = case.rate * args.payload_bytes / 1e6
+        held = (
+            f"   {case.extra['peak_rss_mb']:>6.0f} {case.extra['republished']:>6.0f}"
+            if relay
+            else ""
+        )
         print(
-            f"{name:<32} {case.rows:>8} {case.rate:>8.0f} {ratios}   "
-            f"{cpu['publisher']:>9.3f} {cpu['broker']:>6.3f} {cpu['postgresql']:>10.3f}"
+            f"{name:<32} {case.rows:>8} {case.rate:>8.0f} {mb_per_s:>7.1f} {ratios}   "
+            f"{cpu['publisher']:>9.3f} {cpu['broker']:>6.3f} {cpu['postgresql']:>10.3f}{held}"
         )
         entry: dict[str, object] = {
             "rows": case.rows,
             "rows_per_s": round(case.rate, 1),
+            "mb_per_s": round(mb_per_s, 2),
             "rows_per_s_each_round": [round(c.rate, 1) for c in measured[name]],
             "cpu_s_per_1k_rows": {k: round(v, 4) for k, v in cpu.items()},
             **{k: round(v, 1) for k, v in case.extra.items()},
@@ -543,7 +574,8 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
             )
         summary[name] = entry
     print(
-        f"(medians of {args.rounds} round(s); window {WINDOW}; {len(BODY)}-byte persistent "
+        f"(medians of {args.rounds} round(s); window {WINDOW}; {args.payload_bytes}-byte "
+        "persistent "
         f"messages into one durable {queue} queue on RabbitMQ {args.broker}; publisher: the "
         "relays, or this process for the bare publisher and the naive relay)"
     )

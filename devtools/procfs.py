@@ -50,11 +50,20 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def rss_mb(pid: int) -> float:
     """Resident memory of process ``pid`` in MiB."""
+    return _status_mb(pid, "VmRSS")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most resident memory process ``pid`` has had so far (its high-water mark), MiB."""
+    return _status_mb(pid, "VmHWM")
+
+
+def _status_mb(pid: int, field: str) -> float:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return 0.0
     for line in status.splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0

@@ -9,9 +9,14 @@ settlements. The protocol facts it encodes (RabbitMQ's publisher-confirm documen
   including ``delivery_tag``.
 - An unroutable ``mandatory`` message gets ``basic.return`` *before* its ``basic.ack``: the ack
   then means "handled", not "delivered", so the row is RETURNED, never ACKED.
-- The broker promises no confirm time: a tag without an answer after ``confirm_timeout``
-  is TIMED_OUT and forgotten; a late answer for it is ignored (the row is already due again,
-  and the consumer drops the duplicate by ``message_id``).
+- The broker promises no confirm time. A time-out means no progress on the channel, not a
+  slow window: a tag is TIMED_OUT when the broker answered nothing (no ack, no nack) for
+  ``confirm_timeout`` since it was published, or when it waited ``CONFIRM_CEILING_FACTOR``
+  times that while others were answered. Big messages are slow to confirm but the answers
+  keep coming: 1,000 messages of 1.5 MiB outlived a 30 s timeout per message, and the
+  relay published the window again (524 duplicates of 600 rows). A timed-out tag is
+  forgotten; a late answer for it is ignored (the row is already due again, and the
+  consumer drops the duplicate by ``message_id``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from relay.constants import CONFIRM_CEILING_FACTOR
 from relay.records import OutboxRow, Outcome, Settlement
 
 # Why a row claimed for publishing is due again without having been published.
@@ -42,6 +48,7 @@ class ConfirmTracker:
         self._seq_of_message: dict[str, int] = {}
         self._next_seq = 1
         self._settled: list[Settlement] = []
+        self._answered_at = float("-inf")  # the broker's last ack or nack on this channel
 
     @property
     def in_flight(self) -> int:
@@ -68,6 +75,7 @@ class ConfirmTracker:
         self._settled.extend(Settlement(row, Outcome.LOST, reason) for row in rows)
 
     def on_ack(self, delivery_tag: int, multiple: bool, now: float) -> None:
+        self._answered_at = now
         for _, entry in self._take(delivery_tag, multiple):
             if entry.returned is not None:
                 self._settled.append(Settlement(entry.row, Outcome.RETURNED, entry.returned))
@@ -75,7 +83,8 @@ class ConfirmTracker:
                 latency = max(0.0, now - entry.published_at)
                 self._settled.append(Settlement(entry.row, Outcome.ACKED, "", latency))
 
-    def on_nack(self, delivery_tag: int, multiple: bool) -> None:
+    def on_nack(self, delivery_tag: int, multiple: bool, now: float) -> None:
+        self._answered_at = now
         for _, entry in self._take(delivery_tag, multiple):
             self._settled.append(
                 Settlement(entry.row, Outcome.NACKED, "basic.nack: the broker refused the message")
@@ -88,14 +97,22 @@ class ConfirmTracker:
             entry.returned = reason
 
     def expire(self, now: float) -> int:
-        """Time out every tag published ``confirm_timeout`` or more ago; returns how many."""
+        """Time out every tag that got no answer while the channel made no progress for
+        ``confirm_timeout``, or that waited ``CONFIRM_CEILING_FACTOR`` times as long in all
+        (the module docstring); returns how many."""
         expired = 0
+        ceiling = CONFIRM_CEILING_FACTOR * self.confirm_timeout
         while self._outstanding:
             seq, entry = next(iter(self._outstanding.items()))
-            if now - entry.published_at < self.confirm_timeout:
-                break
+            quiet = now - max(entry.published_at, self._answered_at) >= self.confirm_timeout
+            if not quiet and now - entry.published_at < ceiling:
+                break  # the oldest tag is not due: no later one is
             self._pop(seq)
-            waited = f"no confirm within {self.confirm_timeout:g}s"
+            waited = (
+                f"no confirm within {self.confirm_timeout:g}s"
+                if quiet
+                else f"no confirm within {ceiling:g}s while later messages were confirmed"
+            )
             self._settled.append(Settlement(entry.row, Outcome.TIMED_OUT, waited))
             expired += 1
         return expired

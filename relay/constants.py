@@ -40,6 +40,23 @@ SHORT_SESSION_S = 5.0
 # socket is dropped (no longer than the confirm timeout).
 HALF_OPEN_CLOSE_S = 5.0
 
+# A confirm tag times out when the channel answered nothing for the confirm timeout, or when
+# it waited this many confirm timeouts while others were answered (relay.confirms): less than
+# a lease (RELAY_LEASE must be more than twice the confirm timeout), so no other relay takes
+# the row while this one still waits for its confirm.
+CONFIRM_CEILING_FACTOR = 2
+
+# --- Memory --------------------------------------------------------------------------------
+# Allocations this large are mmapped, and so returned when freed (relay.memory): above any
+# claim or write of small messages (500 rows of 200 bytes are 100 KB), below a big message.
+MALLOC_MMAP_THRESHOLD_BYTES = 1024 * 1024
+# Heaps for the relay's threads (the event loop's and the database workers'): fewer heaps
+# hold less freed memory; two keep the event loop from contending with one worker.
+MALLOC_ARENAS = 2
+# A loop turn's frames are written in one system call when they add up to less than this
+# (relay.publisher); larger writes go frame by frame, without a copy of the whole.
+GATHER_MAX_BYTES = 1024 * 1024
+
 # --- Loop ----------------------------------------------------------------------------------
 # Seconds without a loop turn after which /healthz fails (the loop is stuck, not just idle).
 LIVENESS_LIMIT_S = 60.0

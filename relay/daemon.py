@@ -17,6 +17,7 @@ from relay.constants import PURGE_CHUNK, SWITCH_INTERVAL_S
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.errors import ConfigError, RelayError
+from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
 from relay.publisher import PikaPublisher, connection_parameters
 from relay.relay import Relay, in_thread
@@ -38,6 +39,7 @@ class Assembled:
 def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assembled:
     """Build the relay and its adapters from settings (inside a running event loop)."""
     metrics = Metrics()
+    metrics.held_bytes_limit.set(settings.max_inflight_bytes)
     backoff = Backoff(settings.backoff_initial, settings.backoff_max)
     reconnect = Backoff(
         min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
@@ -62,6 +64,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         SettlePolicy(settings.max_attempts, backoff),
         metrics,
         batch_size=settings.batch_size,
+        max_inflight_bytes=settings.max_inflight_bytes,
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
         stats_interval=settings.stats_interval,
@@ -88,6 +91,7 @@ def run(settings: Settings, tracing_settings: TracingSettings | None = None) -> 
         },
     )
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return_big_buffers()
     try:
         return asyncio.run(serve(settings, topology, tracing))
     finally:

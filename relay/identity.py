@@ -107,7 +107,10 @@ def encode(value: Any) -> bytes:
         since_midnight = datetime.combine(date.min, value.replace(tzinfo=None))
         return b"h" + _I64.pack(_micros(since_midnight - datetime.min))
     if isinstance(value, timedelta):
-        return b"x" + _I64.pack(_micros(value))
+        micros = _micros(value)
+        if not -(2**63) <= micros < 2**63:  # Spark's intervals fit; Python's go further
+            raise Unidentifiable(f"an interval of {value} is beyond 64-bit microseconds")
+        return b"x" + _I64.pack(micros)
     if isinstance(value, Mapping):
         # A struct (Arrow gives a struct as a dict): field names count, in the schema's order.
         return _items(b"r", [part for kv in value.items() for part in kv], len(value))

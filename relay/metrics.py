@@ -52,6 +52,17 @@ class Metrics:
         self.in_flight = Gauge(
             "relay_in_flight", "Published messages awaiting a confirm.", registry=r
         )
+        self.held_bytes = Gauge(
+            "relay_held_bytes",
+            "Payload bytes of the rows this relay holds: claimed, published and awaiting a "
+            "confirm, or awaiting their settle. Claims pause at relay_held_bytes_limit.",
+            registry=r,
+        )
+        self.held_bytes_limit = Gauge(
+            "relay_held_bytes_limit",
+            "The byte budget (RELAY_MAX_INFLIGHT_BYTES); a row larger than it goes out alone.",
+            registry=r,
+        )
         self.due_rows = Gauge(
             "relay_due_rows", "Pending rows whose next attempt time has come.", registry=r
         )

@@ -17,8 +17,9 @@ class Store(Protocol):
     """The outbox as the loop sees it: due rows under a lease, and their outcomes. Every time
     is the store's own (the database's clock): the loop passes none."""
 
-    def claim(self, limit: int) -> list[OutboxRow]:
-        """Up to ``limit`` due rows, leased to this relay, in id order."""
+    def claim(self, limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
+        """Up to ``limit`` due rows whose payloads add up to at most ``max_bytes``, leased to
+        this relay, in id order; with ``first_always``, the first due row even if larger."""
 
     def settle(self, batch: SettleBatch) -> None:
         """Record outcomes: acked rows sent, the others as the batch says."""

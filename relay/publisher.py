@@ -30,6 +30,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from relay.backoff import Backoff, log_before_retry
 from relay.confirms import RELEASED, ConfirmWindow
 from relay.constants import (
+    GATHER_MAX_BYTES,
     HALF_OPEN_CLOSE_S,
     MIN_CONNECT_TIMEOUT_S,
     PIKA_DEFAULT_CONNECT_TIMEOUT_S,
@@ -82,17 +83,26 @@ class _GatheringConnection(AsyncioConnection):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._gathered: list[bytes] = []
+        self._gathered_bytes = 0
         super().__init__(*args, **kwargs)
 
     def _adapter_emit_data(self, data: bytes) -> None:
         if not self._gathered:
             asyncio.get_running_loop().call_soon(self._emit_gathered)
+            self._gathered_bytes = 0
         self._gathered.append(data)
+        self._gathered_bytes += len(data)
 
     def _emit_gathered(self) -> None:
-        data, self._gathered = b"".join(self._gathered), []
-        if not self.is_closed:  # a dropped connection has no transport left to write to
-            super()._adapter_emit_data(data)
+        pieces, self._gathered = self._gathered, []
+        if self.is_closed:  # a dropped connection has no transport left to write to
+            return
+        # Big messages' frames are written as they are: joined, they would be one more copy
+        # of every byte in flight (the byte budget's worth, for a while).
+        if self._gathered_bytes < GATHER_MAX_BYTES:
+            pieces = [b"".join(pieces)]
+        for piece in pieces:
+            super()._adapter_emit_data(piece)
 
 
 def connection_parameters(url: str, name: str, tls: TlsOptions | None = None) -> pika.URLParameters:
@@ -234,7 +244,8 @@ class PikaPublisher(ConfirmWindow):
             self._channel.basic_publish(
                 message.exchange,
                 message.routing_key,
-                message.body,
+                # pika slices the body into frames: slices of a view copy nothing.
+                memoryview(message.body),
                 _EncodedProperties(message.properties),
                 mandatory=True,
             )
@@ -465,7 +476,7 @@ class PikaPublisher(ConfirmWindow):
         if isinstance(method, pika.spec.Basic.Ack):
             self.tracker.on_ack(method.delivery_tag, method.multiple, time.monotonic())
         else:
-            self.tracker.on_nack(method.delivery_tag, method.multiple)
+            self.tracker.on_nack(method.delivery_tag, method.multiple, time.monotonic())
         if not self.tracker.in_flight:
             self._alone = None  # answered: innocent (or nacked, which counts an attempt)
             # The next suspect goes out now, not a loop turn later: while suspects are

@@ -31,6 +31,11 @@ class OutboxRow:
     unreadable: str | None = None
 
     @property
+    def size(self) -> int:
+        """Bytes this row's payload holds in memory (what the byte budget counts)."""
+        return len(self.payload)
+
+    @property
     def republish(self) -> bool:
         """An earlier publish of this row is known to have failed or gone unconfirmed."""
         return self.last_error is not None

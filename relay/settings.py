@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,24 @@ def _positive_float(text: str) -> float:
     return float(
         _number(float, text, lambda v: 0 < v < float("inf"), "a positive number of seconds")
     )
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmg])(i?)b?|b)?\s*", re.IGNORECASE)
+
+
+def _byte_budget(text: str) -> int:
+    """A number of bytes, with an optional unit (``64MiB``, ``500kB``); at least 1 MiB."""
+    need = "a size of at least 1MiB (bytes, or a number with k, M, G, KiB, MiB or GiB)"
+
+    def size(t: str) -> int | None:
+        match = _SIZE.fullmatch(t)
+        if match is None:
+            return None
+        number, prefix, binary = match.groups()
+        power = "kmg".index(prefix.lower()) + 1 if prefix else 0
+        return int(float(number) * (1024 if binary else 1000) ** power)
+
+    return int(_number(size, text, lambda v: v >= 1024**2, need))
 
 
 def _seconds_or_zero(text: str) -> float:
@@ -179,6 +198,12 @@ class Settings:
     batch_size: int = _setting(500, _positive_int, "Most rows claimed in one database call.")
     window: int = _setting(
         1000, _positive_int, "Most published messages awaiting a confirm at once (memory bound)."
+    )
+    max_inflight_bytes: int = _setting(
+        32 * 1024**2,
+        _byte_budget,
+        "Most payload bytes held at once: rows claimed, published and awaiting a confirm, "
+        "until settled (64MiB, 500k, ... accepted). A row larger than this goes out alone.",
     )
     ordering: bool = _setting(
         False,

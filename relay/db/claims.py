@@ -155,10 +155,22 @@ class ClaimStore:
         # the relay's own claim and settle threads queue on a lock instead, at once.
         sqlite = self.engine.dialect.name == "sqlite"
         self._writing: AbstractContextManager[Any] = threading.Lock() if sqlite else nullcontext()
+        # SQLite 3.40 (Debian 12) has no octet_length; its length() of a BLOB is its bytes
+        # (of a payload written as TEXT, its characters: at most 4 times fewer).
+        self._size = (
+            sa.func.length(outbox.c.payload) if sqlite else sa.func.octet_length(outbox.c.payload)
+        )
 
-    def claim(self, limit: int) -> list[OutboxRow]:
-        due = (
-            sa.select(outbox.c.id)
+    def claim(self, limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
+        """Up to ``limit`` due rows whose payloads add up to at most ``max_bytes``, leased to
+        this relay, in id order. With ``first_always``, the first due row is taken even when
+        it alone is larger (the caller holds nothing else: it goes out alone).
+
+        The payloads' sizes are the database's to tell (``octet_length`` reads a stored
+        value's length, not the value): a claim never fetches more payload than it may
+        hold. 600 rows of 1.5 MiB in claims of 500 rows had the relay at 4.3 GB."""
+        candidates = (
+            sa.select(outbox.c.id, outbox.c.next_attempt_at, self._size.label("size"))
             .where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time())
             .order_by(outbox.c.next_attempt_at, outbox.c.id)
             .limit(limit)
@@ -166,7 +178,7 @@ class ClaimStore:
         )
         if self.ordered:
             earlier = outbox.alias("earlier")
-            due = due.where(
+            candidates = candidates.where(
                 sa.or_(
                     outbox.c.ordering_key.is_(None),
                     ~sa.exists().where(
@@ -176,6 +188,21 @@ class ClaimStore:
                     ),
                 )
             )
+        # The candidates beyond the byte limit stay locked only until this statement
+        # commits, and are not leased: they are due for the next claim, of any relay.
+        c = candidates.subquery("candidate")
+        order = (c.c.next_attempt_at, c.c.id)
+        sized = sa.select(
+            c.c.id,
+            sa.func.sum(c.c.size).over(order_by=order).label("upto"),
+            sa.func.row_number().over(order_by=order).label("place"),
+        ).subquery("sized")
+        due = sa.select(sized.c.id).where(
+            sa.or_(
+                sized.c.upto <= max_bytes,
+                sa.and_(sa.literal(first_always), sized.c.place == 1),
+            )
+        )
         stmt = (
             sa.update(outbox)
             .where(self._one_of(due))

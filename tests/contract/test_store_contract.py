@@ -48,6 +48,7 @@ class SqlStore(ClaimStore):
 
 
 LEASE = 60.0
+NO_BYTE_LIMIT = 2**62
 # Real databases' clocks run on while a test runs: a margin for the time its statements take.
 SLACK = 5.0
 StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=False)
@@ -108,7 +109,7 @@ def advance(store: InMemoryStore | SqlStore, seconds: float) -> None:
 def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreFactory) -> None:
     store = make_store("a")
     ids = store.enqueue(msgs(3))
-    rows = store.claim(10)
+    rows = store.claim(10, NO_BYTE_LIMIT)
     assert [r.message_id for r in rows] == ids
     assert [r.id for r in rows] == sorted(r.id for r in rows)
     first = rows[0]
@@ -120,38 +121,38 @@ def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreF
 def test_claim_takes_at_most_limit_and_only_due_rows(make_store: StoreFactory) -> None:
     store = make_store("a")
     store.enqueue(msgs(5))
-    first, _ = store.claim(2)
+    first, _ = store.claim(2, NO_BYTE_LIMIT)
     store.settle(SettleBatch(changes=(RowChange(first.id, PENDING, 1, LEASE, "nacked: x"),)))
-    assert len(store.claim(10)) == 3, "the retried row came due early"
-    assert store.claim(10) == []
+    assert len(store.claim(10, NO_BYTE_LIMIT)) == 3, "the retried row came due early"
+    assert store.claim(10, NO_BYTE_LIMIT) == []
 
 
 def test_claimed_rows_are_leased_until_the_lease_ends(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
     a.enqueue(msgs(2))
-    assert len(a.claim(10)) == 2
+    assert len(a.claim(10, NO_BYTE_LIMIT)) == 2
     advance(a, LEASE - SLACK)
-    assert b.claim(10) == []
+    assert b.claim(10, NO_BYTE_LIMIT) == []
     advance(a, SLACK)
-    assert len(b.claim(10)) == 2, "a dead relay's rows return"
+    assert len(b.claim(10, NO_BYTE_LIMIT)) == 2, "a dead relay's rows return"
 
 
 def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFactory) -> None:
     store = make_store("a")
     store.enqueue(msgs(2))
-    rows = store.claim(10)
+    rows = store.claim(10, NO_BYTE_LIMIT)
     store.settle(SettleBatch(sent=(rows[0].id,)))
     assert state(store, rows[0].id)[0] == SENT
     advance(store, 3600)
-    assert [r.id for r in store.claim(10)] == [rows[1].id]
+    assert [r.id for r in store.claim(10, NO_BYTE_LIMIT)] == [rows[1].id]
 
 
 def test_changes_apply_only_while_the_lease_is_ours(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
     a.enqueue(msgs(1))
-    (row,) = a.claim(10)
+    (row,) = a.claim(10, NO_BYTE_LIMIT)
     advance(a, LEASE)
-    assert [r.id for r in b.claim(10)] == [row.id]
+    assert [r.id for r in b.claim(10, NO_BYTE_LIMIT)] == [row.id]
     a.settle(SettleBatch(changes=(RowChange(row.id, PARKED, 1, 0.0, "nacked: x"),)))
     assert state(a, row.id) == (PENDING, 0, None), "a stale failure overwrote b's lease"
     a.settle(SettleBatch(sent=(row.id,)))
@@ -161,7 +162,7 @@ def test_changes_apply_only_while_the_lease_is_ours(make_store: StoreFactory) ->
 def test_retry_and_park(make_store: StoreFactory) -> None:
     store = make_store("a")
     store.enqueue(msgs(2))
-    r1, r2 = store.claim(10)
+    r1, r2 = store.claim(10, NO_BYTE_LIMIT)
     delay = 30.0
     store.settle(
         SettleBatch(
@@ -174,9 +175,9 @@ def test_retry_and_park(make_store: StoreFactory) -> None:
     assert state(store, r1.id) == (PENDING, 1, "nacked: x")
     assert state(store, r2.id) == (PARKED, 3, "returned: 312 NO_ROUTE")
     advance(store, delay - SLACK)
-    assert store.claim(10) == [], "retried before its back-off"
+    assert store.claim(10, NO_BYTE_LIMIT) == [], "retried before its back-off"
     advance(store, SLACK)
-    (again,) = store.claim(10)
+    (again,) = store.claim(10, NO_BYTE_LIMIT)
     assert (again.id, again.attempts, again.republish) == (r1.id, 1, True)
 
 
@@ -188,9 +189,9 @@ def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -
     assert stats.due == 3
     # SQLite's column default has whole seconds: a row may look up to 1 s older.
     assert 10.0 <= stats.oldest_due_age < 10.0 + SLACK
-    store.claim(1)
+    store.claim(1, NO_BYTE_LIMIT)
     assert store.backlog().due == 2
-    store.claim(10)
+    store.claim(10, NO_BYTE_LIMIT)
     assert (store.backlog().due, store.backlog().oldest_due_age) == (0, 0.0)
 
 
@@ -203,18 +204,18 @@ def test_ordered_claims_take_each_keys_earliest_pending_row_only(
 ) -> None:
     a, b = make_store("a", ordered=True), make_store("b", ordered=True)
     a.enqueue(keyed("k1", "k2", "k1", None, "k2", None, "k1"))
-    first = a.claim(10)
+    first = a.claim(10, NO_BYTE_LIMIT)
     assert [r.payload for r in first] == [b"k1-0", b"k2-1", b"None-3", b"None-5"]
     # Another relay sees the later rows of k1 and k2 blocked by the claimed (pending) ones.
-    assert b.claim(10) == []
+    assert b.claim(10, NO_BYTE_LIMIT) == []
     k1, k2 = first[0], first[1]
     delay = 30.0
     retried = RowChange(k2.id, PENDING, 1, delay, "nacked")
     a.settle(SettleBatch(sent=(k1.id,), changes=(retried,)))
     # k1's next row is free; k2's waits behind its retried row, even after that row's due.
-    assert [r.payload for r in b.claim(10)] == [b"k1-2"]
+    assert [r.payload for r in b.claim(10, NO_BYTE_LIMIT)] == [b"k1-2"]
     advance(a, delay)
-    assert [r.payload for r in b.claim(10)] == [b"k2-1"]
+    assert [r.payload for r in b.claim(10, NO_BYTE_LIMIT)] == [b"k2-1"]
 
 
 def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(
@@ -222,10 +223,33 @@ def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(
 ) -> None:
     a = make_store("a", ordered=True)
     a.enqueue(keyed("k", "k", "k"))
-    (head,) = a.claim(10)
+    (head,) = a.claim(10, NO_BYTE_LIMIT)
     a.settle(SettleBatch(changes=(RowChange(head.id, PARKED, 1, 0.0, "rejected: x"),)))
-    assert [r.payload for r in a.claim(10)] == [b"k-1"]
+    assert [r.payload for r in a.claim(10, NO_BYTE_LIMIT)] == [b"k-1"]
     unordered = make_store("u")
     unordered.enqueue(keyed("j", "j"))
     # k-2 waits behind k-1 for an ordered relay, not for this one.
-    assert [r.payload for r in unordered.claim(10)] == [b"k-2", b"j-0", b"j-1"]
+    assert [r.payload for r in unordered.claim(10, NO_BYTE_LIMIT)] == [b"k-2", b"j-0", b"j-1"]
+
+
+def sized(*sizes: int) -> list[NewMessage]:
+    return [NewMessage(b"x" * n, "ex", f"rk.{i}") for i, n in enumerate(sizes)]
+
+
+def test_a_claim_takes_no_more_payload_bytes_than_asked(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(sized(400, 300, 200, 100))
+    assert [r.size for r in store.claim(10, 750)] == [400, 300]
+    assert store.claim(10, 199) == [], "a row that does not fit is left, not split"
+    assert [r.size for r in store.claim(10, 300)] == [200, 100]
+
+
+def test_a_row_larger_than_the_limit_is_claimed_alone_when_asked(
+    make_store: StoreFactory,
+) -> None:
+    a, b = make_store("a"), make_store("b")
+    a.enqueue(sized(5000, 10, 10))
+    assert a.claim(10, 1000) == []
+    (big,) = a.claim(10, 1000, first_always=True)
+    assert big.size == 5000
+    assert [r.size for r in b.claim(10, 1000, first_always=True)] == [10, 10]

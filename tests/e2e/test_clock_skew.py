@@ -7,6 +7,7 @@ counts what reached the queue."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 from devtools.broker import drain, names, simple_topology, write_topology
 from devtools.outbox import insert, statuses
 from devtools.relayproc import RelayProcess, relay_env, skew_unavailable, skewed
-from devtools.scrape import http_get, metric
+from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
 
 TEN_MINUTES_AHEAD, TEN_MINUTES_BEHIND = "+10m", "-10m"
@@ -55,8 +56,9 @@ def setup(tmp_path: Path, rabbit: RabbitNode, postgresql_url: str) -> Setup:
 
 
 def write(url: str, first: int, count: int, exchange: str, routing_key: str = "k") -> None:
-    """``count`` rows in statements of 100, as an application writes them (column defaults)."""
-    for start in range(first, first + count, 100):
+    """``count`` rows in statements of 50, as an application writes them (column defaults),
+    over a second or two: the relays claim while rows arrive."""
+    for start in range(first, first + count, 50):
         insert(
             url,
             [
@@ -66,10 +68,10 @@ def write(url: str, first: int, count: int, exchange: str, routing_key: str = "k
                     "routing_key": routing_key,
                     "payload": b"p%d" % i,
                 }
-                for i in range(start, min(start + 100, first + count))
+                for i in range(start, min(start + 50, first + count))
             ],
         )
-        time.sleep(0.01)
+        time.sleep(0.02)
 
 
 def test_two_relays_ten_minutes_apart_publish_every_row_once(
@@ -101,6 +103,10 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
     try:
         for proc in relays:
             proc.start()
+        # Both at work before the first row: otherwise the first one up may take them all.
+        for port in ports:
+            ready = f"http://127.0.0.1:{port}/readyz"
+            wait_until(functools.partial(answers_ok, ready), 60, "a relay ready")
         writers = [
             threading.Thread(
                 target=write,

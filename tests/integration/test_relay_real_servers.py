@@ -205,7 +205,7 @@ def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> N
     claimed: list[list[int]] = [[] for _ in stores]
 
     def worker(i: int) -> None:
-        while rows := stores[i].claim(50):
+        while rows := stores[i].claim(50, 2**62):
             claimed[i].extend(r.id for r in rows)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]

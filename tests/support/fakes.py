@@ -6,6 +6,7 @@ the publisher fake shares the real one's confirm window and tracker, and scripts
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -63,7 +64,7 @@ class InMemoryStore:
         self.rows: dict[int, _Stored] = {}
         self.failing = False
 
-    def claim(self, limit: int) -> list[OutboxRow]:
+    def claim(self, limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
         self._check()
         now = self.clock.now
         first_pending: dict[str, int] = {}
@@ -84,6 +85,8 @@ class InMemoryStore:
             ),
             key=lambda s: (s.next_attempt_at, s.row.id),
         )[:limit]
+        upto = list(itertools.accumulate(s.row.size for s in due))
+        due = [s for i, s in enumerate(due) if upto[i] <= max_bytes or (first_always and i == 0)]
         for s in due:
             s.next_attempt_at = now + self.lease
             s.lease_owner = self.owner
@@ -176,7 +179,7 @@ class ScriptedPublisher(ConfirmWindow):
         if answer == "return":
             self.tracker.on_return(row.message_id, "312 NO_ROUTE")
         if answer == "nack":
-            self.tracker.on_nack(seq, False)
+            self.tracker.on_nack(seq, False, time.monotonic())
         else:
             self.tracker.on_ack(seq, False, time.monotonic())
         self._wake()

@@ -21,8 +21,9 @@ A, N, R, T, F, L = (
 )
 
 # Each case: rows 1..n are published in order at t=0 (tags 1..n), then the events run.
-# Events: ("ack"|"nack", tag, multiple), ("return", row id), ("expire", now),
+# Events: ("ack"|"nack", tag, multiple[, now: 0.25]), ("return", row id), ("expire", now),
 # ("lost", culprit exchange or None). Expected: {row id: outcome} and how many stay in flight.
+# The confirm timeout is 30 s.
 CASES: dict[str, tuple[int, list[tuple[Any, ...]], dict[int, Outcome], int]] = {
     "single ack": (3, [("ack", 2, False)], {2: A}, 2),
     "multiple ack settles every tag up to it": (4, [("ack", 3, True)], {1: A, 2: A, 3: A}, 1),
@@ -46,8 +47,44 @@ CASES: dict[str, tuple[int, list[tuple[Any, ...]], dict[int, Outcome], int]] = {
     "timeout only takes tags older than the limit": (2, [("expire", 29.0)], {}, 2),
     "timeout takes every overdue tag": (
         3,
-        [("ack", 2, False), ("expire", 30.0)],
+        [("ack", 2, False), ("expire", 30.25)],
         {1: T, 2: A, 3: T},
+        0,
+    ),
+    "an answer restarts the wait of the tags before it": (
+        3,
+        [("ack", 1, False, 20.0), ("expire", 49.0)],
+        {1: A},
+        2,
+    ),
+    "no answer for the timeout after the last one": (
+        3,
+        [("ack", 1, False, 20.0), ("expire", 50.0)],
+        {1: A, 2: T, 3: T},
+        0,
+    ),
+    "a nack is an answer too": (
+        2,
+        [("nack", 1, False, 20.0), ("expire", 49.0)],
+        {1: N},
+        1,
+    ),
+    "a slow window confirming one by one never times out": (
+        4,
+        [
+            ("ack", 1, False, 25.0),
+            ("ack", 2, False, 50.0),
+            ("expire", 54.0),
+            ("ack", 3, False, 55.0),
+            ("expire", 59.0),
+        ],
+        {1: A, 2: A, 3: A},
+        1,
+    ),
+    "a tag left unanswered while others are confirmed waits twice the timeout": (
+        3,
+        [("ack", 2, False, 25.0), ("ack", 3, False, 50.0), ("expire", 59.0), ("expire", 60.0)],
+        {1: T, 2: A, 3: A},
         0,
     ),
     "channel lost: outstanding rows are lost": (
@@ -79,9 +116,9 @@ def test_tracker(case: str) -> None:
     for event in events:
         kind = event[0]
         if kind == "ack":
-            tracker.on_ack(event[1], event[2], now=0.25)
+            tracker.on_ack(event[1], event[2], now=event[3] if len(event) > 3 else 0.25)
         elif kind == "nack":
-            tracker.on_nack(event[1], event[2])
+            tracker.on_nack(event[1], event[2], now=event[3] if len(event) > 3 else 0.25)
         elif kind == "return":
             tracker.on_return(f"m-{event[1]}", "312 NO_ROUTE")
         elif kind == "expire":

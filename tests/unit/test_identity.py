@@ -98,6 +98,11 @@ def test_a_value_of_an_unknown_type_is_refused() -> None:
         encode(object())
 
 
+def test_an_interval_beyond_64_bit_microseconds_is_refused() -> None:
+    with pytest.raises(Unidentifiable, match="beyond 64-bit"):
+        encode(timedelta(days=106_751_992))
+
+
 # --- The encoding, written out again from the table in relay.identity's docstring ----------
 # With arithmetic of its own (integers, calendar, struct): the properties below compare the
 # code with this definition, never with itself.
@@ -208,7 +213,7 @@ scalars = (
     | wall_clock
     | st.dates()
     | st.times()
-    | st.timedeltas()
+    | st.timedeltas(timedelta(microseconds=-(2**63)), timedelta(microseconds=2**63 - 1))
 )
 values = st.recursive(
     scalars,

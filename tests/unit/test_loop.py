@@ -20,6 +20,7 @@ def make(
     publisher: ScriptedPublisher,
     max_attempts: int = 3,
     batch_size: int = 50,
+    max_inflight_bytes: int = 2**30,
 ) -> Relay:
     return Relay(
         store,
@@ -27,6 +28,7 @@ def make(
         SettlePolicy(max_attempts, Backoff(1.0, 10.0)),
         Metrics(),
         batch_size=batch_size,
+        max_inflight_bytes=max_inflight_bytes,
         poll_interval=0.01,
         drain_timeout=1.0,
         stats_interval=0.05,
@@ -238,3 +240,28 @@ def test_ordering_keeps_each_keys_rows_in_id_order_across_retries() -> None:
     # The same run without ordering lets later rows overtake the retried ones.
     unordered = acked_order(ordered=False)
     assert any(v != sorted(v) for v in unordered.values())
+
+
+def test_the_byte_budget_bounds_what_the_relay_holds_and_a_big_row_goes_alone() -> None:
+    """Rows held (claimed and not settled) never add up to more than the budget, but for a
+    row larger than the whole budget, which is claimed and published alone."""
+    store = InMemoryStore()
+    sizes = [400] * 10 + [5000] + [400] * 5
+    store.enqueue([NewMessage(b"x" * n, "ex", "rk") for n in sizes])
+    held: list[list[int]] = []
+    claim = store.claim
+
+    def watched(limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
+        rows = claim(limit, max_bytes, first_always)
+        held.append([s.row.size for s in store.rows.values() if s.lease_owner is not None])
+        return rows
+
+    store.claim = watched  # type: ignore[method-assign]
+    publisher = ScriptedPublisher(lambda row: "ack", window=100)
+    relay = make(store, publisher, max_inflight_bytes=2000)
+    assert asyncio.run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
+    assert [r.size for r in publisher.published] == sizes
+    over = [h for h in held if sum(h) > 2000]
+    assert over == [[5000]], f"held more than the budget: {over}"
+    assert max(len(h) for h in held) == 5, "the budget was not used"
+    assert sample_value(relay.metrics, "relay_held_bytes") == 0

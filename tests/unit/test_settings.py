@@ -17,6 +17,22 @@ def test_defaults_need_no_environment() -> None:
     assert s.window == 1000 and s.name
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("33554432", 32 * 2**20),
+        ("32MiB", 32 * 2**20),
+        ("32 mib", 32 * 2**20),
+        ("64M", 64_000_000),
+        ("5MB", 5_000_000),
+        ("1.5GiB", 3 * 2**29),
+        ("2048KiB", 2**21),
+    ],
+)
+def test_the_byte_budget_takes_units(text: str, size: int) -> None:
+    assert Settings.load({"RELAY_MAX_INFLIGHT_BYTES": text}).max_inflight_bytes == size
+
+
 def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path) -> None:
     env_file = tmp_path / "relay.env"
     env_file.write_text("# comment\nRELAY_BATCH_SIZE=7\nRELAY_WINDOW='11'\nRELAY_MAX_ATTEMPTS=3\n")
@@ -36,6 +52,8 @@ def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path)
         ({"RELAY_CONFIRM_TIMEOUT": "-1"}, "RELAY_CONFIRM_TIMEOUT='-1': must be a positive"),
         ({"RELAY_CONFIRM_TIMEOUT": "nan"}, "RELAY_CONFIRM_TIMEOUT='nan': must be a positive"),
         ({"RELAY_METRICS_PORT": "70000"}, "RELAY_METRICS_PORT='70000': must be a port"),
+        ({"RELAY_MAX_INFLIGHT_BYTES": "500k"}, "RELAY_MAX_INFLIGHT_BYTES='500k': must be a size"),
+        ({"RELAY_MAX_INFLIGHT_BYTES": "1TiB!"}, "RELAY_MAX_INFLIGHT_BYTES='1TiB!': must be a"),
         ({"RELAY_LOG_FORMAT": "xml"}, "RELAY_LOG_FORMAT='xml': must be one of text, json"),
         (
             {"RELAY_BACH_SIZE": "5"},
