@@ -161,12 +161,17 @@ def own_cpu() -> float:
 
 
 def bare_publisher(
-    servers: Servers, count: int, *, relay_messages: bool = False, body: bytes = BODY
+    servers: Servers,
+    count: int,
+    *,
+    relay_messages: bool = False,
+    body: bytes = BODY,
+    budget: int | None = None,
 ) -> Case:
     """(a) pika's asynchronous API, confirm mode, up to WINDOW confirms outstanding (fewer
     for big messages: see the module docstring); with ``relay_messages`` (a2), each message
     has the properties and flag the relay publishes."""
-    budget = Settings.load({}).max_inflight_bytes
+    budget = budget or Settings.load({}).max_inflight_bytes
     window = min(WINDOW, max(1, budget // len(body)))
 
     async def run() -> Case:
@@ -359,6 +364,7 @@ def this_relay(
     tracing: dict[str, str] | None = None,
     sampled_every: int = 0,
     body: bytes = BODY,
+    budget: int | None = None,
 ) -> Case:
     """(c) ``relay run`` as ``relays`` subprocesses, from the backlog's commit to its last
     row's ``sent_at``; with the first relay's peak RSS and the rows republished."""
@@ -370,6 +376,7 @@ def this_relay(
         RELAY_AMQP_URL=",".join(node.url for node in servers.nodes),
         RELAY_WINDOW=str(WINDOW),
         RELAY_LOG_LEVEL="warning",
+        **({"RELAY_MAX_INFLIGHT_BYTES": str(budget)} if budget else {}),
         **(tracing or {}),
     )
     procs = [
@@ -433,8 +440,14 @@ def main() -> int:
     parser.add_argument(
         "--payload-bytes", type=int, default=len(BODY), help="the messages' size (see above)"
     )
+    parser.add_argument(
+        "--max-inflight-bytes",
+        type=int,
+        help="the relays' RELAY_MAX_INFLIGHT_BYTES, and the bare publishers' byte window",
+    )
     args = parser.parse_args()
     body = b"x" * args.payload_bytes
+    load = {"body": body, "budget": args.max_inflight_bytes}
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[Case]] = {}
@@ -451,21 +464,21 @@ def main() -> int:
             for url in (pg_url, sqlite_url):
                 migrate(url)
             cases: dict[str, Callable[[], Case]] = {
-                "bare_publisher": lambda: bare_publisher(servers, args.rows, body=body),
+                "bare_publisher": lambda: bare_publisher(servers, args.rows, **load),
                 "bare_publisher_relay_messages": lambda: bare_publisher(
-                    servers, args.rows, relay_messages=True, body=body
+                    servers, args.rows, relay_messages=True, **load
                 ),
                 "naive_relay_postgresql": lambda: naive_relay(
                     servers, pg_url, args.naive_rows, body
                 ),
-                "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows, body=body),
-                "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows, body=body),
+                "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows, **load),
+                "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows, **load),
             }
             if args.tracing:
                 cases = tracing_cases(servers, pg_url, args.rows, stack)
             for relays in (2, 3) if args.scaling else ():
                 cases[f"relay_postgresql_{relays}_relays"] = functools.partial(
-                    this_relay, servers, pg_url, args.rows, relays=relays, body=body
+                    this_relay, servers, pg_url, args.rows, relays=relays, **load
                 )
             for _ in range(args.rounds):
                 for name, measure in cases.items():
@@ -473,13 +486,11 @@ def main() -> int:
                     results.setdefault(name, []).append(measure())
             if args.profile is not None:
                 servers.fresh_queue()
-                this_relay(
-                    servers, pg_url, args.rows, profile=args.profile / "relay.txt", body=body
-                )
+                this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt", **load)
             if args.backlog_rows:
                 servers.fresh_queue()
                 results["relay_postgresql_backlog"] = [
-                    this_relay(servers, pg_url, args.backlog_rows, body=body)
+                    this_relay(servers, pg_url, args.backlog_rows, **load)
                 ]
         finally:
             for node in servers.nodes:

@@ -33,7 +33,7 @@ from relay.constants import (
     LISTEN_STOP_CHECK_S,
 )
 from relay.db.clock import database_time, seconds_since
-from relay.db.engine import create_engine, db_errors, id_in
+from relay.db.engine import BINARY_RESULTS, create_engine, db_errors, id_in
 from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
 from relay.errors import StoreError
 from relay.records import PARKED, PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
@@ -210,7 +210,8 @@ class ClaimStore:
             .returning(*_RAW_COLUMNS)
         )
         with self._session("claim", statements=1) as conn:
-            rows = [decode_row(r) for r in conn.execute(stmt).mappings().all()]
+            result = conn.execute(stmt, execution_options={BINARY_RESULTS: True})
+            rows = [decode_row(r) for r in result.mappings().all()]
         rows.sort(key=lambda r: r.id)
         return rows
 
