@@ -185,7 +185,9 @@ class Relay:
                 if len(rows) < wanted:
                     # No more due now (the next notification or poll asks again), unless
                     # the byte budget cut the claim short: then settles that free room do.
-                    self._maybe_due = self._cut_by_bytes(rows, room)
+                    # (Set, never cleared: a notification during the claim stands.)
+                    if self._cut_by_bytes(rows, room):
+                        self._maybe_due = True
                     break
                 self._maybe_due = True
 
