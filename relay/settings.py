@@ -212,7 +212,10 @@ class Settings:
         "key are not held back).",
     )
     confirm_timeout: float = _setting(
-        30.0, _positive_float, "Seconds to wait for a confirm before the row is retried."
+        30.0,
+        _positive_float,
+        "Seconds without any answer from the broker after which unconfirmed rows are retried "
+        "(a row waits at most twice this while later ones are confirmed).",
     )
     lease: float = _setting(
         120.0,
