@@ -83,15 +83,12 @@ class _GatheringConnection(AsyncioConnection):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._gathered: list[bytes] = []
-        self._gathered_bytes = 0
         super().__init__(*args, **kwargs)
 
     def _adapter_emit_data(self, data: bytes) -> None:
         if not self._gathered:
             asyncio.get_running_loop().call_soon(self._emit_gathered)
-            self._gathered_bytes = 0
         self._gathered.append(data)
-        self._gathered_bytes += len(data)
 
     def _emit_gathered(self) -> None:
         pieces, self._gathered = self._gathered, []
@@ -99,7 +96,7 @@ class _GatheringConnection(AsyncioConnection):  # type: ignore[misc]
             return
         # Big messages' frames are written as they are: joined, they would be one more copy
         # of every byte in flight (the byte budget's worth, for a while).
-        if self._gathered_bytes < GATHER_MAX_BYTES:
+        if sum(map(len, pieces)) < GATHER_MAX_BYTES:
             pieces = [b"".join(pieces)]
         for piece in pieces:
             super()._adapter_emit_data(piece)

@@ -179,14 +179,15 @@ class Relay:
                     self.store.claim, wanted, room, first_always=not self._holding
                 )
                 rows = await self._db(claim)
-                self._hold(sum(r.size for r in rows))
+                claimed = sum(r.size for r in rows)
+                self._hold(claimed)
                 self._ready += rows
                 self._answered()
                 if len(rows) < wanted:
                     # No more due now (the next notification or poll asks again), unless
                     # the byte budget cut the claim short: then settles that free room do.
                     # (Set, never cleared: a notification during the claim stands.)
-                    if self._cut_by_bytes(rows, room):
+                    if self._cut_by_bytes(len(rows), claimed, room):
                         self._maybe_due = True
                     break
                 self._maybe_due = True
@@ -214,12 +215,12 @@ class Relay:
             return wanted
         return 0
 
-    def _cut_by_bytes(self, rows: list[OutboxRow], room: int) -> bool:
-        """Did the byte budget, rather than the outbox running dry, end this short claim?
-        Guessed without another query: one more row like these (having claimed none, of half
-        the budget) would not have fit. A wrong guess costs one empty claim, or a poll."""
-        claimed = sum(r.size for r in rows)
-        typical = claimed / len(rows) if rows else self.max_bytes / 2
+    def _cut_by_bytes(self, rows: int, claimed: int, room: int) -> bool:
+        """Did the byte budget, rather than the outbox running dry, end this short claim of
+        ``rows`` rows and ``claimed`` bytes? Guessed without another query: one more row like
+        these (having claimed none, of half the budget) would not have fit. A wrong guess
+        costs one empty claim, or a poll."""
+        typical = claimed / rows if rows else self.max_bytes / 2
         return claimed + typical > room
 
     def _hold(self, size: int) -> None:

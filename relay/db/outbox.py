@@ -140,10 +140,10 @@ class OutboxAdmin:
         stop: threading.Event | None = None,
     ) -> int:
         """Delete rows sent more than ``older_than`` seconds ago (by the database's clock),
-        ``chunk`` rows per transaction, walking
-        the primary key so that every chunk is as cheap as the first; returns the rows
-        deleted. ``progress`` is told the total after each full chunk; a set ``stop`` ends
-        the purge after the chunk under way (the relay's shutdown waits for one at most)."""
+        ``chunk`` rows per transaction, walking the primary key so that every chunk is as
+        cheap as the first; returns the rows deleted. ``progress`` is told the total after
+        each full chunk; a set ``stop`` ends the purge after the chunk under way (the
+        relay's shutdown waits for one at most)."""
         ids = (
             sa.select(outbox.c.id)
             .where(
