@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from devtools.broker import names, simple_topology, write_topology
 from devtools.servers import wait_until
 from relay.settings import ENV_PREFIX
 
@@ -25,6 +26,24 @@ def relay_env(**variables: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(variables)
     return env
+
+
+def relay_on_new_queue(
+    directory: Path, prefix: str, database_url: str, amqp_url: str, **variables: str
+) -> tuple[str, str, dict[str, str]]:
+    """(exchange, queue, env): a topic exchange bound to a queue for every routing key, both
+    newly named from ``prefix``, in a topology file written to ``directory``; and the
+    environment of a relay on that topology, ``database_url`` and ``amqp_url``, with the
+    other RELAY_* ``variables`` given."""
+    exchange, queue = names(prefix)
+    topology = write_topology(directory / "topology.toml", simple_topology(exchange, queue))
+    env = relay_env(
+        RELAY_DATABASE_URL=database_url,
+        RELAY_AMQP_URL=amqp_url,
+        RELAY_TOPOLOGY_FILE=str(topology),
+        **variables,
+    )
+    return exchange, queue, env
 
 
 def skewed(env: dict[str, str], offset: str) -> dict[str, str]:

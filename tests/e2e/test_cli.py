@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from devtools.broker import declare_bound, drain, names, simple_topology, write_topology
+from devtools.broker import declare_bound, drain, names
 from devtools.outbox import statuses
-from devtools.relayproc import RelayProcess, relay, relay_env, run_relay_until
+from devtools.relayproc import RelayProcess, relay, relay_env, relay_on_new_queue, run_relay_until
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.schema import outbox
@@ -101,14 +101,13 @@ def test_migrate_on_an_unreachable_database_fails_clearly() -> None:
 def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
     tmp_path: Path, rabbit: RabbitNode
 ) -> None:
-    exchange, queue = names("e2e")
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
-    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
     port = free_port()
-    env = relay_env(
-        RELAY_DATABASE_URL=url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_TOPOLOGY_FILE=str(topology),
+    exchange, queue, env = relay_on_new_queue(
+        tmp_path,
+        "e2e",
+        url,
+        rabbit.url,
         RELAY_METRICS_PORT=str(port),
         RELAY_METRICS_HOST="127.0.0.1",
         RELAY_POLL_INTERVAL="0.05",

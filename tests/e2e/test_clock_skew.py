@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from devtools.broker import drain, names, simple_topology, write_topology
+from devtools.broker import drain
 from devtools.outbox import insert, statuses
-from devtools.relayproc import RelayProcess, relay_env, skew_unavailable, skewed
+from devtools.relayproc import RelayProcess, relay_on_new_queue, skew_unavailable, skewed
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
 
@@ -36,23 +36,25 @@ def faketime() -> None:
 
 @dataclass(frozen=True)
 class Setup:
+    database_url: str  # a PostgreSQL outbox
+    amqp_url: str
     exchange: str  # a topic exchange bound to ``queue`` for every routing key
     queue: str
-    env: dict[str, str]  # a relay's, on that topology and a PostgreSQL outbox
+    env: dict[str, str]  # a relay's, on that topology and outbox
 
 
 @pytest.fixture
-def setup(tmp_path: Path, rabbit: RabbitNode, postgresql_url: str) -> Setup:
-    exchange, queue = names("skew")
-    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
-    env = relay_env(
-        RELAY_DATABASE_URL=postgresql_url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_TOPOLOGY_FILE=str(topology),
+def setup(faketime: None, tmp_path: Path, rabbit: RabbitNode, postgresql_url: str) -> Setup:
+    """What each test here needs; skipped where a relay's clock cannot be skewed."""
+    exchange, queue, env = relay_on_new_queue(
+        tmp_path,
+        "skew",
+        postgresql_url,
+        rabbit.url,
         RELAY_METRICS_HOST="127.0.0.1",
         RELAY_LOG_FORMAT="json",
     )
-    return Setup(exchange, queue, env)
+    return Setup(postgresql_url, rabbit.url, exchange, queue, env)
 
 
 def write(url: str, first: int, count: int, exchange: str, routing_key: str = "k") -> None:
@@ -75,10 +77,7 @@ def write(url: str, first: int, count: int, exchange: str, routing_key: str = "k
 
 
 def test_two_relays_ten_minutes_apart_publish_every_row_once(
-    faketime: None,
     tmp_path: Path,
-    rabbit: RabbitNode,
-    postgresql_url: str,
     setup: Setup,
 ) -> None:
     """The relay ahead judges every lease by the database's clock, not its own: before,
@@ -110,7 +109,7 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
         writers = [
             threading.Thread(
                 target=write,
-                args=(postgresql_url, n * ROWS_PER_WRITER, ROWS_PER_WRITER, setup.exchange),
+                args=(setup.database_url, n * ROWS_PER_WRITER, ROWS_PER_WRITER, setup.exchange),
             )
             for n in range(2)
         ]
@@ -119,7 +118,7 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
             w.start()
         for w in writers:
             w.join()
-        wait_until(lambda: statuses(postgresql_url).get("sent") == total, 120, "every row sent")
+        wait_until(lambda: statuses(setup.database_url).get("sent") == total, 120, "every row sent")
         drained_in = time.monotonic() - started
         published = [
             metric(http_get(f"http://127.0.0.1:{port}/metrics")[1], "relay_published_total")
@@ -132,7 +131,7 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
             if proc.running:
                 proc.kill()
     delivered = Counter(
-        d.message_id for d in drain(rabbit.url, setup.queue, expect=total, timeout=120)
+        d.message_id for d in drain(setup.amqp_url, setup.queue, expect=total, timeout=120)
     )
     duplicates = sum(delivered.values()) - len(delivered)
     lost = total - len(delivered)
@@ -147,10 +146,7 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
 
 
 def test_a_relay_ten_minutes_behind_publishes_new_rows_at_once(
-    faketime: None,
     tmp_path: Path,
-    rabbit: RabbitNode,
-    postgresql_url: str,
     setup: Setup,
 ) -> None:
     """Rows are due by the database's clock: before, a relay 10 minutes behind held every
@@ -159,9 +155,9 @@ def test_a_relay_ten_minutes_behind_publishes_new_rows_at_once(
     with RelayProcess(env, tmp_path / "behind.log") as proc:
         wait_until(lambda: "broker_connected" in proc.log(), 60, "the relay connected")
         started = time.monotonic()
-        write(postgresql_url, 0, 500, setup.exchange)
+        write(setup.database_url, 0, 500, setup.exchange)
         wait_until(
-            lambda: statuses(postgresql_url).get("sent") == 500,
+            lambda: statuses(setup.database_url).get("sent") == 500,
             30,
             "500 rows sent by a relay 10 minutes behind (not 10 minutes later)",
         )
@@ -170,14 +166,12 @@ def test_a_relay_ten_minutes_behind_publishes_new_rows_at_once(
             "the first was written"
         )
         assert proc.stop() == 0
-    assert len({d.message_id for d in drain(rabbit.url, setup.queue, expect=500)}) == 500
+    assert len({d.message_id for d in drain(setup.amqp_url, setup.queue, expect=500)}) == 500
 
 
 @pytest.mark.parametrize("offset", [TEN_MINUTES_AHEAD, TEN_MINUTES_BEHIND])
 def test_a_skewed_relay_backs_off_by_the_databases_clock(
-    faketime: None,
     tmp_path: Path,
-    postgresql_url: str,
     setup: Setup,
     offset: str,
 ) -> None:
@@ -197,10 +191,10 @@ def test_a_skewed_relay_backs_off_by_the_databases_clock(
     # The exchange exists (the topology declares it) and binds "#": an unroutable row needs
     # a routing key nothing binds, so it goes to the default exchange's queue that is not.
     insert(
-        postgresql_url,
+        setup.database_url,
         [{"message_id": "lost", "exchange": "", "routing_key": "no.such.queue", "payload": b"p"}],
     )
-    engine = sa.create_engine(postgresql_url)
+    engine = sa.create_engine(setup.database_url)
     due_in = sa.text(
         "SELECT attempts, extract(epoch FROM next_attempt_at - statement_timestamp()) "
         "FROM outbox WHERE message_id = 'lost'"

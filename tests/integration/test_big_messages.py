@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from devtools.broker import drain, names, simple_topology, write_topology
+from devtools.broker import drain
 from devtools.outbox import insert, statuses
 from devtools.procfs import peak_rss_mb, rss_mb
-from devtools.relayproc import RelayProcess, relay_env
+from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
 from tests.support.rabbitmq import RABBITMQ_3, rabbit_node, running
@@ -77,13 +77,12 @@ def test_big_messages_are_relayed_once_each_within_the_memory_the_budget_allows(
     small_limit_rabbit: RabbitNode, postgresql_url: str, tmp_path: Path, budget: int
 ) -> None:
     rabbit = small_limit_rabbit
-    exchange, queue = names("big")
-    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
     port = free_port()
-    env = relay_env(
-        RELAY_DATABASE_URL=postgresql_url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_TOPOLOGY_FILE=str(topology),
+    exchange, queue, env = relay_on_new_queue(
+        tmp_path,
+        "big",
+        postgresql_url,
+        rabbit.url,
         RELAY_METRICS_HOST="127.0.0.1",
         RELAY_METRICS_PORT=str(port),
         RELAY_MAX_INFLIGHT_BYTES=str(budget),

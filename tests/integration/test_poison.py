@@ -22,10 +22,10 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from devtools.broker import drain, names, simple_topology, write_topology
+from devtools.broker import drain, names, simple_topology
 from devtools.outbox import insert, rows, statuses
 from devtools.procfs import cpu_seconds
-from devtools.relayproc import RelayProcess, relay_env
+from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, wait_until
 from relay.records import NewMessage
 from tests.support.inprocess import Running, enqueue, settings, wait_for
@@ -224,12 +224,11 @@ def test_a_row_being_retried_costs_the_relay_almost_no_cpu(
 ) -> None:
     """A row that closes the channel on every attempt, retried about once a second, and
     nothing else to do: the relay waits, it does not spin (a spinning row burns a core)."""
-    exchange, queue = names("idle")
-    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
-    env = relay_env(
-        RELAY_DATABASE_URL=postgresql_url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_TOPOLOGY_FILE=str(topology),
+    _, _, env = relay_on_new_queue(
+        tmp_path,
+        "idle",
+        postgresql_url,
+        rabbit.url,
         RELAY_METRICS_PORT="0",
         RELAY_MAX_ATTEMPTS="1000",
         RELAY_BACKOFF_INITIAL="0.5",

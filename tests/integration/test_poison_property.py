@@ -27,9 +27,8 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools.broker import names, simple_topology, write_topology
 from devtools.outbox import insert
-from devtools.relayproc import RelayProcess, relay_env
+from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, wait_until
 
 EXAMPLES = int(os.environ.get("POISON_EXAMPLES", "25"))
@@ -165,12 +164,11 @@ def relayed(
 ) -> Iterator[tuple[str, str, str, RelayProcess]]:
     """(database URL, exchange, queue, the running relay)."""
     url = str(request.getfixturevalue(f"{request.param}_url"))
-    exchange, queue = names("property")
-    topology = write_topology(tmp_path / "topology.toml", simple_topology(exchange, queue))
-    env = relay_env(
-        RELAY_DATABASE_URL=url,
-        RELAY_AMQP_URL=rabbit.url,
-        RELAY_TOPOLOGY_FILE=str(topology),
+    exchange, queue, env = relay_on_new_queue(
+        tmp_path,
+        "property",
+        url,
+        rabbit.url,
         RELAY_METRICS_PORT="0",
         RELAY_MAX_ATTEMPTS="2",
         RELAY_BACKOFF_INITIAL="0.05",
