@@ -7,7 +7,7 @@ memory, and the contract tests hold the fakes to the real ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from relay.records import BacklogStats, OutboxRow, SettleBatch, Settlement
@@ -17,12 +17,23 @@ class Store(Protocol):
     """The outbox as the loop sees it: due rows under a lease, and their outcomes. Every time
     is the store's own (the database's clock): the loop passes none."""
 
-    def claim(self, limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
+    def claim(
+        self,
+        limit: int,
+        max_bytes: int,
+        first_always: bool = False,
+        skip: Collection[str] = (),
+    ) -> list[OutboxRow]:
         """Up to ``limit`` due rows whose payloads add up to at most ``max_bytes``, leased to
-        this relay, in id order; with ``first_always``, the first due row even if larger."""
+        this relay, in id order; with ``first_always``, the first due row even if larger;
+        none for the exchanges in ``skip``."""
 
     def settle(self, batch: SettleBatch) -> None:
         """Record outcomes: acked rows sent, the others as the batch says."""
+
+    def hasten(self, exchanges: Sequence[str]) -> int:
+        """Pending rows for these exchanges that wait out a back-off, and that no relay
+        holds, due now (their destination was found again); returns how many."""
 
     def backlog(self) -> BacklogStats: ...
 
@@ -59,6 +70,13 @@ class Publisher(Protocol):
 
     def take_settled(self) -> list[Settlement]:
         """What became of published rows since the last call."""
+
+    def broken_exchanges(self) -> frozenset[str]:
+        """The exchanges the broker refuses now: their rows are held, not published."""
+
+    def take_recovered(self) -> list[str]:
+        """Exchanges found again since the last call after the broker refused them (see
+        ``relay.destinations``): their held rows should be due now."""
 
     async def run(self, wake: Callable[[], None]) -> None:
         """Connect, keep reconnecting with back-off, until ``close``; call ``wake`` whenever

@@ -17,7 +17,7 @@ relays whose clocks disagree by more than a lease still agree on every lease.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +33,15 @@ from relay.constants import (
     LISTEN_STOP_CHECK_S,
 )
 from relay.db.clock import database_time, seconds_since
-from relay.db.engine import BINARY_RESULTS, create_engine, db_errors, id_in
+from relay.db.engine import (
+    BINARY_RESULTS,
+    changes_parameters,
+    changes_table,
+    create_engine,
+    db_errors,
+    id_in,
+    text_list,
+)
 from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox
 from relay.errors import StoreError
 from relay.records import PARKED, PENDING, SENT, BacklogStats, OutboxRow, SettleBatch
@@ -161,10 +169,17 @@ class ClaimStore:
             sa.func.length(outbox.c.payload) if sqlite else sa.func.octet_length(outbox.c.payload)
         )
 
-    def claim(self, limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
+    def claim(
+        self,
+        limit: int,
+        max_bytes: int,
+        first_always: bool = False,
+        skip: Collection[str] = (),
+    ) -> list[OutboxRow]:
         """Up to ``limit`` due rows whose payloads add up to at most ``max_bytes``, leased to
         this relay, in id order. With ``first_always``, the first due row is taken even when
-        it alone is larger (the caller holds nothing else: it goes out alone).
+        it alone is larger (the caller holds nothing else: it goes out alone). Rows for the
+        exchanges in ``skip`` are left (they are due for the next claim without it).
 
         The payloads' sizes are the database's to tell (``octet_length`` reads a stored
         value's length, not the value): a claim never fetches more payload than it may
@@ -176,6 +191,10 @@ class ClaimStore:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
+        if skip:
+            candidates = candidates.where(
+                sa.not_(outbox.c.exchange.in_(text_list("skip", self.engine.dialect)))
+            )
         if self.ordered:
             earlier = outbox.alias("earlier")
             candidates = candidates.where(
@@ -210,7 +229,9 @@ class ClaimStore:
             .returning(*_RAW_COLUMNS)
         )
         with self._session("claim", statements=1) as conn:
-            result = conn.execute(stmt, execution_options={BINARY_RESULTS: True})
+            result = conn.execute(
+                stmt, {"skip": list(skip)}, execution_options={BINARY_RESULTS: True}
+            )
             rows = [decode_row(r) for r in result.mappings().all()]
         rows.sort(key=lambda r: r.id)
         return rows
@@ -240,18 +261,15 @@ class ClaimStore:
         # A failure is written only while the row is still ours: if our lease ran out and
         # another relay holds it now, its outcome decides. An ack is written regardless:
         # it proves delivery whoever holds the row.
+        change = changes_table(self.engine.dialect)
         changed = (
             sa.update(outbox)
-            .where(
-                outbox.c.id == sa.bindparam("row_id"),
-                _STILL_PENDING,
-                outbox.c.lease_owner == self.owner,
-            )
+            .where(outbox.c.id == change.c.id, _STILL_PENDING, outbox.c.lease_owner == self.owner)
             .values(
-                status=sa.bindparam("new_status"),
-                attempts=sa.bindparam("new_attempts"),
-                next_attempt_at=database_time(sa.bindparam("new_delay", type_=sa.Float())),
-                last_error=sa.bindparam("new_last_error"),
+                status=change.c.status,
+                attempts=change.c.attempts,
+                next_attempt_at=database_time(change.c.delay),
+                last_error=change.c.last_error,
                 lease_owner=None,
             )
         )
@@ -260,19 +278,31 @@ class ClaimStore:
             for i in chunks:
                 conn.execute(sent, {"ids": list(batch.sent[i : i + IDS_PER_STATEMENT])})
             if batch.changes:
-                conn.execute(
-                    changed,
-                    [
-                        {
-                            "row_id": c.id,
-                            "new_status": c.status,
-                            "new_attempts": c.attempts,
-                            "new_delay": c.delay,
-                            "new_last_error": c.last_error[:LAST_ERROR_MAX_CHARS],
-                        }
-                        for c in batch.changes
-                    ],
-                )
+                changes = [
+                    (c.id, c.status, c.attempts, c.delay, c.last_error[:LAST_ERROR_MAX_CHARS])
+                    for c in batch.changes
+                ]
+                conn.execute(changed, changes_parameters(self.engine.dialect, changes))
+
+    def hasten(self, exchanges: Sequence[str]) -> int:
+        """Rows settled with a back-off are no relay's (``lease_owner`` is cleared); rows
+        a relay holds keep their lease, and rows no attempt was made for (a writer's own
+        ``next_attempt_at``) their time."""
+        if not exchanges:
+            return 0
+        stmt = (
+            sa.update(outbox)
+            .where(
+                outbox.c.status == PENDING,
+                outbox.c.exchange.in_(exchanges),
+                outbox.c.lease_owner.is_(None),
+                outbox.c.attempts > 0,
+                outbox.c.next_attempt_at > database_time(),
+            )
+            .values(next_attempt_at=database_time())
+        )
+        with self._session("hasten", statements=1) as conn:
+            return conn.execute(stmt).rowcount
 
     @contextmanager
     def _session(self, what: str, *, statements: int) -> Iterator[sa.Connection]:

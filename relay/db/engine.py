@@ -14,7 +14,7 @@ Two kinds of session, by what their writes must survive:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
@@ -148,6 +148,59 @@ def id_in(column: sa.ColumnElement[int], dialect: sa.Dialect) -> sa.ColumnElemen
     # SQLite has no arrays: the ids travel as one JSON array, unpacked by json_each.
     ids = sa.func.json_each(sa.bindparam("ids", type_=sa.JSON())).table_valued("value")
     return column.in_(sa.select(ids.c.value))
+
+
+# A row change's fields, as ``changes_table`` binds them (``relay.records.RowChange``'s).
+_CHANGE_COLUMNS: tuple[tuple[str, sa.types.TypeEngine[Any]], ...] = (
+    ("id", sa.BigInteger()),
+    ("status", sa.Text()),
+    ("attempts", sa.Integer()),
+    ("delay", sa.Float()),
+    ("last_error", sa.Text()),
+)
+
+
+def changes_table(dialect: sa.Dialect) -> sa.Subquery | sa.TableValuedAlias:
+    """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
+    id, status, attempts, delay, last_error (bind them with ``changes_parameters``). One
+    statement then changes hundreds of rows each its own way; a statement per row made the
+    settle of 500 rows refused by the broker 500 statements."""
+    if dialect.name == "postgresql":
+        arrays = [
+            sa.bindparam(f"change_{name}", type_=postgresql.ARRAY(kind))
+            for name, kind in _CHANGE_COLUMNS
+        ]
+        columns = [sa.column(name, kind) for name, kind in _CHANGE_COLUMNS]
+        return sa.func.unnest(*arrays).table_valued(*columns).render_derived("change")
+    # SQLite has no arrays: the changes travel as one JSON array of arrays.
+    each = sa.func.json_each(sa.bindparam("changes", type_=sa.JSON())).table_valued("value")
+    return sa.select(
+        *(
+            sa.type_coerce(sa.func.json_extract(each.c.value, f"$[{i}]"), kind).label(name)
+            for i, (name, kind) in enumerate(_CHANGE_COLUMNS)
+        )
+    ).subquery("change")
+
+
+def changes_parameters(
+    dialect: sa.Dialect, changes: Sequence[Sequence[Any]]
+) -> dict[str, list[Any]]:
+    """``changes_table``'s parameters for ``changes``, each a tuple of its columns."""
+    if dialect.name == "postgresql":
+        return {
+            f"change_{name}": [change[i] for change in changes]
+            for i, (name, _kind) in enumerate(_CHANGE_COLUMNS)
+        }
+    return {"changes": [list(change) for change in changes]}
+
+
+def text_list(name: str, dialect: sa.Dialect) -> sa.Select[tuple[Any]]:
+    """A list of strings bound as one parameter ``name``, for ``column.in_(...)``: one
+    statement text for every list, as ``id_in``."""
+    if dialect.name == "postgresql":
+        return sa.select(sa.func.unnest(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text()))))
+    values = sa.func.json_each(sa.bindparam(name, type_=sa.JSON())).table_valued("value")
+    return sa.select(values.c.value)
 
 
 def schema_missing(where: str) -> SchemaMissingError:

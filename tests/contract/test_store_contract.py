@@ -253,3 +253,36 @@ def test_a_row_larger_than_the_limit_is_claimed_alone_when_asked(
     (big,) = a.claim(10, 1000, first_always=True)
     assert big.size == 5000
     assert [r.size for r in b.claim(10, 1000, first_always=True)] == [10, 10]
+
+
+def to(exchanges: str) -> list[NewMessage]:
+    return [NewMessage(f"{e}-{i}".encode(), e) for i, e in enumerate(exchanges)]
+
+
+def test_a_claim_leaves_out_the_exchanges_it_skips(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(to("abcab"))
+    skipped = store.claim(10, NO_BYTE_LIMIT, skip=frozenset({"a", "c"}))
+    assert [r.payload for r in skipped] == [b"b-1", b"b-4"]
+    assert [r.payload for r in store.claim(10, NO_BYTE_LIMIT)] == [b"a-0", b"c-2", b"a-3"]
+
+
+def test_hasten_makes_backed_off_rows_of_an_exchange_due_now(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    a.enqueue(to("xxyx"))
+    x0, x1, y2, x3 = a.claim(10, NO_BYTE_LIMIT)
+    held = "failed: the broker refuses exchange 'x'"
+    backed_off = (
+        RowChange(x0.id, PENDING, 1, 600.0, held),
+        RowChange(y2.id, PENDING, 1, 600.0, held),
+    )
+    a.settle(SettleBatch(changes=(*backed_off, RowChange(x1.id, PENDING, 1, 600.0, held))))
+    advance(a, LEASE + SLACK)
+    (taken,) = b.claim(1, NO_BYTE_LIMIT)  # x3, whose lease ran out: b's now
+    assert taken.id == x3.id
+    a.enqueue(to("x"))  # attempts 0: no back-off to cut short, whatever its time
+    assert a.hasten(["x"]) == 2, "x0 and x1 only"
+    assert a.hasten([]) == 0
+    due = {r.id for r in b.claim(10, NO_BYTE_LIMIT)}
+    assert x0.id in due and x1.id in due and y2.id not in due and x3.id not in due
+    assert state(a, x0.id) == (PENDING, 1, held), "the attempt stays charged"

@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -64,7 +64,13 @@ class InMemoryStore:
         self.rows: dict[int, _Stored] = {}
         self.failing = False
 
-    def claim(self, limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
+    def claim(
+        self,
+        limit: int,
+        max_bytes: int,
+        first_always: bool = False,
+        skip: Collection[str] = (),
+    ) -> list[OutboxRow]:
         self._check()
         now = self.clock.now
         first_pending: dict[str, int] = {}
@@ -77,6 +83,7 @@ class InMemoryStore:
                 for s in self.rows.values()
                 if s.status == PENDING
                 and s.next_attempt_at <= now
+                and s.row.exchange not in skip
                 and (
                     not self.ordered
                     or s.ordering_key is None
@@ -105,6 +112,22 @@ class InMemoryStore:
                 s.status, s.lease_owner = c.status, None
                 s.next_attempt_at = now + timedelta(seconds=c.delay)
                 s.row = replace(s.row, attempts=c.attempts, last_error=c.last_error)
+
+    def hasten(self, exchanges: Sequence[str]) -> int:
+        self._check()
+        now = self.clock.now
+        waiting = [
+            s
+            for s in self.rows.values()
+            if s.status == PENDING
+            and s.row.exchange in exchanges
+            and s.lease_owner is None
+            and s.row.attempts > 0
+            and s.next_attempt_at > now
+        ]
+        for s in waiting:
+            s.next_attempt_at = now
+        return len(waiting)
 
     def backlog(self) -> BacklogStats:
         self._check()
@@ -174,6 +197,12 @@ class ScriptedPublisher(ConfirmWindow):
                 loop.call_soon(self._answer, seq, row, answer)
         self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
         return list(rows)
+
+    def broken_exchanges(self) -> frozenset[str]:
+        return frozenset()  # this broker takes every exchange
+
+    def take_recovered(self) -> list[str]:
+        return []
 
     def _answer(self, seq: int, row: OutboxRow, answer: str) -> None:
         if answer == "return":
