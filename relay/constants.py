@@ -40,6 +40,13 @@ SHORT_SESSION_S = 5.0
 # socket is dropped (no longer than the confirm timeout).
 HALF_OPEN_CLOSE_S = 5.0
 
+# A broken destination (relay.destinations) is probed this long after it broke, and the delay
+# doubles with every failed probe up to the maximum: a probe costs a channel of its own and
+# a line in the broker's log, and the maximum bounds how long a destination that is fixed
+# waits to be found (its rows then become due at once).
+DESTINATION_PROBE_INITIAL_S = 1.0
+DESTINATION_PROBE_MAX_S = 10.0
+
 # A confirm tag times out when the channel answered nothing for the confirm timeout, or when
 # it waited this many confirm timeouts while others were answered (relay.confirms): less than
 # a lease (RELAY_LEASE must be more than twice the confirm timeout), so no other relay takes
@@ -65,6 +72,13 @@ LIVENESS_LIMIT_S = 60.0
 # of 5 ms a worker whose query returned waits up to 5 ms to run again (measured: about 10%
 # more rows/s at 1 ms).
 SWITCH_INTERVAL_S = 0.001
+# While other rows wait, a claim leaves out the rows of broken destinations (they are only
+# charged an attempt, relay.relay); at least this often, a claim takes them too.
+HELD_CHARGE_INTERVAL_S = 1.0
+
+# Rows parked for one reason within this many seconds of its last log line share one line
+# (relay.parked): a broken destination parks thousands of rows within seconds.
+PARKED_LOG_INTERVAL_S = 10.0
 
 # --- Tracing -------------------------------------------------------------------------------
 # The service name on the relay's spans when OTEL_SERVICE_NAME (or service.name in

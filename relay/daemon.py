@@ -55,6 +55,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         reconnect=reconnect,
         name=settings.name,
         on_state=metrics.broker_state,
+        on_destination=metrics.destination,
         tls=settings.amqp_tls,
         tracing=tracing,
     )

@@ -16,6 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from relay.destinations import display
 from relay.records import BrokerNode, Outcome, Settlement
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class Metrics:
         )
         self.broker_connections = Counter(
             "relay_broker_connections_total",
-            "Confirm channels opened (the first connect and every reconnect).",
+            "Broker connections opened (the first connect and every reconnect).",
             registry=r,
         )
         self.broker_node = Gauge(
@@ -84,6 +85,21 @@ class Metrics:
             "1 for the broker node the confirm channel is open on, labelled with its address "
             "and what it announced (product, version, cluster); no series while disconnected.",
             ["address", "product", "version", "cluster"],
+            registry=r,
+        )
+        self.destination_broken = Gauge(
+            "relay_destination_broken",
+            "1 for each exchange the broker refuses (404 or 403 on a publish): its rows are "
+            "charged their attempts without being published until a probe finds it again. "
+            "The series goes when it is back.",
+            ["exchange"],
+            registry=r,
+        )
+        self.destination_held = Gauge(
+            "relay_destination_held_rows",
+            "Rows of a broken exchange charged an attempt without being published, since it "
+            "broke. The series goes when it is back.",
+            ["exchange"],
             registry=r,
         )
         self.database_connected = Gauge(
@@ -109,6 +125,16 @@ class Metrics:
             self.broker_connections.inc()
             labels = (node.address, node.product, node.version, node.cluster_name)
             self.broker_node.labels(*labels).set(1)
+
+    def destination(self, exchange: str, held: int | None) -> None:
+        """``exchange`` is broken, with ``held`` rows held so far, or (None) back."""
+        name = display(exchange)
+        if held is None:
+            self.destination_broken.remove(name)
+            self.destination_held.remove(name)
+            return
+        self.destination_broken.labels(name).set(1)
+        self.destination_held.labels(name).set(held)
 
     def settled(self, settlements: Iterable[Settlement], parked: int) -> None:
         # Counted per outcome first: a label lookup per row cost 1.4% of the relay's CPU.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import ssl
 import time
 from collections import deque
@@ -28,31 +27,27 @@ import tenacity
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from relay.backoff import Backoff, log_before_retry
+from relay.blame import CLOSED_BY_BROKER, blame, suspect
 from relay.confirms import RELEASED, ConfirmWindow
 from relay.constants import (
+    DESTINATION_PROBE_INITIAL_S,
+    DESTINATION_PROBE_MAX_S,
     GATHER_MAX_BYTES,
     HALF_OPEN_CLOSE_S,
     MIN_CONNECT_TIMEOUT_S,
     PIKA_DEFAULT_CONNECT_TIMEOUT_S,
     SHORT_SESSION_S,
 )
+from relay.destinations import Admission, Destinations, display
 from relay.errors import BrokerError, ConfigError
 from relay.message import Limits, Unpublishable, build
-from relay.records import BrokerNode, OutboxRow
+from relay.records import BrokerNode, OutboxRow, Outcome, Settlement
 from relay.settings import TlsOptions, redact_url
 from relay.topology import Topology
 from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)
 
-_NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
-_NO_ACCESS = re.compile(r"access to exchange '(?P<name>[^']*)'")
-_TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
-# In the outcome of every row that was unconfirmed on a channel the broker closed. Such a
-# row is a suspect: it may be the one that made the broker close the channel, so its next
-# publish goes out alone (see ``PikaPublisher.publish``). Kept in the row's last_error, so
-# that every relay, and a restarted one, knows its suspects.
-CLOSED_BY_BROKER = "channel closed by the broker"
 _HELD_SUSPECT = f"not published again yet: a suspect since a {CLOSED_BY_BROKER}"
 
 
@@ -138,17 +133,18 @@ def _tls_context(tls: TlsOptions) -> ssl.SSLContext:
 class PikaPublisher(ConfirmWindow):
     """The ``Publisher`` the loop sees (see ``relay.ports``), on RabbitMQ through pika.
 
-    States, one word each: ``connected`` (a confirm channel is open and the topology
-    declared), ``blocked`` (the broker paused publishing: a resource alarm), and
-    ``can_publish`` (connected and not blocked).
+    States, one word each: ``connected`` (a connection is open and the topology declared),
+    ``blocked`` (the broker paused publishing: a resource alarm), and ``can_publish``
+    (connected, a confirm channel open, and not blocked).
 
-    Blame for a channel close: the broker closes the channel when a message breaks one of
-    its rules (404 no exchange, 403 refused or internal exchange, 406 too large, or a rule
-    no pattern here knows), and every unconfirmed publish on it is lost with it. Those rows
-    become suspects, and a suspect is published alone, with nothing else in flight: if the
-    channel closes then, that row is the culprit for certain and is charged an attempt (it
-    is parked in the end); if it is confirmed, it was innocent. Good rows are taken down
-    with a bad one once at most (one window), never again on its later attempts.
+    A channel error costs a channel, never the connection: the broker closes the channel when
+    a message breaks one of its rules, every unconfirmed publish on it is lost with it, and a
+    new confirm channel is opened on the same connection. ``relay.blame`` says which rows
+    were the culprits (charged an attempt) and whether the close shows an exchange broken
+    (``relay.destinations``: its rows are then held, not published, until a probe on a
+    channel of its own finds it again). When the close names no row, the lost rows become
+    suspects and each is next published alone, with nothing else in flight: good rows are
+    taken down with a bad one once at most (one window), never again on its later attempts.
     """
 
     def __init__(
@@ -161,6 +157,7 @@ class PikaPublisher(ConfirmWindow):
         reconnect: Backoff,
         name: str = "outbox-relay",
         on_state: Callable[[BrokerNode | None], None] = lambda _node: None,
+        on_destination: Callable[[str, int | None], None] = lambda _exchange, _held: None,
         tls: TlsOptions | None = None,
         tracing: Tracing | None = None,
     ) -> None:
@@ -183,15 +180,23 @@ class PikaPublisher(ConfirmWindow):
         self._topology = topology
         self._reconnect = reconnect
         self._on_state = on_state
+        self._on_destination = on_destination
         self._connection: _GatheringConnection | None = None
         self._channel: Any = None
+        self._channel_open = False  # the confirm channel; reopened after a channel error
         self.connected = False
         self.blocked = False
         self._limits = Limits()
-        self._held: deque[OutboxRow] = deque()  # suspects waiting to go out alone
+        self._suspects: deque[OutboxRow] = deque()  # waiting to go out alone
         self._alone: OutboxRow | None = None  # the suspect in flight by itself
         self._released: list[OutboxRow] = []  # suspects sent between two publish() calls
-        self._row_closed_channel = False  # this session ended with a channel error
+        probe = Backoff(DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S)
+        self._destinations = Destinations(probe.delay)
+        self._trials: dict[str, OutboxRow] = {}  # exchange -> its trial row, out alone
+        self._trials_settled: list[Settlement] = []
+        self._recovered: list[str] = []  # exchanges found again since take_recovered
+        self._tasks: set[asyncio.Task[None]] = set()  # channel reopens and probes
+        self._setup_failure = ""  # why the broker closed the channel while we connected
         self._closing = False
         self._session_closed: asyncio.Future[str] | None = None
         self._session_opened: asyncio.Future[None] | None = None
@@ -210,35 +215,69 @@ class PikaPublisher(ConfirmWindow):
 
     @property
     def can_publish(self) -> bool:
-        return self.connected and not self.blocked
+        return self.connected and self._channel_open and not self.blocked
+
+    @property
+    def in_flight(self) -> int:
+        return self.tracker.in_flight + len(self._trials)
 
     def capacity(self) -> int:
         # While suspects wait or one is out alone, nothing else may join the window.
-        return 0 if self._held or self._alone is not None else super().capacity()
+        return 0 if self._suspects or self._alone is not None else super().capacity()
 
     def release(self, rows: Sequence[OutboxRow]) -> None:
         for row in rows:
             self._lose(row, RELEASED)
 
+    def take_settled(self) -> list[Settlement]:
+        settled = self.tracker.take_settled()
+        if self._trials_settled:
+            settled += self._trials_settled
+            self._trials_settled = []
+        return settled
+
+    def broken_exchanges(self) -> frozenset[str]:
+        return self._destinations.names()
+
+    def take_recovered(self) -> list[str]:
+        recovered, self._recovered = self._recovered, []
+        return recovered
+
     def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         published = []
+        held: set[str] = set()
+        now = time.monotonic()
         for row in rows:
-            if not self.connected:
+            if not (self.connected and self._channel_open):
                 self._lose(row, "no channel to publish on")
-            elif _suspect(row):
-                self._held.append(row)
-            elif self._send(row):
+                continue
+            admission = self._destinations.admit(row.exchange, now)
+            if admission is Admission.HOLD:
+                self.tracker.fail(row, self._destinations.held_reason(row.exchange))
+                held.add(row.exchange)
+            elif admission is Admission.TRIAL:
+                self._trials[row.exchange] = row
+                self._spawn(self._trial(row))
                 published.append(row)
+            elif suspect(row):
+                self._suspects.append(row)
+            elif self._send(self._channel, row):
+                self.tracker.published(row, now)
+                published.append(row)
+        broken = self._destinations.broken()
+        for exchange in held:
+            self._on_destination(exchange, broken[exchange][1])
         published += self._release_suspect()
         published[:0], self._released = self._released, []
         return published
 
-    def _send(self, row: OutboxRow) -> bool:
-        """Publish one row; any failure becomes its outcome. True when it went out."""
+    def _send(self, channel: Any, row: OutboxRow) -> bool:
+        """Publish one row on ``channel``; any failure becomes its outcome. True when it went
+        out (the caller records it)."""
         try:
             trace = self._tracing.start(row, (self._params.host, self._params.port))
             message = build(row, self._limits, trace)
-            self._channel.basic_publish(
+            channel.basic_publish(
                 message.exchange,
                 message.routing_key,
                 # pika slices the body into frames: slices of a view copy nothing.
@@ -265,33 +304,36 @@ class PikaPublisher(ConfirmWindow):
             )
             self.tracker.fail(row, f"publish failed: {exc!r}")
             return False
-        self.tracker.published(row, time.monotonic())
         return True
 
     def _lose(self, row: OutboxRow, reason: str) -> None:
         """Due again at once; a suspect stays one (its reason keeps the mark)."""
-        self.tracker.lose([row], _HELD_SUSPECT if _suspect(row) else reason)
+        self.tracker.lose([row], _HELD_SUSPECT if suspect(row) else reason)
 
     def _release_suspect(self) -> list[OutboxRow]:
-        """Publish the next held suspect if nothing else is in flight; the rows that went out."""
+        """Publish the next suspect if nothing else is in flight; the rows that went out."""
         while (
-            self.can_publish and self._held and self._alone is None and not self.tracker.in_flight
+            self.can_publish
+            and self._suspects
+            and self._alone is None
+            and not self.tracker.in_flight
         ):
-            row = self._held.popleft()
-            if self._send(row):
+            row = self._suspects.popleft()
+            if self._send(self._channel, row):
+                self.tracker.published(row, time.monotonic())
                 self._alone = row
                 return [row]
         return []
 
     async def run(self, wake: Callable[[], None]) -> None:
         self._wake = wake
-        expiry = asyncio.create_task(self._expire_forever())
+        watch = asyncio.create_task(self._watch_forever())
         short_sessions = 0
         try:
             while not self._closing:
                 if short_sessions:
-                    # Connections that die as soon as they open (the broker or the network
-                    # drops them, no row is to blame) must not become a reconnect storm.
+                    # Connections that die as soon as they open, whatever the cause, must not
+                    # become a reconnect storm: every other client of the broker pays for it.
                     await asyncio.sleep(self._reconnect.delay(short_sessions))
                 retrying = tenacity.AsyncRetrying(
                     wait=self._reconnect.wait,
@@ -307,16 +349,13 @@ class PikaPublisher(ConfirmWindow):
                 except BrokerError:
                     return  # closing while still unable to connect
                 started = time.monotonic()
-                self._row_closed_channel = False
                 reason = await closed
                 lost = self._where
                 # The next connect tries the next node first: this one may be down, and
                 # trying it again first could wait out a connect timeout.
                 self._node = (self._node + 1) % len(self._nodes)
-                # A close that rows are charged for is theirs to pay (their attempts and
-                # back-off), not a reason to keep every other row waiting for a reconnect.
                 short = time.monotonic() - started < SHORT_SESSION_S
-                short_sessions = short_sessions + 1 if short and not self._row_closed_channel else 0
+                short_sessions = short_sessions + 1 if short else 0
                 if not self._closing:
                     log.warning(
                         "broker connection lost: %s",
@@ -324,7 +363,9 @@ class PikaPublisher(ConfirmWindow):
                         extra={"action": "broker_disconnected", "broker": lost},
                     )
         finally:
-            expiry.cancel()
+            watch.cancel()
+            for task in list(self._tasks):
+                task.cancel()
 
     async def close(self) -> None:
         """Close the connection; outstanding rows are LOST (due again at once)."""
@@ -366,6 +407,7 @@ class PikaPublisher(ConfirmWindow):
         closed: asyncio.Future[str] = loop.create_future()
         self._session_closed = closed
         self._session_opened = opened
+        self._setup_failure = ""
 
         def on_open(_conn: Any) -> None:
             _resolve(opened, None)
@@ -387,10 +429,7 @@ class PikaPublisher(ConfirmWindow):
         self._connection.add_on_connection_unblocked_callback(self._on_unblocked)
         await opened
         try:
-            self._channel = await self._rpc(self._connection.channel, "on_open_callback")
-            self._channel.add_on_close_callback(self._on_channel_closed)
-            self._channel.add_on_return_callback(self._on_return)
-            await self._rpc(self._channel.confirm_delivery, "callback", self._on_confirm)
+            await self._open_channel()
             await self._declare()
         except BrokerError:
             self._connection.close()
@@ -417,6 +456,30 @@ class PikaPublisher(ConfirmWindow):
         )
         self._wake()
         return closed
+
+    async def _open_channel(self) -> None:
+        """Open the confirm channel on the connection."""
+        assert self._connection is not None
+        self._channel = await self._rpc(self._connection.channel, "on_open_callback")
+        self._channel.add_on_close_callback(self._on_channel_closed)
+        self._channel.add_on_return_callback(self._on_return)
+        await self._rpc(self._channel.confirm_delivery, "callback", self._on_confirm)
+        self._channel_open = True
+
+    async def _reopen_channel(self) -> None:
+        try:
+            await self._open_channel()
+        except BrokerError as exc:
+            connection = self._connection
+            if connection is not None and connection.is_open:
+                log.warning(
+                    "cannot open a channel: %s; reconnecting",
+                    exc,
+                    extra={"action": "channel_failed", "broker": self._where},
+                )
+                connection.close()
+            return
+        self._wake()
 
     async def _declare(self) -> None:
         ch = self._channel
@@ -463,9 +526,8 @@ class PikaPublisher(ConfirmWindow):
             raise BrokerError(f"{getattr(method, '__name__', method)} failed: {exc!r}") from exc
         await asyncio.wait({done, self._session_closed}, return_when=asyncio.FIRST_COMPLETED)
         if not done.done():
-            raise BrokerError(
-                f"broker closed the session during setup: {self._session_closed.result()}"
-            )
+            why = self._setup_failure or self._session_closed.result()
+            raise BrokerError(f"broker closed the session during setup: {why}")
         return done.result()
 
     def _on_confirm(self, frame: Any) -> None:
@@ -482,58 +544,201 @@ class PikaPublisher(ConfirmWindow):
         self._wake()
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
-        self.tracker.on_return(
-            properties.message_id,
-            f"basic.return {method.reply_code} {method.reply_text} "
-            f"(exchange {method.exchange!r}, routing key {method.routing_key!r})",
-        )
+        self.tracker.on_return(properties.message_id, _returned(method))
 
-    def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
+    def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
+        if channel is not self._channel:
+            return  # an earlier channel's late news
+        self._channel_open = False
         code = getattr(reason, "reply_code", 0)
         text = str(getattr(reason, "reply_text", reason))
         if not isinstance(reason, pika.exceptions.ChannelClosedByBroker):
             self._session_lost(f"channel closed: {code} {text}")  # with its connection
             return
-        # A channel error: something we sent broke one of the broker's rules. Charge the
-        # row that did it an attempt; the others become suspects (see the class docstring).
-        # Then start afresh on a new connection (the simplest state to reason about).
-        why = f"{CLOSED_BY_BROKER}: {code} {text}"
-        self._row_closed_channel = True
-        too_large = _TOO_LARGE.search(text) if code == 406 else None
-        if too_large:
+        if not self.connected:
+            # While connecting (declaring the topology): the connect fails with this reason.
+            self._setup_failure = f"channel closed: {code} {text}"
+            if self._connection is not None and self._connection.is_open:
+                self._connection.close()
+            return
+        # A channel error: something we sent broke one of the broker's rules.
+        verdict = blame(code, text, self._alone)
+        if verdict.max_message_size is not None:
             # Remembered for this relay's life: an oversized row is then refused before it
             # is sent, and takes no channel (and no good rows) down with it.
-            limit = int(too_large["size"])
+            limit = verdict.max_message_size
             self._limits = dataclasses.replace(self._limits, max_message_size=limit)
-        culprit: Callable[[OutboxRow], bool] | None = None
-        alone = self._alone
-        if alone is not None:
-            culprit = lambda row: row is alone  # noqa: E731 - nothing else was in flight
-        elif (code == 404 and (m := _NO_EXCHANGE.search(text))) or (
-            code == 403 and (m := _NO_ACCESS.search(text))
-        ):
-            name = "" if m["name"] == "amq.default" else m["name"]
-            culprit = lambda row: row.exchange == name  # noqa: E731
-        elif too_large:
-            culprit = lambda row: len(row.payload) > limit  # noqa: E731
-        self._session_lost(why, culprit, why)
-        if self._connection is not None and self._connection.is_open:
-            self._connection.close()
+        lost = self.tracker.in_flight
+        self.tracker.channel_lost(verdict.innocent_reason, verdict.culprit, verdict.culprit_reason)
+        self._requeue_suspects()
+        self._alone = None
+        if verdict.exchange is not None:
+            self._broke(verdict.exchange, f"{code} {text}", declarable=code == 404)
+        else:
+            log.warning(
+                "the broker closed the channel: %d %s; %d unconfirmed rows are due again, "
+                "each published alone; publishing on a new channel",
+                code,
+                text,
+                lost,
+                extra={"action": "channel_closed", "broker": self._where, "reply_code": code},
+            )
+        self._spawn(self._reopen_channel())
+        self._wake()
 
-    def _session_lost(
-        self,
-        reason: str,
-        culprit: Callable[[OutboxRow], bool] | None = None,
-        culprit_reason: str = "",
-    ) -> None:
+    def _broke(self, exchange: str, reason: str, *, declarable: bool) -> None:
+        if not self._destinations.broke(exchange, reason, time.monotonic(), declarable=declarable):
+            return
+        self._on_destination(exchange, 0)
+        log.warning(
+            "exchange %r is broken: %s; its rows are charged their attempts without being "
+            "published until %s",
+            display(exchange),
+            reason,
+            "it is declared again" if declarable else "one of them, tried alone, is accepted",
+            extra={"action": "destination_broken", "exchange": exchange, "reply_text": reason},
+        )
+
+    def _back(self, exchange: str, how: str) -> None:
+        held = self._destinations.passed(exchange)
+        if held is None:
+            return
+        self._recovered.append(exchange)
+        self._on_destination(exchange, None)
+        log.info(
+            "exchange %r is back (%s); its rows are due now (%d were held meanwhile)",
+            display(exchange),
+            how,
+            held,
+            extra={"action": "destination_back", "exchange": exchange, "held_rows": held},
+        )
+        self._wake()
+
+    async def _side_channel(self, closed: asyncio.Future[Any]) -> Any:
+        """A channel of its own on the connection, for a probe: whatever it does cannot
+        close the confirm channel. Its close (the reason) resolves ``closed``."""
+        assert self._connection is not None
+        channel = await self._rpc(self._connection.channel, "on_open_callback")
+        channel.add_on_close_callback(lambda _ch, why: _resolve(closed, why))
+        return channel
+
+    async def _declare_passively(self, exchange: str) -> None:
+        """Probe a missing exchange: a passive declare on a channel of its own."""
+        loop = asyncio.get_running_loop()
+        declared: asyncio.Future[Any] = loop.create_future()
+        closed: asyncio.Future[BaseException] = loop.create_future()
+        channel: Any = None
+        try:
+            async with asyncio.timeout(self.tracker.confirm_timeout):
+                channel = await self._side_channel(closed)
+                channel.exchange_declare(
+                    exchange, passive=True, callback=lambda f: _resolve(declared, f)
+                )
+                await asyncio.wait({declared, closed}, return_when=asyncio.FIRST_COMPLETED)
+        except (BrokerError, TimeoutError, pika.exceptions.AMQPError):
+            if channel is not None and channel.is_open:
+                channel.close()
+            self._destinations.failed(exchange, None, time.monotonic())
+            return
+        if declared.done():
+            channel.close()
+            self._back(exchange, "a passive declare found it")
+            return
+        why = closed.result()
+        if isinstance(why, pika.exceptions.ChannelClosedByBroker):
+            reason = f"{why.reply_code} {why.reply_text}"
+            self._destinations.failed(exchange, reason, time.monotonic())
+        else:
+            self._destinations.abandoned(exchange)
+
+    async def _trial(self, row: OutboxRow) -> None:
+        """Publish one row of a refused exchange alone, on a channel of its own: an answer
+        means the exchange takes messages again, a close that it still does not."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()  # a confirm frame or a close
+        returned: list[str] = []
+        published_at: float | None = None
+        channel: Any = None
+        try:
+            async with asyncio.timeout(self.tracker.confirm_timeout):
+                channel = await self._side_channel(answer)
+                channel.add_on_return_callback(
+                    lambda _ch, method, _props, _body: returned.append(_returned(method))
+                )
+                await self._rpc(
+                    channel.confirm_delivery, "callback", lambda frame: _resolve(answer, frame)
+                )
+                if not self._send(channel, row):  # its outcome is recorded
+                    self._trials.pop(row.exchange, None)
+                    self._destinations.abandoned(row.exchange)
+                    return
+                published_at = time.monotonic()
+                await asyncio.shield(answer)
+        except (BrokerError, pika.exceptions.AMQPError) as exc:
+            # The connection is going: lost with it (unless its end recorded that first).
+            self._judge(row, Settlement(row, Outcome.LOST, f"no channel for a trial: {exc}"))
+            self._destinations.abandoned(row.exchange)
+            return
+        except TimeoutError:
+            if channel is not None and channel.is_open:
+                channel.close()
+            if published_at is None:  # the channel did not open in time
+                self._judge(row, Settlement(row, Outcome.LOST, "no channel for a trial"))
+                self._destinations.abandoned(row.exchange)
+                return
+            self._judge(row, Settlement(row, Outcome.TIMED_OUT, "no confirm for a trial"))
+            self._destinations.failed(row.exchange, None, time.monotonic())
+            return
+        why = answer.result()
+        if isinstance(why, pika.exceptions.ChannelClosedByBroker):
+            verdict = blame(why.reply_code, why.reply_text, row)
+            self._judge(row, Settlement(row, Outcome.FAILED, verdict.culprit_reason))
+            reason = f"{why.reply_code} {why.reply_text}"
+            self._destinations.failed(row.exchange, reason, time.monotonic())
+            return
+        if isinstance(why, BaseException):
+            return  # closed with the connection: lost with it (_session_lost)
+        channel.close()
+        assert published_at is not None  # answered
+        latency = time.monotonic() - published_at
+        if isinstance(why.method, pika.spec.Basic.Nack):
+            settled = Settlement(row, Outcome.NACKED, "basic.nack: the broker refused the message")
+        elif returned:
+            settled = Settlement(row, Outcome.RETURNED, returned[0])
+        else:
+            settled = Settlement(row, Outcome.ACKED, "", latency)
+        self._judge(row, settled)
+        self._back(row.exchange, "a row tried alone was accepted")
+
+    def _judge(self, row: OutboxRow, settled: Settlement) -> None:
+        """Record a trial's outcome, unless the session's end recorded it first."""
+        if self._trials.get(row.exchange) is row:
+            del self._trials[row.exchange]
+            self._trials_settled.append(settled)
+            self._wake()
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _requeue_suspects(self) -> None:
+        """Suspects that never went out: due again, and still suspects."""
+        self.tracker.lose(self._suspects, _HELD_SUSPECT)
+        self._suspects.clear()
+
+    def _session_lost(self, reason: str) -> None:
         if self.connected:
             self.connected = False
             self._on_state(None)
-        self.tracker.channel_lost(reason, culprit, culprit_reason)
-        # Held suspects never went out: due again, and still suspects.
-        self.tracker.lose(self._held, _HELD_SUSPECT)
-        self._held.clear()
+        self._channel_open = False
+        self.tracker.channel_lost(reason)
+        self._requeue_suspects()
         self._alone = None
+        for exchange, row in self._trials.items():
+            self._trials_settled.append(Settlement(row, Outcome.LOST, reason))
+            self._destinations.abandoned(exchange)
+        self._trials.clear()
         self._wake()
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
@@ -550,11 +755,16 @@ class PikaPublisher(ConfirmWindow):
         log.info("broker unblocked publishing", extra={"action": "broker_unblocked"})
         self._wake()
 
-    async def _expire_forever(self) -> None:
+    async def _watch_forever(self) -> None:
+        """Time out overdue confirms; declare missing exchanges whose probe is due."""
         period = min(1.0, self.tracker.confirm_timeout / 4)
         while True:
             await asyncio.sleep(period)
-            if not self.blocked and self.tracker.expire(time.monotonic()):
+            now = time.monotonic()
+            if self.can_publish:
+                for exchange in self._destinations.declares_due(now):
+                    self._spawn(self._declare_passively(exchange))
+            if not self.blocked and self.tracker.expire(now):
                 self._wake()
                 # An overdue confirm means a half-open link or a stuck broker, which the
                 # heartbeat notices only later: publishing on would only stack up more
@@ -574,6 +784,13 @@ class PikaPublisher(ConfirmWindow):
                     )
 
 
+def _returned(method: Any) -> str:
+    return (
+        f"basic.return {method.reply_code} {method.reply_text} "
+        f"(exchange {method.exchange!r}, routing key {method.routing_key!r})"
+    )
+
+
 def _address(params: pika.URLParameters) -> str:
     return f"{params.host}:{params.port}"
 
@@ -589,11 +806,6 @@ def _announced(address: str, connection: AsyncioConnection) -> BrokerNode:
     return BrokerNode(
         address, text("product"), text("version"), text("cluster_name"), connection.params.frame_max
     )
-
-
-def _suspect(row: OutboxRow) -> bool:
-    """The row was unconfirmed on a channel the broker closed (or closed it itself)."""
-    return row.last_error is not None and CLOSED_BY_BROKER in row.last_error
 
 
 def _drop_if_open(connection: _GatheringConnection) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Sequence
 
 from relay.backoff import Backoff
 from relay.confirms import RELEASED
+from relay.constants import HELD_CHARGE_INTERVAL_S
 from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
 from relay.relay import Relay
@@ -251,8 +253,10 @@ def test_the_byte_budget_bounds_what_the_relay_holds_and_a_big_row_goes_alone() 
     held: list[list[int]] = []
     claim = store.claim
 
-    def watched(limit: int, max_bytes: int, first_always: bool = False) -> list[OutboxRow]:
-        rows = claim(limit, max_bytes, first_always)
+    def watched(
+        limit: int, max_bytes: int, first_always: bool = False, skip: Collection[str] = ()
+    ) -> list[OutboxRow]:
+        rows = claim(limit, max_bytes, first_always, skip)
         held.append([s.row.size for s in store.rows.values() if s.lease_owner is not None])
         return rows
 
@@ -265,3 +269,45 @@ def test_the_byte_budget_bounds_what_the_relay_holds_and_a_big_row_goes_alone() 
     assert over == [[5000]], f"held more than the budget: {over}"
     assert max(len(h) for h in held) == 5, "the budget was not used"
     assert sample_value(relay.metrics, "relay_held_bytes") == 0
+
+
+class RefusingPublisher(ScriptedPublisher):
+    """A broker that refuses the exchange "gone": the publisher charges its rows an attempt
+    without publishing them, as the real one does for a broken destination."""
+
+    def broken_exchanges(self) -> frozenset[str]:
+        return frozenset({"gone"})
+
+    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
+        for row in rows:
+            if row.exchange == "gone":
+                self.tracker.fail(row, "the broker refuses exchange 'gone'")
+        return super().publish([r for r in rows if r.exchange != "gone"])
+
+
+def test_claims_leave_a_broken_exchange_for_last_while_other_rows_wait() -> None:
+    store = InMemoryStore()
+    store.enqueue([NewMessage(b"x", "gone" if i % 2 else "ex") for i in range(400)])
+    claims: list[tuple[float, Collection[str], list[str]]] = []
+    claim = store.claim
+
+    def watched(
+        limit: int, max_bytes: int, first_always: bool = False, skip: Collection[str] = ()
+    ) -> list[OutboxRow]:
+        rows = claim(limit, max_bytes, first_always, skip)
+        claims.append((time.monotonic(), skip, [r.exchange for r in rows]))
+        return rows
+
+    store.claim = watched  # type: ignore[method-assign]
+    relay = make(store, RefusingPublisher(lambda row: "ack", window=50), max_attempts=1)
+    started = time.monotonic()
+    assert asyncio.run(
+        run_until(relay, lambda: sorted(set(statuses(store).values())) == [PARKED, SENT])
+    )
+    good_claimed = max(i for i, (_, _, ex) in enumerate(claims) if "ex" in ex)
+    while_waiting = claims[: good_claimed + 1]
+    assert all(skip == {"gone"} for _, skip, _ in while_waiting[1:] if skip)
+    # Besides the first claim (nothing was broken yet), one a HELD_CHARGE_INTERVAL_S at most.
+    unskipped = [at for at, skip, _ in while_waiting[1:] if not skip]
+    assert len(unskipped) <= (while_waiting[-1][0] - started) / HELD_CHARGE_INTERVAL_S + 1
+    assert {s.row.exchange for s in store.rows.values() if s.status == PARKED} == {"gone"}
