@@ -15,6 +15,7 @@ from collections.abc import Callable
 from relay.constants import PURGE_CHUNK, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
 from relay.db.sink import OutboxSink
+from relay.destinations import display
 from relay.errors import InputError
 from relay.records import OutboxRow, Selection
 from relay.settings import Settings, redact_url
@@ -141,8 +142,9 @@ def add_commands(
 
 
 def status_command(settings: Settings, args: argparse.Namespace) -> int:
-    """Show rows by status, the due backlog and its oldest row's age, and parked rows by
-    reason. With --max-* thresholds, exit 3 when one is exceeded (for scripts and checks)."""
+    """Show rows by status, the due backlog and its oldest row's age, pending rows that
+    failed before by exchange and reason, and parked rows by reason. With --max-* thresholds,
+    exit 3 when one is exceeded (for scripts and checks)."""
     admin = OutboxAdmin(settings.database_url)
     try:
         report = admin.status()
@@ -163,6 +165,9 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
                     "leased": report.leased,
                     "oldest_due_age_seconds": round(report.oldest_due_age, 3),
                     "parked_reasons": [{"reason": r, "rows": n} for r, n in report.parked_reasons],
+                    "retrying": [
+                        {"exchange": e, "reason": r, "rows": n} for e, r, n in report.retrying
+                    ],
                     "exceeded": exceeded,
                 }
             )
@@ -176,6 +181,10 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  sent    {c['sent']:>10}")
         print(f"  parked  {c['parked']:>10}")
         print(f"  oldest due row: due for {report.oldest_due_age:.1f} s")
+        if report.retrying:
+            print("pending rows that failed before, by exchange and last error:")
+            for exchange, reason, rows in report.retrying:
+                print(f"  {rows:>10}  {display(exchange)}: {reason}")
         if report.parked_reasons:
             print("parked rows by last error:")
             for reason, rows in report.parked_reasons:

@@ -127,6 +127,9 @@ class OutboxStatus:
     oldest_due_age: float
     leased: int  # pending rows a relay has claimed and not settled yet
     parked_reasons: list[tuple[str, int]]  # (last error, rows), most rows first
+    # Pending rows that failed before, as (exchange, last error, rows), most rows first: a
+    # broken destination's rows show here until they are parked.
+    retrying: list[tuple[str, str, int]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,15 +92,24 @@ class OutboxAdmin:
             .order_by(sa.desc("rows"), outbox.c.last_error)
             .limit(reasons)
         )
+        retrying = (
+            sa.select(outbox.c.exchange, outbox.c.last_error, sa.func.count().label("rows"))
+            .where(pending, outbox.c.attempts > 0)
+            .group_by(outbox.c.exchange, outbox.c.last_error)
+            .order_by(sa.desc("rows"), outbox.c.exchange, outbox.c.last_error)
+            .limit(reasons)
+        )
         with db_errors("status", self._where), self.engine.connect() as conn:
             *counts, due_rows, age, leased_rows = conn.execute(totals).one()
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
+            again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]
         return OutboxStatus(
             dict(zip(STATUSES, map(int, counts), strict=True)),
             int(due_rows),
             max(0.0, age or 0.0),
             int(leased_rows),
             parked,
+            again,
         )
 
     def replay(self, selection: Selection, dry_run: bool) -> list[OutboxRow]:

@@ -31,15 +31,23 @@ def _restore_logging() -> Iterator[None]:
 
 def seed(url: str) -> None:
     """Ten sent rows (ids 1-10, sent an hour less than 1-10 days ago), four pending (two due
-    for an hour, one claimed, one not due yet), five parked with two reasons on two exchanges."""
+    for an hour, one claimed, one backing off after two attempts), five parked with two
+    reasons on two exchanges."""
     rows = [
         dict(status="sent", sent_at=NOW - i * DAY + HOUR, exchange="orders") for i in range(1, 11)
     ]
+    refused = "failed: the broker refuses exchange 'billing': 404 NOT_FOUND"
     rows += [
         dict(status="pending", next_attempt_at=NOW - timedelta(hours=1), exchange="orders"),
         dict(status="pending", next_attempt_at=NOW - timedelta(minutes=1), exchange="orders"),
         dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders", lease_owner="r1"),
-        dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders"),
+        dict(
+            status="pending",
+            next_attempt_at=NOW + DAY,
+            exchange="billing",
+            attempts=2,
+            last_error=refused,
+        ),
     ]
     rows += [
         dict(
@@ -98,12 +106,20 @@ def test_status_reports_counts_backlog_and_reasons(
         {"reason": "returned: NO_ROUTE", "rows": 3},
         {"reason": "rejected: headers 50%_bad", "rows": 2},
     ]
+    assert report["retrying"] == [
+        {
+            "exchange": "billing",
+            "reason": "failed: the broker refuses exchange 'billing': 404 NOT_FOUND",
+            "rows": 1,
+        }
+    ]
     assert report["exceeded"] == []
 
     assert run(database_url, "status") == 0
     human = capsys.readouterr().out
     assert "pending          4  (due 2, claimed by a relay 1)" in human
     assert "         3  returned: NO_ROUTE" in human
+    assert "         1  billing: failed: the broker refuses exchange 'billing'" in human
 
 
 @pytest.mark.parametrize(
