@@ -576,11 +576,12 @@ class PikaPublisher(ConfirmWindow):
             self._broke(verdict.exchange, f"{code} {text}", declarable=code == 404)
         else:
             log.warning(
-                "the broker closed the channel: %d %s; %d unconfirmed rows are due again, "
-                "each published alone; publishing on a new channel",
+                "the broker closed the channel: %d %s; %d unconfirmed rows are due again%s; "
+                "publishing on a new channel",
                 code,
                 text,
                 lost,
+                ", each published alone" if verdict.culprit is None else "",
                 extra={"action": "channel_closed", "broker": self._where, "reply_code": code},
             )
         self._spawn(self._reopen_channel())

@@ -23,8 +23,9 @@ import pika
 import pytest
 
 from devtools.outbox import statuses
-from devtools.servers import RabbitCluster, RabbitNode
+from devtools.servers import PostgresServer, RabbitCluster, RabbitNode
 from tests.faults.harness import QUEUE, Fault, FaultRelay, metrics_text, scenario
+from tests.support.destinations import check
 from tests.support.rabbitmq import RABBITMQ_4, rabbit_cluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -199,3 +200,10 @@ def test_c5_the_relays_node_frozen_longer_than_the_confirm_timeout_then_resumed(
         return time.time()
 
     on_cluster("c5-node-sigstop", postgresql_url, fresh_cluster, tmp_path, freeze)
+
+
+def test_c6_a_missing_exchange_beside_a_good_one_costs_no_connection(
+    postgres: PostgresServer, fresh_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    """tests/e2e/test_destinations.py's scenario, with the relay given every node."""
+    check(tmp_path, fresh_cluster.url, postgres)
