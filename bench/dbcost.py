@@ -1,0 +1,176 @@
+"""Benchmark: what relaying a row costs the database, beside what writing it cost.
+
+    .venv/bin/python -m bench.dbcost [--rows 100000] [--relays 1] [--rounds 3]
+
+Starts a private PostgreSQL (default durability settings) with the project's migrations and
+measures, per row, the database's CPU (every PostgreSQL process, from /proc), its WAL (from
+``pg_current_wal_insert_lsn()``) and the dead tuples left in the outbox (before cleanup):
+  (insert) the writer's INSERT, 500 rows a statement (``OutboxWriter.enqueue``), of
+           ``--rows`` 200-byte rows;
+  (relay)  relaying the same rows through the relay's store, no broker: claims of 500 rows,
+           three claims ahead of the settles (as the relay keeps a window in flight), every
+           row acked, with ``--relays`` stores claiming side by side; then the cleanup the
+           relay's retention does (deleting the sent rows) and a VACUUM of the outbox.
+Autovacuum is off for the outbox while measuring (the cleanup's VACUUM is counted instead).
+``--rounds`` repeats both on a fresh table and reports medians; the last line is one JSON
+object with every figure. By hand only: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from devtools.procfs import tree_cpu_seconds
+from devtools.servers import PostgresServer
+from relay.db.claims import ClaimStore
+from relay.db.engine import migrate
+from relay.db.outbox import OutboxAdmin, OutboxWriter
+from relay.records import NewMessage, SettleBatch
+
+CLAIM = 500  # rows per claim and per INSERT statement
+AHEAD = 3  # claims in flight before the first is settled
+PAYLOAD = b"x" * 200
+
+
+@dataclass(frozen=True)
+class Cost:
+    cpu_us: float  # database CPU per row
+    wal_bytes: float  # WAL per row
+    dead: float  # dead outbox tuples per row, before cleanup
+
+
+class Meter:
+    def __init__(self, pg: PostgresServer, url: str) -> None:
+        self.pg = pg
+        self.engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+
+    def _wal(self) -> int:
+        with self.engine.connect() as conn:
+            lsn = "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"
+            return int(conn.execute(sa.text(f"SELECT {lsn}")).scalar_one())
+
+    def dead(self) -> int:
+        # Backends report their counts when idle for a second or when they end.
+        time.sleep(1.5)
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+            query = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox'"
+            return int(conn.execute(sa.text(query)).scalar_one())
+
+    @contextmanager
+    def measured(self, rows: int, into: list[Cost]) -> Iterator[Callable[[], None]]:
+        """Measure the block; call the yielded function to take the dead tuples (before a
+        cleanup that is part of the block)."""
+        dead_before = self.dead()
+        taken: list[int] = []
+        cpu, wal = tree_cpu_seconds(self.pg.pid()), self._wal()
+        yield lambda: taken.append(self.dead())
+        cpu, wal = tree_cpu_seconds(self.pg.pid()) - cpu, self._wal() - wal
+        dead = (taken[0] if taken else self.dead()) - dead_before
+        into.append(Cost(cpu * 1e6 / rows, wal / rows, dead / rows))
+
+
+def write(url: str, rows: int) -> None:
+    writer = OutboxWriter(url)
+    for start in range(0, rows, CLAIM):
+        writer.enqueue([NewMessage(PAYLOAD, "ex", "k") for _ in range(min(CLAIM, rows - start))])
+    writer.close()
+
+
+def relay(url: str, name: str) -> None:
+    """Claim and settle until nothing is due, AHEAD claims in flight."""
+    store = ClaimStore(url, name, 60.0)
+    in_flight: deque[list[int]] = deque()
+    while True:
+        ids = [r.id for r in store.claim(CLAIM, 2**62)]
+        if ids:
+            in_flight.append(ids)
+        if len(in_flight) >= AHEAD or (not ids and in_flight):
+            store.settle(SettleBatch(sent=tuple(in_flight.popleft())))
+        if not ids and not in_flight:
+            break
+    store.close()
+
+
+def clean(url: str, engine: sa.Engine) -> None:
+    admin = OutboxAdmin(url)
+    admin.purge(0.0)
+    admin.close()
+    with engine.connect() as conn:
+        conn.execute(sa.text("VACUUM outbox"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--relays", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    inserts: list[Cost] = []
+    relays: list[Cost] = []
+    with tempfile.TemporaryDirectory(prefix="relay-dbcost-") as tmp:
+        pg = PostgresServer(Path(tmp) / "pg")
+        pg.start()
+        try:
+            pg.psql("CREATE DATABASE bench")
+            url = pg.url("bench")
+            migrate(url)
+            meter = Meter(pg, url)
+            with meter.engine.connect() as conn:
+                conn.execute(sa.text("ALTER TABLE outbox SET (autovacuum_enabled = off)"))
+            for n in range(args.rounds):
+                with meter.measured(args.rows, inserts):
+                    write(url, args.rows)
+                with meter.measured(args.rows, relays) as take_dead:
+                    threads = [
+                        threading.Thread(target=relay, args=(url, f"relay-{i}"))
+                        for i in range(args.relays)
+                    ]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    take_dead()
+                    clean(url, meter.engine)
+                print(f"round {n}: insert {inserts[-1]}, relay {relays[-1]}", flush=True)
+            meter.engine.dispose()
+        finally:
+            pg.stop()
+
+    def median(costs: list[Cost]) -> dict[str, float]:
+        return {
+            field: round(statistics.median(getattr(c, field) for c in costs), 2)
+            for field in ("cpu_us", "wal_bytes", "dead")
+        }
+
+    insert, relayed = median(inserts), median(relays)
+    print(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "relays": args.relays,
+                "insert": insert,
+                "relay": relayed,
+                "cpu_over_insert": round(relayed["cpu_us"] / insert["cpu_us"], 2),
+                "wal_over_insert": round(relayed["wal_bytes"] / insert["wal_bytes"], 2),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
