@@ -24,6 +24,10 @@ IDS_PER_STATEMENT = 1000
 LISTEN_STOP_CHECK_S = 1.0
 # A row's last_error is for operators; a broker's close text can be long, the column need not be.
 LAST_ERROR_MAX_CHARS = 2000
+# The backlog gauge counts due rows up to this many, and estimates beyond (relay.db.claims):
+# a count costs a read of every row it counts, and an operator needs the exact number only
+# while it is small.
+BACKLOG_EXACT_ROWS = 10_000
 # Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000

@@ -16,6 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from relay.constants import BACKLOG_EXACT_ROWS
 from relay.destinations import display
 from relay.records import BrokerNode, Outcome, Settlement
 
@@ -65,7 +66,11 @@ class Metrics:
             registry=r,
         )
         self.due_rows = Gauge(
-            "relay_due_rows", "Pending rows whose next attempt time has come.", registry=r
+            "relay_due_rows",
+            f"Pending rows whose next attempt time has come: exact up to {BACKLOG_EXACT_ROWS}; "
+            f"beyond, PostgreSQL's planner estimate (at least {BACKLOG_EXACT_ROWS + 1}), "
+            f"{BACKLOG_EXACT_ROWS + 1} on SQLite.",
+            registry=r,
         )
         self.oldest_due_age = Gauge(
             "relay_oldest_due_age_seconds",

@@ -27,6 +27,7 @@ import psycopg.sql
 import sqlalchemy as sa
 
 from relay.constants import (
+    BACKLOG_EXACT_ROWS,
     DB_CONNECT_TIMEOUT_S,
     IDS_PER_STATEMENT,
     LAST_ERROR_MAX_CHARS,
@@ -141,6 +142,13 @@ def _attempts(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise _Unreadable(f"attempts is {_stored(value)}, not a whole number")
     return value
+
+
+def _planned_rows(conn: sa.Connection, query: sa.Select[Any]) -> int:
+    """PostgreSQL's estimate of the rows ``query`` returns (its plan, not its run)."""
+    sql = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+    (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar_one()
+    return int(plan["Plan"]["Plan Rows"])
 
 
 class ClaimStore:
@@ -316,12 +324,21 @@ class ClaimStore:
             yield conn
 
     def backlog(self) -> BacklogStats:
-        stmt = sa.select(
-            sa.func.count(), seconds_since(sa.func.min(outbox.c.next_attempt_at))
-        ).where(outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time())
+        """The due rows, counted up to ``BACKLOG_EXACT_ROWS`` and estimated beyond (on
+        PostgreSQL by the planner, and never below the count): a ``count(*)`` of a 1M-row
+        backlog took 279 ms every stats interval, about 11 us per row relayed at 5,000 rows/s.
+        The oldest due row's age is one probe of the due index."""
+        due = sa.and_(outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time())
+        bounded = sa.select(sa.func.count()).select_from(
+            sa.select(outbox.c.id).where(due).limit(BACKLOG_EXACT_ROWS + 1).subquery()
+        )
+        oldest = sa.select(seconds_since(sa.func.min(outbox.c.next_attempt_at))).where(due)
         with db_errors("backlog", self._where), self._autocommit.connect() as conn:
-            count, age = conn.execute(stmt).one()
-        return BacklogStats(due=int(count), oldest_due_age=max(0.0, age or 0.0))
+            count = int(conn.execute(bounded).scalar_one())
+            age = conn.execute(oldest).scalar_one()
+            if count > BACKLOG_EXACT_ROWS and conn.dialect.name == "postgresql":
+                count = max(count, _planned_rows(conn, sa.select(outbox.c.id).where(due)))
+        return BacklogStats(due=count, oldest_due_age=max(0.0, age or 0.0))
 
     @property
     def notifies(self) -> bool:

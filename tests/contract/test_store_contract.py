@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import sqlalchemy as sa
 
+from relay.constants import BACKLOG_EXACT_ROWS
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox
@@ -193,6 +194,17 @@ def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -
     assert store.backlog().due == 2
     store.claim(10, NO_BYTE_LIMIT)
     assert (store.backlog().due, store.backlog().oldest_due_age) == (0, 0.0)
+
+
+def test_a_big_backlog_is_counted_up_to_a_bound_and_estimated_beyond(
+    make_store: StoreFactory,
+) -> None:
+    store = make_store("a")
+    store.enqueue([NewMessage(b"x") for _ in range(BACKLOG_EXACT_ROWS + 50)])
+    advance(store, 10)
+    stats = store.backlog()
+    assert stats.due > BACKLOG_EXACT_ROWS
+    assert 10.0 <= stats.oldest_due_age < 10.0 + SLACK
 
 
 def keyed(*keys: str | None) -> list[NewMessage]:
