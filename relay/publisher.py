@@ -264,9 +264,10 @@ class PikaPublisher(ConfirmWindow):
             elif self._send(self._channel, row):
                 self.tracker.published(row, now)
                 published.append(row)
-        broken = self._destinations.broken()
-        for exchange in held:
-            self._on_destination(exchange, broken[exchange][1])
+        if held:
+            broken = self._destinations.broken()
+            for exchange in held:
+                self._on_destination(exchange, broken[exchange][1])
         published += self._release_suspect()
         published[:0], self._released = self._released, []
         return published

@@ -138,16 +138,23 @@ def transaction(engine: sa.Engine, what: str, where: str) -> Iterator[sa.Connect
         yield conn
 
 
-def id_in(column: sa.ColumnElement[int], dialect: sa.Dialect) -> sa.ColumnElement[bool]:
-    """``column IN :ids``, where ``ids`` is bound to a list of row ids, as one parameter: the
-    statement's text is the same for every list, so it is compiled and prepared once, and the
-    database parses one parameter instead of hundreds (an expanded ``IN`` is a new statement
-    for each list length)."""
+def in_list(
+    column: sa.ColumnElement[Any], name: str, kind: sa.types.TypeEngine[Any], dialect: sa.Dialect
+) -> sa.ColumnElement[bool]:
+    """``column IN :name``, where ``name`` is bound to a list of ``kind`` values as one
+    parameter: the statement's text is the same for every list, so it is compiled and prepared
+    once, and the database parses one parameter instead of hundreds (an expanded ``IN`` is a
+    new statement for each list length)."""
     if dialect.name == "postgresql":
-        return column == sa.any_(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger())))
-    # SQLite has no arrays: the ids travel as one JSON array, unpacked by json_each.
-    ids = sa.func.json_each(sa.bindparam("ids", type_=sa.JSON())).table_valued("value")
-    return column.in_(sa.select(ids.c.value))
+        return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(kind)))
+    # SQLite has no arrays: the values travel as one JSON array, unpacked by json_each.
+    values = sa.func.json_each(sa.bindparam(name, type_=sa.JSON())).table_valued("value")
+    return column.in_(sa.select(values.c.value))
+
+
+def id_in(column: sa.ColumnElement[int], dialect: sa.Dialect) -> sa.ColumnElement[bool]:
+    """``column IN :ids``, the row ids bound as one list (``in_list``)."""
+    return in_list(column, "ids", sa.BigInteger(), dialect)
 
 
 # A row change's fields, as ``changes_table`` binds them (``relay.records.RowChange``'s).
@@ -192,15 +199,6 @@ def changes_parameters(
             for i, (name, _kind) in enumerate(_CHANGE_COLUMNS)
         }
     return {"changes": [list(change) for change in changes]}
-
-
-def text_list(name: str, dialect: sa.Dialect) -> sa.Select[tuple[Any]]:
-    """A list of strings bound as one parameter ``name``, for ``column.in_(...)``: one
-    statement text for every list, as ``id_in``."""
-    if dialect.name == "postgresql":
-        return sa.select(sa.func.unnest(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text()))))
-    values = sa.func.json_each(sa.bindparam(name, type_=sa.JSON())).table_valued("value")
-    return sa.select(values.c.value)
 
 
 def schema_missing(where: str) -> SchemaMissingError:
