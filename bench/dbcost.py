@@ -1,16 +1,19 @@
 """Benchmark: what relaying a row costs the database, beside what writing it cost.
 
-    .venv/bin/python -m bench.dbcost [--rows 100000] [--relays 1] [--rounds 3]
+    .venv/bin/python -m bench.dbcost [--rows 100000] [--relays 1] [--rounds 3] [--keep-sent ids]
 
 Starts a private PostgreSQL (default durability settings) with the project's migrations and
 measures, per row, the database's CPU (every PostgreSQL process, from /proc), its WAL (from
 ``pg_current_wal_insert_lsn()``) and the dead tuples left in the outbox (before cleanup):
   (insert) the writer's INSERT, 500 rows a statement (``OutboxWriter.enqueue``), of
-           ``--rows`` 200-byte rows;
+           ``--rows`` 200-byte rows; the same once more with the dedupe trigger disabled
+           (``insert_plain``, the rows then deleted): the INSERT as it was before the sent
+           log, so that the trigger's own cost is on the record and not hidden in a ratio;
   (relay)  relaying the same rows through the relay's store, no broker: claims of 500 rows,
            three claims ahead of the settles (as the relay keeps a window in flight), every
-           row acked, with ``--relays`` stores claiming side by side; then the cleanup the
-           relay's retention does (deleting the sent rows) and a VACUUM of the outbox.
+           row acked, with ``--relays`` stores claiming side by side, keeping what
+           ``--keep-sent`` says of the acked rows; then the cleanup the relay's retention
+           does (deleting sent rows or the sent log's entries) and a VACUUM of both tables.
 Autovacuum is off for the outbox while measuring (the cleanup's VACUUM is counted instead).
 ``--rounds`` repeats both on a fresh table and reports medians; the last line is one JSON
 object with every figure. By hand only: the machine is shared and noisy.
@@ -38,7 +41,7 @@ from devtools.servers import PostgresServer
 from relay.db.claims import ClaimStore
 from relay.db.engine import migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
-from relay.records import NewMessage, SettleBatch
+from relay.records import KEEP_IDS, KEEP_MESSAGES, NewMessage, SettleBatch
 
 CLAIM = 500  # rows per claim and per INSERT statement
 AHEAD = 3  # claims in flight before the first is settled
@@ -90,9 +93,9 @@ def write(url: str, rows: int) -> None:
     writer.close()
 
 
-def relay(url: str, name: str) -> None:
+def relay(url: str, name: str, keep_sent: str) -> None:
     """Claim and settle until nothing is due, AHEAD claims in flight."""
-    store = ClaimStore(url, name, 60.0)
+    store = ClaimStore(url, name, 60.0, keep_sent=keep_sent)
     in_flight: deque[list[int]] = deque()
     while True:
         ids = [r.id for r in store.claim(CLAIM, 2**62)]
@@ -110,7 +113,7 @@ def clean(url: str, engine: sa.Engine) -> None:
     admin.purge(0.0)
     admin.close()
     with engine.connect() as conn:
-        conn.execute(sa.text("VACUUM outbox"))
+        conn.execute(sa.text("VACUUM outbox, outbox_sent"))
 
 
 def main() -> int:
@@ -118,8 +121,10 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--relays", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep-sent", choices=(KEEP_IDS, KEEP_MESSAGES), default=KEEP_IDS)
     args = parser.parse_args()
     inserts: list[Cost] = []
+    plain: list[Cost] = []
     relays: list[Cost] = []
     with tempfile.TemporaryDirectory(prefix="relay-dbcost-") as tmp:
         pg = PostgresServer(Path(tmp) / "pg")
@@ -132,11 +137,18 @@ def main() -> int:
             with meter.engine.connect() as conn:
                 conn.execute(sa.text("ALTER TABLE outbox SET (autovacuum_enabled = off)"))
             for n in range(args.rounds):
+                with meter.engine.connect() as conn:
+                    conn.execute(sa.text("ALTER TABLE outbox DISABLE TRIGGER outbox_dedupe"))
+                with meter.measured(args.rows, plain):
+                    write(url, args.rows)
+                with meter.engine.connect() as conn:
+                    conn.execute(sa.text("ALTER TABLE outbox ENABLE TRIGGER outbox_dedupe"))
+                    conn.execute(sa.text("TRUNCATE outbox"))
                 with meter.measured(args.rows, inserts):
                     write(url, args.rows)
                 with meter.measured(args.rows, relays) as take_dead:
                     threads = [
-                        threading.Thread(target=relay, args=(url, f"relay-{i}"))
+                        threading.Thread(target=relay, args=(url, f"relay-{i}", args.keep_sent))
                         for i in range(args.relays)
                     ]
                     for t in threads:
@@ -145,7 +157,11 @@ def main() -> int:
                         t.join()
                     take_dead()
                     clean(url, meter.engine)
-                print(f"round {n}: insert {inserts[-1]}, relay {relays[-1]}", flush=True)
+                print(
+                    f"round {n}: insert {inserts[-1]}, without the trigger {plain[-1]}, "
+                    f"relay {relays[-1]}",
+                    flush=True,
+                )
             meter.engine.dispose()
         finally:
             pg.stop()
@@ -156,16 +172,20 @@ def main() -> int:
             for field in ("cpu_us", "wal_bytes", "dead")
         }
 
-    insert, relayed = median(inserts), median(relays)
+    insert, insert_plain, relayed = median(inserts), median(plain), median(relays)
     print(
         json.dumps(
             {
                 "rows": args.rows,
                 "relays": args.relays,
+                "keep_sent": args.keep_sent,
                 "insert": insert,
+                "insert_plain": insert_plain,
                 "relay": relayed,
                 "cpu_over_insert": round(relayed["cpu_us"] / insert["cpu_us"], 2),
                 "wal_over_insert": round(relayed["wal_bytes"] / insert["wal_bytes"], 2),
+                "cpu_over_insert_plain": round(relayed["cpu_us"] / insert_plain["cpu_us"], 2),
+                "wal_over_insert_plain": round(relayed["wal_bytes"] / insert_plain["wal_bytes"], 2),
             }
         )
     )

@@ -37,6 +37,8 @@ SETTINGS = {
     "RELAY_BACKOFF_INITIAL": "0.5",
     "RELAY_BACKOFF_MAX": "2",
     "RELAY_LOG_FORMAT": "json",
+    # The scenario reads each row's fate and sent time by its message id: rows kept whole.
+    "RELAY_KEEP_SENT": "messages",
 }
 # What a line about the destination says: its state, a channel or a connection lost, and the
 # rows parked because of it.

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import uuid
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 
-from relay.db.schema import outbox
-from relay.records import PENDING
+from relay.db.schema import outbox, outbox_sent
+from relay.records import PENDING, SENT
+
+_IDS_PER_QUERY = 1000
 
 
 @contextmanager
@@ -25,17 +29,56 @@ def _connection(target: str | sa.Engine) -> Iterator[sa.Connection]:
 
 
 def statuses(target: str | sa.Engine, *, leased: bool = False) -> dict[str, int]:
-    """Rows by status (statuses with no row left out); with ``leased``, also under "leased"
-    the pending rows a relay holds."""
+    """Messages by status (statuses with none left out), "sent" counting the sent log too;
+    with ``leased``, also under "leased" the pending rows a relay holds."""
     with _connection(target) as conn:
         q = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
         out = {status: int(count) for status, count in conn.execute(q)}
+        logged = int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
+        if logged:
+            out[SENT] = out.get(SENT, 0) + logged
         if leased:
             held = sa.select(sa.func.count()).where(
                 outbox.c.status == PENDING, outbox.c.lease_owner.is_not(None)
             )
             out["leased"] = int(conn.execute(held).scalar_one())
     return out
+
+
+def _key(message_id: str, dialect: str) -> str:
+    """``relay.db.schema.sent_key`` computed here: PostgreSQL's md5(text)::uuid."""
+    if dialect == "postgresql":
+        return str(uuid.UUID(hashlib.md5(message_id.encode()).hexdigest()))
+    return message_id
+
+
+def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]:
+    """Each message id's status: its row's, or "sent" when its key is in the sent log (ids
+    found nowhere are left out)."""
+    wanted = sorted(set(message_ids))
+    found: dict[str, str] = {}
+    with _connection(target) as conn:
+        for i in range(0, len(wanted), _IDS_PER_QUERY):
+            chunk = wanted[i : i + _IDS_PER_QUERY]
+            query = sa.select(outbox.c.message_id, outbox.c.status)
+            found |= dict(conn.execute(query.where(outbox.c.message_id.in_(chunk))).tuples())
+            keys = {_key(m, conn.dialect.name): m for m in chunk if m not in found}
+            logged = sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys)))
+            found |= {keys[str(k)]: SENT for k in conn.scalars(logged)}
+    return found
+
+
+def sent_ids(target: str | sa.Engine) -> set[int]:
+    """The ids of the rows sent: kept whole, or in the sent log."""
+    with _connection(target) as conn:
+        kept = conn.scalars(sa.select(outbox.c.id).where(outbox.c.status == SENT))
+        return set(kept) | set(conn.scalars(sa.select(outbox_sent.c.id)))
+
+
+def sent_logged(target: str | sa.Engine) -> int:
+    """Entries in the sent log."""
+    with _connection(target) as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
 
 
 def rows(target: str | sa.Engine) -> list[Any]:

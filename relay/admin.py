@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from relay.constants import PURGE_CHUNK, SPARK_STAGE_ABANDONED_S
+from relay.constants import PURGE_CHUNK, RECENT_SENT_S, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
 from relay.db.sink import OutboxSink
 from relay.destinations import display
@@ -156,6 +156,7 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
         ("parked", report.counts["parked"], args.max_parked),
     ]
     exceeded = [name for name, value, limit in limits if limit is not None and value > limit]
+    recent = report.recent
     if args.json:
         print(
             json.dumps(
@@ -168,6 +169,12 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
                     "retrying": [
                         {"exchange": e, "reason": r, "rows": n} for e, r, n in report.retrying
                     ],
+                    "recent": {
+                        "seconds": RECENT_SENT_S,
+                        "messages": recent.messages,
+                        "latency_mean_seconds": round(recent.latency_mean, 3),
+                        "latency_max_seconds": round(recent.latency_max, 3),
+                    },
                     "exceeded": exceeded,
                 }
             )
@@ -181,6 +188,10 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  sent    {c['sent']:>10}")
         print(f"  parked  {c['parked']:>10}")
         print(f"  oldest due row: due for {report.oldest_due_age:.1f} s")
+        print(
+            f"  sent in the last {RECENT_SENT_S:g} s: {recent.messages}, created to sent "
+            f"{recent.latency_mean:.3f} s on average, {recent.latency_max:.3f} s at most"
+        )
         if report.retrying:
             print("pending rows that failed before, by exchange and last error:")
             for exchange, reason, rows in report.retrying:

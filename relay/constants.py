@@ -28,6 +28,9 @@ LAST_ERROR_MAX_CHARS = 2000
 # a count costs a read of every row it counts, and an operator needs the exact number only
 # while it is small.
 BACKLOG_EXACT_ROWS = 10_000
+# `relay status` reports the latency (created to sent) of the messages sent in this many last
+# seconds: a window short enough that reading its rows stays cheap at any rate.
+RECENT_SENT_S = 10.0
 # Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000

@@ -45,7 +45,11 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
     )
     store = ClaimStore(
-        settings.database_url, settings.name, settings.lease, ordered=settings.ordering
+        settings.database_url,
+        settings.name,
+        settings.lease,
+        ordered=settings.ordering,
+        keep_sent=settings.keep_sent,
     )
     publisher = PikaPublisher(
         settings.amqp_urls,

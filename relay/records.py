@@ -11,6 +11,10 @@ SENT = "sent"
 PARKED = "parked"
 STATUSES = (PENDING, SENT, PARKED)
 
+# What stays of an acked row (setting ``keep_sent``): its ids in the sent log, or the row.
+KEEP_IDS = "ids"
+KEEP_MESSAGES = "messages"
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
@@ -122,7 +126,9 @@ class BacklogStats:
 class OutboxStatus:
     """What ``relay status`` reports."""
 
-    counts: dict[str, int]  # rows by status, every status present
+    # Messages by status, every status present; "sent" counts the sent log and the sent rows
+    # kept whole. Counted up to BACKLOG_EXACT_ROWS each, estimated beyond.
+    counts: dict[str, int]
     due: int
     oldest_due_age: float
     leased: int  # pending rows a relay has claimed and not settled yet
@@ -130,6 +136,17 @@ class OutboxStatus:
     # Pending rows that failed before, as (exchange, last error, rows), most rows first: a
     # broken destination's rows show here until they are parked.
     retrying: list[tuple[str, str, int]]
+    recent: RecentSent
+
+
+@dataclass(frozen=True, slots=True)
+class RecentSent:
+    """The messages sent in the last ``RECENT_SENT_S`` seconds, and their latency from
+    created to sent (seconds; 0 when none)."""
+
+    messages: int = 0
+    latency_mean: float = 0.0
+    latency_max: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

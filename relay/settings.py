@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
+from relay.records import KEEP_IDS, KEEP_MESSAGES
 
 ENV_PREFIX = "RELAY_"
 
@@ -247,13 +248,22 @@ class Settings:
     stats_interval: float = _setting(
         5.0, _positive_float, "Seconds between refreshes of the backlog gauges."
     )
+    keep_sent: str = _setting(
+        KEEP_IDS,
+        _choice(KEEP_IDS, KEEP_MESSAGES),
+        f"What stays of an acked row: '{KEEP_IDS}' moves its message id, id and times to the "
+        f"sent log and deletes the row (cheapest); '{KEEP_MESSAGES}' keeps the whole row, "
+        "marked sent, so that `relay replay --sent` can publish it again.",
+    )
     retention: float = _setting(
-        0.0,
+        7 * 24 * 3600.0,
         _seconds_or_zero,
-        "Seconds sent rows are kept; the relay deletes older ones in chunks (0 keeps them).",
+        "Seconds sent messages are kept (as the sent log's ids, or whole), and so the dedupe "
+        "horizon: a message id written again within it adds nothing. The relay deletes older "
+        "ones in chunks (0 keeps them forever).",
     )
     purge_interval: float = _setting(
-        600.0, _positive_float, "Seconds between the relay's purges of old sent rows."
+        600.0, _positive_float, "Seconds between the relay's purges of old sent messages."
     )
     metrics_host: str = _setting("0.0.0.0", str, "Address for /metrics, /healthz and /readyz.")
     metrics_port: int = _setting(

@@ -59,6 +59,16 @@ class seconds_since(FunctionElement[float]):
         super().__init__(moment)
 
 
+class seconds_between(FunctionElement[float]):
+    """Seconds from the time ``start`` to the time ``end`` (columns)."""
+
+    type = sa.Float()
+    inherit_cache = True
+
+    def __init__(self, start: sa.ColumnElement[Any], end: sa.ColumnElement[Any]) -> None:
+        super().__init__(start, end)
+
+
 def _argument(element: FunctionElement[Any], compiler: Any, **kw: Any) -> str:
     (argument,) = element.clauses
     return str(compiler.process(argument, **kw))
@@ -84,6 +94,18 @@ def _seconds_since_pg(element: seconds_since, compiler: Any, **kw: Any) -> str:
 @compiles(seconds_since, "sqlite")
 def _seconds_since_sqlite(element: seconds_since, compiler: Any, **kw: Any) -> str:
     return f"((julianday('now') - julianday({_argument(element, compiler, **kw)})) * 86400.0)"
+
+
+@compiles(seconds_between, "postgresql")
+def _seconds_between_pg(element: seconds_between, compiler: Any, **kw: Any) -> str:
+    start, end = (compiler.process(c, **kw) for c in element.clauses)
+    return f"extract(epoch FROM {end} - {start})::float8"
+
+
+@compiles(seconds_between, "sqlite")
+def _seconds_between_sqlite(element: seconds_between, compiler: Any, **kw: Any) -> str:
+    start, end = (compiler.process(c, **kw) for c in element.clauses)
+    return f"((julianday({end}) - julianday({start})) * 86400.0)"
 
 
 def epoch_seconds(conn: sa.Connection) -> float:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
-from relay.constants import IDS_PER_STATEMENT, PURGE_CHUNK
-from relay.db.clock import database_time, seconds_since
-from relay.db.engine import create_engine, db_errors, id_in, transaction
-from relay.db.schema import ROW_COLUMNS, outbox
+from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
+from relay.db.claims import due_now
+from relay.db.clock import database_time, seconds_between, seconds_since
+from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
+from relay.db.schema import ROW_COLUMNS, outbox, outbox_sent
 from relay.records import (
     PARKED,
     PENDING,
@@ -29,6 +31,7 @@ from relay.records import (
     NewMessage,
     OutboxRow,
     OutboxStatus,
+    RecentSent,
     Selection,
 )
 from relay.settings import redact_url
@@ -75,16 +78,25 @@ class OutboxAdmin:
         self._where = redact_url(url)
 
     def status(self, reasons: int = 10) -> OutboxStatus:
+        """Every count is one walk of an index, bounded (``relay.db.engine.bounded_count``):
+        milliseconds at any backlog and any history."""
         pending = outbox.c.status == PENDING
-        now = database_time()
-        due = sa.and_(pending, outbox.c.next_attempt_at <= now)
-        leased = sa.and_(pending, outbox.c.lease_owner.is_not(None), outbox.c.next_attempt_at > now)
-        totals = sa.select(
-            *(sa.func.count().filter(outbox.c.status == s) for s in STATUSES),
-            sa.func.count().filter(due),
-            seconds_since(sa.func.min(outbox.c.next_attempt_at).filter(due)),
-            sa.func.count().filter(leased),
-        )
+        leased = sa.and_(pending, outbox.c.lease_until > database_time())
+        ids = sa.select(outbox.c.id)
+        counted = {
+            PENDING: [ids.where(pending)],
+            SENT: [ids.where(outbox.c.status == SENT), sa.select(outbox_sent.c.key)],
+            PARKED: [ids.where(outbox.c.status == PARKED)],
+        }
+        oldest = sa.select(seconds_since(sa.func.min(outbox.c.next_attempt_at))).where(due_now())
+        recent = [
+            sa.select(
+                sa.func.count(),
+                sa.func.sum(seconds_between(t.c.created_at, t.c.sent_at)),
+                sa.func.max(seconds_between(t.c.created_at, t.c.sent_at)),
+            ).where(t.c.sent_at > database_time(-RECENT_SENT_S), *where)
+            for t, where in ((outbox, [outbox.c.status == SENT]), (outbox_sent, []))
+        ]
         by_reason = (
             sa.select(outbox.c.last_error, sa.func.count().label("rows"))
             .where(outbox.c.status == PARKED)
@@ -100,16 +112,29 @@ class OutboxAdmin:
             .limit(reasons)
         )
         with db_errors("status", self._where), self.engine.connect() as conn:
-            *counts, due_rows, age, leased_rows = conn.execute(totals).one()
+
+            def count(rows: sa.Select[Any]) -> int:
+                return bounded_count(conn, rows, BACKLOG_EXACT_ROWS)
+
+            counts = {s: sum(map(count, counted[s])) for s in STATUSES}
+            due_rows, leased_rows = count(ids.where(due_now())), count(ids.where(leased))
+            age = conn.execute(oldest).scalar_one()
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
             again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]
+            sums = [conn.execute(q).one() for q in recent]
+        messages = sum(int(n) for n, _, _ in sums)
         return OutboxStatus(
-            dict(zip(STATUSES, map(int, counts), strict=True)),
-            int(due_rows),
+            counts,
+            due_rows,
             max(0.0, age or 0.0),
-            int(leased_rows),
+            leased_rows,
             parked,
             again,
+            RecentSent(
+                messages,
+                sum(float(total or 0) for _, total, _ in sums) / messages if messages else 0.0,
+                max(float(most or 0) for _, _, most in sums),
+            ),
         )
 
     def replay(self, selection: Selection, dry_run: bool) -> list[OutboxRow]:
@@ -148,36 +173,44 @@ class OutboxAdmin:
         progress: Callable[[int], None] | None = None,
         stop: threading.Event | None = None,
     ) -> int:
-        """Delete rows sent more than ``older_than`` seconds ago (by the database's clock),
-        ``chunk`` rows per transaction, walking the primary key so that every chunk is as
-        cheap as the first; returns the rows deleted. ``progress`` is told the total after
-        each full chunk; a set ``stop`` ends the purge after the chunk under way (the
-        relay's shutdown waits for one at most)."""
-        ids = (
+        """Delete the messages sent more than ``older_than`` seconds ago (by the database's
+        clock): sent rows kept whole, then the sent log's entries, ``chunk`` per transaction;
+        returns how many. ``progress`` is told the total after each full chunk; a set
+        ``stop`` ends the purge after the chunk under way (the relay's shutdown waits for
+        one at most).
+
+        Sent rows are found in their sent-time index, oldest first; the sent log's entries
+        are in the order they were sent, so its old ones are its first pages."""
+        cutoff = database_time(-older_than)
+        sent_rows = (
             sa.select(outbox.c.id)
-            .where(
-                outbox.c.id > sa.bindparam("after"),
-                outbox.c.status == SENT,
-                outbox.c.sent_at < database_time(-older_than),
-            )
-            .order_by(outbox.c.id)
+            .where(outbox.c.status == SENT, outbox.c.sent_at < cutoff)
+            .order_by(outbox.c.sent_at)
             .limit(chunk)
         )
-        delete = sa.delete(outbox).where(
+        delete_rows = sa.delete(outbox).where(
             id_in(outbox.c.id, self.engine.dialect), outbox.c.status == SENT
         )
-        deleted, after = 0, 0
-        while stop is None or not stop.is_set():
-            with transaction(self.engine, "purge", self._where) as conn:
-                batch = list(conn.scalars(ids, {"after": after}))
-                if batch:
-                    conn.execute(delete, {"ids": batch})
-            deleted += len(batch)
-            if len(batch) < chunk:
-                break
-            after = batch[-1]
-            if progress is not None:
-                progress(deleted)
+        logged = sa.select(outbox_sent.c.key).where(outbox_sent.c.sent_at < cutoff).limit(chunk)
+        delete_logged = sa.delete(outbox_sent).where(
+            outbox_sent.c.key.in_(logged.scalar_subquery()), outbox_sent.c.sent_at < cutoff
+        )
+        deleted = 0
+        for table in (outbox, outbox_sent):
+            while stop is None or not stop.is_set():
+                with transaction(self.engine, "purge", self._where) as conn:
+                    if table is outbox:
+                        batch = list(conn.scalars(sent_rows))
+                        if batch:
+                            conn.execute(delete_rows, {"ids": batch})
+                        count = len(batch)
+                    else:
+                        count = conn.execute(delete_logged).rowcount
+                deleted += count
+                if count < chunk:
+                    break
+                if progress is not None:
+                    progress(deleted)
         return deleted
 
     def close(self) -> None:

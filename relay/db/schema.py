@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from relay.records import PENDING, STATUSES
+from relay.records import PARKED, PENDING, SENT, STATUSES
 
 metadata = sa.MetaData()
 
@@ -56,6 +56,26 @@ def _new_message_id_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     return "lower(hex(randomblob(16)))"
 
 
+class sent_key(FunctionElement[str]):
+    """A message id's key in the sent log: on PostgreSQL its MD5 as a 16-byte uuid (a message
+    id is often 70 characters; the key is written once to the heap and once to the index
+    for every relayed row, and 128 bits make a collision of two ids as unlikely as one of
+    two random UUIDs), on SQLite the id itself."""
+
+    type = sa.Text()
+    inherit_cache = True
+
+
+@compiles(sent_key, "postgresql")
+def _sent_key_pg(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"md5({compiler.process(element.clauses, **kw)})::uuid"
+
+
+@compiles(sent_key, "sqlite")
+def _sent_key_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.clauses, **kw))
+
+
 outbox = sa.Table(
     "outbox",
     metadata,
@@ -80,6 +100,10 @@ outbox = sa.Table(
     sa.Column("sent_at", UTCDateTime(), nullable=True),
     sa.Column("last_error", sa.Text(), nullable=True),
     sa.Column("lease_owner", sa.Text(), nullable=True),
+    # The end of a relay's lease on a pending row. Not indexed, so that the claim that sets
+    # it is a HOT update (migration 0004 leaves the pages room for it): a claim rewrote
+    # ``next_attempt_at`` before, and with it an entry in every index, about 790 B of WAL.
+    sa.Column("lease_until", UTCDateTime(), nullable=True),
     sa.CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="outbox_status_valid"
     ),
@@ -104,6 +128,56 @@ sa.Index(
     postgresql_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
     sqlite_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
 )
+
+# ``relay status`` counts parked rows, and ``relay replay`` finds them, without reading the
+# pending ones; the index has no entry for any other row, so it costs the relay nothing.
+sa.Index(
+    "outbox_parked_idx",
+    outbox.c.id,
+    postgresql_where=outbox.c.status == PARKED,
+    sqlite_where=outbox.c.status == PARKED,
+)
+
+# Pending rows that failed before: ``relay status`` lists them by exchange, and a destination
+# found again hastens them. Only a failed attempt (an update that moves the row in the due
+# index anyway) adds an entry.
+sa.Index(
+    "outbox_retrying_idx",
+    outbox.c.exchange,
+    postgresql_where=sa.and_(outbox.c.status == PENDING, outbox.c.attempts > 0),
+    sqlite_where=sa.and_(outbox.c.status == PENDING, outbox.c.attempts > 0),
+)
+
+# Sent rows kept whole (``keep_sent = messages``): ``relay status``, the purge and replay by
+# time find them by their sent time. Empty when acked rows leave the outbox.
+sa.Index(
+    "outbox_sent_idx",
+    outbox.c.sent_at,
+    postgresql_where=outbox.c.status == SENT,
+    sqlite_where=outbox.c.status == SENT,
+)
+
+# The sent log: what is left of an acked row when acked rows leave the outbox (the default,
+# ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
+# horizon (the retention): a trigger (migration 0004) drops an inserted row whose message id
+# is here, whoever the writer is. Its times serve ``relay status`` (sent counts, latency)
+# and the purge.
+outbox_sent = sa.Table(
+    "outbox_sent",
+    metadata,
+    sa.Column(
+        "key",
+        sa.Text().with_variant(sa.Uuid(as_uuid=False), "postgresql"),
+        primary_key=True,
+    ),
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("sent_at", UTCDateTime(), nullable=False),
+)
+
+# Sent times grow with the log's physical order: a BRIN index is a few pages for millions of
+# rows and costs an insert next to nothing (SQLite has a B-tree).
+sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at, postgresql_using="brin")
 
 # What a claimed row carries to the publisher (``relay.records.OutboxRow``'s fields).
 ROW_COLUMNS = (

@@ -3,12 +3,19 @@ downgrade cleanly: the one schema definition and the shipped migrations cannot d
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from devtools.outbox import statuses
+from relay.db.claims import ClaimStore
+from relay.db.clock import database_time
 from relay.db.engine import migrate
+from relay.db.outbox import OutboxWriter
 from relay.db.schema import metadata, outbox
+from relay.errors import StoreError
+from relay.records import NewMessage, SettleBatch
 
 
 def differences(url: str) -> list[object]:
@@ -43,3 +50,46 @@ def test_migrations_downgrade_to_nothing_and_upgrade_again(database_url: str) ->
     engine.dispose()
     migrate(database_url)
     assert differences(database_url) == []
+
+
+def test_upgrade_to_the_sent_log_keeps_every_pending_and_in_flight_row(database_url: str) -> None:
+    """0003 -> 0004 on a live outbox, its relays stopped: a pending row is due, a row an old
+    relay holds (its lease in ``next_attempt_at``) waits out that lease, a sent row stays sent
+    and its id keeps adding nothing; the first new ack goes to the sent log."""
+    migrate(database_url, "base", downgrade=True)
+    migrate(database_url, "0003")
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        rows = [("due", "pending", None), ("held", "pending", "old-relay"), ("sent", "sent", None)]
+        for message_id, status, owner in rows:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO outbox (message_id, payload, status, lease_owner) "
+                    "VALUES (:m, :p, :s, :o)"
+                ),
+                {"m": message_id, "p": b"x", "s": status, "o": owner},
+            )
+        old_lease = sa.update(
+            sa.table("outbox", sa.column("message_id"), sa.column("next_attempt_at"))
+        )
+        conn.execute(
+            old_lease.where(sa.column("message_id") == "held").values(
+                next_attempt_at=database_time(3600)
+            )
+        )
+    engine.dispose()
+    migrate(database_url)
+    assert differences(database_url) == []
+    store = ClaimStore(database_url, "new-relay", 60.0)
+    writer = OutboxWriter(database_url)
+    try:
+        (due,) = store.claim(10, 2**62)
+        assert due.message_id == "due", "only the due row: the old lease still holds"
+        store.settle(SettleBatch(sent=(due.id,)))
+        writer.enqueue([NewMessage(b"x", message_id="due")])
+        with pytest.raises(StoreError):
+            writer.enqueue([NewMessage(b"x", message_id="sent")])
+        assert statuses(database_url) == {"pending": 1, "sent": 2}
+    finally:
+        store.close()
+        writer.close()

@@ -15,19 +15,30 @@ import sqlalchemy as sa
 from relay.constants import BACKLOG_EXACT_ROWS
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxWriter
-from relay.db.schema import outbox
-from relay.records import PARKED, PENDING, SENT, NewMessage, RowChange, SettleBatch
+from relay.db.schema import outbox, outbox_sent
+from relay.records import (
+    KEEP_IDS,
+    KEEP_MESSAGES,
+    PARKED,
+    PENDING,
+    SENT,
+    NewMessage,
+    RowChange,
+    SettleBatch,
+)
 from tests.support.fakes import DatabaseClock, InMemoryStore
 
-_TIMES = (outbox.c.created_at, outbox.c.next_attempt_at, outbox.c.sent_at)
+_TIMES = (outbox.c.created_at, outbox.c.next_attempt_at, outbox.c.sent_at, outbox.c.lease_until)
 
 
 class SqlStore(ClaimStore):
     """The relay's claim store with a writer beside it: the contract drives both roles, as
     the in-memory fake (the whole outbox) plays both."""
 
-    def __init__(self, url: str, owner: str, lease: float, *, ordered: bool = False) -> None:
-        super().__init__(url, owner, lease, ordered=ordered)
+    def __init__(
+        self, url: str, owner: str, lease: float, *, ordered: bool = False, keep_sent: str
+    ) -> None:
+        super().__init__(url, owner, lease, ordered=ordered, keep_sent=keep_sent)
         self.writer = OutboxWriter(url)
 
     def enqueue(self, messages: list[NewMessage]) -> list[str]:
@@ -55,9 +66,10 @@ SLACK = 5.0
 StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=False)
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql", f"postgresql-{KEEP_MESSAGES}"])
 def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
-    """Returns a factory: owner -> a store on the same outbox."""
+    """Returns a factory: owner -> a store on the same outbox. The SQL stores delete acked
+    rows into the sent log (the default), or with ``-messages`` keep them whole."""
     made: list[SqlStore] = []
     if request.param == "memory":
         shared, clock = InMemoryStore(), DatabaseClock()
@@ -69,10 +81,11 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
 
         yield memory
         return
-    url = request.getfixturevalue(f"{request.param}_url")
+    database, _, keep_sent = request.param.partition("-")
+    url = request.getfixturevalue(f"{database}_url")
 
     def sql(owner: str, ordered: bool = False) -> SqlStore:
-        made.append(SqlStore(url, owner, LEASE, ordered=ordered))
+        made.append(SqlStore(url, owner, LEASE, ordered=ordered, keep_sent=keep_sent or KEEP_IDS))
         return made[-1]
 
     yield sql
@@ -89,7 +102,14 @@ def state(store: InMemoryStore | SqlStore, id: int) -> tuple[str, int, str | Non
             sa.select(outbox.c.status, outbox.c.attempts, outbox.c.last_error).where(
                 outbox.c.id == id
             )
-        ).one()
+        ).one_or_none()
+        logged = conn.execute(sa.select(outbox_sent.c.id).where(outbox_sent.c.id == id)).all()
+    if store.keep_sent == KEEP_IDS:
+        assert r is None or r.status != SENT, "a sent row left in the outbox"
+    if r is None:
+        assert logged, f"row {id} neither in the outbox nor in the sent log"
+        return SENT, 0, None
+    assert not logged, f"row {id} in the sent log and the outbox"
     return r.status, r.attempts, r.last_error
 
 

@@ -40,7 +40,13 @@ def seed(url: str) -> None:
     rows += [
         dict(status="pending", next_attempt_at=NOW - timedelta(hours=1), exchange="orders"),
         dict(status="pending", next_attempt_at=NOW - timedelta(minutes=1), exchange="orders"),
-        dict(status="pending", next_attempt_at=NOW + DAY, exchange="orders", lease_owner="r1"),
+        dict(
+            status="pending",
+            next_attempt_at=NOW - timedelta(minutes=5),
+            lease_until=NOW + DAY,
+            exchange="orders",
+            lease_owner="r1",
+        ),
         dict(
             status="pending",
             next_attempt_at=NOW + DAY,

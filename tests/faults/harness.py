@@ -26,7 +26,7 @@ import pika.exceptions
 import sqlalchemy as sa
 
 from devtools.broker import write_topology
-from devtools.outbox import statuses
+from devtools.outbox import fates, sent_logged, statuses
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import http_get
 from devtools.servers import free_port, wait_until
@@ -254,16 +254,29 @@ def finish(
     assert set(ended_parked) == set(parked), sorted(set(ended_parked) ^ set(parked))[:10]
     for message_id, reason in parked.items():
         assert reason in ended_parked[message_id], (message_id, ended_parked[message_id])
-    rows = {m for m, _, _ in table} - set(parked)
+    # Acked rows left the outbox for the sent log, which keeps their ids' keys only: the ids
+    # the consumer saw are looked up there, and the log's entries nobody saw are lost rows.
+    kept = {m for m, _, _ in table} - set(parked)
+    logged = sent_logged(url)
+
+    def sent(ids: set[str]) -> set[str]:
+        return {m for m, status in fates(url, ids).items() if status == "sent"}
+
     with contextlib.suppress(Exception):
-        wait_until(lambda: rows <= consumer.seen(), 60, "every row consumed")
+        wait_until(
+            lambda: kept <= consumer.seen() and len(sent(consumer.seen() - kept)) >= logged,
+            60,
+            "every row consumed",
+        )
     time.sleep(0.5)  # late duplicates still count
     counts = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
     seen = consumer.seen()
+    sent_seen = sent(seen - kept)
+    rows = kept | sent_seen
     outcome = Outcome(
         scenario,
-        len(rows) + len(parked),
-        len(rows - seen),
+        len(kept) + logged + len(parked),
+        len(kept - seen) + logged - len(sent_seen),
         len(seen - rows),
         sum(n - 1 for n in counts.values()),
         recovery,

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools.outbox import insert
+from devtools.outbox import fates, insert
 from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, wait_until
 
@@ -209,10 +209,7 @@ def test_every_row_ends_sent_or_parked_and_parked_only_if_it_cannot_be_published
         ended: dict[str, str] = {}
 
         def settled() -> bool:
-            with engine.connect() as conn:
-                query = sa.text("SELECT message_id, status FROM outbox WHERE message_id IN :ids")
-                query = query.bindparams(sa.bindparam("ids", expanding=True))
-                ended.update(dict(conn.execute(query, {"ids": ids}).all()))
+            ended.update(fates(engine, ids))
             return all(ended.get(i) in ("sent", "parked") for i in ids)
 
         wait_until(settled, 60, "every generated row sent or parked")

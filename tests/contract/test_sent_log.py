@@ -1,0 +1,144 @@
+"""Acked rows leave the outbox for the sent log (``keep_sent = ids``), and the outbox still
+keeps its promises through it: a message id written again within the dedupe horizon adds
+nothing, whoever writes it and however; status counts the sent; the purge ends the horizon."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from devtools.outbox import statuses
+from relay.db.claims import ClaimStore
+from relay.db.outbox import OutboxAdmin, OutboxWriter
+from relay.db.schema import outbox, outbox_sent
+from relay.db.sink import OutboxSink
+from relay.records import KEEP_IDS, KEEP_MESSAGES, NewMessage, SettleBatch
+
+DAY = 24 * 3600.0
+NO_BYTE_LIMIT = 2**62
+
+
+class Outbox:
+    """A relay's store, a writer, a sink and the admin on one database."""
+
+    def __init__(self, url: str, keep_sent: str = KEEP_IDS) -> None:
+        self.url = url
+        self.store = ClaimStore(url, "relay-1", 60.0, keep_sent=keep_sent)
+        self.writer = OutboxWriter(url)
+        self.sink = OutboxSink(url)
+        self.admin = OutboxAdmin(url)
+
+    def relay_all(self) -> list[int]:
+        """Claim every due row and ack it; the ids acked."""
+        rows = self.store.claim(10_000, NO_BYTE_LIMIT)
+        self.store.settle(SettleBatch(sent=tuple(r.id for r in rows)))
+        return [r.id for r in rows]
+
+    def message_ids(self) -> list[str]:
+        with self.writer.engine.connect() as conn:
+            return list(conn.scalars(sa.select(outbox.c.message_id).order_by(outbox.c.id)))
+
+    def close(self) -> None:
+        for part in (self.store, self.writer, self.sink, self.admin):
+            part.close()
+
+
+@pytest.fixture
+def box(database_url: str) -> Iterator[Outbox]:
+    made = Outbox(database_url)
+    yield made
+    made.close()
+
+
+def message(message_id: str) -> NewMessage:
+    return NewMessage(b"body", "ex", "rk", message_id=message_id)
+
+
+def sink_row(message_id: str) -> tuple[object, ...]:
+    return (message_id, "ex", "rk", b"body", "application/octet-stream", None, None)
+
+
+def test_acked_rows_leave_the_outbox_for_the_sent_log(box: Outbox) -> None:
+    box.writer.enqueue([message("m-1"), message("m-2")])
+    acked = box.relay_all()
+    assert box.message_ids() == []
+    with box.writer.engine.connect() as conn:
+        logged = sorted(conn.scalars(sa.select(outbox_sent.c.id)))
+    assert logged == sorted(acked)
+    assert statuses(box.url) == {"sent": 2}
+    report = box.admin.status()
+    assert report.counts == {"pending": 0, "sent": 2, "parked": 0}
+    assert report.recent.messages == 2
+    assert 0 <= report.recent.latency_mean <= report.recent.latency_max < 60
+
+
+@pytest.mark.parametrize("how", ["enqueue", "sink append", "sink stage and merge"])
+def test_a_sent_message_id_written_again_adds_nothing(box: Outbox, how: str) -> None:
+    box.writer.enqueue([message("m-1"), message("m-2")])
+    box.relay_all()
+    again = ["m-1", "m-3", "m-2"]
+    if how == "enqueue":
+        box.writer.enqueue([message(m) for m in again])
+    elif how == "sink append":
+        assert box.sink.append([[sink_row(m) for m in again]]) == (3, 1)
+    else:
+        stage = box.sink.create_stage()
+        box.sink.stage(stage, [[sink_row(m) for m in again]], partition=0)
+        assert box.sink.merge(stage, keep_order=True) == 1
+    assert box.message_ids() == ["m-3"]
+    assert [r.message_id for r in box.store.claim(10, NO_BYTE_LIMIT)] == ["m-3"]
+
+
+def test_a_write_racing_the_ack_of_the_same_message_id_adds_nothing(postgresql_url: str) -> None:
+    """The relay deletes the row and logs its key in one transaction; a writer inserting the
+    same id meanwhile waits on the unique index, and the dedupe trigger's query, run after
+    that wait, sees the key logged."""
+    box = Outbox(postgresql_url)
+    try:
+        box.writer.enqueue([message("m-1")])
+        (row,) = box.store.claim(10, NO_BYTE_LIMIT)
+        with box.store.engine.connect() as relay:
+            relay.execute(box.store._sent_statements()[0], {"ids": [row.id]})
+            written = threading.Thread(target=box.writer.enqueue, args=([message("m-1")],))
+            written.start()
+            written.join(1.0)
+            assert written.is_alive(), "the writer did not wait for the relay's transaction"
+            relay.commit()
+        written.join(10.0)
+        assert not written.is_alive()
+        assert box.message_ids() == []
+    finally:
+        box.close()
+
+
+def test_the_purge_ends_the_dedupe_horizon(box: Outbox) -> None:
+    box.writer.enqueue([message("old"), message("new")])
+    old, new = box.relay_all()
+    with box.writer.engine.begin() as conn:
+        a_week_ago = (
+            sa.select(outbox_sent.c.sent_at).where(outbox_sent.c.id == new).scalar_subquery()
+        )
+        back = a_week_ago.op("-")(sa.literal(timedelta(days=8)))
+        conn.execute(sa.update(outbox_sent).where(outbox_sent.c.id == old).values(sent_at=back))
+    assert box.admin.purge(7 * DAY, chunk=1) == 1
+    assert statuses(box.url) == {"sent": 1}
+    box.writer.enqueue([message("old"), message("new")])
+    assert box.message_ids() == ["old"], "past the horizon an id is new again; within, not"
+
+
+def test_sent_rows_kept_whole_stay_and_count_once(database_url: str) -> None:
+    box = Outbox(database_url, keep_sent=KEEP_MESSAGES)
+    try:
+        box.writer.enqueue([message("m-1")])
+        box.relay_all()
+        assert box.message_ids() == ["m-1"]
+        assert statuses(box.url) == {"sent": 1}
+        assert box.admin.status().counts["sent"] == 1
+        assert box.admin.purge(0.0) == 1
+        assert box.message_ids() == []
+    finally:
+        box.close()
