@@ -61,7 +61,7 @@ def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]
         for i in range(0, len(wanted), _IDS_PER_QUERY):
             chunk = wanted[i : i + _IDS_PER_QUERY]
             query = sa.select(outbox.c.message_id, outbox.c.status)
-            found |= dict(conn.execute(query.where(outbox.c.message_id.in_(chunk))).tuples())
+            found |= {m: s for m, s in conn.execute(query.where(outbox.c.message_id.in_(chunk)))}
             keys = {_key(m, conn.dialect.name): m for m in chunk if m not in found}
             logged = sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys)))
             found |= {keys[str(k)]: SENT for k in conn.scalars(logged)}

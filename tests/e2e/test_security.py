@@ -56,11 +56,12 @@ def test_passwords_from_files_never_show(
 ) -> None:
     user, amqp_password = amqp_user
     rabbit.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
-    role, db_password = db_role(postgres, postgresql_url, "SELECT, INSERT, UPDATE ON outbox")
-    postgres.psql(
-        f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {role}",
-        database=sa.make_url(postgresql_url).database or "",
+    role, db_password = db_role(
+        postgres, postgresql_url, "SELECT, INSERT, UPDATE, DELETE ON outbox"
     )
+    database = sa.make_url(postgresql_url).database or ""
+    postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {role}", database=database)
+    postgres.psql(f"GRANT SELECT, INSERT, DELETE ON outbox_sent TO {role}", database=database)
     (tmp_path / "amqp").write_text(amqp_password + "\n")
     (tmp_path / "db").write_text(db_password + "\n")
     exchange, queue = names("secret")
@@ -131,7 +132,8 @@ def test_relay_runs_with_least_privilege(
     # Write to its one exchange; configure and read nothing (no topology file).
     rabbit.ctl("set_permissions", "-p", "/", user, "^$", f"^{exchange}$", "^$")
     database = sa.make_url(postgresql_url).database or ""
-    runner, _ = db_role(postgres, postgresql_url, "SELECT, UPDATE ON outbox")
+    runner, _ = db_role(postgres, postgresql_url, "SELECT, UPDATE, DELETE ON outbox")
+    postgres.psql(f"GRANT SELECT, INSERT, DELETE ON outbox_sent TO {runner}", database=database)
     writer, _ = db_role(postgres, postgresql_url, "SELECT, INSERT ON outbox")
     postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {writer}", database=database)
 
@@ -182,8 +184,8 @@ def test_relay_runs_with_least_privilege(
     # What the roles may not do, they cannot.
     for role, sql in [
         (runner, "INSERT INTO outbox (payload) VALUES ('x')"),
-        (runner, "DELETE FROM outbox"),
         (writer, "DELETE FROM outbox"),
+        (writer, "SELECT * FROM outbox_sent"),
         (runner, "ALTER TABLE outbox ADD COLUMN x int"),
     ]:
         with pytest.raises(ServerError, match=r"permission denied|must be owner"):

@@ -59,9 +59,11 @@ _PARTIAL_INDEXES = (
 # row; a join could be planned as a scan of the whole log, or of the outbox, per statement),
 # and the outbox is touched only when a row was sent before (a re-run). The rows it drops are
 # added up in a setting of the transaction, for writers that report how many rows they added
-# (``relay.db.sink``): COPY counts the rows it wrote.
+# (``relay.db.sink``): COPY counts the rows it wrote. It runs with its owner's rights, so that
+# a writer needs no more than INSERT on the outbox.
 _PG_DEDUPE = """
-CREATE FUNCTION outbox_dedupe() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION outbox_dedupe() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
   again bigint[] := ARRAY(
     SELECT n.id FROM new_rows n
