@@ -53,7 +53,7 @@ def test_the_claims_locking_subquery_runs_once(postgresql_url: str) -> None:
     claims: list[tuple[str, Any]] = []
 
     def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.startswith("UPDATE outbox SET next_attempt_at"):
+        if statement.startswith("UPDATE outbox SET lease_owner"):
             claims.append((statement, parameters))
 
     sa.event.listen(store.engine, "before_cursor_execute", capture)
