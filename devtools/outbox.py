@@ -34,7 +34,7 @@ def statuses(target: str | sa.Engine, *, leased: bool = False) -> dict[str, int]
     with _connection(target) as conn:
         q = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
         out = {status: int(count) for status, count in conn.execute(q)}
-        logged = int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
+        logged = _logged(conn)
         if logged:
             out[SENT] = out.get(SENT, 0) + logged
         if leased:
@@ -78,7 +78,11 @@ def sent_ids(target: str | sa.Engine) -> set[int]:
 def sent_logged(target: str | sa.Engine) -> int:
     """Entries in the sent log."""
     with _connection(target) as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
+        return _logged(conn)
+
+
+def _logged(conn: sa.Connection) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
 
 
 def rows(target: str | sa.Engine) -> list[Any]:

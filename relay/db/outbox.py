@@ -19,8 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
-from relay.db.claims import due_now
-from relay.db.clock import database_time, seconds_between, seconds_since
+from relay.db.claims import due_backlog
+from relay.db.clock import database_time, seconds_between
 from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
 from relay.db.schema import ROW_COLUMNS, outbox, outbox_sent
 from relay.records import (
@@ -88,7 +88,6 @@ class OutboxAdmin:
             SENT: [ids.where(outbox.c.status == SENT), sa.select(outbox_sent.c.key)],
             PARKED: [ids.where(outbox.c.status == PARKED)],
         }
-        oldest = sa.select(seconds_since(sa.func.min(outbox.c.next_attempt_at))).where(due_now())
         recent = [
             sa.select(
                 sa.func.count(),
@@ -117,16 +116,15 @@ class OutboxAdmin:
                 return bounded_count(conn, rows, BACKLOG_EXACT_ROWS)
 
             counts = {s: sum(map(count, counted[s])) for s in STATUSES}
-            due_rows, leased_rows = count(ids.where(due_now())), count(ids.where(leased))
-            age = conn.execute(oldest).scalar_one()
+            backlog, leased_rows = due_backlog(conn), count(ids.where(leased))
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
             again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]
             sums = [conn.execute(q).one() for q in recent]
         messages = sum(int(n) for n, _, _ in sums)
         return OutboxStatus(
             counts,
-            due_rows,
-            max(0.0, age or 0.0),
+            backlog.due,
+            backlog.oldest_due_age,
             leased_rows,
             parked,
             again,
@@ -195,17 +193,21 @@ class OutboxAdmin:
         delete_logged = sa.delete(outbox_sent).where(
             outbox_sent.c.key.in_(logged.scalar_subquery()), outbox_sent.c.sent_at < cutoff
         )
+
+        def rows_chunk(conn: sa.Connection) -> int:
+            batch = list(conn.scalars(sent_rows))
+            if batch:
+                conn.execute(delete_rows, {"ids": batch})
+            return len(batch)
+
+        def log_chunk(conn: sa.Connection) -> int:
+            return int(conn.execute(delete_logged).rowcount)
+
         deleted = 0
-        for table in (outbox, outbox_sent):
+        for one_chunk in (rows_chunk, log_chunk):
             while stop is None or not stop.is_set():
                 with transaction(self.engine, "purge", self._where) as conn:
-                    if table is outbox:
-                        batch = list(conn.scalars(sent_rows))
-                        if batch:
-                            conn.execute(delete_rows, {"ids": batch})
-                        count = len(batch)
-                    else:
-                        count = conn.execute(delete_logged).rowcount
+                    count = one_chunk(conn)
                 deleted += count
                 if count < chunk:
                     break

@@ -38,16 +38,15 @@ branch_labels = None
 depends_on = None
 
 # Dead row versions that start a vacuum of the outbox, whatever its size; see the docstring.
-_OUTBOX_STORAGE = (
-    "fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, "
-    "autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 100000, "
-    "autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 10000"
-)
-_OUTBOX_STORAGE_NAMES = (
-    "fillfactor, autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, "
-    "autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold, "
-    "autovacuum_analyze_scale_factor, autovacuum_analyze_threshold"
-)
+_OUTBOX_STORAGE = {
+    "fillfactor": 50,
+    "autovacuum_vacuum_scale_factor": 0,
+    "autovacuum_vacuum_threshold": 10000,
+    "autovacuum_vacuum_insert_scale_factor": 0,
+    "autovacuum_vacuum_insert_threshold": 100000,
+    "autovacuum_analyze_scale_factor": 0,
+    "autovacuum_analyze_threshold": 10000,
+}
 
 _PARTIAL_INDEXES = (
     ("outbox_parked_idx", "id", "status = 'parked'"),
@@ -107,7 +106,8 @@ def upgrade() -> None:
     )
     op.create_index("outbox_sent_time_idx", "outbox_sent", ["sent_at"], postgresql_using="brin")
     if postgresql:
-        op.execute(f"ALTER TABLE outbox SET ({_OUTBOX_STORAGE})")
+        storage = ", ".join(f"{name} = {value}" for name, value in _OUTBOX_STORAGE.items())
+        op.execute(f"ALTER TABLE outbox SET ({storage})")
         op.execute(_PG_DEDUPE)
         op.execute(_PG_DEDUPE_TRIGGER)
     else:
@@ -119,7 +119,7 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER outbox_dedupe" + (" ON outbox" if postgresql else ""))
     if postgresql:
         op.execute("DROP FUNCTION outbox_dedupe()")
-        op.execute(f"ALTER TABLE outbox RESET ({_OUTBOX_STORAGE_NAMES})")
+        op.execute(f"ALTER TABLE outbox RESET ({', '.join(_OUTBOX_STORAGE)})")
     op.drop_index("outbox_sent_time_idx", table_name="outbox_sent")
     op.drop_table("outbox_sent")
     for name, _, _ in _PARTIAL_INDEXES:
