@@ -11,6 +11,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from datetime import datetime
 
 from relay.constants import PURGE_CHUNK, RECENT_SENT_S, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
@@ -21,6 +22,7 @@ from relay.records import OutboxRow, Selection
 from relay.settings import Settings, redact_url
 
 EXIT_THRESHOLD = 3  # relay status: a --max-* threshold is exceeded
+EXIT_NOT_KEPT = 4  # relay replay --sent: some selected messages are no longer kept whole
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SHOWN_ROWS = 20
@@ -40,6 +42,19 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return int(text)
+
+
+def instant(text: str) -> datetime:
+    """An ISO 8601 time with its offset: ``2026-11-24T10:00Z``, ``2026-11-24 11:00+01:00``."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        value = None
+    if value is None or value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time with its offset such as 2026-11-24T10:00Z"
+        )
+    return value
 
 
 def _id_range(text: str) -> tuple[int, int]:
@@ -80,7 +95,7 @@ def add_commands(
     replay = sub.add_parser(
         "replay",
         parents=[common],
-        help="move parked rows back to due",
+        help="move parked (or sent) rows back to due",
         description=replay_command.__doc__,
     )
     add_settings(replay)
@@ -108,7 +123,24 @@ def add_commands(
         metavar="AGE",
         help="rows created longer ago than this (e.g. 2h)",
     )
-    replay.add_argument("--all", action="store_true", help="every parked row")
+    replay.add_argument(
+        "--sent",
+        action="store_true",
+        help="sent messages instead of parked rows (kept whole: RELAY_KEEP_SENT=messages)",
+    )
+    replay.add_argument(
+        "--sent-since",
+        type=instant,
+        metavar="TIME",
+        help="with --sent: messages sent at or after this time (e.g. 2026-11-24T10:00Z)",
+    )
+    replay.add_argument(
+        "--sent-until",
+        type=instant,
+        metavar="TIME",
+        help="with --sent: messages sent before this time",
+    )
+    replay.add_argument("--all", action="store_true", help="every parked (or sent) row")
     replay.add_argument("--dry-run", action="store_true", help="show the rows, change nothing")
     replay.set_defaults(command="replay", handler=replay_command)
 
@@ -208,25 +240,55 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
 def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     """Move parked rows back to pending, due now, with their attempt count reset, so the
     relays publish them again. Select rows with --id, --ids, --reason, --exchange and
-    --older-than (together they narrow the selection), or --all. --dry-run only shows them."""
+    --older-than (together they narrow the selection), or --all. --dry-run only shows them.
+
+    With --sent, sent messages are published again instead, with the same message ids,
+    selected by the same options and by --sent-since and --sent-until. Only messages kept
+    whole (RELAY_KEEP_SENT=messages) can be: of a message acked with RELAY_KEEP_SENT=ids
+    only its id is kept (the dedupe horizon), and the command says how many of those the
+    selection found and exits with 4."""
     first, last = args.id_range or (None, None)
-    selection = Selection(tuple(args.ids), first, last, args.reason, args.exchange, args.older_than)
+    selection = Selection(
+        tuple(args.ids),
+        first,
+        last,
+        args.reason,
+        args.exchange,
+        args.older_than,
+        args.sent_since,
+        args.sent_until,
+    )
+    kind = "sent" if args.sent else "parked"
+    if not args.sent and (args.sent_since or args.sent_until):
+        raise InputError("--sent-since and --sent-until select sent messages: add --sent")
+    if args.sent and args.reason:
+        raise InputError("--reason selects parked rows by their error: sent messages have none")
     if bool(selection) == args.all:
         raise InputError(
-            "say which parked rows to replay: --id, --ids, --reason, --exchange "
-            "or --older-than, or --all for every one (not both)"
+            f"say which {kind} rows to replay: --id, --ids, --exchange, --older-than, "
+            + ("--sent-since or --sent-until" if args.sent else "or --reason")
+            + ", or --all for every one (not both)"
         )
     admin = OutboxAdmin(settings.database_url)
     try:
-        rows = admin.replay(selection, args.dry_run)
+        count, shown = admin.replay(selection, args.dry_run, args.sent, _SHOWN_ROWS)
+        not_kept = admin.not_kept(selection) if args.sent else 0
     finally:
         admin.close()
-    for row in rows[:_SHOWN_ROWS]:
+    for row in shown:
         print(_describe(row))
-    if len(rows) > _SHOWN_ROWS:
-        print(f"... and {len(rows) - _SHOWN_ROWS} more")
+    if count > len(shown):
+        print(f"... and {count - len(shown)} more")
     verb = "would replay" if args.dry_run else "replayed"
-    print(f"{verb} {len(rows)} parked rows")
+    print(f"{verb} {count} {kind} rows")
+    if not_kept:
+        print(
+            f"{not_kept} sent messages of the selection are no longer kept: only their ids "
+            "are, in the sent log (RELAY_KEEP_SENT=ids), so they cannot be replayed. To send "
+            "one again, write it with a new message id.",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_KEPT
     return 0
 
 

@@ -151,7 +151,8 @@ class RecentSent:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Which parked rows ``relay replay`` moves back to pending; the fields narrow together."""
+    """Which parked (or sent) rows ``relay replay`` moves back to pending; the fields narrow
+    together."""
 
     ids: tuple[int, ...] = ()
     first_id: int | None = None
@@ -159,6 +160,8 @@ class Selection:
     reason: str | None = None  # a part of last_error
     exchange: str | None = None
     older_than: float | None = None  # seconds since created, by the database's clock
+    sent_since: datetime | None = None  # sent at or after (sent rows only)
+    sent_until: datetime | None = None  # sent before (sent rows only)
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) not in ((), None) for name in self.__slots__)

@@ -3,7 +3,7 @@
 Every write here must survive a database crash once it has returned (a writer was told its
 message is in the outbox; an operator was told rows were replayed), so these engines use
 plain durable sessions, unlike the relay's claims (``relay.db.claims``). Each write is short:
-replay changes only parked rows, and purge deletes sent rows in chunks of their own
+replay changes only the rows it moves back, and purge deletes sent rows in chunks of their own
 transactions, so neither holds locks that would stall the relays. Times are the database's
 (``relay.db.clock``): a new row's are the column defaults, and ages and cut-offs are computed
 in SQL, whatever this host's clock says.
@@ -135,34 +135,51 @@ class OutboxAdmin:
             ),
         )
 
-    def replay(self, selection: Selection, dry_run: bool) -> list[OutboxRow]:
-        """Move the selected parked rows back to pending, due now, with their attempts reset;
-        returns them (as they were) in id order. With ``dry_run``, changes nothing."""
-        where = [outbox.c.status == PARKED]
-        if selection.ids:
-            where.append(outbox.c.id.in_(selection.ids))
-        if selection.first_id is not None:
-            where.append(outbox.c.id >= selection.first_id)
-        if selection.last_id is not None:
-            where.append(outbox.c.id <= selection.last_id)
+    def replay(
+        self, selection: Selection, dry_run: bool, sent: bool = False, shown: int = 20
+    ) -> tuple[int, list[OutboxRow]]:
+        """Move the selected parked rows (with ``sent``: sent rows kept whole) back to
+        pending, due now, with their attempts reset, in one transaction; returns how many,
+        and the first ``shown`` of them (as they were) in id order. With ``dry_run``, changes
+        nothing. A replayed sent row keeps its message id: it is the same message, delivered
+        once more. Only ids are held in memory, whatever the selection's size."""
+        status = SENT if sent else PARKED
+        where = [outbox.c.status == status, *_narrowed(outbox, selection)]
         if selection.reason:
             where.append(outbox.c.last_error.contains(selection.reason, autoescape=True))
         if selection.exchange is not None:
             where.append(outbox.c.exchange == selection.exchange)
-        if selection.older_than is not None:
-            where.append(outbox.c.created_at < database_time(-selection.older_than))
-        chosen = sa.select(*ROW_COLUMNS).where(*where).order_by(outbox.c.id)
+        chosen = sa.select(outbox.c.id).where(*where).order_by(outbox.c.id)
+        first = sa.select(*ROW_COLUMNS).where(id_in(outbox.c.id, self.engine.dialect))
         replay = (
             sa.update(outbox)
-            .where(outbox.c.status == PARKED)
+            .where(outbox.c.status == status)
             .where(id_in(outbox.c.id, self.engine.dialect))
-            .values(status=PENDING, attempts=0, next_attempt_at=database_time(), lease_owner=None)
+            .values(
+                status=PENDING,
+                attempts=0,
+                next_attempt_at=database_time(),
+                sent_at=None,
+                lease_owner=None,
+                lease_until=None,
+            )
         )
         with transaction(self.engine, "replay", self._where) as conn:
-            rows = [OutboxRow(**r._mapping) for r in conn.execute(chosen)]
-            for i in range(0, 0 if dry_run else len(rows), IDS_PER_STATEMENT):
-                conn.execute(replay, {"ids": [r.id for r in rows[i : i + IDS_PER_STATEMENT]]})
-        return rows
+            ids = list(conn.scalars(chosen))
+            rows = conn.execute(first.order_by(outbox.c.id), {"ids": ids[:shown]})
+            rows_shown = [OutboxRow(**r._mapping) for r in rows]
+            for i in range(0, 0 if dry_run else len(ids), IDS_PER_STATEMENT):
+                conn.execute(replay, {"ids": ids[i : i + IDS_PER_STATEMENT]})
+        return len(ids), rows_shown
+
+    def not_kept(self, selection: Selection) -> int:
+        """How many sent messages of the selection only the sent log remembers (acked with
+        ``keep_sent = ids``): their rows are gone, so they cannot be replayed. The log keeps
+        no exchange and no error, so only the selection's ids and times narrow this count
+        (exact up to ``BACKLOG_EXACT_ROWS``, then an estimate)."""
+        logged = sa.select(outbox_sent.c.key).where(*_narrowed(outbox_sent, selection))
+        with db_errors("replay", self._where), self.engine.connect() as conn:
+            return bounded_count(conn, logged, BACKLOG_EXACT_ROWS)
 
     def purge(
         self,
@@ -217,3 +234,22 @@ class OutboxAdmin:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _narrowed(table: sa.Table, selection: Selection) -> list[sa.ColumnElement[bool]]:
+    """The parts of ``selection`` that the outbox and the sent log can both answer: ids and
+    times (ages by the database's clock)."""
+    where: list[sa.ColumnElement[bool]] = []
+    if selection.ids:
+        where.append(table.c.id.in_(selection.ids))
+    if selection.first_id is not None:
+        where.append(table.c.id >= selection.first_id)
+    if selection.last_id is not None:
+        where.append(table.c.id <= selection.last_id)
+    if selection.older_than is not None:
+        where.append(table.c.created_at < database_time(-selection.older_than))
+    if selection.sent_since is not None:
+        where.append(table.c.sent_at >= selection.sent_since)
+    if selection.sent_until is not None:
+        where.append(table.c.sent_at < selection.sent_until)
+    return where

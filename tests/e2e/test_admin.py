@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from devtools.outbox import rows
 from relay.cli import main
-from relay.db.schema import outbox
+from relay.db.schema import outbox, outbox_sent, sent_key
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)
@@ -172,10 +172,60 @@ def test_replay_dry_run_then_by_selection(
     assert {after[i] for i in range(1, 11)} == {("sent", 0)}  # sent rows are never replayed
 
 
+def test_replay_sent_messages_kept_whole_and_say_which_are_not(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(database_url)
+    # Two messages acked with RELAY_KEEP_SENT=ids: only their sent log entries are left.
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        for number in (30, 31):
+            logged = sa.select(
+                sent_key(sa.literal(f"m-{number}")),
+                sa.literal(number),
+                sa.literal(NOW - DAY, outbox_sent.c.created_at.type),
+                sa.literal(NOW - HOUR, outbox_sent.c.sent_at.type),
+            )
+            columns = ["key", "id", "created_at", "sent_at"]
+            conn.execute(sa.insert(outbox_sent).from_select(columns, logged))
+    engine.dispose()
+    before = table(database_url)
+    since = (NOW - 3 * DAY).isoformat()
+
+    # Sent rows 1-3 were sent within three days; 30 and 31 too, but only their ids are kept.
+    assert run(database_url, "replay", "--sent", "--sent-since", since, "--dry-run") == 4
+    out, err = capsys.readouterr()
+    assert "would replay 3 sent rows" in out and "1  m-1  exchange='orders'" in out
+    assert "2 sent messages of the selection are no longer kept" in err
+    assert table(database_url) == before
+
+    until = (NOW - DAY).isoformat()  # sent before: rows 2-10, of which 2 and 3 since
+    assert run(database_url, "replay", "--sent", "--sent-since", since, "--sent-until", until) == 0
+    assert "replayed 2 sent rows" in capsys.readouterr().out
+    assert run(database_url, "replay", "--sent", "--id", "10", "--exchange", "orders") == 0
+    assert "replayed 1 sent rows" in capsys.readouterr().out
+    after = table(database_url)
+    assert [i for i in range(1, 11) if after[i] == ("pending", 0)] == [2, 3, 10]
+    assert {after[i] for i in (1, *range(4, 10))} == {("sent", 0)}
+    replayed = {r.id: r for r in rows(database_url) if r.id in (2, 3, 10)}
+    assert all(r.sent_at is None and r.message_id == f"m-{i}" for i, r in replayed.items())
+
+    assert run(database_url, "replay", "--sent", "--id", "31") == 4
+    out, err = capsys.readouterr()
+    assert "replayed 0 sent rows" in out and "1 sent messages of the selection" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["replay"], "say which parked rows to replay"),
+        (["replay", "--sent"], "say which sent rows to replay"),
+        (["replay", "--sent-since", "2026-11-24T10:00Z", "--all"], "add --sent"),
+        (["replay", "--sent", "--reason", "NO_ROUTE"], "sent messages have none"),
+        (
+            ["replay", "--sent", "--sent-until", "2026-11-24T10:00"],
+            "is not a time with its offset",
+        ),
         (["replay", "--all", "--id", "3"], "say which parked rows to replay"),
         (["replay", "--ids", "9-3"], "'9-3' is not an id range"),
         (["replay", "--id", "-1"], "'-1' is not a positive whole number"),
