@@ -1,6 +1,7 @@
 """Benchmark: what relaying a row costs the database, beside what writing it cost.
 
-    .venv/bin/python -m bench.dbcost [--rows 100000] [--relays 1] [--rounds 3] [--keep-sent ids]
+    .venv/bin/python -m bench.dbcost [--rows 100000 1000000] [--relays 1 3] [--rounds 3]
+                                     [--keep-sent ids]
 
 Starts a private PostgreSQL (default durability settings) with the project's migrations and
 measures, per row, the database's CPU (every PostgreSQL process, from /proc), its WAL (from
@@ -15,8 +16,10 @@ measures, per row, the database's CPU (every PostgreSQL process, from /proc), it
            ``--keep-sent`` says of the acked rows; then the cleanup the relay's retention
            does (deleting sent rows or the sent log's entries) and a VACUUM of both tables.
 Autovacuum is off for the outbox while measuring (the cleanup's VACUUM is counted instead).
-``--rounds`` repeats both on a fresh table and reports medians; the last line is one JSON
-object with every figure. By hand only: the machine is shared and noisy.
+``--rows`` and ``--relays`` take several values: each round measures every backlog size
+(a fresh INSERT before each relay case) with every number of relays, in turn, so that the
+cases' ratios come from one run. ``--rounds`` repeats them and reports medians; the last line
+is one JSON object with every figure. By hand only: the machine is shared and noisy.
 """
 
 from __future__ import annotations
@@ -118,14 +121,18 @@ def clean(url: str, engine: sa.Engine) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--relays", type=int, default=1)
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--relays", type=int, nargs="+", default=[1])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep-sent", choices=(KEEP_IDS, KEEP_MESSAGES), default=KEEP_IDS)
     args = parser.parse_args()
-    inserts: list[Cost] = []
-    plain: list[Cost] = []
-    relays: list[Cost] = []
+    # Per backlog size: the INSERT (once per relay case), without the trigger, and per
+    # number of relays the relaying.
+    inserts: dict[int, list[Cost]] = {rows: [] for rows in args.rows}
+    plain: dict[int, list[Cost]] = {rows: [] for rows in args.rows}
+    relays: dict[tuple[int, int], list[Cost]] = {
+        (rows, n): [] for rows in args.rows for n in args.relays
+    }
     with tempfile.TemporaryDirectory(prefix="relay-dbcost-") as tmp:
         pg = PostgresServer(Path(tmp) / "pg")
         pg.start()
@@ -134,34 +141,32 @@ def main() -> int:
             url = pg.url("bench")
             migrate(url)
             meter = Meter(pg, url)
-            with meter.engine.connect() as conn:
-                conn.execute(sa.text("ALTER TABLE outbox SET (autovacuum_enabled = off)"))
+
+            def sql(*statements: str) -> None:
+                with meter.engine.connect() as conn:
+                    for statement in statements:
+                        conn.execute(sa.text(statement))
+
+            sql("ALTER TABLE outbox SET (autovacuum_enabled = off)")
             for n in range(args.rounds):
-                with meter.engine.connect() as conn:
-                    conn.execute(sa.text("ALTER TABLE outbox DISABLE TRIGGER outbox_dedupe"))
-                with meter.measured(args.rows, plain):
-                    write(url, args.rows)
-                with meter.engine.connect() as conn:
-                    conn.execute(sa.text("ALTER TABLE outbox ENABLE TRIGGER outbox_dedupe"))
-                    conn.execute(sa.text("TRUNCATE outbox"))
-                with meter.measured(args.rows, inserts):
-                    write(url, args.rows)
-                with meter.measured(args.rows, relays) as take_dead:
-                    threads = [
-                        threading.Thread(target=relay, args=(url, f"relay-{i}", args.keep_sent))
-                        for i in range(args.relays)
-                    ]
-                    for t in threads:
-                        t.start()
-                    for t in threads:
-                        t.join()
-                    take_dead()
-                    clean(url, meter.engine)
-                print(
-                    f"round {n}: insert {inserts[-1]}, without the trigger {plain[-1]}, "
-                    f"relay {relays[-1]}",
-                    flush=True,
-                )
+                for rows in args.rows:
+                    sql("ALTER TABLE outbox DISABLE TRIGGER outbox_dedupe")
+                    with meter.measured(rows, plain[rows]):
+                        write(url, rows)
+                    sql("ALTER TABLE outbox ENABLE TRIGGER outbox_dedupe", "TRUNCATE outbox")
+                    for count in args.relays:
+                        with meter.measured(rows, inserts[rows]):
+                            write(url, rows)
+                        with meter.measured(rows, relays[rows, count]) as take_dead:
+                            relay_all(url, count, args.keep_sent)
+                            take_dead()
+                            clean(url, meter.engine)
+                        print(
+                            f"round {n}, {rows} rows, {count} relays: insert "
+                            f"{inserts[rows][-1]}, without the trigger {plain[rows][-1]}, "
+                            f"relay {relays[rows, count][-1]}",
+                            flush=True,
+                        )
             meter.engine.dispose()
         finally:
             pg.stop()
@@ -172,24 +177,36 @@ def main() -> int:
             for field in ("cpu_us", "wal_bytes", "dead")
         }
 
-    insert, insert_plain, relayed = median(inserts), median(plain), median(relays)
-    print(
-        json.dumps(
-            {
-                "rows": args.rows,
-                "relays": args.relays,
-                "keep_sent": args.keep_sent,
-                "insert": insert,
-                "insert_plain": insert_plain,
-                "relay": relayed,
-                "cpu_over_insert": round(relayed["cpu_us"] / insert["cpu_us"], 2),
-                "wal_over_insert": round(relayed["wal_bytes"] / insert["wal_bytes"], 2),
-                "cpu_over_insert_plain": round(relayed["cpu_us"] / insert_plain["cpu_us"], 2),
-                "wal_over_insert_plain": round(relayed["wal_bytes"] / insert_plain["wal_bytes"], 2),
+    def over(part: dict[str, float], whole: dict[str, float]) -> dict[str, float]:
+        return {f: round(part[f] / whole[f], 2) for f in ("cpu_us", "wal_bytes")}
+
+    report: dict[str, object] = {"keep_sent": args.keep_sent, "rounds": args.rounds}
+    for rows in args.rows:
+        insert, insert_plain = median(inserts[rows]), median(plain[rows])
+        case: dict[str, object] = {"insert": insert, "insert_plain": insert_plain}
+        for count in args.relays:
+            relayed = median(relays[rows, count])
+            case[f"relays_{count}"] = {
+                **relayed,
+                "over_insert": over(relayed, insert),
+                "over_insert_plain": over(relayed, insert_plain),
             }
-        )
-    )
+        if len(args.relays) > 1:
+            one, most = median(relays[rows, args.relays[0]]), median(relays[rows, args.relays[-1]])
+            case["most_relays_over_first"] = over(most, one)
+        report[f"rows_{rows}"] = case
+    print(json.dumps(report))
     return 0
+
+
+def relay_all(url: str, count: int, keep_sent: str) -> None:
+    threads = [
+        threading.Thread(target=relay, args=(url, f"relay-{i}", keep_sent)) for i in range(count)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 if __name__ == "__main__":
