@@ -29,9 +29,11 @@ import sqlalchemy as sa
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from devtools.broker import fresh_queue
+from devtools.outbox import empty, sent_latencies, statuses
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from relay.db.engine import create_engine, migrate
+from relay.records import SENT
 
 QUEUE = "latency"
 BODY = b"x" * 200
@@ -116,32 +118,20 @@ def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> d
             time.sleep(max(0.0, start + total / rate - time.perf_counter()))
         achieved = total / (now - start)
 
-        def all_sent() -> bool:
-            with engine.connect() as conn:
-                q = "SELECT count(*) FROM outbox WHERE status = 'sent'"
-                return conn.execute(sa.text(q)).scalar() == total
-
-        wait_until(all_sent, 120, "every row sent")
-        with engine.begin() as conn:
-            row = conn.execute(
-                sa.text(
-                    "SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY s), "
-                    "max(s) "
-                    "FROM (SELECT extract(epoch FROM sent_at - created_at) * 1000 AS s "
-                    "FROM outbox) t"
-                )
-            ).one()
-            conn.execute(sa.text("DELETE FROM outbox"))
+        wait_until(lambda: statuses(engine).get(SENT) == total, 120, "every row sent")
+        latencies = sorted(s * 1000 for s in sent_latencies(engine))
+        empty(engine)
     finally:
         proc.stop()
         engine.dispose()
-    p50, p90, p99 = row[0]
+    percentiles = statistics.quantiles(latencies, n=100, method="inclusive")
+    p50, p90, p99 = percentiles[49], percentiles[89], percentiles[98]
     return {
         "rows_per_s": round(achieved, 1),
         "p50_ms": round(p50, 1),
         "p90_ms": round(p90, 1),
         "p99_ms": round(p99, 1),
-        "max_ms": round(float(row[1]), 1),
+        "max_ms": round(latencies[-1], 1),
     }
 
 

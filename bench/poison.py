@@ -29,10 +29,11 @@ import pika
 import sqlalchemy as sa
 
 from devtools.broker import simple_topology, write_topology
-from devtools.outbox import insert
+from devtools.outbox import empty, fates, insert, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env
 from devtools.servers import PostgresServer, RabbitNode, wait_until
 from relay.db.engine import migrate
+from relay.records import SENT
 
 EXCHANGE, QUEUE = "poison", "poison.all"
 DEEP = '{"a": ' * 600 + "1" + "}" * 600
@@ -75,8 +76,7 @@ def reset(url: str, amqp_url: str, backlog: int) -> None:
     channel.queue_purge(QUEUE)
     conn.close()
     engine = sa.create_engine(url)
-    with engine.begin() as db:
-        db.execute(sa.text("DELETE FROM outbox"))
+    empty(engine)  # the same message ids are written in every case
     insert(
         engine,
         [
@@ -88,16 +88,11 @@ def reset(url: str, amqp_url: str, backlog: int) -> None:
 
 
 def status(engine: sa.Engine, message_id: str) -> str | None:
-    with engine.connect() as conn:
-        q = sa.text("SELECT status FROM outbox WHERE message_id = :m")
-        return conn.execute(q, {"m": message_id}).scalar()
+    return fates(engine, [message_id]).get(message_id)
 
 
 def sent(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(sa.text("SELECT count(*) FROM outbox WHERE status = 'sent'")).scalar_one()
-        )
+    return statuses(engine).get(SENT, 0)
 
 
 def run_case(

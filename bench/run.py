@@ -76,12 +76,13 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from devtools import debian13
 from devtools.broker import fresh_queue
 from devtools.otlp import OtlpReceiver
+from devtools.outbox import empty
 from devtools.procfs import peak_rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import PostgresServer, RabbitCluster, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine, migrate
-from relay.db.schema import outbox
+from relay.db.schema import outbox, outbox_sent
 from relay.settings import Settings
 
 BODY = b"x" * 200
@@ -259,11 +260,6 @@ def _traceparent(i: int, sampled_every: int) -> str:
     return json.dumps({"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-{flags}"})
 
 
-def empty(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.delete(outbox))
-
-
 def naive_relay(servers: Servers, database_url: str, count: int, body: bytes = BODY) -> Case:
     """(b) one row at a time: claim, publish, block until its confirm, mark sent."""
     engine = create_engine(database_url)
@@ -396,7 +392,8 @@ def this_relay(
                     raise RuntimeError("a relay exited")
                 time.sleep(0.1)
         with engine.connect() as conn:
-            last = conn.execute(sa.select(sa.func.max(outbox.c.sent_at))).scalar_one()
+            # Acked rows leave the outbox for the sent log (RELAY_KEEP_SENT=ids).
+            last = conn.execute(sa.select(sa.func.max(outbox_sent.c.sent_at))).scalar_one()
         republished = sum(
             metric(http_get(f"http://127.0.0.1:{port}/metrics")[1], "relay_republished_total")
             for port in ports

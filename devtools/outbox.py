@@ -81,6 +81,27 @@ def sent_logged(target: str | sa.Engine) -> int:
         return _logged(conn)
 
 
+def sent_latencies(target: str | sa.Engine) -> list[float]:
+    """Each sent message's seconds from ``created_at`` to ``sent_at``: rows kept whole, and
+    the sent log's entries."""
+    with _connection(target) as conn:
+        return [
+            (sent - created).total_seconds()
+            for table, where in ((outbox, [outbox.c.status == SENT]), (outbox_sent, []))
+            for created, sent in conn.execute(
+                sa.select(table.c.created_at, table.c.sent_at).where(*where)
+            )
+        ]
+
+
+def empty(target: str | sa.Engine) -> None:
+    """Delete every row and every sent log entry: a fresh start for a measurement that
+    writes the same message ids again (the log would have them dropped)."""
+    with _connection(target) as conn, conn.begin():
+        conn.execute(sa.delete(outbox))
+        conn.execute(sa.delete(outbox_sent))
+
+
 def _logged(conn: sa.Connection) -> int:
     return int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
 
