@@ -346,11 +346,13 @@ class ClaimStore:
         (a data-modifying CTE), on SQLite in two of one transaction. A key already logged
         (a message sent again) keeps its first entry.
 
-        On PostgreSQL that test is a ``NOT EXISTS`` probe, not ``ON CONFLICT DO NOTHING``:
+        On PostgreSQL that test is a probe of the log's key, not ``ON CONFLICT DO NOTHING``:
         the latter is a speculative insertion, which writes a confirmation record per row,
         48 of the 552 bytes of WAL an acked row cost (``pg_waldump --stats``). Nothing else
         can insert the same key meanwhile: the key's row is unique in the outbox, and this
-        statement is deleting it."""
+        statement is deleting it. The probe is a scalar subquery, run once per row on the
+        primary key: as ``NOT EXISTS`` the planner made it a hash anti join that read the
+        whole log every settle (``bench.dbcost``: 19 us of database CPU per row, not 13)."""
         pending = sa.and_(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
         if self.keep_sent == KEEP_MESSAGES:
             mark = sa.update(outbox).where(pending)
@@ -364,8 +366,9 @@ class ClaimStore:
                 .cte("gone")
             )
             key = sent_key(gone.c.message_id)
+            known = sa.select(outbox_sent.c.key).where(outbox_sent.c.key == key)
             logged = sa.select(key, gone.c.id, gone.c.created_at, database_time()).where(
-                ~sa.exists().where(outbox_sent.c.key == key)
+                known.scalar_subquery().is_(None)
             )
             return [sa.insert(outbox_sent).from_select(columns, logged)]
         logged = sa.select(
