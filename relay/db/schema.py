@@ -110,51 +110,52 @@ outbox = sa.Table(
     sa.UniqueConstraint("message_id", name="outbox_message_id_key"),
 )
 
+
+def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[bool]) -> sa.Index:
+    """An index of the outbox's rows that match ``where`` only, on both databases."""
+    return sa.Index(name, *columns, postgresql_where=where, sqlite_where=where)
+
+
 # "Find due rows" reads only pending rows, which stay few while sent rows pile up: a partial
 # index keeps the claim query's cost independent of the table's history.
-sa.Index(
+_partial_index(
     "outbox_due_idx",
     outbox.c.next_attempt_at,
     outbox.c.id,
-    postgresql_where=outbox.c.status == PENDING,
-    sqlite_where=outbox.c.status == PENDING,
+    where=outbox.c.status == PENDING,
 )
 
 # The ordered claim asks "is an earlier row of this key still pending?" for each candidate.
-sa.Index(
+_partial_index(
     "outbox_ordering_idx",
     outbox.c.ordering_key,
     outbox.c.id,
-    postgresql_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
-    sqlite_where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
+    where=sa.and_(outbox.c.status == PENDING, outbox.c.ordering_key.is_not(None)),
 )
 
 # ``relay status`` counts parked rows, and ``relay replay`` finds them, without reading the
 # pending ones; the index has no entry for any other row, so it costs the relay nothing.
-sa.Index(
+_partial_index(
     "outbox_parked_idx",
     outbox.c.id,
-    postgresql_where=outbox.c.status == PARKED,
-    sqlite_where=outbox.c.status == PARKED,
+    where=outbox.c.status == PARKED,
 )
 
 # Pending rows that failed before: ``relay status`` lists them by exchange, and a destination
 # found again hastens them. Only a failed attempt (an update that moves the row in the due
 # index anyway) adds an entry.
-sa.Index(
+_partial_index(
     "outbox_retrying_idx",
     outbox.c.exchange,
-    postgresql_where=sa.and_(outbox.c.status == PENDING, outbox.c.attempts > 0),
-    sqlite_where=sa.and_(outbox.c.status == PENDING, outbox.c.attempts > 0),
+    where=sa.and_(outbox.c.status == PENDING, outbox.c.attempts > 0),
 )
 
 # Sent rows kept whole (``keep_sent = messages``): ``relay status``, the purge and replay by
 # time find them by their sent time. Empty when acked rows leave the outbox.
-sa.Index(
+_partial_index(
     "outbox_sent_idx",
     outbox.c.sent_at,
-    postgresql_where=outbox.c.status == SENT,
-    sqlite_where=outbox.c.status == SENT,
+    where=outbox.c.status == SENT,
 )
 
 # The sent log: what is left of an acked row when acked rows leave the outbox (the default,
