@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from relay.db.claims import decode_row
+from relay.db.schema import ROW_COLUMNS
 
 STORED = {
     "id": 7,
@@ -22,6 +23,13 @@ STORED = {
     "last_error": None,
 }
 T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _row(column: str, stored: Any) -> tuple[Any, ...]:
+    """STORED with ``column`` holding ``stored``, as the driver returns it."""
+    values = {**STORED, column: stored}
+    return tuple(values[c.name] for c in ROW_COLUMNS)
+
 
 # A stored value -> the field it becomes (the other columns as in STORED).
 READABLE = {
@@ -41,6 +49,7 @@ READABLE = {
         "created_at",
         T,
     ),
+    "naive time is UTC": ("created_at", T.replace(tzinfo=None), "created_at", T),
     "text payload is UTF-8": ("payload", "héllo", "payload", "héllo".encode()),
     "memoryview payload": ("payload", memoryview(b"raw"), "payload", b"raw"),
     "headers text": ("headers", '{"a": 1}', "headers", '{"a": 1}'),
@@ -51,7 +60,7 @@ READABLE = {
     ("column", "stored", "field", "value"), READABLE.values(), ids=list(READABLE)
 )
 def test_stored_values_are_read(column: str, stored: Any, field: str, value: Any) -> None:
-    row = decode_row({**STORED, column: stored})
+    row = decode_row(_row(column, stored))
     assert row.unreadable is None
     assert getattr(row, field) == value
 
@@ -77,6 +86,6 @@ UNREADABLE = {
 def test_an_unreadable_row_carries_its_id_and_the_reason(
     column: str, stored: Any, reason: str
 ) -> None:
-    row = decode_row({**STORED, column: stored})
+    row = decode_row(_row(column, stored))
     assert row.id == 7 and row.unreadable is not None
     assert row.unreadable.startswith("unreadable row: ") and reason in row.unreadable
