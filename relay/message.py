@@ -39,7 +39,7 @@ import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -131,7 +131,9 @@ def short_string(column: str, value: str) -> bytes:
 
 
 def _timestamp(created_at: datetime) -> int:
-    seconds = int(created_at.astimezone(UTC).timestamp())
+    """Unix seconds of an aware time (``OutboxRow.created_at`` always is), whatever its
+    zone: the instant is what counts, and converting it to UTC first cost 0.6 us a row."""
+    seconds = int(created_at.timestamp())
     if seconds < 0:
         raise Unpublishable(
             f"created_at {created_at.isoformat()} is before 1970: AMQP's timestamp is unsigned"

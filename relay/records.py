@@ -27,7 +27,7 @@ class OutboxRow:
     payload: bytes
     content_type: str
     headers: str | None
-    created_at: datetime
+    created_at: datetime  # aware, in any zone
     attempts: int
     last_error: str | None = None
     # Why the stored row could not be read (a value of the wrong type, say), or None. Such a
