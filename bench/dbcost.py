@@ -1,7 +1,7 @@
 """Benchmark: what relaying a row costs the database, beside what writing it cost.
 
     .venv/bin/python -m bench.dbcost [--rows 100000 1000000] [--relays 1 3] [--rounds 3]
-                                     [--keep-sent ids]
+                                     [--keep-sent ids] [--setting NAME=VALUE ...]
 
 Starts a private PostgreSQL (default durability settings) with the project's migrations and
 measures, per row, the database's CPU (every PostgreSQL process, from /proc), its WAL (from
@@ -19,7 +19,9 @@ Autovacuum is off for the outbox while measuring (the cleanup's VACUUM is counte
 ``--rows`` and ``--relays`` take several values: each round measures every backlog size
 (a fresh INSERT before each relay case) with every number of relays, in turn, so that the
 cases' ratios come from one run. ``--rounds`` repeats them and reports medians; the last line
-is one JSON object with every figure. By hand only: the machine is shared and noisy.
+is one JSON object with every figure. ``--setting`` passes server settings (for example
+``wal_compression=lz4``, to price full-page images). By hand only: the machine is shared and
+noisy.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ def main() -> int:
     parser.add_argument("--relays", type=int, nargs="+", default=[1])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep-sent", choices=(KEEP_IDS, KEEP_MESSAGES), default=KEEP_IDS)
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
     # Per backlog size: the INSERT (once per relay case), without the trigger, and per
     # number of relays the relaying.
@@ -134,7 +137,7 @@ def main() -> int:
         (rows, n): [] for rows in args.rows for n in args.relays
     }
     with tempfile.TemporaryDirectory(prefix="relay-dbcost-") as tmp:
-        pg = PostgresServer(Path(tmp) / "pg")
+        pg = PostgresServer(Path(tmp) / "pg", settings=args.setting)
         pg.start()
         try:
             pg.psql("CREATE DATABASE bench")
@@ -180,7 +183,11 @@ def main() -> int:
     def over(part: dict[str, float], whole: dict[str, float]) -> dict[str, float]:
         return {f: round(part[f] / whole[f], 2) for f in ("cpu_us", "wal_bytes")}
 
-    report: dict[str, object] = {"keep_sent": args.keep_sent, "rounds": args.rounds}
+    report: dict[str, object] = {
+        "keep_sent": args.keep_sent,
+        "rounds": args.rounds,
+        "settings": args.setting,
+    }
     for rows in args.rows:
         insert, insert_plain = median(inserts[rows]), median(plain[rows])
         case: dict[str, object] = {"insert": insert, "insert_plain": insert_plain}

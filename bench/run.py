@@ -15,7 +15,9 @@ measures, with 200-byte persistent messages into one durable queue and the same 
   (b) a naive relay: claim one row, publish, wait for its confirm, mark it sent,
   (c) ``relay run`` end to end, from committed outbox rows to rows marked sent, on
       PostgreSQL and on SQLite; with --scaling also 2 and 3 relays on PostgreSQL; with
-      --backlog-rows also one relay over a backlog that large, with its peak RSS.
+      --backlog-rows also one relay over a backlog that large, with its peak RSS, and the
+      bare publisher of the relay's messages with as many messages (the queue, which no
+      one consumes, grows as large and costs the broker more per message).
 Each relay case starts the relays on an empty outbox, waits until they are ready, then
 commits the whole backlog in one transaction: the clock runs from that commit to the last
 row's ``sent_at`` (recorded after its ack), as the bare publisher's runs from its open
@@ -486,6 +488,10 @@ def main() -> int:
                 this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt", **load)
             if args.backlog_rows:
                 servers.fresh_queue()
+                results["bare_publisher_relay_messages_backlog"] = [
+                    bare_publisher(servers, args.backlog_rows, relay_messages=True, **load)
+                ]
+                servers.fresh_queue()
                 results["relay_postgresql_backlog"] = [
                     this_relay(servers, pg_url, args.backlog_rows, **load)
                 ]
@@ -594,8 +600,17 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
             print(f"{name} over tracing off: {ratio:.2f}")
             summary[name]["over_tracing_off"] = round(ratio, 3)  # type: ignore[index]
     if "relay_postgresql_backlog" in results:
-        peak = results["relay_postgresql_backlog"].extra["peak_rss_mb"]
-        print(f"peak RSS draining {args.backlog_rows} rows: {peak:.0f} MB")
+        backlog = results["relay_postgresql_backlog"]
+        over_rows = backlog.rate / results["relay_postgresql"].rate
+        over_bare = backlog.rate / results["bare_publisher_relay_messages_backlog"].rate
+        print(
+            f"draining {args.backlog_rows} rows: {over_rows:.2f} of the relay's rate over "
+            f"{args.rows}, {over_bare:.2f} of the bare publisher's over as many messages; "
+            f"peak RSS {backlog.extra['peak_rss_mb']:.0f} MB"
+        )
+        summary["relay_postgresql_backlog"].update(  # type: ignore[attr-defined]
+            over_relay_postgresql=round(over_rows, 3), over_bare_backlog=round(over_bare, 3)
+        )
     print(json.dumps(summary))
 
 

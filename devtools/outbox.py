@@ -96,10 +96,19 @@ def sent_latencies(target: str | sa.Engine) -> list[float]:
 
 def empty(target: str | sa.Engine) -> None:
     """Delete every row and every sent log entry: a fresh start for a measurement that
-    writes the same message ids again (the log would have them dropped)."""
+    writes the same message ids again (the log would have them dropped).
+
+    On PostgreSQL by TRUNCATE, which leaves no dead tuples: deleting left every earlier case's
+    rows and log entries for the next case's inserts, probes and vacuums to step over (the
+    1,000,000-row case of ``bench.run``, measured after 21 cases of 100,000, drained at
+    10,283 rows/s with PostgreSQL at 0.065 CPU s per 1,000 rows; with TRUNCATE, 15,181 and
+    0.021)."""
     with _connection(target) as conn, conn.begin():
-        conn.execute(sa.delete(outbox))
-        conn.execute(sa.delete(outbox_sent))
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text(f"TRUNCATE {outbox.name}, {outbox_sent.name}"))
+        else:
+            conn.execute(sa.delete(outbox))
+            conn.execute(sa.delete(outbox_sent))
 
 
 def _logged(conn: sa.Connection) -> int:
