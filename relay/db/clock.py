@@ -48,19 +48,9 @@ class database_time(FunctionElement[Any]):
         super().__init__(_seconds(seconds))
 
 
-class seconds_since(FunctionElement[float]):
-    """Seconds from the time ``moment`` (a column or an aggregate of one) to the database's
-    current time; NULL when ``moment`` is NULL."""
-
-    type = sa.Float()
-    inherit_cache = True
-
-    def __init__(self, moment: sa.ColumnElement[Any]) -> None:
-        super().__init__(moment)
-
-
 class seconds_between(FunctionElement[float]):
-    """Seconds from the time ``start`` to the time ``end`` (columns)."""
+    """Seconds from the time ``start`` to the time ``end`` (columns, aggregates of them or
+    ``database_time()``); NULL when either is NULL."""
 
     type = sa.Float()
     inherit_cache = True
@@ -85,17 +75,6 @@ def _database_time_sqlite(element: database_time, compiler: Any, **kw: Any) -> s
     return f"strftime({_SQLITE_FORMAT}, 'now', printf('%.6f seconds', {seconds}))"
 
 
-@compiles(seconds_since, "postgresql")
-def _seconds_since_pg(element: seconds_since, compiler: Any, **kw: Any) -> str:
-    moment = _argument(element, compiler, **kw)
-    return f"extract(epoch FROM statement_timestamp() - {moment})::float8"
-
-
-@compiles(seconds_since, "sqlite")
-def _seconds_since_sqlite(element: seconds_since, compiler: Any, **kw: Any) -> str:
-    return f"((julianday('now') - julianday({_argument(element, compiler, **kw)})) * 86400.0)"
-
-
 @compiles(seconds_between, "postgresql")
 def _seconds_between_pg(element: seconds_between, compiler: Any, **kw: Any) -> str:
     start, end = (compiler.process(c, **kw) for c in element.clauses)
@@ -106,6 +85,11 @@ def _seconds_between_pg(element: seconds_between, compiler: Any, **kw: Any) -> s
 def _seconds_between_sqlite(element: seconds_between, compiler: Any, **kw: Any) -> str:
     start, end = (compiler.process(c, **kw) for c in element.clauses)
     return f"((julianday({end}) - julianday({start})) * 86400.0)"
+
+
+def seconds_since(moment: sa.ColumnElement[Any]) -> sa.ColumnElement[float]:
+    """Seconds from the time ``moment`` to the database's current time."""
+    return seconds_between(moment, database_time())
 
 
 def epoch_seconds(conn: sa.Connection) -> float:
