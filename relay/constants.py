@@ -107,3 +107,13 @@ SPARK_STAGE_ABANDONED_S = 24 * 3600
 # The atomic merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million
 # rows still spill to a temporary file), not in many short ones of the 4 MB default.
 MERGE_WORK_MEM = "256MB"
+
+# --- Owned buckets (relay.buckets) ----------------------------------------------------------
+# The outbox's rows fall in this many buckets, and each relay claims only from the buckets it
+# owns: claims need no row lock and write nothing (issue 23's study, bench/claim_designs.py).
+# Enough for dozens of relays to get a share each; few enough that a relay's set of buckets
+# is one short array parameter.
+OUTBOX_BUCKETS = 64
+# Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
+# (hashing each id apart had a 500-row claim read 290 buffers instead of 12).
+BUCKET_SPAN_ROWS = 1024

@@ -1,0 +1,49 @@
+"""Which buckets of the outbox a relay claims from: a fair share, handed over without
+publishing a row twice. Pure: the database side is ``relay.db.buckets``.
+
+Every row lies in one bucket (``bucket_of``: runs of ``BUCKET_SPAN_ROWS`` consecutive ids,
+dealt round the ``OUTBOX_BUCKETS`` buckets). A relay owns buckets under a lease it renews, and
+claims only from its own: two relays never hold the same row, with no row written to say so.
+Each turn (``turn``) a relay learns how many relays are alive and aims at its fair share. A
+relay with fewer takes free buckets; one with more stops claiming from its highest ones and
+gives each up once none of its rows is still held (claimed, not yet settled), so the next
+owner cannot publish a row this relay has in flight. A relay that dies keeps its buckets
+until their lease runs out, as it kept its rows' leases before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
+
+
+def bucket_of(row_id: int) -> int:
+    """The bucket of the row with this id (the same expression as the claim's SQL)."""
+    return (row_id // BUCKET_SPAN_ROWS) % OUTBOX_BUCKETS
+
+
+def fair_share(relays: int) -> int:
+    """Buckets each of ``relays`` live relays may own: every bucket owned when all take
+    theirs (rounded up: the last relay gets the rest)."""
+    return -(-OUTBOX_BUCKETS // max(1, relays))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a relay does with its buckets this turn."""
+
+    take: int  # free (or expired) buckets to take, at most
+    claim_from: frozenset[int]  # owned buckets to claim from
+    release: frozenset[int]  # owned buckets to give up now: none of their rows is held
+
+
+def turn(owned: Iterable[int], relays: int, held: Iterable[int]) -> Turn:
+    """The turn of a relay that owns ``owned``, among ``relays`` live relays (itself
+    included), holding the rows with ids ``held``."""
+    mine = sorted(set(owned))
+    share = fair_share(relays)
+    keep, excess = frozenset(mine[:share]), frozenset(mine[share:])
+    busy = {bucket_of(i) for i in held}
+    return Turn(take=max(0, share - len(mine)), claim_from=keep, release=excess - busy)

@@ -1,0 +1,69 @@
+"""Owned buckets: fair shares, and a bucket handed over only when none of its rows is held."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.buckets import Turn, bucket_of, fair_share, turn
+from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
+
+ALL = frozenset(range(OUTBOX_BUCKETS))
+SPAN = BUCKET_SPAN_ROWS
+
+
+@pytest.mark.parametrize(
+    ("row_id", "bucket"),
+    [
+        (0, 0),
+        (SPAN - 1, 0),
+        (SPAN, 1),
+        (SPAN * OUTBOX_BUCKETS - 1, OUTBOX_BUCKETS - 1),
+        (SPAN * OUTBOX_BUCKETS, 0),  # dealt round again
+        (SPAN * (OUTBOX_BUCKETS + 3) + 5, 3),
+    ],
+)
+def test_consecutive_ids_share_a_bucket_in_runs(row_id: int, bucket: int) -> None:
+    assert bucket_of(row_id) == bucket
+
+
+@pytest.mark.parametrize(
+    ("relays", "share"), [(0, 64), (1, 64), (2, 32), (3, 22), (63, 2), (64, 1), (100, 1)]
+)
+def test_fair_shares_cover_every_bucket(relays: int, share: int) -> None:
+    assert fair_share(relays) == share
+    assert fair_share(relays) * max(1, relays) >= OUTBOX_BUCKETS
+
+
+TURNS = {
+    "alone, owning nothing: take all": (set(), 1, [], Turn(64, frozenset(), frozenset())),
+    "alone, owning all": (ALL, 1, [5], Turn(0, ALL, frozenset())),
+    "a second relay came: give up the upper half, held rows first": (
+        ALL,
+        2,
+        [32 * SPAN, 63 * SPAN + 1],  # rows of buckets 32 and 63 still held
+        Turn(0, frozenset(range(32)), frozenset(range(33, 63))),
+    ),
+    "the newcomer owning nothing takes its share": (
+        set(),
+        2,
+        [],
+        Turn(32, frozenset(), frozenset()),
+    ),
+    "short of the share: take the rest, claim from what it owns": (
+        {1, 2},
+        3,
+        [],
+        Turn(20, frozenset({1, 2}), frozenset()),
+    ),
+    "a held row of a kept bucket keeps nothing from being released": (
+        set(range(40)),
+        2,
+        [0, 39 * SPAN],
+        Turn(0, frozenset(range(32)), frozenset(range(32, 39))),
+    ),
+}
+
+
+@pytest.mark.parametrize(("owned", "relays", "held", "expected"), TURNS.values(), ids=list(TURNS))
+def test_turn(owned: set[int], relays: int, held: list[int], expected: Turn) -> None:
+    assert turn(owned, relays, held) == expected
