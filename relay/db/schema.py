@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
+from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
 from relay.records import PARKED, PENDING, SENT, STATUSES
 
 metadata = sa.MetaData()
@@ -179,6 +180,31 @@ outbox_sent = sa.Table(
 # Sent times grow with the log's physical order: a BRIN index is a few pages for millions of
 # rows and costs an insert next to nothing (SQLite has a B-tree).
 sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at, postgresql_using="brin")
+
+# Owned buckets (``relay.buckets``): the relays alive, each until its presence runs out, and
+# which relay owns each bucket of the outbox until when. Both tables stay tiny (a row per
+# relay, a row per bucket), so rewriting their rows every few seconds costs nothing beside
+# the outbox.
+outbox_relays = sa.Table(
+    "outbox_relays",
+    metadata,
+    sa.Column("owner", sa.Text(), primary_key=True),
+    sa.Column("alive_until", UTCDateTime(), nullable=False),
+)
+outbox_buckets = sa.Table(
+    "outbox_buckets",
+    metadata,
+    sa.Column("bucket", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    sa.Column("owner", sa.Text(), nullable=True),
+    sa.Column("lease_until", UTCDateTime(), nullable=True),
+)
+
+
+def bucket_column(row_id: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
+    """The bucket of a row, in SQL (``relay.buckets.bucket_of``): integer division on both
+    databases."""
+    return (row_id // BUCKET_SPAN_ROWS) % OUTBOX_BUCKETS
+
 
 # What a claimed row carries to the publisher (``relay.records.OutboxRow``'s fields).
 ROW_COLUMNS = (

@@ -1,0 +1,100 @@
+"""The database side of owned buckets (``relay.buckets``): presence, bucket leases, hand-over.
+
+Work in progress, not used by the claim yet. One ``refresh`` per turn, in one transaction:
+the relay says it is alive for one more lease, counts the relays alive, renews the leases of
+the buckets it still owns (a bucket whose owner is still this relay was taken by no one, even
+if its lease ran out meanwhile), takes free or expired buckets up to its fair share and
+gives up the buckets it hands over. Every time is the database's (``relay.db.clock``).
+
+The claim then asks the database which buckets are this relay's, in the claim's own
+statement (``owned_now``): a relay that froze past its lease and lost a bucket claims
+nothing from it on waking, whatever its own clock says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from relay.buckets import turn
+from relay.db.clock import database_time
+from relay.db.schema import outbox_buckets, outbox_relays
+
+
+def owned_now(owner: str) -> sa.Select[tuple[int]]:
+    """The buckets ``owner`` holds under a lease that has not run out."""
+    return sa.select(outbox_buckets.c.bucket).where(
+        outbox_buckets.c.owner == owner, outbox_buckets.c.lease_until > database_time()
+    )
+
+
+def refresh(conn: sa.Connection, owner: str, lease: float, held: Collection[int]) -> frozenset[int]:
+    """One turn for ``owner`` holding the rows ``held``; returns the buckets to claim from.
+    Run it in a transaction, at least once every third of a lease."""
+    _alive(conn, owner, lease)
+    live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
+    relays = int(conn.execute(live).scalar_one())
+    renewed = (
+        sa.update(outbox_buckets)
+        .where(outbox_buckets.c.owner == owner)
+        .values(lease_until=database_time(lease))
+        .returning(outbox_buckets.c.bucket)
+    )
+    owned = set(conn.scalars(renewed))
+    plan = turn(owned, relays, held)
+    taken: set[int] = set()
+    if plan.take:
+        free = (
+            sa.select(outbox_buckets.c.bucket)
+            .where(
+                sa.or_(
+                    outbox_buckets.c.owner.is_(None),
+                    outbox_buckets.c.lease_until <= database_time(),
+                )
+            )
+            .order_by(outbox_buckets.c.bucket)
+            .limit(plan.take)
+        )
+        if conn.dialect.name == "postgresql":
+            free = free.with_for_update(skip_locked=True)
+        take = (
+            sa.update(outbox_buckets)
+            .where(outbox_buckets.c.bucket.in_(free.scalar_subquery()))
+            .values(owner=owner, lease_until=database_time(lease))
+            .returning(outbox_buckets.c.bucket)
+        )
+        taken = set(conn.scalars(take))
+    if plan.release:
+        conn.execute(
+            sa.update(outbox_buckets)
+            .where(outbox_buckets.c.owner == owner, outbox_buckets.c.bucket.in_(plan.release))
+            .values(owner=None, lease_until=None)
+        )
+    return plan.claim_from | taken
+
+
+def leave(conn: sa.Connection, owner: str) -> None:
+    """``owner`` stops with nothing held: its buckets are free for the others at once."""
+    conn.execute(
+        sa.update(outbox_buckets)
+        .where(outbox_buckets.c.owner == owner)
+        .values(owner=None, lease_until=None)
+    )
+    conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
+
+
+def _alive(conn: sa.Connection, owner: str, lease: float) -> None:
+    """``owner`` is alive for one more lease; relays gone for a lease are forgotten."""
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(outbox_relays).values(owner=owner, alive_until=database_time(lease))
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[outbox_relays.c.owner],
+            set_={"alive_until": stmt.excluded.alive_until},
+        )
+    )
+    conn.execute(
+        sa.delete(outbox_relays).where(outbox_relays.c.alive_until < database_time(-lease))
+    )
