@@ -101,6 +101,7 @@ def write(url: str, rows: int) -> None:
 def relay(url: str, name: str, keep_sent: str) -> None:
     """Claim and settle until nothing is due, AHEAD claims in flight."""
     store = ClaimStore(url, name, 60.0, keep_sent=keep_sent)
+    store.turn()
     in_flight: deque[list[int]] = deque()
     while True:
         ids = [r.id for r in store.claim(CLAIM, 2**62)]

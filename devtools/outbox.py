@@ -10,8 +10,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.db.schema import outbox, outbox_sent
-from relay.records import PENDING, SENT
+from relay.db.schema import outbox, outbox_buckets, outbox_sent
+from relay.records import SENT
 
 _IDS_PER_QUERY = 1000
 
@@ -28,20 +28,19 @@ def _connection(target: str | sa.Engine) -> Iterator[sa.Connection]:
             engine.dispose()
 
 
-def statuses(target: str | sa.Engine, *, leased: bool = False) -> dict[str, int]:
+def statuses(target: str | sa.Engine, *, owned: bool = False) -> dict[str, int]:
     """Messages by status (statuses with none left out), "sent" counting the sent log too;
-    with ``leased``, also under "leased" the pending rows a relay holds."""
+    with ``owned``, also under "owned" the buckets relays own (a relay that stopped cleanly
+    owns none)."""
     with _connection(target) as conn:
         q = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
         out = {status: int(count) for status, count in conn.execute(q)}
         logged = _logged(conn)
         if logged:
             out[SENT] = out.get(SENT, 0) + logged
-        if leased:
-            held = sa.select(sa.func.count()).where(
-                outbox.c.status == PENDING, outbox.c.lease_owner.is_not(None)
-            )
-            out["leased"] = int(conn.execute(held).scalar_one())
+        if owned:
+            held = sa.select(sa.func.count()).where(outbox_buckets.c.owner.is_not(None))
+            out["owned"] = int(conn.execute(held).scalar_one())
     return out
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 
-from relay.constants import PURGE_CHUNK, RECENT_SENT_S, SPARK_STAGE_ABANDONED_S
+from relay.constants import OUTBOX_BUCKETS, PURGE_CHUNK, RECENT_SENT_S, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
 from relay.db.sink import OutboxSink
 from relay.destinations import display
@@ -195,7 +195,7 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
                 {
                     "counts": report.counts,
                     "due": report.due,
-                    "leased": report.leased,
+                    "relays": report.relays,
                     "oldest_due_age_seconds": round(report.oldest_due_age, 3),
                     "parked_reasons": [{"reason": r, "rows": n} for r, n in report.parked_reasons],
                     "retrying": [
@@ -214,12 +214,12 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
     else:
         c = report.counts
         print(f"outbox at {redact_url(settings.database_url)}")
-        print(
-            f"  pending {c['pending']:>10}  (due {report.due}, claimed by a relay {report.leased})"
-        )
+        print(f"  pending {c['pending']:>10}  (due {report.due}, in flight among them)")
         print(f"  sent    {c['sent']:>10}")
         print(f"  parked  {c['parked']:>10}")
         print(f"  oldest due row: due for {report.oldest_due_age:.1f} s")
+        owners = ", ".join(f"{name} {n}" for name, n in report.relays.items())
+        print(f"  buckets owned by relay ({OUTBOX_BUCKETS} in all): {owners or 'none'}")
         print(
             f"  sent in the last {RECENT_SENT_S:g} s: {recent.messages}, created to sent "
             f"{recent.latency_mean:.3f} s on average, {recent.latency_max:.3f} s at most"

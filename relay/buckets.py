@@ -7,8 +7,11 @@ claims only from its own: two relays never hold the same row, with no row writte
 Each turn (``turn``) a relay learns how many relays are alive and aims at its fair share. A
 relay with fewer takes free buckets; one with more stops claiming from its highest ones and
 gives each up once none of its rows is still held (claimed, not yet settled), so the next
-owner cannot publish a row this relay has in flight. A relay that dies keeps its buckets
-until their lease runs out, as it kept its rows' leases before.
+owner cannot publish a row this relay has in flight. A relay that cannot publish (its
+broker is away) is not counted among the relays and gives up every bucket it holds no row
+of: the others take them, instead of that share of the outbox waiting for its broker. A
+relay that dies keeps its buckets until their lease runs out, as it kept its rows' leases
+before.
 """
 
 from __future__ import annotations
@@ -39,11 +42,14 @@ class Turn:
     release: frozenset[int]  # owned buckets to give up now: none of their rows is held
 
 
-def turn(owned: Iterable[int], relays: int, held: Iterable[int]) -> Turn:
+def turn(owned: Iterable[int], relays: int, held: Iterable[int], active: bool = True) -> Turn:
     """The turn of a relay that owns ``owned``, among ``relays`` live relays (itself
-    included), holding the rows with ids ``held``."""
+    included when ``active``), holding the rows with ids ``held``; an inactive relay (it
+    cannot publish now) claims nothing and keeps only the buckets of its held rows."""
     mine = sorted(set(owned))
+    busy = {bucket_of(i) for i in held}
+    if not active:
+        return Turn(take=0, claim_from=frozenset(), release=frozenset(mine) - busy)
     share = fair_share(relays)
     keep, excess = frozenset(mine[:share]), frozenset(mine[share:])
-    busy = {bucket_of(i) for i in held}
     return Turn(take=max(0, share - len(mine)), claim_from=keep, release=excess - busy)

@@ -117,3 +117,6 @@ OUTBOX_BUCKETS = 64
 # Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
 # (hashing each id apart had a 500-row claim read 290 buffers instead of 12).
 BUCKET_SPAN_ROWS = 1024
+# A relay renews its buckets this many times a lease (``relay.relay``'s turns): a turn that
+# failed or came late still leaves two more before the lease runs out.
+TURNS_PER_LEASE = 3

@@ -24,12 +24,17 @@ class Store(Protocol):
         first_always: bool = False,
         skip: Collection[str] = (),
     ) -> list[OutboxRow]:
-        """Up to ``limit`` due rows whose payloads add up to at most ``max_bytes``, leased to
-        this relay, in id order; with ``first_always``, the first due row even if larger;
-        none for the exchanges in ``skip``."""
+        """Up to ``limit`` due rows of this relay's share whose payloads add up to at most
+        ``max_bytes``, held by it until settled, in id order; with ``first_always``, the
+        first due row even if larger; none for the exchanges in ``skip``."""
 
     def settle(self, batch: SettleBatch) -> None:
         """Record outcomes: acked rows sent, the others as the batch says."""
+
+    def turn(self, active: bool = True) -> None:
+        """Renew this relay's share of the outbox (``relay.buckets``); ``active``: it can
+        publish now (a relay that cannot gives its idle share to the others). Claims take
+        nothing before the first turn."""
 
     def hasten(self, exchanges: Sequence[str]) -> int:
         """Pending rows for these exchanges that wait out a back-off, and that no relay

@@ -131,7 +131,7 @@ class OutboxStatus:
     counts: dict[str, int]
     due: int
     oldest_due_age: float
-    leased: int  # pending rows a relay has claimed and not settled yet
+    relays: dict[str, int]  # relay name -> buckets it owns under a live lease
     parked_reasons: list[tuple[str, int]]  # (last error, rows), most rows first
     # Pending rows that failed before, as (exchange, last error, rows), most rows first: a
     # broken destination's rows show here until they are parked.

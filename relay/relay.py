@@ -19,7 +19,11 @@ from typing import TypeVar
 import tenacity
 
 from relay.backoff import Backoff, log_before_retry
-from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
+from relay.constants import (
+    HELD_CHARGE_INTERVAL_S,
+    LIVENESS_LIMIT_S,
+    PARKED_LOG_INTERVAL_S,
+)
 from relay.errors import StoreError
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
@@ -63,6 +67,7 @@ class Relay:
         poll_interval: float,
         drain_timeout: float,
         stats_interval: float,
+        turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
     ) -> None:
@@ -78,6 +83,10 @@ class Relay:
         self.poll_interval = poll_interval
         self.drain_timeout = drain_timeout
         self.stats_interval = stats_interval
+        self.turn_interval = turn_interval
+        # Whether the store's last turn said this relay can publish; a change asks for a turn.
+        self._turned_active = False
+        self._turn_wanted = asyncio.Event()
         self.retry = retry
         self.tracing = tracing or NoTracing()
         self._min_claim = max(1, batch_size // 4)
@@ -111,11 +120,14 @@ class Relay:
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
         stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
+        turning = asyncio.create_task(self._turn_forever(), name="turn")
         try:
             while not self._stopping.is_set():
                 self._last_beat = time.monotonic()
                 if claiming.done():
                     claiming.result()  # the claim task failed: so does the relay
+                if self.publisher.can_publish != self._turned_active:
+                    self._turn_wanted.set()
                 self._collect()
                 offered, published = self._publish_ready()
                 if len(published) < offered:
@@ -129,11 +141,13 @@ class Relay:
             self._ready = []
             return await self._drain(settling)
         finally:
-            for task in (stats, claiming, settling):
+            for task in (stats, turning, claiming, settling):
                 task.cancel()
             await self.publisher.close()
             publishing.cancel()
-            await asyncio.gather(publishing, claiming, settling, stats, return_exceptions=True)
+            await asyncio.gather(
+                publishing, claiming, settling, stats, turning, return_exceptions=True
+            )
 
     def wake(self) -> None:
         """Rows may be due that no claim has looked for (new rows were announced, or rows
@@ -386,6 +400,20 @@ class Relay:
         self.metrics.database_connected.set(0)
         self.metrics.store_errors.inc()
         _log_database_retry(state)
+
+    async def _turn_forever(self) -> None:
+        """Keep this relay's share of the outbox (``Store.turn``): every ``turn_interval``,
+        and at once when the relay became able or unable to publish, so that a relay whose
+        broker went away hands its idle buckets to the others. A failed turn is retried as
+        every database call is (``_db``)."""
+        while True:
+            self._turn_wanted.clear()
+            active = self.publisher.can_publish
+            await self._db(functools.partial(self.store.turn, active))
+            self._turned_active = active
+            self.wake()  # buckets taken may hold due rows
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._turn_wanted.wait(), self.turn_interval)
 
     async def _refresh_backlog_forever(self) -> None:
         """Backlog gauges; also the first to tell, even while the broker is still down, that

@@ -1,7 +1,7 @@
 """The database side of owned buckets (``relay.buckets``): presence, bucket leases, hand-over.
 
-Work in progress, not used by the claim yet. One ``refresh`` per turn, in one transaction:
-the relay says it is alive for one more lease, counts the relays alive, renews the leases of
+One ``refresh`` per turn, in one transaction: the relay says it is alive for one more lease
+(or, when it cannot publish, that it is not), counts the relays alive, renews the leases of
 the buckets it still owns (a bucket whose owner is still this relay was taken by no one, even
 if its lease ran out meanwhile), takes free or expired buckets up to its fair share and
 gives up the buckets it hands over. Every time is the database's (``relay.db.clock``).
@@ -30,10 +30,13 @@ def owned_now(owner: str) -> sa.Select[tuple[int]]:
     )
 
 
-def refresh(conn: sa.Connection, owner: str, lease: float, held: Collection[int]) -> frozenset[int]:
-    """One turn for ``owner`` holding the rows ``held``; returns the buckets to claim from.
-    Run it in a transaction, at least once every third of a lease."""
-    _alive(conn, owner, lease)
+def refresh(
+    conn: sa.Connection, owner: str, lease: float, held: Collection[int], active: bool
+) -> frozenset[int]:
+    """One turn for ``owner`` holding the rows ``held``, able to publish or not
+    (``active``); returns the buckets to claim from. Run it in a transaction, at least once
+    every third of a lease."""
+    _present(conn, owner, lease, active)
     live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
     relays = int(conn.execute(live).scalar_one())
     renewed = (
@@ -43,7 +46,7 @@ def refresh(conn: sa.Connection, owner: str, lease: float, held: Collection[int]
         .returning(outbox_buckets.c.bucket)
     )
     owned = set(conn.scalars(renewed))
-    plan = turn(owned, relays, held)
+    plan = turn(owned, relays, held, active)
     taken: set[int] = set()
     if plan.take:
         free = (
@@ -85,16 +88,20 @@ def leave(conn: sa.Connection, owner: str) -> None:
     conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
 
 
-def _alive(conn: sa.Connection, owner: str, lease: float) -> None:
-    """``owner`` is alive for one more lease; relays gone for a lease are forgotten."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = insert(outbox_relays).values(owner=owner, alive_until=database_time(lease))
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[outbox_relays.c.owner],
-            set_={"alive_until": stmt.excluded.alive_until},
+def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> None:
+    """``owner`` counts among the relays for one more lease, or no more; relays gone for a
+    lease are forgotten."""
+    if active:
+        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+        stmt = insert(outbox_relays).values(owner=owner, alive_until=database_time(lease))
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[outbox_relays.c.owner],
+                set_={"alive_until": stmt.excluded.alive_until},
+            )
         )
-    )
+    else:
+        conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
     conn.execute(
         sa.delete(outbox_relays).where(outbox_relays.c.alive_until < database_time(-lease))
     )

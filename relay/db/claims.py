@@ -1,27 +1,38 @@
-"""The relay's side of the outbox: claim due rows under a lease, settle them, backlog, LISTEN.
+"""The relay's side of the outbox: claim due rows of its own buckets, settle them, backlog.
 
 Synchronous on purpose: the relay calls it from a worker thread (``asyncio.to_thread``) so
 that pika's I/O loop on the event-loop thread keeps turning while a query runs, and both
 PostgreSQL (psycopg) and SQLite (sqlite3) work through one tested code path instead of two
 async drivers.
 
-Claiming never uses a "last published id" cursor: ids are assigned at insert and committed
-in another order, so a cursor skips rows that commit late. A claim instead takes due pending
-rows that no relay holds (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so concurrent relays take
-disjoint rows) and sets their ``lease_until`` one lease ahead, in one committed statement.
-No transaction stays open while the broker is asked; a relay that dies leaves rows that are
-due again when the lease runs out. "Due" and the lease's end are the database's time
-(``relay.db.clock``): relays whose clocks disagree by more than a lease still agree on every
-lease.
+What costs the database most is writing, so a claim writes nothing. Each relay owns
+buckets of the outbox under a lease (``relay.buckets``, ``relay.db.buckets``; ``turn``
+renews it), and claims, with a plain SELECT, due rows of its own buckets only: two relays
+never hold the same row, and no row is written to say which relay holds it. The relay
+remembers the rows it holds (claimed, not yet settled) and claims none of them again. The
+ack, with ``keep_sent = ids``, deletes the row and logs its message id's 16-byte key in the
+sent log (in one statement on PostgreSQL). A claim that leased each row cost 142 B of WAL
+per row (its HOT update and its row lock, ``pg_waldump``), a fifth of the INSERT's.
 
-What costs the database most is writing, so each relayed row is written as little as it can
-be: the claim is a HOT update of an unindexed column (no index entry), and the ack, with
-``keep_sent = ids``, deletes the row and logs its message id's 16-byte key in the sent log
-(in one statement on PostgreSQL), instead of an update that rewrote every index entry.
+No transaction stays open while the broker is asked; a relay that dies keeps its buckets
+until their lease runs out, and its rows are then another relay's. Every time that decides
+is the database's (``relay.db.clock``): relays whose clocks disagree by more than a lease
+still agree on every lease.
+
+Claiming never uses a "last published id" cursor: ids are assigned at insert and committed
+in another order, so a cursor skips rows that commit late. A claim reads on from where the
+last one stopped in the due order (a keyset position, in memory) only while claims come
+back full; the first claim that comes back short resets it, and the next one reads the due
+rows from the start again, leaving out the rows this relay holds. A row that committed late
+behind the position, or was left out (an earlier row of its key pending, its exchange
+skipped), is so claimed once the relay has caught up. Reading every claim from the start
+read the rows in flight again each time: 8.9 us of database CPU per row against 2.2 us
+(``bench/claim_designs.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -40,6 +51,7 @@ from relay.constants import (
     LAST_ERROR_MAX_CHARS,
     LISTEN_STOP_CHECK_S,
 )
+from relay.db.buckets import owned_now, refresh
 from relay.db.clock import database_time, seconds_since
 from relay.db.engine import (
     BINARY_RESULTS,
@@ -51,7 +63,15 @@ from relay.db.engine import (
     id_in,
     in_list,
 )
-from relay.db.schema import NOTIFY_CHANNEL, ROW_COLUMNS, outbox, outbox_sent, sent_key
+from relay.db.schema import (
+    NOTIFY_CHANNEL,
+    ROW_COLUMNS,
+    bucket_column,
+    outbox,
+    outbox_buckets,
+    outbox_sent,
+    sent_key,
+)
 from relay.errors import StoreError
 from relay.records import (
     KEEP_IDS,
@@ -65,6 +85,8 @@ from relay.records import (
 )
 from relay.settings import redact_url
 
+log = logging.getLogger(__name__)
+
 # The claimed columns as the driver returns them, without SQLAlchemy's result processing:
 # SQLite stores any value in any column, and one row's INTEGER payload or epoch created_at
 # must not fail the claim of the whole batch; ``decode_row`` reads each row on its own.
@@ -77,25 +99,21 @@ _TEXT = ("message_id", "exchange", "routing_key", "content_type")
 # 523 ms per settle, 96,500 index entries read and dropped). The check constraint allows
 # these three statuses only, so the meaning is the same.
 _STILL_PENDING = sa.and_(outbox.c.status != SENT, outbox.c.status != PARKED)
-
-
-def unleased() -> sa.ColumnElement[bool]:
-    """No relay holds the row (now, by the database's clock)."""
-    return sa.or_(outbox.c.lease_until.is_(None), outbox.c.lease_until <= database_time())
+# A claimed row's place in the due order, as the driver returns it (``_RAW_COLUMNS``'s reason):
+# bound back unchanged, it compares with the stored values as they compare among themselves.
+_DUE_AT = sa.type_coerce(outbox.c.next_attempt_at, sa.types.NullType()).label("due_at")
 
 
 def due_now() -> sa.ColumnElement[bool]:
-    """A pending row that is due and that no relay holds."""
-    return sa.and_(
-        outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time(), unleased()
-    )
+    """A pending row that is due (rows a relay holds among them)."""
+    return sa.and_(outbox.c.status == PENDING, outbox.c.next_attempt_at <= database_time())
 
 
 def due_backlog(conn: sa.Connection) -> BacklogStats:
-    """The due rows, counted up to ``BACKLOG_EXACT_ROWS`` and estimated beyond
-    (``relay.db.engine.bounded_count``): a ``count(*)`` of a 1M-row backlog every stats
-    interval cost about 11 us per row relayed at 5,000 rows/s. The oldest due row's age is
-    one walk of the due index past the rows in flight."""
+    """The due rows (those in flight among them), counted up to ``BACKLOG_EXACT_ROWS`` and
+    estimated beyond (``relay.db.engine.bounded_count``): a ``count(*)`` of a 1M-row backlog
+    every stats interval cost about 11 us per row relayed at 5,000 rows/s. The oldest due
+    row's age is one probe of the due index."""
     due_ids = sa.select(outbox.c.id).where(due_now())
     oldest = sa.select(seconds_since(sa.func.min(outbox.c.next_attempt_at))).where(due_now())
     count = bounded_count(conn, due_ids, BACKLOG_EXACT_ROWS)
@@ -237,6 +255,16 @@ class ClaimStore:
         self.keep_sent = keep_sent
         self._where = redact_url(url)
         self._acked = self._ack_statements()
+        # Held rows (claimed, not settled) and their place in the due order; the position
+        # the next claim reads on from (None: from the start); the buckets to claim from.
+        # Claims and turns take ``_owning`` (a bucket is never given up while a claim that
+        # saw it as ours runs); ``_lock`` guards ``_held`` between the claim and settle
+        # threads.
+        self._held: dict[int, Any] = {}
+        self._after: tuple[Any, int] | None = None
+        self._claim_from: frozenset[int] = frozenset()
+        self._owning = threading.Lock()
+        self._lock = threading.Lock()
         # SQLite has one writer at a time and makes others wait by sleeping in growing steps;
         # the relay's own claim and settle threads queue on a lock instead, at once.
         sqlite = self.engine.dialect.name == "sqlite"
@@ -246,6 +274,20 @@ class ClaimStore:
         self._size = (
             sa.func.length(outbox.c.payload) if sqlite else sa.func.octet_length(outbox.c.payload)
         )
+        self._claims = {keyset: self._claim_statement(keyset) for keyset in (False, True)}
+
+    def turn(self, active: bool = True) -> None:
+        """Renew this relay's share of the outbox (``relay.db.buckets.refresh``): at least
+        every third of a lease, and whenever the relay's ability to publish (``active``)
+        changed. Until its first turn a relay owns nothing and claims nothing."""
+        with self._owning:
+            with self._lock:
+                held = list(self._held)
+            with self._session("turn", statements=2) as conn:
+                claim_from = refresh(conn, self.owner, self.lease, held, active)
+            if claim_from - self._claim_from:
+                self._after = None  # the new buckets' due rows may lie behind the position
+            self._claim_from = claim_from
 
     def claim(
         self,
@@ -254,24 +296,67 @@ class ClaimStore:
         first_always: bool = False,
         skip: Collection[str] = (),
     ) -> list[OutboxRow]:
-        """Up to ``limit`` due rows whose payloads add up to at most ``max_bytes``, leased to
-        this relay, in id order. With ``first_always``, the first due row is taken even when
-        it alone is larger (the caller holds nothing else: it goes out alone). Rows for the
-        exchanges in ``skip`` are left (they are due for the next claim without it).
+        """Up to ``limit`` due rows of this relay's buckets whose payloads add up to at most
+        ``max_bytes``, held by this relay, in id order. With ``first_always``, the first due
+        row is taken even when it alone is larger (the caller holds nothing else: it goes out
+        alone). Rows for the exchanges in ``skip`` are left (they are due for a claim without
+        it).
 
         The payloads' sizes are the database's to tell (``octet_length`` reads a stored
         value's length, not the value): a claim never fetches more payload than it may
         hold. 600 rows of 1.5 MiB in claims of 500 rows had the relay at 4.3 GB."""
-        candidates = (
-            sa.select(outbox.c.id, outbox.c.next_attempt_at, self._size.label("size"))
-            .where(due_now())
-            .order_by(outbox.c.next_attempt_at, outbox.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
+        with self._owning:
+            after = self._after
+            with self._lock:
+                # Taken before the query's snapshot: a row settled (and so no longer held)
+                # after this is gone from the outbox, or due again, in that snapshot.
+                held = [i for i, at in self._held.items() if after is None or (at, i) > after]
+            params: dict[str, Any] = {
+                "skip": list(skip),
+                "held": held,
+                "buckets": sorted(self._claim_from),
+                "owner": self.owner,
+                "limit": limit,
+                "max_bytes": max_bytes,
+                "first_always": first_always,
+            }
+            if after is not None:
+                params["after_at"], params["after_id"] = after
+            statement = self._claims[after is not None]
+            with self._session("claim", statements=1) as conn:
+                result = conn.execute(statement, params, execution_options={BINARY_RESULTS: True})
+                found = result.all()
+            with self._lock:
+                for r in found:
+                    self._held[r[0]] = r[-1]
+            self._after = (found[-1][-1], found[-1][0]) if len(found) == limit else None
+        rows = [decode_row(r[:-1]) for r in found]
+        rows.sort(key=lambda r: r.id)
+        return rows
+
+    def _claim_statement(self, keyset: bool) -> sa.Select[Any]:
+        """The claim's query, reading on after the position ``after_at``, ``after_id`` (with
+        ``keyset``) or from the start; ``held``: the held rows it could meet, left out."""
+        dialect = self.engine.dialect
+        mine = owned_now(self.owner).where(
+            in_list(outbox_buckets.c.bucket, "buckets", sa.SmallInteger(), dialect)
         )
-        if skip:
+        candidates = (
+            sa.select(*_RAW_COLUMNS, _DUE_AT, self._size.label("size"))
+            .where(
+                due_now(),
+                self._one_of(bucket_column(outbox.c.id), mine),
+                sa.not_(in_list(outbox.c.id, "held", sa.BigInteger(), dialect)),
+                sa.not_(in_list(outbox.c.exchange, "skip", sa.Text(), dialect)),
+            )
+            .order_by(outbox.c.next_attempt_at, outbox.c.id)
+            .limit(sa.bindparam("limit"))
+        )
+        if keyset:
+            after_at = sa.bindparam("after_at", type_=sa.types.NullType())
+            position = sa.tuple_(after_at, sa.bindparam("after_id", type_=sa.BigInteger()))
             candidates = candidates.where(
-                sa.not_(in_list(outbox.c.exchange, "skip", sa.Text(), self.engine.dialect))
+                sa.tuple_(outbox.c.next_attempt_at, outbox.c.id) > position
             )
         if self.ordered:
             earlier = outbox.alias("earlier")
@@ -285,66 +370,57 @@ class ClaimStore:
                     ),
                 )
             )
-        # The candidates beyond the byte limit stay locked only until this statement
-        # commits, and are not leased: they are due for the next claim, of any relay.
         c = candidates.subquery("candidate")
-        order = (c.c.next_attempt_at, c.c.id)
+        order = (c.c.due_at, c.c.id)
         sized = sa.select(
-            c.c.id,
+            *(c.c[col.name] for col in ROW_COLUMNS),
+            c.c.due_at,
             sa.func.sum(c.c.size).over(order_by=order).label("upto"),
             sa.func.row_number().over(order_by=order).label("place"),
         ).subquery("sized")
-        due = sa.select(sized.c.id).where(
-            sa.or_(
-                sized.c.upto <= max_bytes,
-                sa.and_(sa.literal(first_always), sized.c.place == 1),
+        return (
+            sa.select(*(sized.c[col.name] for col in ROW_COLUMNS), sized.c.due_at)
+            .where(
+                sa.or_(
+                    sized.c.upto <= sa.bindparam("max_bytes"),
+                    sa.and_(sa.bindparam("first_always", type_=sa.Boolean()), sized.c.place == 1),
+                )
             )
+            .order_by(sized.c.place)
         )
-        stmt = (
-            sa.update(outbox)
-            .where(self._one_of(due))
-            .values(lease_until=database_time(self.lease), lease_owner=self.owner)
-            .returning(*_RAW_COLUMNS)
-        )
-        with self._session("claim", statements=1) as conn:
-            result = conn.execute(
-                stmt, {"skip": list(skip)}, execution_options={BINARY_RESULTS: True}
-            )
-            rows = [decode_row(r) for r in result.all()]
-        rows.sort(key=lambda r: r.id)
-        return rows
 
-    def _one_of(self, due: sa.Select[tuple[int]]) -> sa.ColumnElement[bool]:
-        """``id IN (due)``, with ``due`` run exactly once.
+    def _one_of(
+        self, value: sa.ColumnElement[Any], choices: sa.Select[Any]
+    ) -> sa.ColumnElement[bool]:
+        """``value IN (choices)``, with ``choices`` run exactly once.
 
-        On PostgreSQL, ``id IN (subquery)`` is a join the planner may turn around. With
-        statistics taken while the table was empty (drained, purged, vacuumed) and rows
-        loaded since, it became a nested loop over the whole table that ran the locking
-        subquery again for every row: the claim leased every due row instead of ``limit``
-        (tests/integration/test_claim_plan.py), and over 100,000 rows hit the 30 s statement
-        timeout (bench.run, three relays: 1,280 rows/s). ``id = ANY(ARRAY(subquery))`` is an
-        InitPlan, run once, then primary-key lookups, whatever the statistics say."""
+        On PostgreSQL, ``IN (subquery)`` is a join the planner may turn around; with
+        statistics taken while a table was empty and rows loaded since, it chose a nested
+        loop that ran the subquery for every row (tests/integration/test_claim_plan.py).
+        ``= ANY(ARRAY(subquery))`` is an InitPlan, run once, whatever the statistics say."""
         if self.engine.dialect.name == "postgresql":
-            return outbox.c.id == sa.any_(sa.func.array(due.scalar_subquery()))
-        return outbox.c.id.in_(due.scalar_subquery())
+            return value == sa.any_(sa.func.array(choices.scalar_subquery()))
+        return value.in_(choices.scalar_subquery())
 
     def settle(self, batch: SettleBatch) -> None:
         if not batch:
             return
-        # A failure is written only while the row is still ours: if our lease ran out and
-        # another relay holds it now, its outcome decides. An ack is written regardless:
-        # it proves delivery whoever holds the row.
+        # A failure is written only while the row's bucket is still ours: if our lease ran
+        # out and another relay holds the row now, its outcome decides. An ack is written
+        # regardless: it proves delivery whoever holds the row.
         change = changes_table(self.engine.dialect)
         changed = (
             sa.update(outbox)
-            .where(outbox.c.id == change.c.id, _STILL_PENDING, outbox.c.lease_owner == self.owner)
+            .where(
+                outbox.c.id == change.c.id,
+                _STILL_PENDING,
+                self._one_of(bucket_column(outbox.c.id), owned_now(self.owner)),
+            )
             .values(
                 status=change.c.status,
                 attempts=change.c.attempts,
                 next_attempt_at=database_time(change.c.delay),
                 last_error=change.c.last_error,
-                lease_owner=None,
-                lease_until=None,
             )
         )
         chunks = range(0, len(batch.sent), IDS_PER_STATEMENT)
@@ -360,6 +436,12 @@ class ClaimStore:
                     for c in batch.changes
                 ]
                 conn.execute(changed, changes_parameters(self.engine.dialect, changes))
+        # Only once committed: a claim that left these rows out saw them still held.
+        with self._lock:
+            for row_id in batch.sent:
+                self._held.pop(row_id, None)
+            for c in batch.changes:
+                self._held.pop(c.id, None)
 
     def _ack_statements(self) -> list[sa.Executable]:
         """What an ack writes, for the ids bound as ``ids``, in order.
@@ -379,7 +461,7 @@ class ClaimStore:
         pending = sa.and_(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
         if self.keep_sent == KEEP_MESSAGES:
             mark = sa.update(outbox).where(pending)
-            return [mark.values(status=SENT, sent_at=database_time(), lease_owner=None)]
+            return [mark.values(status=SENT, sent_at=database_time())]
         columns = ["key", "id", "created_at", "sent_at"]
         if self.engine.dialect.name == "postgresql":
             gone = (
@@ -403,9 +485,9 @@ class ClaimStore:
         ]
 
     def hasten(self, exchanges: Sequence[str]) -> int:
-        """Rows settled with a back-off are no relay's (``lease_owner`` is cleared); rows
-        a relay holds keep their lease, and rows no attempt was made for (a writer's own
-        ``next_attempt_at``) their time."""
+        """Only rows settled with a back-off move: rows a relay holds were due when claimed,
+        and rows no attempt was made for keep their time (a writer's own
+        ``next_attempt_at``)."""
         if not exchanges:
             return 0
         stmt = (
@@ -413,7 +495,6 @@ class ClaimStore:
             .where(
                 outbox.c.status == PENDING,
                 outbox.c.exchange.in_(exchanges),
-                outbox.c.lease_owner.is_(None),
                 outbox.c.attempts > 0,
                 outbox.c.next_attempt_at > database_time(),
             )
@@ -462,4 +543,12 @@ class ClaimStore:
             raise StoreError(f"listen on {self._where} failed: {exc}") from exc
 
     def close(self) -> None:
-        self.engine.dispose()
+        """Give up every bucket this relay holds no row of, and leave the relays alive: the
+        others take its share at their next turn, not a lease later. Buckets of rows still
+        held (outcomes that could not be recorded) run out with their lease."""
+        try:
+            self.turn(active=False)
+        except StoreError as exc:
+            log.warning("buckets left to run out: %s", exc, extra={"action": "leave_failed"})
+        finally:
+            self.engine.dispose()

@@ -22,7 +22,7 @@ from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, 
 from relay.db.claims import due_backlog
 from relay.db.clock import database_time, seconds_between
 from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
-from relay.db.schema import ROW_COLUMNS, outbox, outbox_sent
+from relay.db.schema import ROW_COLUMNS, outbox, outbox_buckets, outbox_sent
 from relay.records import (
     PARKED,
     PENDING,
@@ -81,7 +81,6 @@ class OutboxAdmin:
         """Every count is one walk of an index, bounded (``relay.db.engine.bounded_count``):
         milliseconds at any backlog and any history."""
         pending = outbox.c.status == PENDING
-        leased = sa.and_(pending, outbox.c.lease_until > database_time())
         ids = sa.select(outbox.c.id)
         counted = {
             PENDING: [ids.where(pending)],
@@ -110,13 +109,20 @@ class OutboxAdmin:
             .order_by(sa.desc("rows"), outbox.c.exchange, outbox.c.last_error)
             .limit(reasons)
         )
+        owners = (
+            sa.select(outbox_buckets.c.owner, sa.func.count().label("buckets"))
+            .where(outbox_buckets.c.lease_until > database_time())
+            .group_by(outbox_buckets.c.owner)
+            .order_by(outbox_buckets.c.owner)
+        )
         with db_errors("status", self._where), self.engine.connect() as conn:
 
             def count(rows: sa.Select[Any]) -> int:
                 return bounded_count(conn, rows, BACKLOG_EXACT_ROWS)
 
             counts = {s: sum(map(count, counted[s])) for s in STATUSES}
-            backlog, leased_rows = due_backlog(conn), count(ids.where(leased))
+            backlog = due_backlog(conn)
+            relays = {r.owner: int(r.buckets) for r in conn.execute(owners)}
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
             again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]
             sums = [conn.execute(q).one() for q in recent]
@@ -125,7 +131,7 @@ class OutboxAdmin:
             counts,
             backlog.due,
             backlog.oldest_due_age,
-            leased_rows,
+            relays,
             parked,
             again,
             RecentSent(
@@ -160,8 +166,6 @@ class OutboxAdmin:
                 attempts=0,
                 next_attempt_at=database_time(),
                 sent_at=None,
-                lease_owner=None,
-                lease_until=None,
             )
         )
         with transaction(self.engine, "replay", self._where) as conn:

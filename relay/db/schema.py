@@ -100,11 +100,6 @@ outbox = sa.Table(
     sa.Column("status", sa.Text(), nullable=False, server_default=PENDING),
     sa.Column("sent_at", UTCDateTime(), nullable=True),
     sa.Column("last_error", sa.Text(), nullable=True),
-    sa.Column("lease_owner", sa.Text(), nullable=True),
-    # The end of a relay's lease on a pending row. Not indexed, so that the claim that sets
-    # it is a HOT update (migration 0004 leaves the pages room for it): a claim rewrote
-    # ``next_attempt_at`` before, and with it an entry in every index, about 790 B of WAL.
-    sa.Column("lease_until", UTCDateTime(), nullable=True),
     sa.CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="outbox_status_valid"
     ),

@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 
 from devtools.outbox import statuses
 from relay.db.claims import ClaimStore
-from relay.db.clock import database_time
+from relay.db.clock import database_time, seconds_between
 from relay.db.engine import migrate
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import metadata, outbox
@@ -81,6 +81,7 @@ def test_upgrade_to_the_sent_log_keeps_every_pending_and_in_flight_row(database_
     migrate(database_url)
     assert differences(database_url) == []
     store = ClaimStore(database_url, "new-relay", 60.0)
+    store.turn()
     writer = OutboxWriter(database_url)
     try:
         (due,) = store.claim(10, 2**62)
@@ -93,3 +94,46 @@ def test_upgrade_to_the_sent_log_keeps_every_pending_and_in_flight_row(database_
     finally:
         store.close()
         writer.close()
+
+
+def test_upgrade_to_owned_buckets_keeps_every_pending_and_in_flight_row(database_url: str) -> None:
+    """0004 -> 0005 on a live outbox, its relays stopped: a row an old relay still holds under
+    its row lease is due when that lease ends (not before: it may be in flight), a row whose
+    lease ran out and a row never claimed are due now, and a relay of the new version owns
+    every bucket and claims them."""
+    migrate(database_url, "base", downgrade=True)
+    migrate(database_url, "0004")
+    engine = sa.create_engine(database_url)
+    leases = {"never claimed": None, "lease ran out": -60.0, "in flight": 3600.0}
+    table = sa.table(
+        "outbox",
+        sa.column("message_id"),
+        sa.column("payload"),
+        sa.column("lease_owner"),
+        sa.column("lease_until"),
+    )
+    with engine.begin() as conn:
+        for message_id, lease in leases.items():
+            conn.execute(
+                sa.insert(table).values(
+                    message_id=message_id,
+                    payload=b"x",
+                    lease_owner=None if lease is None else "old-relay",
+                    lease_until=None if lease is None else database_time(lease),
+                )
+            )
+    engine.dispose()
+    migrate(database_url)
+    assert differences(database_url) == []
+    store = ClaimStore(database_url, "new-relay", 60.0)
+    try:
+        store.turn()
+        claimed = {r.message_id for r in store.claim(10, 2**62)}
+        assert claimed == {"never claimed", "lease ran out"}
+        with store.engine.connect() as conn:
+            wait = sa.select(seconds_between(database_time(), outbox.c.next_attempt_at)).where(
+                outbox.c.message_id == "in flight"
+            )
+            assert 3500 < conn.execute(wait).scalar_one() <= 3600
+    finally:
+        store.close()

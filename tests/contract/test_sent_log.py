@@ -28,6 +28,7 @@ class Outbox:
     def __init__(self, url: str, keep_sent: str = KEEP_IDS) -> None:
         self.url = url
         self.store = ClaimStore(url, "relay-1", 60.0, keep_sent=keep_sent)
+        self.store.turn()
         self.writer = OutboxWriter(url)
         self.sink = OutboxSink(url)
         self.admin = OutboxAdmin(url)

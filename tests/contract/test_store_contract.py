@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from relay.constants import BACKLOG_EXACT_ROWS
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxWriter
-from relay.db.schema import outbox, outbox_sent
+from relay.db.schema import outbox, outbox_buckets, outbox_relays, outbox_sent
 from relay.records import (
     KEEP_IDS,
     KEEP_MESSAGES,
@@ -28,7 +28,11 @@ from relay.records import (
 )
 from tests.support.fakes import DatabaseClock, InMemoryStore
 
-_TIMES = (outbox.c.created_at, outbox.c.next_attempt_at, outbox.c.sent_at, outbox.c.lease_until)
+_TIMES = {
+    outbox: (outbox.c.created_at, outbox.c.next_attempt_at, outbox.c.sent_at),
+    outbox_buckets: (outbox_buckets.c.lease_until,),
+    outbox_relays: (outbox_relays.c.alive_until,),
+}
 
 
 class SqlStore(ClaimStore):
@@ -46,13 +50,15 @@ class SqlStore(ClaimStore):
 
     def advance(self, seconds: float) -> None:
         """As if the database's clock moved ``seconds`` on: every stored time moves back."""
-        if self.engine.dialect.name == "postgresql":
-            back = {c.name: c - sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds) for c in _TIMES}
-        else:
-            fmt, by = "%Y-%m-%d %H:%M:%f000", f"{-seconds:.6f} seconds"
-            back = {c.name: sa.func.strftime(fmt, c, by) for c in _TIMES}
+        fmt, by = "%Y-%m-%d %H:%M:%f000", f"{-seconds:.6f} seconds"
         with self.writer.engine.begin() as conn:
-            conn.execute(sa.update(outbox).values(back))
+            for table, times in _TIMES.items():
+                if self.engine.dialect.name == "postgresql":
+                    interval = sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+                    back = {c.name: c - interval for c in times}
+                else:
+                    back = {c.name: sa.func.strftime(fmt, c, by) for c in times}
+                conn.execute(sa.update(table).values(back))
 
     def close(self) -> None:
         super().close()
@@ -68,15 +74,17 @@ StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=Fals
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql", f"postgresql-{KEEP_MESSAGES}"])
 def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
-    """Returns a factory: owner -> a store on the same outbox. The SQL stores delete acked
-    rows into the sent log (the default), or with ``-messages`` keep them whole."""
+    """Returns a factory: owner -> a store on the same outbox, which has had its first turn
+    (as a relay has when it starts). The SQL stores delete acked rows into the sent log (the
+    default), or with ``-messages`` keep them whole."""
     made: list[SqlStore] = []
     if request.param == "memory":
         shared, clock = InMemoryStore(), DatabaseClock()
 
         def memory(owner: str, ordered: bool = False) -> InMemoryStore:
             store = InMemoryStore(owner, LEASE, ordered, clock)
-            store.rows = shared.rows
+            store.rows, store.buckets, store.relays = shared.rows, shared.buckets, shared.relays
+            store.turn()
             return store
 
         yield memory
@@ -86,6 +94,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
 
     def sql(owner: str, ordered: bool = False) -> SqlStore:
         made.append(SqlStore(url, owner, LEASE, ordered=ordered, keep_sent=keep_sent or KEEP_IDS))
+        made[-1].turn()
         return made[-1]
 
     yield sql
@@ -148,14 +157,49 @@ def test_claim_takes_at_most_limit_and_only_due_rows(make_store: StoreFactory) -
     assert store.claim(10, NO_BYTE_LIMIT) == []
 
 
-def test_claimed_rows_are_leased_until_the_lease_ends(make_store: StoreFactory) -> None:
+def test_a_relay_claims_no_row_it_holds(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    assert store.claim(2, NO_BYTE_LIMIT) == []
+    store.enqueue(msgs(5))
+    claims = [[r.id for r in store.claim(n, NO_BYTE_LIMIT)] for n in (2, 2, 10, 10)]
+    assert [len(c) for c in claims] == [2, 2, 1, 0]
+    assert len({i for c in claims for i in c}) == 5
+
+
+def test_a_dead_relays_buckets_are_taken_over_when_their_lease_ends(
+    make_store: StoreFactory,
+) -> None:
     a, b = make_store("a"), make_store("b")
     a.enqueue(msgs(2))
     assert len(a.claim(10, NO_BYTE_LIMIT)) == 2
+    assert b.claim(10, NO_BYTE_LIMIT) == [], "b owns nothing while a owns every bucket"
     advance(a, LEASE - SLACK)
+    b.turn()
     assert b.claim(10, NO_BYTE_LIMIT) == []
     advance(a, SLACK)
+    b.turn()
     assert len(b.claim(10, NO_BYTE_LIMIT)) == 2, "a dead relay's rows return"
+
+
+def test_buckets_are_shared_out_and_handed_over_only_when_idle(make_store: StoreFactory) -> None:
+    a = make_store("a")
+    a.enqueue(msgs(3))
+    held = a.claim(10, NO_BYTE_LIMIT)  # every row of bucket 0
+    b = make_store("b")  # a owns every bucket: b takes none yet
+    a.turn()  # two relays: a keeps its lower half, and bucket 0, which holds its rows
+    b.turn()
+    assert b.claim(10, NO_BYTE_LIMIT) == []
+    a.enqueue(msgs(1))
+    a.settle(SettleBatch(sent=tuple(r.id for r in held)))
+    (fourth,) = a.claim(10, NO_BYTE_LIMIT)
+    a.settle(SettleBatch(sent=(fourth.id,)))
+    a.turn()  # bucket 0 is idle, but in a's half: a keeps it
+    b.turn()
+    a.close()  # a stops: its buckets are free at once, and b takes them at its next turn
+    b.enqueue(msgs(1))
+    assert b.claim(10, NO_BYTE_LIMIT) == []
+    b.turn()
+    assert len(b.claim(10, NO_BYTE_LIMIT)) == 1
 
 
 def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFactory) -> None:
@@ -165,14 +209,16 @@ def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFac
     store.settle(SettleBatch(sent=(rows[0].id,)))
     assert state(store, rows[0].id)[0] == SENT
     advance(store, 3600)
-    assert [r.id for r in store.claim(10, NO_BYTE_LIMIT)] == [rows[1].id]
+    other = make_store("b")  # the first relay died: its held row is due again, not the acked
+    assert [r.id for r in other.claim(10, NO_BYTE_LIMIT)] == [rows[1].id]
 
 
-def test_changes_apply_only_while_the_lease_is_ours(make_store: StoreFactory) -> None:
+def test_changes_apply_only_while_the_bucket_is_ours(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
     a.enqueue(msgs(1))
     (row,) = a.claim(10, NO_BYTE_LIMIT)
     advance(a, LEASE)
+    b.turn()
     assert [r.id for r in b.claim(10, NO_BYTE_LIMIT)] == [row.id]
     a.settle(SettleBatch(changes=(RowChange(row.id, PARKED, 1, 0.0, "nacked: x"),)))
     assert state(a, row.id) == (PENDING, 0, None), "a stale failure overwrote b's lease"
@@ -210,9 +256,11 @@ def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -
     assert stats.due == 3
     # SQLite's column default has whole seconds: a row may look up to 1 s older.
     assert 10.0 <= stats.oldest_due_age < 10.0 + SLACK
-    store.claim(1, NO_BYTE_LIMIT)
+    (first,) = store.claim(1, NO_BYTE_LIMIT)
+    assert store.backlog().due == 3, "rows in flight are due until settled"
+    store.settle(SettleBatch(sent=(first.id,)))
     assert store.backlog().due == 2
-    store.claim(10, NO_BYTE_LIMIT)
+    store.settle(SettleBatch(sent=tuple(r.id for r in store.claim(10, NO_BYTE_LIMIT))))
     assert (store.backlog().due, store.backlog().oldest_due_age) == (0, 0.0)
 
 
@@ -234,20 +282,20 @@ def keyed(*keys: str | None) -> list[NewMessage]:
 def test_ordered_claims_take_each_keys_earliest_pending_row_only(
     make_store: StoreFactory,
 ) -> None:
-    a, b = make_store("a", ordered=True), make_store("b", ordered=True)
+    a = make_store("a", ordered=True)
     a.enqueue(keyed("k1", "k2", "k1", None, "k2", None, "k1"))
     first = a.claim(10, NO_BYTE_LIMIT)
     assert [r.payload for r in first] == [b"k1-0", b"k2-1", b"None-3", b"None-5"]
-    # Another relay sees the later rows of k1 and k2 blocked by the claimed (pending) ones.
-    assert b.claim(10, NO_BYTE_LIMIT) == []
+    # The later rows of k1 and k2 are blocked by the claimed (pending) ones.
+    assert a.claim(10, NO_BYTE_LIMIT) == []
     k1, k2 = first[0], first[1]
     delay = 30.0
     retried = RowChange(k2.id, PENDING, 1, delay, "nacked")
     a.settle(SettleBatch(sent=(k1.id,), changes=(retried,)))
     # k1's next row is free; k2's waits behind its retried row, even after that row's due.
-    assert [r.payload for r in b.claim(10, NO_BYTE_LIMIT)] == [b"k1-2"]
+    assert [r.payload for r in a.claim(10, NO_BYTE_LIMIT)] == [b"k1-2"]
     advance(a, delay)
-    assert [r.payload for r in b.claim(10, NO_BYTE_LIMIT)] == [b"k2-1"]
+    assert [r.payload for r in a.claim(10, NO_BYTE_LIMIT)] == [b"k2-1"]
 
 
 def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(
@@ -257,11 +305,15 @@ def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(
     a.enqueue(keyed("k", "k", "k"))
     (head,) = a.claim(10, NO_BYTE_LIMIT)
     a.settle(SettleBatch(changes=(RowChange(head.id, PARKED, 1, 0.0, "rejected: x"),)))
-    assert [r.payload for r in a.claim(10, NO_BYTE_LIMIT)] == [b"k-1"]
+    (second,) = a.claim(10, NO_BYTE_LIMIT)
+    assert second.payload == b"k-1"
+    a.settle(SettleBatch(changes=(RowChange(second.id, PENDING, 1, 0.0, "nacked: x"),)))
+    a.close()
     unordered = make_store("u")
     unordered.enqueue(keyed("j", "j"))
     # k-2 waits behind k-1 for an ordered relay, not for this one.
-    assert [r.payload for r in unordered.claim(10, NO_BYTE_LIMIT)] == [b"k-2", b"j-0", b"j-1"]
+    claimed = [r.payload for r in unordered.claim(10, NO_BYTE_LIMIT)]
+    assert claimed == [b"k-1", b"k-2", b"j-0", b"j-1"]
 
 
 def sized(*sizes: int) -> list[NewMessage]:
@@ -279,12 +331,12 @@ def test_a_claim_takes_no_more_payload_bytes_than_asked(make_store: StoreFactory
 def test_a_row_larger_than_the_limit_is_claimed_alone_when_asked(
     make_store: StoreFactory,
 ) -> None:
-    a, b = make_store("a"), make_store("b")
+    a = make_store("a")
     a.enqueue(sized(5000, 10, 10))
     assert a.claim(10, 1000) == []
     (big,) = a.claim(10, 1000, first_always=True)
     assert big.size == 5000
-    assert [r.size for r in b.claim(10, 1000, first_always=True)] == [10, 10]
+    assert [r.size for r in a.claim(10, 1000, first_always=True)] == [10, 10]
 
 
 def to(exchanges: str) -> list[NewMessage]:
@@ -310,7 +362,8 @@ def test_hasten_makes_backed_off_rows_of_an_exchange_due_now(make_store: StoreFa
     )
     a.settle(SettleBatch(changes=(*backed_off, RowChange(x1.id, PENDING, 1, 600.0, held))))
     advance(a, LEASE + SLACK)
-    (taken,) = b.claim(1, NO_BYTE_LIMIT)  # x3, whose lease ran out: b's now
+    b.turn()
+    (taken,) = b.claim(1, NO_BYTE_LIMIT)  # x3, whose relay's lease ran out: b's now
     assert taken.id == x3.id
     a.enqueue(to("x"))  # attempts 0: no back-off to cut short, whatever its time
     assert a.hasten(["x"]) == 2, "x0 and x1 only"

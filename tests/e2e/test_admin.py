@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from devtools.outbox import rows
 from relay.cli import main
-from relay.db.schema import outbox, outbox_sent, sent_key
+from relay.db.schema import outbox, outbox_buckets, outbox_sent, sent_key
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)
@@ -31,8 +31,8 @@ def _restore_logging() -> Iterator[None]:
 
 def seed(url: str) -> None:
     """Ten sent rows (ids 1-10, sent an hour less than 1-10 days ago), four pending (two due
-    for an hour, one claimed, one backing off after two attempts), five parked with two
-    reasons on two exchanges."""
+    for an hour, one in flight, one backing off after two attempts), five parked with two
+    reasons on two exchanges. Relay r1 owns bucket 0 (every row's) for a day."""
     rows = [
         dict(status="sent", sent_at=NOW - i * DAY + HOUR, exchange="orders") for i in range(1, 11)
     ]
@@ -43,9 +43,7 @@ def seed(url: str) -> None:
         dict(
             status="pending",
             next_attempt_at=NOW - timedelta(minutes=5),
-            lease_until=NOW + DAY,
             exchange="orders",
-            lease_owner="r1",
         ),
         dict(
             status="pending",
@@ -86,6 +84,8 @@ def seed(url: str) -> None:
                 **r,
             }
             conn.execute(sa.insert(outbox).values(**values))
+        owned = sa.update(outbox_buckets).where(outbox_buckets.c.bucket == 0)
+        conn.execute(owned.values(owner="r1", lease_until=NOW + DAY))
     engine.dispose()
 
 
@@ -104,7 +104,7 @@ def test_status_reports_counts_backlog_and_reasons(
     assert run(database_url, "status", "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert report["counts"] == {"pending": 4, "sent": 10, "parked": 5}
-    assert (report["due"], report["leased"]) == (2, 1)
+    assert (report["due"], report["relays"]) == (3, {"r1": 1})
     # Due for an hour when NOW was taken (at import: maybe minutes before this test ran).
     waited = 3600 + (datetime.now(UTC) - NOW).total_seconds()
     assert abs(report["oldest_due_age_seconds"] - waited) < 60
@@ -123,7 +123,8 @@ def test_status_reports_counts_backlog_and_reasons(
 
     assert run(database_url, "status") == 0
     human = capsys.readouterr().out
-    assert "pending          4  (due 2, claimed by a relay 1)" in human
+    assert "pending          4  (due 3, in flight among them)" in human
+    assert "buckets owned by relay (64 in all): r1 1" in human
     assert "         3  returned: NO_ROUTE" in human
     assert "         1  billing: failed: the broker refuses exchange 'billing'" in human
 
@@ -131,8 +132,8 @@ def test_status_reports_counts_backlog_and_reasons(
 @pytest.mark.parametrize(
     ("limits", "exceeded"),
     [
-        (["--max-due", "2", "--max-parked", "5", "--max-oldest-due", "2h"], []),
-        (["--max-due", "1"], ["due"]),
+        (["--max-due", "3", "--max-parked", "5", "--max-oldest-due", "2h"], []),
+        (["--max-due", "2"], ["due"]),
         (["--max-oldest-due", "30m", "--max-parked", "4"], ["oldest_due_age_seconds", "parked"]),
     ],
 )

@@ -84,9 +84,9 @@ def test_enqueue_rejects_a_bad_line_and_inserts_nothing(tmp_path: Path) -> None:
     result = relay("enqueue", "--file", "-", env=env, input=lines)
     assert result.returncode == 2
     assert "relay: error: <stdin>:2: headers must be a JSON object" in result.stderr
-    assert statuses(url, leased=True) == {"leased": 0}
+    assert statuses(url, owned=True) == {"owned": 0}
     ok = relay("enqueue", "--exchange", "x", "--header", "a=b", "hello", env=env)
-    assert ok.returncode == 0 and statuses(url, leased=True) == {"pending": 1, "leased": 0}
+    assert ok.returncode == 0 and statuses(url, owned=True) == {"pending": 1, "owned": 0}
 
 
 def test_migrate_on_an_unreachable_database_fails_clearly() -> None:
@@ -161,8 +161,8 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
     assert "Traceback" not in logged
     actions = [json.loads(line)["action"] for line in logged.splitlines()]
     assert "drained" in actions
-    after_stop = statuses(url, leased=True)
-    assert after_stop["leased"] == 0, "rows left under this relay's lease"
+    after_stop = statuses(url, owned=True)
+    assert after_stop["owned"] == 0, "buckets left owned by a stopped relay"
     assert after_stop.get("sent", 0) + after_stop.get("pending", 0) == 5500
     # A restarted relay sends what the first one did not, and rows written while no relay
     # ran (so that it has work however far the first one got before its SIGTERM).
@@ -171,7 +171,7 @@ def test_relay_run_relays_serves_metrics_and_drains_on_sigterm(
         run_relay_until(
             env,
             tmp_path / "relay2.log",
-            lambda: statuses(url, leased=True).get("sent") == 5600,
+            lambda: statuses(url, owned=True).get("sent") == 5600,
             "every row sent by the second relay",
         )
         == 0
@@ -211,12 +211,12 @@ def test_relay_run_purges_old_sent_rows_when_retention_is_set(
         run_relay_until(
             env,
             tmp_path / "relay.log",
-            lambda: statuses(url, leased=True).get("sent") == 1,
+            lambda: statuses(url, owned=True).get("sent") == 1,
             "old sent rows purged",
         )
         == 0
     )
-    assert statuses(url, leased=True) == {"sent": 1, "parked": 1, "leased": 0}
+    assert statuses(url, owned=True) == {"sent": 1, "parked": 1, "owned": 0}
     logged = [json.loads(line) for line in (tmp_path / "relay.log").read_text().splitlines()]
     assert any(e["action"] == "purge" and e["message"] == "purged 3 sent rows" for e in logged)
 
@@ -239,7 +239,7 @@ def test_on_postgresql_a_committed_row_wakes_the_relay_without_polling(
     database = sa.make_url(postgresql_url).database or ""
 
     def sent(count: int) -> bool:
-        return statuses(postgresql_url, leased=True).get("sent") == count
+        return statuses(postgresql_url, owned=True).get("sent") == count
 
     with RelayProcess(env, tmp_path / "relay.log") as proc:
         wait_until(functools.partial(answers_ok, f"http://127.0.0.1:{port}/readyz"), 60, "ready")

@@ -88,7 +88,7 @@ def test_passwords_from_files_never_show(
     def sent_and_scraped() -> bool:
         status, text = http_get(f"http://127.0.0.1:{port}/metrics")
         shown.append(text)
-        return status == 200 and statuses(postgresql_url, leased=True).get("sent") == 1
+        return status == 200 and statuses(postgresql_url, owned=True).get("sent") == 1
 
     assert run_relay_until(env, tmp_path / "relay.log", sent_and_scraped, "the row sent") == 0
     shown.append((tmp_path / "relay.log").read_text())
@@ -161,9 +161,7 @@ def test_relay_runs_with_least_privilege(
         run_relay_until(
             env,
             tmp_path / "relay.log",
-            lambda: (
-                statuses(postgresql_url, leased=True) == {"sent": 20, "parked": 20, "leased": 0}
-            ),
+            lambda: statuses(postgresql_url, owned=True) == {"sent": 20, "parked": 20, "owned": 0},
             "20 rows sent and 20 parked",
         )
         == 0

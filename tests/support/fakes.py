@@ -13,7 +13,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from relay.buckets import bucket_of, turn
 from relay.confirms import ConfirmWindow
+from relay.constants import OUTBOX_BUCKETS
 from relay.errors import StoreError
 from relay.records import (
     PENDING,
@@ -30,7 +32,6 @@ class _Stored:
     row: OutboxRow
     status: str
     next_attempt_at: datetime
-    lease_owner: str | None = None
     sent_at: datetime | None = None
     ordering_key: str | None = None
 
@@ -45,10 +46,17 @@ class DatabaseClock:
         self.now += timedelta(seconds=seconds)
 
 
+@dataclass
+class _Bucket:
+    owner: str | None = None
+    lease_until: datetime | None = None
+
+
 class InMemoryStore:
     """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage).
     Every time is its ``clock``'s, as every time of the real stores is the database's;
-    stores that share ``rows`` share the clock too."""
+    stores that share ``rows`` (and ``buckets``, ``relays``: one outbox) share the clock too.
+    ``held``: the rows this relay claimed and has not settled."""
 
     def __init__(
         self,
@@ -62,7 +70,49 @@ class InMemoryStore:
         self.ordered = ordered
         self.clock = clock or DatabaseClock()
         self.rows: dict[int, _Stored] = {}
+        self.buckets = {b: _Bucket() for b in range(OUTBOX_BUCKETS)}
+        self.relays: dict[str, datetime] = {}  # owner -> alive until
+        self.held: set[int] = set()
+        self._claim_from: frozenset[int] = frozenset()
         self.failing = False
+
+    def turn(self, active: bool = True) -> None:
+        self._check()
+        now = self.clock.now
+        if active:
+            self.relays[self.owner] = now + self.lease
+        else:
+            self.relays.pop(self.owner, None)
+        for owner, until in list(self.relays.items()):
+            if until < now - self.lease:
+                del self.relays[owner]
+        live = sum(1 for until in self.relays.values() if until > now)
+        owned = set()
+        for b, bucket in self.buckets.items():
+            if bucket.owner == self.owner:
+                bucket.lease_until = now + self.lease
+                owned.add(b)
+        plan = turn(owned, live, self.held, active)
+        free = [
+            b
+            for b, bucket in sorted(self.buckets.items())
+            if bucket.owner is None
+            or (bucket.lease_until is not None and bucket.lease_until <= now)
+        ]
+        taken = set(free[: plan.take])
+        for b in taken:
+            self.buckets[b] = _Bucket(self.owner, now + self.lease)
+        for b in plan.release:
+            self.buckets[b] = _Bucket()
+        self._claim_from = plan.claim_from | taken
+
+    def _owns(self, row_id: int) -> bool:
+        bucket = self.buckets[bucket_of(row_id)]
+        return (
+            bucket.owner == self.owner
+            and bucket.lease_until is not None
+            and bucket.lease_until > self.clock.now
+        )
 
     def claim(
         self,
@@ -83,6 +133,9 @@ class InMemoryStore:
                 for s in self.rows.values()
                 if s.status == PENDING
                 and s.next_attempt_at <= now
+                and bucket_of(s.row.id) in self._claim_from
+                and self._owns(s.row.id)
+                and s.row.id not in self.held
                 and s.row.exchange not in skip
                 and (
                     not self.ordered
@@ -94,9 +147,7 @@ class InMemoryStore:
         )[:limit]
         upto = list(itertools.accumulate(s.row.size for s in due))
         due = [s for i, s in enumerate(due) if upto[i] <= max_bytes or (first_always and i == 0)]
-        for s in due:
-            s.next_attempt_at = now + self.lease
-            s.lease_owner = self.owner
+        self.held.update(s.row.id for s in due)
         return sorted((s.row for s in due), key=lambda r: r.id)
 
     def settle(self, batch: SettleBatch) -> None:
@@ -105,13 +156,15 @@ class InMemoryStore:
         for id in batch.sent:
             s = self.rows[id]
             if s.status == PENDING:
-                s.status, s.sent_at, s.lease_owner = SENT, now, None
+                s.status, s.sent_at = SENT, now
         for c in batch.changes:
             s = self.rows[c.id]
-            if s.status == PENDING and s.lease_owner == self.owner:
-                s.status, s.lease_owner = c.status, None
+            if s.status == PENDING and self._owns(c.id):
+                s.status = c.status
                 s.next_attempt_at = now + timedelta(seconds=c.delay)
                 s.row = replace(s.row, attempts=c.attempts, last_error=c.last_error)
+        self.held.difference_update(batch.sent)
+        self.held.difference_update(c.id for c in batch.changes)
 
     def hasten(self, exchanges: Sequence[str]) -> int:
         self._check()
@@ -121,7 +174,6 @@ class InMemoryStore:
             for s in self.rows.values()
             if s.status == PENDING
             and s.row.exchange in exchanges
-            and s.lease_owner is None
             and s.row.attempts > 0
             and s.next_attempt_at > now
         ]
@@ -161,7 +213,7 @@ class InMemoryStore:
         return ids
 
     def close(self) -> None:
-        pass
+        self.turn(active=False)
 
     def _check(self) -> None:
         if self.failing:

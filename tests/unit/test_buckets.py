@@ -67,3 +67,21 @@ TURNS = {
 @pytest.mark.parametrize(("owned", "relays", "held", "expected"), TURNS.values(), ids=list(TURNS))
 def test_turn(owned: set[int], relays: int, held: list[int], expected: Turn) -> None:
     assert turn(owned, relays, held) == expected
+
+
+INACTIVE = {
+    "owning nothing: takes nothing": (set(), [], Turn(0, frozenset(), frozenset())),
+    "idle: gives up every bucket": ({1, 2, 3}, [], Turn(0, frozenset(), frozenset({1, 2, 3}))),
+    "keeps the buckets of its held rows, claims from none": (
+        {1, 2, 3},
+        [2 * SPAN + 7],
+        Turn(0, frozenset(), frozenset({1, 3})),
+    ),
+}
+
+
+@pytest.mark.parametrize(("owned", "held", "expected"), INACTIVE.values(), ids=list(INACTIVE))
+def test_a_relay_that_cannot_publish_gives_its_idle_buckets_up(
+    owned: set[int], held: list[int], expected: Turn
+) -> None:
+    assert turn(owned, 2, held, active=False) == expected

@@ -34,6 +34,7 @@ def make(
         poll_interval=0.01,
         drain_timeout=1.0,
         stats_interval=0.05,
+        turn_interval=0.05,
         retry=Backoff(0.01, 0.05),
     )
 
@@ -171,14 +172,10 @@ def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
     assert statuses(store) == {1: SENT, 2: PENDING, 3: SENT, 4: PENDING}
     for id in (2, 4):
         s = store.rows[id]
-        assert s.lease_owner is None and s.next_attempt_at == store.clock.now, (
+        assert id not in store.held and s.next_attempt_at == store.clock.now, (
             "not due again at once"
         )
         assert s.row.attempts == 0 and s.row.last_error == "lost: publisher closed"
-
-
-def leased(store: InMemoryStore) -> set[int]:
-    return {id for id, s in store.rows.items() if s.lease_owner is not None}
 
 
 def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_stops() -> None:
@@ -189,20 +186,20 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
 
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
-        await wait(lambda: len(publisher.published) == 10 and len(leased(store)) == 15)
+        await wait(lambda: len(publisher.published) == 10 and len(store.held) == 15)
         await asyncio.sleep(0.05)
-        assert len(leased(store)) == 15, "claimed more than one batch ahead"
+        assert len(store.held) == 15, "claimed more than one batch ahead"
         publisher.connected = False  # the broker went away: the ready batch goes back
-        await wait(lambda: leased(store) == set(range(1, 11)))
+        await wait(lambda: store.held == set(range(1, 11)))
         for id in range(11, 16):
             s = store.rows[id]
             assert s.next_attempt_at == store.clock.now and s.row.attempts == 0, "not due at once"
             assert s.row.last_error == f"lost: {RELEASED}"
         publisher.connected = True
-        await wait(lambda: len(leased(store)) == 15)  # a batch ahead again
+        await wait(lambda: len(store.held) == 15)  # a batch ahead again
         relay.stop()
         assert await task
-        assert not leased(store), "a row stayed leased after the relay stopped"
+        assert not store.held, "a row stayed held after the relay stopped"
 
     asyncio.run(scenario())
 
@@ -257,7 +254,7 @@ def test_the_byte_budget_bounds_what_the_relay_holds_and_a_big_row_goes_alone() 
         limit: int, max_bytes: int, first_always: bool = False, skip: Collection[str] = ()
     ) -> list[OutboxRow]:
         rows = claim(limit, max_bytes, first_always, skip)
-        held.append([s.row.size for s in store.rows.values() if s.lease_owner is not None])
+        held.append([store.rows[i].row.size for i in store.held])
         return rows
 
     store.claim = watched  # type: ignore[method-assign]
