@@ -98,10 +98,8 @@ def write(url: str, rows: int) -> None:
     writer.close()
 
 
-def relay(url: str, name: str, keep_sent: str) -> None:
+def relay(store: ClaimStore) -> None:
     """Claim and settle until nothing is due, AHEAD claims in flight."""
-    store = ClaimStore(url, name, 60.0, keep_sent=keep_sent)
-    store.turn()
     in_flight: deque[list[int]] = deque()
     while True:
         ids = [r.id for r in store.claim(CLAIM, 2**62)]
@@ -111,7 +109,6 @@ def relay(url: str, name: str, keep_sent: str) -> None:
             store.settle(SettleBatch(sent=tuple(in_flight.popleft())))
         if not ids and not in_flight:
             break
-    store.close()
 
 
 def clean(url: str, engine: sa.Engine) -> None:
@@ -208,13 +205,18 @@ def main() -> int:
 
 
 def relay_all(url: str, count: int, keep_sent: str) -> None:
-    threads = [
-        threading.Thread(target=relay, args=(url, f"relay-{i}", keep_sent)) for i in range(count)
-    ]
+    stores = [ClaimStore(url, f"relay-{i}", 60.0, keep_sent=keep_sent) for i in range(count)]
+    # Two rounds of turns share the buckets out, as relays that start together do.
+    for _ in range(2):
+        for store in stores:
+            store.turn()
+    threads = [threading.Thread(target=relay, args=(store,)) for store in stores]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    for store in stores:
+        store.close()
 
 
 if __name__ == "__main__":

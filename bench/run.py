@@ -78,7 +78,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from devtools import debian13
 from devtools.broker import fresh_queue
 from devtools.otlp import OtlpReceiver
-from devtools.outbox import empty
+from devtools.outbox import empty, owners
 from devtools.procfs import peak_rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import answers_ok, http_get, metric
@@ -385,6 +385,8 @@ def this_relay(
         for port in ports:
             ready = f"http://127.0.0.1:{port}/readyz"
             wait_until(functools.partial(answers_ok, ready), 60, "the relay ready")
+        # Relays that start together share the buckets out over two turns (relay.buckets).
+        wait_until(lambda: len(owners(engine)) == relays, 60, "the buckets shared out")
         profiler = Profiler(procs[0].pid, profile) if profile is not None else None
         relay_cpu = lambda: sum(tree_cpu_seconds(p.pid) for p in procs)  # noqa: E731
         committed = fill(engine, count, sampled_every, body)

@@ -44,6 +44,17 @@ def statuses(target: str | sa.Engine, *, owned: bool = False) -> dict[str, int]:
     return out
 
 
+def owners(target: str | sa.Engine) -> dict[str, int]:
+    """Relay name -> the buckets it owns (lease running or not)."""
+    with _connection(target) as conn:
+        q = (
+            sa.select(outbox_buckets.c.owner, sa.func.count())
+            .where(outbox_buckets.c.owner.is_not(None))
+            .group_by(outbox_buckets.c.owner)
+        )
+        return {owner: int(count) for owner, count in conn.execute(q)}
+
+
 def _key(message_id: str, dialect: str) -> str:
     """``relay.db.schema.sent_key`` computed here: PostgreSQL's md5(text)::uuid."""
     if dialect == "postgresql":

@@ -120,3 +120,7 @@ BUCKET_SPAN_ROWS = 1024
 # A relay renews its buckets this many times a lease (``relay.relay``'s turns): a turn that
 # failed or came late still leaves two more before the lease runs out.
 TURNS_PER_LEASE = 3
+# And at least this often (seconds), whatever the lease: a relay that starts beside others
+# gets its share within two turns (the others give up theirs at one, it takes at the next).
+# A turn is one short transaction on two tables of a few dozen rows.
+TURN_INTERVAL_MAX_S = 5.0

@@ -13,7 +13,12 @@ import threading
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
-from relay.constants import PURGE_CHUNK, SWITCH_INTERVAL_S, TURNS_PER_LEASE
+from relay.constants import (
+    PURGE_CHUNK,
+    SWITCH_INTERVAL_S,
+    TURN_INTERVAL_MAX_S,
+    TURNS_PER_LEASE,
+)
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.errors import ConfigError, RelayError
@@ -73,7 +78,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
         stats_interval=settings.stats_interval,
-        turn_interval=settings.lease / TURNS_PER_LEASE,
+        turn_interval=min(settings.lease / TURNS_PER_LEASE, TURN_INTERVAL_MAX_S),
         retry=reconnect,
         tracing=tracing,
     )

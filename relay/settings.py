@@ -221,7 +221,8 @@ class Settings:
     lease: float = _setting(
         120.0,
         _positive_float,
-        "Seconds a claimed row belongs to this relay; a dead relay's rows are due again after it.",
+        "Seconds a relay's buckets of the outbox stay its own without a renewal (it renews "
+        "them every few seconds); a dead relay's rows are another relay's after it.",
     )
     backoff_initial: float = _setting(
         1.0, _positive_float, "First retry delay in seconds after a nack, return or timeout."
@@ -275,7 +276,8 @@ class Settings:
     name: str = _setting(
         "",
         str,
-        "Name of this relay in row leases, logs and the broker's connection list "
+        "Name of this relay, unique among the relays of one outbox: the owner of its buckets, "
+        "in logs and in the broker's connection list "
         "(default: hostname-pid).",
     )
     log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Log level.")

@@ -1,6 +1,7 @@
 """Relays whose host clocks are wrong (libfaketime on the relay process only, the monotonic
 clock untouched, as a drifted NTP leaves it): leases, due times and back-off are the
-database's, so a skewed relay neither steals leases, nor holds rows back, nor retries early.
+database's, so a skewed relay neither steals another's buckets, nor holds rows back, nor
+retries early.
 
 Rows are written with plain SQL and the column defaults, as any writer does; a consumer
 counts what reached the queue."""
@@ -18,10 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.broker import drain
-from devtools.outbox import insert, statuses
+from devtools.outbox import insert, owners, statuses
 from devtools.relayproc import RelayProcess, relay_on_new_queue, skew_unavailable, skewed
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
+from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
 
 TEN_MINUTES_AHEAD, TEN_MINUTES_BEHIND = "+10m", "-10m"
 ROWS_PER_WRITER = 3000
@@ -82,7 +84,7 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
 ) -> None:
     """The relay ahead judges every lease by the database's clock, not its own: before,
     it took each of the other relay's leases for expired and published those rows again
-    (2,994 duplicates of 6,000 rows)."""
+    (2,994 duplicates of 6,000 rows). The rows lie in buckets of both relays."""
     env = setup.env
     ports = [free_port(), free_port()]
     relays = [
@@ -106,6 +108,15 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
         for port in ports:
             ready = f"http://127.0.0.1:{port}/readyz"
             wait_until(functools.partial(answers_ok, ready), 60, "a relay ready")
+        shared = lambda: sorted(owners(setup.database_url).values()) == [32, 32]  # noqa: E731
+        wait_until(shared, 60, "the buckets shared out")
+        # Ids from the last bucket of the lower half on: a quarter of the rows in one relay's
+        # buckets, the rest in the other's (a fresh sequence would fill bucket 0 only).
+        first_id = (OUTBOX_BUCKETS // 2 - 1) * BUCKET_SPAN_ROWS + 1
+        engine = sa.create_engine(setup.database_url)
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER SEQUENCE outbox_id_seq RESTART WITH {first_id}"))
+        engine.dispose()
         writers = [
             threading.Thread(
                 target=write,
