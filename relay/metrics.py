@@ -67,14 +67,15 @@ class Metrics:
         )
         self.due_rows = Gauge(
             "relay_due_rows",
-            f"Pending rows whose next attempt time has come: exact up to {BACKLOG_EXACT_ROWS}; "
+            "Pending rows whose next attempt time has come, those in flight among them: exact "
+            f"up to {BACKLOG_EXACT_ROWS}; "
             f"beyond, PostgreSQL's planner estimate (at least {BACKLOG_EXACT_ROWS + 1}), "
             f"{BACKLOG_EXACT_ROWS + 1} on SQLite.",
             registry=r,
         )
         self.oldest_due_age = Gauge(
             "relay_oldest_due_age_seconds",
-            "How long the longest-waiting due row has been due.",
+            "How long the longest-waiting due row (in flight or not) has been due.",
             registry=r,
         )
         self.broker_connected = Gauge(
