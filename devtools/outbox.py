@@ -28,24 +28,20 @@ def _connection(target: str | sa.Engine) -> Iterator[sa.Connection]:
             engine.dispose()
 
 
-def statuses(target: str | sa.Engine, *, owned: bool = False) -> dict[str, int]:
-    """Messages by status (statuses with none left out), "sent" counting the sent log too;
-    with ``owned``, also under "owned" the buckets relays own (a relay that stopped cleanly
-    owns none)."""
+def statuses(target: str | sa.Engine) -> dict[str, int]:
+    """Messages by status (statuses with none left out), "sent" counting the sent log too."""
     with _connection(target) as conn:
         q = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
         out = {status: int(count) for status, count in conn.execute(q)}
         logged = _logged(conn)
         if logged:
             out[SENT] = out.get(SENT, 0) + logged
-        if owned:
-            held = sa.select(sa.func.count()).where(outbox_buckets.c.owner.is_not(None))
-            out["owned"] = int(conn.execute(held).scalar_one())
     return out
 
 
 def owners(target: str | sa.Engine) -> dict[str, int]:
-    """Relay name -> the buckets it owns (lease running or not)."""
+    """Relay name -> the buckets it owns (lease running or not); a relay that stopped
+    cleanly owns none."""
     with _connection(target) as conn:
         q = (
             sa.select(outbox_buckets.c.owner, sa.func.count())

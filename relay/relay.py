@@ -19,11 +19,7 @@ from typing import TypeVar
 import tenacity
 
 from relay.backoff import Backoff, log_before_retry
-from relay.constants import (
-    HELD_CHARGE_INTERVAL_S,
-    LIVENESS_LIMIT_S,
-    PARKED_LOG_INTERVAL_S,
-)
+from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import StoreError
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
