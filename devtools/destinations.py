@@ -33,9 +33,13 @@ LATE = 1000  # bad rows written after the first ones are parked, pending when it
 WINDOW = 1000
 SETTINGS = {
     "RELAY_WINDOW": str(WINDOW),
-    "RELAY_MAX_ATTEMPTS": "4",
+    # A held row's attempts (0.5 + 1 + 2 + 4 + 5 + 5 s of back-off at the least) outlast the
+    # longest wait for the next passive declare (DESTINATION_PROBE_MAX_S plus its jitter),
+    # so that no late row is parked between the exchange's declare and the relay finding it.
+    # With 4 attempts (3.5 s) a few late rows were, and were rightly never sent.
+    "RELAY_MAX_ATTEMPTS": "7",
     "RELAY_BACKOFF_INITIAL": "0.5",
-    "RELAY_BACKOFF_MAX": "2",
+    "RELAY_BACKOFF_MAX": "5",
     "RELAY_LOG_FORMAT": "json",
     # The scenario reads each row's fate and sent time by its message id: rows kept whole.
     "RELAY_KEEP_SENT": "messages",
