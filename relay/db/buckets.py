@@ -25,9 +25,13 @@ from relay.db.schema import outbox_buckets, outbox_relays
 
 def owned_now(owner: str) -> sa.Select[tuple[int]]:
     """The buckets ``owner`` holds under a lease that has not run out."""
-    return sa.select(outbox_buckets.c.bucket).where(
-        outbox_buckets.c.owner == owner, outbox_buckets.c.lease_until > database_time()
-    )
+    return owned_by(owner).where(outbox_buckets.c.lease_until > database_time())
+
+
+def owned_by(owner: str) -> sa.Select[tuple[int]]:
+    """The buckets whose owner is still ``owner``, its lease run out or not: no other relay
+    took them, so none can hold their rows."""
+    return sa.select(outbox_buckets.c.bucket).where(outbox_buckets.c.owner == owner)
 
 
 def refresh(

@@ -51,7 +51,7 @@ from relay.constants import (
     LAST_ERROR_MAX_CHARS,
     LISTEN_STOP_CHECK_S,
 )
-from relay.db.buckets import owned_now, refresh
+from relay.db.buckets import owned_by, owned_now, refresh
 from relay.db.clock import database_time, seconds_since
 from relay.db.engine import (
     BINARY_RESULTS,
@@ -405,16 +405,18 @@ class ClaimStore:
     def settle(self, batch: SettleBatch) -> None:
         if not batch:
             return
-        # A failure is written only while the row's bucket is still ours: if our lease ran
-        # out and another relay holds the row now, its outcome decides. An ack is written
-        # regardless: it proves delivery whoever holds the row.
+        # A failure is written only while the row's bucket is still ours: if another relay
+        # took it, that relay may hold the row now, and its outcome decides. A lease that
+        # ran out with the bucket taken by no one still leaves the row ours: dropping the
+        # failure would hand a poison row its attempt back after every slow turn. An ack
+        # is written regardless: it proves delivery whoever holds the row.
         change = changes_table(self.engine.dialect)
         changed = (
             sa.update(outbox)
             .where(
                 outbox.c.id == change.c.id,
                 _STILL_PENDING,
-                self._one_of(bucket_column(outbox.c.id), owned_now(self.owner)),
+                self._one_of(bucket_column(outbox.c.id), owned_by(self.owner)),
             )
             .values(
                 status=change.c.status,

@@ -226,6 +226,17 @@ def test_changes_apply_only_while_the_bucket_is_ours(make_store: StoreFactory) -
     assert state(a, row.id)[0] == SENT, "an ack proves delivery whoever holds the row"
 
 
+def test_changes_apply_after_a_lease_ran_out_while_no_one_took_the_bucket(
+    make_store: StoreFactory,
+) -> None:
+    a = make_store("a")
+    a.enqueue(msgs(1))
+    (row,) = a.claim(10, NO_BYTE_LIMIT)
+    advance(a, LEASE + SLACK)  # a turn came late; no other relay is there to take over
+    a.settle(SettleBatch(changes=(RowChange(row.id, PENDING, 1, 600.0, "nacked: x"),)))
+    assert state(a, row.id) == (PENDING, 1, "nacked: x"), "the attempt was not charged"
+
+
 def test_retry_and_park(make_store: StoreFactory) -> None:
     store = make_store("a")
     store.enqueue(msgs(2))

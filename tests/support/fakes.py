@@ -106,12 +106,12 @@ class InMemoryStore:
             self.buckets[b] = _Bucket()
         self._claim_from = plan.claim_from | taken
 
-    def _owns(self, row_id: int) -> bool:
+    def _owns(self, row_id: int, *, leased: bool = True) -> bool:
+        """The row's bucket is this relay's: under a running lease, or with ``leased=False``
+        whatever its lease (taken by no one since)."""
         bucket = self.buckets[bucket_of(row_id)]
-        return (
-            bucket.owner == self.owner
-            and bucket.lease_until is not None
-            and bucket.lease_until > self.clock.now
+        return bucket.owner == self.owner and (
+            not leased or (bucket.lease_until is not None and bucket.lease_until > self.clock.now)
         )
 
     def claim(
@@ -159,7 +159,7 @@ class InMemoryStore:
                 s.status, s.sent_at = SENT, now
         for c in batch.changes:
             s = self.rows[c.id]
-            if s.status == PENDING and self._owns(c.id):
+            if s.status == PENDING and self._owns(c.id, leased=False):
                 s.status = c.status
                 s.next_attempt_at = now + timedelta(seconds=c.delay)
                 s.row = replace(s.row, attempts=c.attempts, last_error=c.last_error)
