@@ -166,6 +166,24 @@ def test_a_relay_claims_no_row_it_holds(make_store: StoreFactory) -> None:
     assert len({i for c in claims for i in c}) == 5
 
 
+def test_a_claim_reading_on_leaves_out_rows_held_beyond_its_place(
+    make_store: StoreFactory,
+) -> None:
+    """Rows held from before a claim from the start, and later than it in the due order,
+    are left out by the claims that read on after it too."""
+    store = make_store("a")
+    store.enqueue(to("x"))
+    advance(store, 1)
+    store.enqueue(to("yy"))
+    later = {r.id for r in store.claim(10, NO_BYTE_LIMIT, skip=frozenset({"x"}))}
+    assert len(later) == 2
+    (early,) = store.claim(1, NO_BYTE_LIMIT)  # full: the next claim reads on after it
+    assert early.exchange == "x"
+    new = store.enqueue(to("z"))
+    assert [r.message_id for r in store.claim(10, NO_BYTE_LIMIT)] == new
+    assert store.claim(10, NO_BYTE_LIMIT) == []
+
+
 def test_a_dead_relays_buckets_are_taken_over_when_their_lease_ends(
     make_store: StoreFactory,
 ) -> None:
