@@ -77,6 +77,18 @@ def message_id(values: Iterable[Any], prefix: str = "") -> str:
     return prefix + digest.hexdigest()
 
 
+def message_ids(encodings: Iterable[bytes], prefix: str = "") -> list[str]:
+    """The ids of the messages whose values encode (``encode``, concatenated) to each of
+    ``encodings``: ``message_id`` with the encoding done beforehand (``relay.spark.encodings``
+    does it a column at a time)."""
+    ids = []
+    for encoding in encodings:
+        digest = _VERSIONED.copy()
+        digest.update(encoding)
+        ids.append(prefix + digest.hexdigest())
+    return ids
+
+
 def encode(value: Any) -> bytes:
     """``value``'s self-delimiting encoding (the module docstring's table)."""
     if value is None:

@@ -18,8 +18,9 @@ from typing import Any, NoReturn, cast
 import pyarrow as pa
 
 from relay.errors import InputError
-from relay.identity import Unidentifiable, encode, message_id
+from relay.identity import Unidentifiable, encode, message_ids
 from relay.message import Unpublishable, encode_headers, short_string
+from relay.spark.encodings import joined
 from relay.spark.options import WriteOptions
 from relay.tracing import TRACEPARENT, trace_ids, with_context
 
@@ -54,7 +55,7 @@ class RowConverter:
         payloads = self._payloads(columns[o.payload])
         text = {name: self._text(name, columns, n) for name in o.fields}
         headers = self._traced(self._headers(columns, n), columns)
-        ids = self._message_ids(columns, n)
+        ids = self._message_ids(columns)
         rows: list[Row] = []
         for i in range(n):
             payload = payloads[i]
@@ -144,36 +145,34 @@ class RowConverter:
             ]
         return [with_context(h, o.trace) for h in headers] if o.trace else headers
 
-    def _message_ids(self, columns: dict[str, pa.Array], n: int) -> list[str]:
+    def _message_ids(self, columns: dict[str, pa.Array]) -> list[str]:
         o = self.options
         prefix = o.message_id_prefix
         try:
             if o.key:
-                keys = [columns[k].to_pylist() for k in o.key]
-                return [message_id(["key", *(k[i] for k in keys)], prefix) for i in range(n)]
-            content = [columns[c].to_pylist() for c in o.content]
+                return message_ids(joined(encode("key"), [columns[k] for k in o.key]), prefix)
+            content = [columns[c] for c in o.content]
             if o.occurrence is not None:
-                numbers = columns[o.occurrence].to_pylist()
-                return [
-                    message_id(["run", o.run_id, *(c[i] for c in content), numbers[i]], prefix)
-                    for i in range(n)
-                ]
-            return [self._stream_id([c[i] for c in content]) for i in range(n)]
+                run = encode("run") + encode(o.run_id)
+                return message_ids(joined(run, [*content, columns[o.occurrence]]), prefix)
+            return self._stream_ids(joined(b"", content))
         except Unidentifiable as exc:
             raise InputError(f"{exc}: choose key columns of simpler types") from None
 
-    def _stream_id(self, content: list[Any]) -> str:
+    def _stream_ids(self, contents: list[bytes]) -> list[str]:
         """Without a key, a stream row is identified by its micro-batch (replayed with the same
-        query id, batch id and partitions) and its content, numbered among identical rows."""
+        query id, batch id and partitions) and its content (``contents``: each row's encoded
+        values), numbered among identical rows: ``message_id(["stream", query id, batch id,
+        partition id, content, occurrence])``."""
         assert self._stream is not None
         s = self._stream
-        encoded = b"".join(encode(v) for v in content)
-        occurrence = self._seen[encoded]
-        self._seen[encoded] += 1
-        return message_id(
-            ["stream", s.query_id, s.batch_id, s.partition_id, encoded, occurrence],
-            self.options.message_id_prefix,
-        )
+        batch = b"".join(map(encode, ("stream", s.query_id, s.batch_id, s.partition_id)))
+        encodings = []
+        for content in contents:
+            occurrence = self._seen[content]
+            self._seen[content] += 1
+            encodings.append(batch + encode(content) + encode(occurrence))
+        return message_ids(encodings, self.options.message_id_prefix)
 
     def _json(self, index: int, value: Any) -> str:
         try:
