@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -108,7 +109,12 @@ def write_outbox(
     ``traceparent`` (and ``tracestate``): the W3C trace context the messages continue, for
     every row, or a Column of each row's own; by default the driver's current OpenTelemetry
     context, when OpenTelemetry is installed and a span is active.
-    A bad DataFrame or option raises InputError before anything is written.
+    A bad option, or a column missing or of the wrong type, raises InputError before
+    anything is written. Values are checked inside the tasks (a null payload, a value too
+    long, headers that are not JSON): a bad value raises InputError when its task meets it.
+    In the default mode the partitions that finished first stay committed, and the error
+    says how many rows they added; writing the fixed data again adds only the rest. An
+    atomic write leaves nothing.
     """
     options: dict[str, str] = {"url": database_url, "payload": payload}
     frame = df
@@ -124,14 +130,14 @@ def write_outbox(
     for name, value in fields.items():
         if isinstance(value, Column):
             column = f"{INTERNAL_PREFIX}{name}"
-            frame = frame.withColumn(column, value.cast("string"))
+            frame = _with_text(frame, column, value, name)
             options[f"{name}Column"] = column
         elif value is not None:
             options[name] = value
     if headers is not None:
         options["headers"] = headers
     if isinstance(traceparent, Column):
-        frame = frame.withColumn(TRACEPARENT_COLUMN, traceparent.cast("string"))
+        frame = _with_text(frame, TRACEPARENT_COLUMN, traceparent, "traceparent")
         options["traceparentColumn"] = TRACEPARENT_COLUMN
     else:
         context = (
@@ -173,11 +179,23 @@ def write_outbox(
         try:
             frame.write.format(NAME).options(**options, reportPath=report).mode("append").save()
         except Exception as exc:
-            raise _relay_error(exc) from exc
+            raise _relay_error(exc, _committed(report, atomic=atomic)) from exc
         result = json.loads(Path(report).read_text())
     finally:
         Path(report).unlink(missing_ok=True)
     return WriteResult(result["rows"], result["inserted"])
+
+
+def _with_text(frame: DataFrame, name: str, value: Column, option: str) -> DataFrame:
+    """``frame`` with the Column ``value`` as text in column ``name``. A Column Spark cannot
+    resolve (a misspelt column) raises InputError, as every other bad column does, instead
+    of Spark's AnalysisException."""
+    try:
+        return frame.withColumn(name, value.cast("string"))
+    except AnalysisException as exc:
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        message = f"option {option}: Spark cannot compute the column: {first_line}"
+        raise errors.InputError(message) from None
 
 
 def _current_context() -> dict[str, str]:
@@ -192,12 +210,28 @@ def _current_context() -> dict[str, str]:
     return {k: v for k, v in carrier.items() if k in (TRACEPARENT, TRACESTATE)}
 
 
-def _relay_error(exc: Exception) -> Exception:
-    """The relay's own error a task raised (a bad value), out of Spark's wrapping of it."""
+def _committed(report: str, *, atomic: bool) -> str:
+    """What a failed write left in the outbox, as its error says it."""
+    if atomic:
+        return "nothing of this write is in the outbox (atomic)"
+    try:
+        inserted = int(json.loads(Path(report).read_text())["inserted"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "partitions that finished first may have committed their rows"
+    return (
+        f"at least {inserted} rows of partitions that finished first were committed; fix the "
+        "data and write again: the rows already in the outbox are skipped by message id, so "
+        "the re-run completes the write with each message once"
+    )
+
+
+def _relay_error(exc: Exception, committed: str) -> Exception:
+    """The relay's own error a task raised (a bad value), out of Spark's wrapping of it, with
+    what the write left behind (``committed``)."""
     found = _TASK_ERROR.search(str(exc))
     kind = getattr(errors, found[1], None) if found else None
     if found and isinstance(kind, type) and issubclass(kind, errors.RelayError):
-        return kind(found[2])
+        return kind(f"{found[2]}; {committed}")
     return exc
 
 

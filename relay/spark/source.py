@@ -113,12 +113,26 @@ class OutboxWriter(DataSourceArrowWriter):
             )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """A task failed: an atomic write's stage goes, and nothing of it is in the outbox;
+        in the default mode the partitions that finished first stay committed, and the
+        report says how many rows they added (``write_outbox`` puts it in its error)."""
+        committed = 0
         if self.stage is not None:
             sink = OutboxSink(self.options.url)
             try:
                 sink.drop_stage(self.stage)
             finally:
                 sink.close()
+        else:
+            committed = _totals(messages)[1]
+        log.warning(
+            "outbox write failed",
+            extra={"action": "spark_write_aborted", "inserted": committed},
+        )
+        if self.options.report_path is not None:
+            Path(self.options.report_path).write_text(
+                json.dumps({"failed": True, "inserted": committed})
+            )
 
 
 class OutboxStreamWriter(DataSourceStreamArrowWriter):

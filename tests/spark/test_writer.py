@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,9 @@ class Expr:
         ({"key": []}, "pass key columns or a run_id"),
         ({"run_id": "r"}, "pass key columns or a run_id, not both"),
         ({"traceparent": "00-junk-01"}, "option traceparent/tracestate: '00-junk-01' is not a"),
+        # A misspelt column: the relay's InputError, as for a missing payload column.
+        ({"routing_key": Expr("rout")}, "option routingKey: Spark cannot compute the column: "),
+        ({"ordering_key": Expr("nope")}, "option orderingKey: Spark cannot compute the column: "),
     ],
 )
 def test_bad_dataframes_are_refused_before_anything_is_written(
@@ -153,17 +157,28 @@ def test_bad_dataframes_are_refused_before_anything_is_written(
 def test_a_null_payload_is_refused_and_never_written(
     spark: SparkSession, database_url: str, atomic: bool
 ) -> None:
-    """Atomic: nothing is written. Default: the partitions without the bad row may be."""
-    df = orders(spark, 10).withColumn(
-        "body", F.when(F.col("order_id") == 3, None).otherwise(F.col("body"))
-    )
-    with pytest.raises(InputError, match="column 'body' is null: every message needs a payload"):
+    """Atomic: nothing is written. Default: the partitions without the bad row may be, and
+    the error says so; the re-run of the fixed data then writes each message once."""
+    good = orders(spark, 10)
+    df = good.withColumn("body", F.when(F.col("order_id") == 3, None).otherwise(F.col("body")))
+    with pytest.raises(InputError) as raised:
         write_outbox(df, database_url, payload="body", key=["order_id"], atomic=atomic)
+    message = str(raised.value)
+    assert message.startswith("column 'body' is null: every message needs a payload"), message
     written = {json.loads(r.payload)["order_id"] for r in outbox_rows(database_url)}
     assert 3 not in written
     if atomic:
         assert written == set()
+        assert message.endswith("nothing of this write is in the outbox (atomic)"), message
+    else:
+        found = re.search(r"at least (\d+) rows of partitions that finished first", message)
+        assert found is not None, message
+        assert int(found[1]) <= len(written)
     assert stage_tables(database_url) == []
+    rerun = write_outbox(good, database_url, payload="body", key=["order_id"], atomic=atomic)
+    assert rerun.inserted == 10 - len(written)
+    rows = outbox_rows(database_url)
+    assert sorted(json.loads(r.payload)["order_id"] for r in rows) == list(range(10))
 
 
 def stage_tables(url: str) -> list[str]:
