@@ -82,16 +82,6 @@ def refresh(
     return plan.claim_from | taken
 
 
-def leave(conn: sa.Connection, owner: str) -> None:
-    """``owner`` stops with nothing held: its buckets are free for the others at once."""
-    conn.execute(
-        sa.update(outbox_buckets)
-        .where(outbox_buckets.c.owner == owner)
-        .values(owner=None, lease_until=None)
-    )
-    conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
-
-
 def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> None:
     """``owner`` counts among the relays for one more lease, or no more; relays gone for a
     lease are forgotten."""

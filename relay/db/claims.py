@@ -328,7 +328,6 @@ class ClaimStore:
                 "skip": list(skip),
                 "held": held,
                 "buckets": sorted(self._claim_from),
-                "owner": self.owner,
                 "limit": limit,
                 "max_bytes": max_bytes,
                 "first_always": first_always,
