@@ -71,10 +71,7 @@ class Unidentifiable(TypeError):
 
 def message_id(values: Iterable[Any], prefix: str = "") -> str:
     """The id of the message identified by ``values`` (in order)."""
-    digest = _VERSIONED.copy()
-    for value in values:
-        digest.update(encode(value))
-    return prefix + digest.hexdigest()
+    return message_ids([b"".join(map(encode, values))], prefix)[0]
 
 
 def message_ids(encodings: Iterable[bytes], prefix: str = "") -> list[str]:
