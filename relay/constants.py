@@ -107,6 +107,16 @@ SPARK_STAGE_ABANDONED_S = 24 * 3600
 # The atomic merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million
 # rows still spill to a temporary file), not in many short ones of the 4 MB default.
 MERGE_WORK_MEM = "256MB"
+# A task's default-mode append COPYs its chunks straight into the outbox in segments of about
+# this many bytes, each in a savepoint: one COPY streams while the next chunk is converted,
+# and a segment that meets a message id already there (a retry, a re-run) is rolled back and
+# goes through a temporary table instead. The segment is kept in memory until then.
+SPARK_SEGMENT_BYTES = 32 * 1024 * 1024
+# Savepoints one task's transaction takes at most; the rest of a bigger partition goes through
+# the temporary table. PostgreSQL caches 64 subtransactions per transaction (PGPROC_MAX_CACHED_
+# SUBXIDS); past that, every other session's snapshot checks look up pg_subtrans, and the
+# relay's claims slow down.
+SPARK_SAVEPOINTS_MAX = 48
 
 # --- Owned buckets (relay.buckets) ----------------------------------------------------------
 # The outbox's rows fall in this many buckets, and each relay claims only from the buckets it

@@ -16,6 +16,7 @@ import array
 import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,27 +76,33 @@ def _sized(tag: bytes, data: pa.Array) -> pa.Array:
     """``tag`` + the 8-byte big-endian length + the bytes, per value."""
     lengths = pc.binary_length(data).cast(pa.int64())
     return pc.binary_join_element_wise(
-        pa.scalar(tag, _BINARY), _big_endian(lengths, "q"), data, _NOTHING
+        pa.scalar(tag, _BINARY), big_endian(lengths, "q"), data, _NOTHING
     )
 
 
 def _tagged(tag: bytes, values: pa.Array, typecode: str) -> pa.Array:
     return pc.binary_join_element_wise(
-        pa.scalar(tag, _BINARY), _big_endian(values, typecode), _NOTHING
+        pa.scalar(tag, _BINARY), big_endian(values, typecode), _NOTHING
     )
 
 
-def _big_endian(values: pa.Array, typecode: str) -> pa.Array:
-    """Each 8-byte value (``typecode``: ``q`` int64, ``d`` float64) as its 8 big-endian
-    bytes, a binary array without nulls (a null's bytes are whatever its slot holds)."""
-    width = 8
-    start = values.offset * width
-    raw = values.buffers()[1]
+def big_endian(values: pa.Array, typecode: str, kind: pa.DataType = _BINARY) -> pa.Array:
+    """Each fixed-width value (``typecode`` as in the array module: ``q`` int64, ``d`` float64,
+    ``i`` int32) as its big-endian bytes, an array of ``kind`` without nulls (a null's bytes
+    are whatever its slot holds)."""
     words = array.array(typecode)
-    words.frombytes(memoryview(raw)[start : start + len(values) * width])
+    start = values.offset * words.itemsize
+    raw = values.buffers()[1]
+    words.frombytes(memoryview(raw)[start : start + len(values) * words.itemsize])
+    return words_big_endian(words, kind)
+
+
+def words_big_endian(words: array.array[Any], kind: pa.DataType = _BINARY) -> pa.Array:
+    """Each of ``words`` as its big-endian bytes, an array of ``kind`` (binary or large
+    binary); byte-swaps ``words`` in place on a little-endian machine."""
     if sys.byteorder == "little":
         words.byteswap()
     fixed = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(width), len(values), [None, pa.py_buffer(words)]
+        pa.binary(words.itemsize), len(words), [None, pa.py_buffer(words)]
     )
-    return fixed.cast(_BINARY)
+    return fixed.cast(kind)

@@ -3,6 +3,10 @@
 Every value is checked against the limits the relay enforces (``relay.message``) before
 anything is written: a row the relay could never publish is refused here, with the column,
 the limit and the row's place, instead of being parked later.
+
+A batch stays columnar: checks, ids and the COPY data are computed over whole Arrow columns
+(``relay.spark.encodings``, ``relay.spark.pgcopy``); only headers, payloads that are not
+text or bytes, and the hashing of each id are per row.
 """
 
 from __future__ import annotations
@@ -13,19 +17,45 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, TypeAlias
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from relay.errors import InputError
 from relay.identity import Unidentifiable, encode, message_ids
-from relay.message import Unpublishable, encode_headers, short_string
+from relay.message import SHORT_STRING_MAX, Unpublishable, encode_headers, short_string
 from relay.spark.encodings import joined
 from relay.spark.options import WriteOptions
+from relay.spark.pgcopy import copy_rows
 from relay.tracing import TRACEPARENT, trace_ids, with_context
 
-# One outbox row, in relay.db.sink.WRITTEN_COLUMNS order.
-Row = tuple[str, str, str, bytes, str, str | None, str | None]
+# A column of a chunk: Arrow values, or one value (text, or None for null) for every row.
+Column: TypeAlias = "pa.Array | str | None"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One batch's outbox rows, column by column in relay.db.sink.WRITTEN_COLUMNS order (the
+    sink's ``Chunk``)."""
+
+    count: int
+    columns: tuple[Column, ...]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def copy_data(self, first_position: int | None = None) -> memoryview:
+        fields = [c.encode() if isinstance(c, str) else c for c in self.columns]
+        return memoryview(copy_rows(fields, self.count, first_position))
+
+    def tuples(self, first_position: int | None = None) -> list[tuple[Any, ...]]:
+        columns: list[Any] = [
+            c.to_pylist() if isinstance(c, pa.Array) else [c] * self.count for c in self.columns
+        ]
+        if first_position is not None:
+            columns.append(range(first_position, first_position + self.count))
+        return list(zip(*columns, strict=True))
 
 
 @dataclass(frozen=True)
@@ -47,79 +77,79 @@ class RowConverter:
         self._seen: Counter[bytes] = Counter()  # stream rows' content, for occurrence numbers
         self._rows = 0
 
-    def convert(self, batch: pa.RecordBatch) -> list[Row]:
+    def convert(self, batch: pa.RecordBatch) -> Chunk:
         """The outbox rows for ``batch``; InputError names the first bad value."""
         o = self.options
         columns = {name: batch.column(name) for name in batch.schema.names}
-        n = batch.num_rows
         payloads = self._payloads(columns[o.payload])
-        text = {name: self._text(name, columns, n) for name in o.fields}
-        headers = self._traced(self._headers(columns, n), columns)
-        ids = self._message_ids(columns)
-        rows: list[Row] = []
-        for i in range(n):
-            payload = payloads[i]
-            if payload is None:
-                self._fail(i, f"column {o.payload!r} is null: every message needs a payload")
-            if len(payload) > o.max_payload_bytes:
-                self._fail(
-                    i,
-                    f"column {o.payload!r} is {len(payload)} bytes, larger than maxPayloadBytes "
-                    f"{o.max_payload_bytes}",
-                )
-            # The checks in _text ruled out nulls in the text fields but the ordering key.
-            rows.append(
-                cast(
-                    Row,
-                    (
-                        ids[i],
-                        text["exchange"][i],
-                        text["routingKey"][i],
-                        payload,
-                        text["contentType"][i],
-                        headers[i],
-                        text["orderingKey"][i],
-                    ),
-                )
-            )
-        self._rows += n
-        return rows
+        text = {name: self._text(name, columns) for name in o.fields}
+        headers = self._traced(self._headers(columns), columns)
+        ids = pa.array(self._message_ids(columns), pa.string())
+        self._rows += batch.num_rows
+        return Chunk(
+            batch.num_rows,
+            (
+                ids,
+                text["exchange"],
+                text["routingKey"],
+                payloads,
+                text["contentType"],
+                headers,
+                text["orderingKey"],
+            ),
+        )
 
     def _fail(self, index: int, reason: str) -> NoReturn:
         raise InputError(f"{reason} ({self._where}, row {self._rows + index})")
 
-    def _payloads(self, col: pa.Array) -> list[bytes | None]:
-        if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-            return col.to_pylist()  # type: ignore[no-any-return]
-        if pa.types.is_string(col.type):
-            return col.cast(pa.binary()).to_pylist()  # type: ignore[no-any-return]
-        if pa.types.is_large_string(col.type):
-            return col.cast(pa.large_binary()).to_pylist()  # type: ignore[no-any-return]
-        out: list[bytes | None] = []
-        for i, value in enumerate(col.to_pylist(maps_as_pydicts="strict")):
-            out.append(None if value is None else self._json(i, value).encode())
-        return out
+    def _payloads(self, col: pa.Array) -> pa.Array:
+        o = self.options
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = col.cast(pa.large_binary())
+        elif not pa.types.is_binary(col.type) and not pa.types.is_large_binary(col.type):
+            values = col.to_pylist(maps_as_pydicts="strict")
+            col = pa.array(
+                [None if v is None else self._json(i, v).encode() for i, v in enumerate(values)],
+                pa.large_binary(),
+            )
+        if col.null_count:
+            self._fail(
+                _first(col.is_null()),
+                f"column {o.payload!r} is null: every message needs a payload",
+            )
+        sizes = pc.binary_length(col)
+        if pc.max(sizes).as_py() > o.max_payload_bytes:
+            i = _first(pc.greater(sizes, o.max_payload_bytes))
+            self._fail(
+                i,
+                f"column {o.payload!r} is {sizes[i].as_py()} bytes, larger than maxPayloadBytes "
+                f"{o.max_payload_bytes}",
+            )
+        return col
 
-    def _text(self, name: str, columns: dict[str, pa.Array], n: int) -> list[str | None]:
+    def _text(self, name: str, columns: dict[str, pa.Array]) -> Column:
         field = self.options.fields[name]
         if field.column is None:
-            return [field.value] * n
-        values: list[str | None] = columns[field.column].to_pylist()
+            return field.value
+        values = columns[field.column]
         if name == "orderingKey":
             return values  # null: the row has no ordering key
-        for i, value in enumerate(values):
-            if value is None:
-                self._fail(i, f"column {field.column!r} ({name}) is null")
+        if values.null_count:
+            self._fail(_first(values.is_null()), f"column {field.column!r} ({name}) is null")
+        sizes = pc.binary_length(values)
+        if len(values) and pc.max(sizes).as_py() > SHORT_STRING_MAX:
+            i = _first(pc.greater(sizes, SHORT_STRING_MAX))
             try:
-                short_string(name, value)
+                short_string(name, values[i].as_py())
             except Unpublishable as exc:
                 self._fail(i, f"column {field.column!r}: {exc}")
         return values
 
-    def _headers(self, columns: dict[str, pa.Array], n: int) -> list[str | None]:
+    def _headers(self, columns: dict[str, pa.Array]) -> list[str | None] | None:
+        """Each row's headers, or None when no row has any."""
         name = self.options.headers
         if name is None:
-            return [None] * n
+            return None
         col = columns[name]
         values = col.to_pylist(maps_as_pydicts="strict")
         if not pa.types.is_string(col.type) and not pa.types.is_large_string(col.type):
@@ -132,18 +162,23 @@ class RowConverter:
                     self._fail(i, f"column {name!r}: {exc}")
         return values  # type: ignore[no-any-return]
 
-    def _traced(self, headers: list[str | None], columns: dict[str, pa.Array]) -> list[str | None]:
+    def _traced(self, headers: list[str | None] | None, columns: dict[str, pa.Array]) -> Column:
         """``headers`` with the writer's trace context. A row's own traceparent that is null
         or malformed is left out: the relay would ignore it, and a trace id is no reason to
         fail a write."""
         o = self.options
         if o.traceparent_column is not None:
             parents = columns[o.traceparent_column].to_pylist()
-            return [
+            headers = headers or [None] * len(parents)
+            headers = [
                 with_context(h, {TRACEPARENT: p}) if p is not None and trace_ids(p) else h
                 for h, p in zip(headers, parents, strict=True)
             ]
-        return [with_context(h, o.trace) for h in headers] if o.trace else headers
+        elif o.trace:
+            if headers is None:
+                return with_context(None, o.trace)
+            headers = [with_context(h, o.trace) for h in headers]
+        return None if headers is None else pa.array(headers, pa.string())
 
     def _message_ids(self, columns: dict[str, pa.Array]) -> list[str]:
         o = self.options
@@ -179,6 +214,11 @@ class RowConverter:
             return json.dumps(value, separators=(",", ":"), allow_nan=False, default=_jsonable)
         except (TypeError, ValueError) as exc:
             self._fail(index, f"cannot be sent as JSON: {exc}")
+
+
+def _first(mask: pa.Array) -> int:
+    """The index of the first true value of ``mask``."""
+    return int(pc.index(mask, True).as_py())
 
 
 def _jsonable(value: Any) -> Any:

@@ -15,12 +15,14 @@ on the driver with what the tasks returned.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark import TaskContext
 from pyspark.sql import types as T
@@ -36,6 +38,7 @@ from relay.spark.options import WriteOptions
 from relay.spark.rows import RowConverter, StreamBatch
 
 log = logging.getLogger(__name__)
+Item = TypeVar("Item")
 
 NAME = "outbox"
 # Local properties Spark sets on a micro-batch's tasks (StreamExecution, MicroBatchExecution):
@@ -86,7 +89,7 @@ class OutboxWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> Written:
         partition = _task().partitionId()
         converter = RowConverter(self.options, f"partition {partition}")
-        chunks = (converter.convert(batch) for batch in iterator)
+        chunks = read_ahead(converter.convert(batch) for batch in iterator)
         sink = OutboxSink(self.options.url)
         try:
             if self.stage is not None:
@@ -154,7 +157,7 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
         converter = RowConverter(self.options, f"batch {batch.batch_id}", stream=batch)
         sink = OutboxSink(self.options.url)
         try:
-            return Written(*sink.append(converter.convert(b) for b in iterator))
+            return Written(*sink.append(read_ahead(converter.convert(b) for b in iterator)))
         finally:
             sink.close()
 
@@ -176,6 +179,18 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
             "outbox micro-batch aborted",
             extra={"action": "spark_batch_aborted", "batch_id": batchId},
         )
+
+
+def read_ahead(items: Iterator[Item]) -> Iterator[Item]:
+    """``items``, each next one made in a thread while the caller handles the one before: a
+    task converts its next chunk while PostgreSQL takes in the one before (Arrow compute,
+    hashing and the socket writes release the GIL). Stops making them when the caller
+    stops."""
+    with ThreadPoolExecutor(1, thread_name_prefix="outbox-read-ahead") as pool:
+        upcoming = pool.submit(list, itertools.islice(items, 1))
+        while made := upcoming.result():
+            upcoming = pool.submit(list, itertools.islice(items, 1))
+            yield made[0]
 
 
 def _task() -> TaskContext:

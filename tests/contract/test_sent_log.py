@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
@@ -17,6 +18,7 @@ from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.schema import outbox, outbox_sent
 from relay.db.sink import OutboxSink
 from relay.records import KEEP_IDS, KEEP_MESSAGES, NewMessage, SettleBatch
+from relay.spark.rows import Chunk
 
 DAY = 24 * 3600.0
 NO_BYTE_LIMIT = 2**62
@@ -59,8 +61,11 @@ def message(message_id: str) -> NewMessage:
     return NewMessage(b"body", "ex", "rk", message_id=message_id)
 
 
-def sink_row(message_id: str) -> tuple[object, ...]:
-    return (message_id, "ex", "rk", b"body", "application/octet-stream", None, None)
+def sink_chunk(message_ids: list[str]) -> Chunk:
+    """The rows of ``message_ids`` as the Spark writer hands them to the sink."""
+    body = pa.array([b"body"] * len(message_ids), pa.binary())
+    columns = (pa.array(message_ids), "ex", "rk", body, "application/octet-stream", None, None)
+    return Chunk(len(message_ids), columns)
 
 
 def test_acked_rows_leave_the_outbox_for_the_sent_log(box: Outbox) -> None:
@@ -85,10 +90,10 @@ def test_a_sent_message_id_written_again_adds_nothing(box: Outbox, how: str) -> 
     if how == "enqueue":
         box.writer.enqueue([message(m) for m in again])
     elif how == "sink append":
-        assert box.sink.append([[sink_row(m) for m in again]]) == (3, 1)
+        assert box.sink.append([sink_chunk(again)]) == (3, 1)
     else:
         stage = box.sink.create_stage()
-        box.sink.stage(stage, [[sink_row(m) for m in again]], partition=0)
+        box.sink.stage(stage, [sink_chunk(again)], partition=0)
         assert box.sink.merge(stage, keep_order=True) == 1
     assert box.message_ids() == ["m-3"]
     assert [r.message_id for r in box.store.claim(10, NO_BYTE_LIMIT)] == ["m-3"]

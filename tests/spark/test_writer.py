@@ -18,7 +18,7 @@ from devtools.broker import drain, names, simple_topology
 from devtools.outbox import rows as outbox_rows
 from devtools.servers import RabbitNode
 from relay.errors import InputError, SchemaMissingError
-from relay.spark import register, write_outbox
+from relay.spark import WriteResult, register, write_outbox
 from relay.tracing import trace_ids
 from tests.support.inprocess import Running, rows_by_status, settings, wait_for
 
@@ -220,6 +220,20 @@ def test_an_atomic_write_without_ordering_key_inserts_in_message_id_order(
     ids = [r.message_id for r in outbox_rows(database_url)]
     assert len(ids) == 40
     assert ids == sorted(ids)
+
+
+def test_an_atomic_write_over_rows_already_there_adds_only_the_new_ones(
+    spark: SparkSession, database_url: str
+) -> None:
+    """The merge's plain INSERT meets the ids already there and is done again ignoring them."""
+    first = write_outbox(orders(spark, 30), database_url, payload="body", key=["order_id"])
+    assert first.inserted == 30
+    again = orders(spark, 45)
+    assert write_outbox(again, database_url, payload="body", key=["order_id"], atomic=True) == (
+        WriteResult(rows=45, inserted=15)
+    )
+    rows = outbox_rows(database_url)
+    assert sorted(json.loads(r.payload)["order_id"] for r in rows) == list(range(45))
 
 
 def test_unmigrated_database_says_to_run_migrate(spark: SparkSession, tmp_path: Path) -> None:
