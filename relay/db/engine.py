@@ -21,8 +21,6 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.dialects import postgresql
 
 from relay.constants import DB_CONNECT_TIMEOUT_S, DB_STATEMENT_TIMEOUT_MS, SQLITE_BUSY_TIMEOUT_MS
@@ -225,6 +223,11 @@ def _missing_table(exc: sa.exc.DBAPIError) -> bool:
 def migrate(url: str, revision: str = "head", *, downgrade: bool = False) -> None:
     """Upgrade (or downgrade) the database to ``revision`` with the migrations shipped in
     the package."""
+    # Alembic is imported here, not with the module: every Spark worker that writes imports
+    # this module, and only `relay migrate` needs Alembic.
+    from alembic import command
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(resources.files("relay.db.migrations")))
     engine = create_engine(url)

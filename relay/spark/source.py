@@ -20,9 +20,10 @@ import json
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark import TaskContext
 from pyspark.sql import types as T
@@ -33,9 +34,10 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from relay.db.sink import OutboxSink
 from relay.spark.options import WriteOptions
-from relay.spark.rows import RowConverter, StreamBatch
+
+if TYPE_CHECKING:
+    from relay.db.sink import OutboxSink
 
 log = logging.getLogger(__name__)
 Item = TypeVar("Item")
@@ -73,8 +75,7 @@ class OutboxWriter(DataSourceArrowWriter):
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
         self.stage: str | None = None
-        sink = OutboxSink(options.url)
-        try:
+        with _sink(options.url) as sink:
             sink.check()
             if options.atomic:
                 for name in sink.drop_abandoned_stages(options.stage_abandoned_s):
@@ -83,29 +84,23 @@ class OutboxWriter(DataSourceArrowWriter):
                         extra={"action": "spark_stage_dropped", "table": name},
                     )
                 self.stage = sink.create_stage()
-        finally:
-            sink.close()
 
     def write(self, iterator: Iterator[Any]) -> Written:
+        from relay.spark.rows import RowConverter
+
         partition = _task().partitionId()
         converter = RowConverter(self.options, f"partition {partition}")
         chunks = read_ahead(converter.convert(batch) for batch in iterator)
-        sink = OutboxSink(self.options.url)
-        try:
+        with _sink(self.options.url) as sink:
             if self.stage is not None:
                 return Written(sink.stage(self.stage, chunks, partition), 0)
             return Written(*sink.append(chunks))
-        finally:
-            sink.close()
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, inserted = _totals(messages)
         if self.stage is not None:
-            sink = OutboxSink(self.options.url)
-            try:
+            with _sink(self.options.url) as sink:
                 inserted = sink.merge(self.stage, keep_order=self.options.ordered)
-            finally:
-                sink.close()
         log.info(
             "outbox write committed",
             extra={"action": "spark_write_committed", "rows": rows, "inserted": inserted},
@@ -121,11 +116,8 @@ class OutboxWriter(DataSourceArrowWriter):
         report says how many rows they added (``write_outbox`` puts it in its error)."""
         committed = 0
         if self.stage is not None:
-            sink = OutboxSink(self.options.url)
-            try:
+            with _sink(self.options.url) as sink:
                 sink.drop_stage(self.stage)
-            finally:
-                sink.close()
         else:
             committed = _totals(messages)[1]
         log.warning(
@@ -141,13 +133,12 @@ class OutboxWriter(DataSourceArrowWriter):
 class OutboxStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
-        sink = OutboxSink(options.url)
-        try:
+        with _sink(options.url) as sink:
             sink.check()
-        finally:
-            sink.close()
 
     def write(self, iterator: Iterator[Any]) -> Written:
+        from relay.spark.rows import RowConverter, StreamBatch
+
         task = _task()
         batch = StreamBatch(
             query_id=task.getLocalProperty(QUERY_ID_PROPERTY) or "",
@@ -155,11 +146,8 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
             partition_id=task.partitionId(),
         )
         converter = RowConverter(self.options, f"batch {batch.batch_id}", stream=batch)
-        sink = OutboxSink(self.options.url)
-        try:
+        with _sink(self.options.url) as sink:
             return Written(*sink.append(read_ahead(converter.convert(b) for b in iterator)))
-        finally:
-            sink.close()
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         rows, inserted = _totals(messages)
@@ -179,6 +167,20 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
             "outbox micro-batch aborted",
             extra={"action": "spark_batch_aborted", "batch_id": batchId},
         )
+
+
+@contextmanager
+def _sink(url: str) -> Iterator[OutboxSink]:
+    """The outbox at ``url``. Imported where a worker uses it, as the Arrow code is: Spark
+    starts Python workers for every write, and the commit of a default write needs
+    neither."""
+    from relay.db.sink import OutboxSink
+
+    sink = OutboxSink(url)
+    try:
+        yield sink
+    finally:
+        sink.close()
 
 
 def read_ahead(items: Iterator[Item]) -> Iterator[Item]:
