@@ -5,8 +5,8 @@
 Builds Arrow batches shaped as bench/spark_write.py's DataFrame (a long ``id`` key, a
 200-character string payload) and measures, in CPU microseconds per row of this process
 (``getrusage``, medians of ``--rounds`` interleaved rounds): ``convert``, the whole
-conversion of a batch into outbox rows (``RowConverter.convert``, what a task does before its
-COPY), and ``message_ids``, the identity alone. Pure CPU work on one core, so the figures
+conversion of a batch into its COPY data (``RowConverter.convert`` and ``Chunk.copy_data``,
+what a task does before PostgreSQL takes the rows), and ``message_ids``, the identity alone. Pure CPU work on one core, so the figures
 move far less than a rate does on this shared machine. By hand only.
 """
 
@@ -66,7 +66,7 @@ def main() -> int:
     def convert() -> None:
         converter = RowConverter(options, "partition 0")
         for batch in data:
-            converter.convert(batch)
+            converter.convert(batch).copy_data()
 
     def ids() -> None:
         for batch in data:
