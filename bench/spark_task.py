@@ -6,8 +6,9 @@ Builds Arrow batches shaped as bench/spark_write.py's DataFrame (a long ``id`` k
 200-character string payload) and measures, in CPU microseconds per row of this process
 (``getrusage``, medians of ``--rounds`` interleaved rounds): ``convert``, the whole
 conversion of a batch into its COPY data (``RowConverter.convert`` and ``Chunk.copy_data``,
-what a task does before PostgreSQL takes the rows), and ``message_ids``, the identity alone. Pure CPU work on one core, so the figures
-move far less than a rate does on this shared machine. By hand only.
+what a task does before PostgreSQL takes the rows), and ``message_ids``, the identity
+alone. Pure CPU work on one core, so the figures move far less than a rate does on this
+shared machine. By hand only.
 """
 
 from __future__ import annotations

@@ -167,8 +167,9 @@ def add_commands(
         type=duration,
         default=float(SPARK_STAGE_ABANDONED_S),
         metavar="AGE",
-        help="also drop the Spark writer's staging tables created longer ago than this, the "
-        f"leftovers of killed atomic writes (default: {SPARK_STAGE_ABANDONED_S // 3600}h)",
+        help="also drop the leftovers of killed atomic Spark writes: staging tables whose "
+        "write_outbox is gone at once, others created longer ago than this "
+        f"(default: {SPARK_STAGE_ABANDONED_S // 3600}h)",
     )
     purge.set_defaults(command="purge", handler=purge_command)
 

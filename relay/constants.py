@@ -100,10 +100,15 @@ TRACE_LINKS_MAX = 100_000
 # The largest payload the Spark writer accepts by default (bytes; option maxPayloadBytes):
 # RabbitMQ 4's default max_message_size. A larger row would be parked by the relay.
 SPARK_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
-# An atomic write's staging table older than this is taken for the leftover of a killed
-# driver and dropped by the next atomic write and by `relay purge` (seconds; option
-# stageAbandonedSeconds). Longer than any one write should take.
+# An atomic write's staging table that no write_outbox holds (format("outbox") used directly,
+# SQLite) is taken for the leftover of a killed driver once older than this, and dropped by
+# the next atomic write and by `relay purge` (seconds; option stageAbandonedSeconds). Longer
+# than any one write should take.
 SPARK_STAGE_ABANDONED_S = 24 * 3600
+# The class of the advisory locks `write_outbox` holds on its staging tables (PostgreSQL's
+# two-number form: this class, and a number from the table's name), while it writes: a held
+# stage whose lock no one holds is abandoned at once, whatever its age. "ob" in ASCII.
+SPARK_STAGE_LOCK_CLASS = 0x6F62
 # The atomic merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million
 # rows still spill to a temporary file), not in many short ones of the 4 MB default.
 MERGE_WORK_MEM = "256MB"

@@ -12,10 +12,13 @@ already are skipped. Two ways in:
   At most ``SPARK_SAVEPOINTS_MAX`` savepoints per task. Nothing is left behind when a task
   dies: an open transaction and a temporary table vanish with the connection.
 - ``stage`` / ``merge`` (``atomic``): tasks fill a staging table of the write's own; the
-  driver's commit inserts it into the outbox in one transaction and drops it. Staging
-  tables are named with their creation time, so that the leftovers of a killed driver are
-  found and dropped (``drop_abandoned_stages``, run by every atomic write and by
-  ``relay purge``).
+  driver's commit inserts it into the outbox in one transaction and drops it. The leftovers
+  of a killed driver are found and dropped by ``drop_abandoned_stages`` (run by every atomic
+  write and by ``relay purge``): on PostgreSQL ``write_outbox`` holds an advisory lock of its
+  stage on a connection of its own while it writes (``held_stage``), so a stage whose lock no
+  one holds is abandoned at once, and a live one is never touched; other stages (SQLite,
+  ``format("outbox")`` without ``write_outbox``) are named with their creation time and
+  dropped once older than a limit.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import psycopg
@@ -31,7 +35,12 @@ from psycopg import sql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from relay.constants import MERGE_WORK_MEM, SPARK_SAVEPOINTS_MAX, SPARK_SEGMENT_BYTES
+from relay.constants import (
+    MERGE_WORK_MEM,
+    SPARK_SAVEPOINTS_MAX,
+    SPARK_SEGMENT_BYTES,
+    SPARK_STAGE_LOCK_CLASS,
+)
 from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
 from relay.db.schema import outbox
@@ -51,7 +60,9 @@ WRITTEN_COLUMNS = (
 # Staged beside them, not inserted: the row's place in the DataFrame (partition, row).
 POSITION = "position"
 STAGE_PREFIX = "outbox_stage_"
-_STAGE_NAME = re.compile(rf"^{STAGE_PREFIX}(\d+)_[0-9a-f]+$")
+# outbox_stage_<creation, epoch seconds>_<12 random hex digits>[_held]
+_STAGE_NAME = re.compile(rf"^{STAGE_PREFIX}(\d+)_([0-9a-f]{{12}})(_held)?$")
+HELD = "_held"
 # A staged row's position: the partition in the high bits, the row within it in the low ones
 # (as Spark's monotonically_increasing_id).
 PARTITION_SHIFT = 33
@@ -125,9 +136,29 @@ class OutboxSink:
         named with the database's time: ``drop_abandoned_stages`` judges its age by the same
         clock, whichever hosts the driver and the purge run on."""
         with transaction(self.engine, "creating a staging table", self._where) as conn:
-            name = f"{STAGE_PREFIX}{int(epoch_seconds(conn))}_{uuid.uuid4().hex[:12]}"
+            name = _stage_name(conn)
             _staging_table(name, unlogged=self._postgresql).create(conn)
         return name
+
+    @contextmanager
+    def held_stage(self) -> Iterator[str]:
+        """A new staging table that is this process's until the block ends: on PostgreSQL its
+        advisory lock is held on a connection of its own meanwhile, and
+        ``drop_abandoned_stages`` drops it as soon as no one holds it (the process died, its
+        connection with it), whatever its age. Elsewhere a plain ``create_stage``."""
+        if not self._postgresql:
+            yield self.create_stage()
+            return
+        with db_errors("creating a held staging table", self._where), self.engine.connect() as conn:
+            name = _stage_name(conn, held=True)
+            conn.execute(sa.select(sa.func.pg_advisory_lock(*_stage_lock(name))))
+            _staging_table(name, unlogged=True).create(conn)
+            conn.commit()
+            try:
+                yield name
+            finally:
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(*_stage_lock(name))))
+                conn.commit()
 
     def stage(self, name: str, chunks: Iterable[Chunk], partition: int) -> int:
         """Append one task's rows to staging table ``name``; returns how many."""
@@ -186,17 +217,46 @@ class OutboxSink:
             _staging_table(name).drop(conn, checkfirst=True)
 
     def drop_abandoned_stages(self, older_than_s: float) -> list[str]:
-        """Drop the staging tables created more than ``older_than_s`` seconds ago (the
-        leftovers of writes whose driver was killed); returns their names."""
-        with db_errors("listing staging tables", self._where), self.engine.connect() as conn:
+        """Drop the leftovers of writes whose driver was killed: held staging tables whose
+        lock no one holds, and the others once created more than ``older_than_s`` seconds
+        ago. Returns their names."""
+        abandoned = []
+        what = "dropping abandoned staging tables"
+        with db_errors(what, self._where), self.engine.connect() as conn:
             cutoff = epoch_seconds(conn) - older_than_s
             names = sa.inspect(conn).get_table_names()
-        abandoned = [
-            n for n in names if (m := _STAGE_NAME.match(n)) is not None and int(m[1]) <= cutoff
-        ]
-        for name in abandoned:
-            self.drop_stage(name)
+            conn.commit()
+            for name in names:
+                if (found := _STAGE_NAME.match(name)) is None:
+                    continue
+                if found[3] and self._postgresql:
+                    # Taking the lock proves its writer gone, and keeps another purge off
+                    # while this one drops it.
+                    lock = _stage_lock(name)
+                    if conn.execute(sa.select(sa.func.pg_try_advisory_lock(*lock))).scalar():
+                        _staging_table(name).drop(conn, checkfirst=True)
+                        conn.execute(sa.select(sa.func.pg_advisory_unlock(*lock)))
+                        conn.commit()
+                        abandoned.append(name)
+                elif int(found[1]) <= cutoff:
+                    self.drop_stage(name)
+                    abandoned.append(name)
         return abandoned
+
+
+def _stage_name(conn: sa.Connection, *, held: bool = False) -> str:
+    """A new staging table's name, with the database's time: ``drop_abandoned_stages``
+    judges its age by the same clock, whichever hosts the driver and the purge run on."""
+    name = f"{STAGE_PREFIX}{int(epoch_seconds(conn))}_{uuid.uuid4().hex[:12]}"
+    return name + HELD if held else name
+
+
+def _stage_lock(name: str) -> tuple[int, int]:
+    """The advisory lock of a held staging table: (class, the name's random part as a
+    signed 32-bit number; 48 bits less, but a clash only keeps a leftover a while longer)."""
+    found = _STAGE_NAME.match(name)
+    assert found is not None, name
+    return SPARK_STAGE_LOCK_CLASS, int(found[2][:8], 16) - 2**31
 
 
 class _Counted:

@@ -54,6 +54,7 @@ class WriteOptions:
     atomic: bool
     max_payload_bytes: int
     stage_abandoned_s: int
+    stage: str | None  # an atomic write's staging table, made (and held) by write_outbox
     report_path: str | None
     content: tuple[str, ...]  # the columns that make a row's content (identity without key)
     trace: dict[str, str]  # the writer's trace context, for every row (traceparent option)
@@ -164,6 +165,7 @@ class WriteOptions:
                 opts.get("stageabandonedseconds", str(SPARK_STAGE_ABANDONED_S)),
                 "stageAbandonedSeconds",
             ),
+            stage=opts.get("stagetable") or None,
             report_path=opts.get("reportpath") or None,
             content=content,
             trace=trace,

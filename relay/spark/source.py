@@ -83,7 +83,7 @@ class OutboxWriter(DataSourceArrowWriter):
                         "dropped an abandoned staging table",
                         extra={"action": "spark_stage_dropped", "table": name},
                     )
-                self.stage = sink.create_stage()
+                self.stage = options.stage or sink.create_stage()
 
     def write(self, iterator: Iterator[Any]) -> Written:
         from relay.spark.rows import RowConverter

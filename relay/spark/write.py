@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +126,19 @@ def write_outbox(
     sink = OutboxSink(database_url)
     try:
         sink.check()
+        return _write(frame, options, sink, ordering_key, atomic=atomic)
     finally:
         sink.close()
+
+
+def _write(
+    frame: DataFrame,
+    options: dict[str, str],
+    sink: OutboxSink,
+    ordering_key: str | Column | None,
+    *,
+    atomic: bool,
+) -> WriteResult:
     if ordering_key is not None:
         if atomic:  # the merge gives ids in the written partitions' order
             frame = frame.orderBy(POSITION)
@@ -138,10 +150,17 @@ def write_outbox(
     fd, report = tempfile.mkstemp(prefix="outbox-write-", suffix=".json")
     os.close(fd)
     try:
-        try:
-            frame.write.format(NAME).options(**options, reportPath=report).mode("append").save()
-        except Exception as exc:
-            raise _relay_error(exc, _committed(report, atomic=atomic)) from exc
+        with ExitStack() as held:
+            if atomic:
+                # Held while the write runs: if this process dies, the next atomic write or
+                # `relay purge` drops the stage at once; while it lives, never.
+                options["stageTable"] = stage = held.enter_context(sink.held_stage())
+            try:
+                frame.write.format(NAME).options(**options, reportPath=report).mode("append").save()
+            except Exception as exc:
+                if atomic:  # failed before the data source took the stage over, perhaps
+                    sink.drop_stage(stage)
+                raise _relay_error(exc, _committed(report, atomic=atomic)) from exc
         result = json.loads(Path(report).read_text())
     finally:
         Path(report).unlink(missing_ok=True)
