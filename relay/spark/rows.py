@@ -118,7 +118,7 @@ class RowConverter:
                 f"column {o.payload!r} is null: every message needs a payload",
             )
         sizes = pc.binary_length(col)
-        if pc.max(sizes).as_py() > o.max_payload_bytes:
+        if len(col) and pc.max(sizes).as_py() > o.max_payload_bytes:
             i = _first(pc.greater(sizes, o.max_payload_bytes))
             self._fail(
                 i,
