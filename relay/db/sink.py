@@ -162,23 +162,21 @@ class OutboxSink:
 
     def stage(self, name: str, chunks: Iterable[Chunk], partition: int) -> int:
         """Append one task's rows to staging table ``name``; returns how many."""
-        rows = 0
+        counted = _Counted(chunks)
 
-        def positioned() -> Iterator[tuple[Chunk, int]]:
-            nonlocal rows
-            for chunk in chunks:
-                yield chunk, stage_position(partition, rows)
-                rows += len(chunk)
+        def first(chunk: Chunk) -> int:
+            """The position of ``chunk``'s first row (the latest chunk counted)."""
+            return stage_position(partition, counted.rows - len(chunk))
 
         columns = (*WRITTEN_COLUMNS, POSITION)
         insert = sa.insert(_staging_table(name))
         with transaction(self.engine, f"staging rows into {name}", self._where) as conn:
             if self._postgresql:
-                _copy(conn, name, columns, (c.copy_data(first) for c, first in positioned()))
+                _copy(conn, name, columns, (c.copy_data(first(c)) for c in counted))
             else:
-                for chunk, first in positioned():
-                    conn.execute(insert, _params(columns, chunk.tuples(first)))
-        return rows
+                for chunk in counted:
+                    conn.execute(insert, _params(columns, chunk.tuples(first(chunk))))
+        return counted.rows
 
     def merge(self, name: str, *, keep_order: bool) -> int:
         """Insert the staged rows whose message_id is new, in one transaction, and drop the
@@ -233,14 +231,18 @@ class OutboxSink:
                     # Taking the lock proves its writer gone, and keeps another purge off
                     # while this one drops it.
                     lock = _stage_lock(name)
-                    if conn.execute(sa.select(sa.func.pg_try_advisory_lock(*lock))).scalar():
-                        _staging_table(name).drop(conn, checkfirst=True)
+                    if not conn.execute(sa.select(sa.func.pg_try_advisory_lock(*lock))).scalar():
+                        continue
+                    try:
+                        self.drop_stage(name)
+                    finally:
                         conn.execute(sa.select(sa.func.pg_advisory_unlock(*lock)))
                         conn.commit()
-                        abandoned.append(name)
-                elif int(found[1]) <= cutoff:
+                elif int(found[1]) > cutoff:
+                    continue
+                else:
                     self.drop_stage(name)
-                    abandoned.append(name)
+                abandoned.append(name)
         return abandoned
 
 

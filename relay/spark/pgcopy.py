@@ -53,11 +53,9 @@ def copy_rows(fields: Sequence[Field], count: int, first_position: int | None = 
         parts += [struct.pack(">i", 8), words_big_endian(positions, _LARGE)]
     joined = pc.binary_join_element_wise(*_merged(parts, count), _EMPTY)
     offsets, data = joined.buffers()[1:]
-    start, end = (
-        struct.unpack_from("<q", offsets, joined.offset * 8),
-        struct.unpack_from("<q", offsets, (joined.offset + count) * 8),
-    )
-    return data.slice(start[0], end[0] - start[0])
+    (start,) = struct.unpack_from("<q", offsets, joined.offset * 8)
+    (end,) = struct.unpack_from("<q", offsets, (joined.offset + count) * 8)
+    return data.slice(start, end - start)
 
 
 def _merged(parts: list[pa.Array | bytes], count: int) -> list[pa.Array | pa.Scalar]:
