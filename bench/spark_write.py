@@ -14,8 +14,10 @@ order (round 2 runs them backwards), each after TRUNCATE + CHECKPOINT of every t
   outbox         ``format("outbox")``, default mode (each partition commits by itself),
   outbox_atomic  the same with ``atomic=True`` (staged, merged in one transaction).
 The JDBC appends use the writer's batch size (JDBC ``batchsize`` = Arrow's
-maxRecordsPerBatch). Then a one-row write of each kind (JDBC into the outbox, and the
-outbox writer) --one-row-rounds times, interleaved: the fixed cost of a write. Then, unless
+maxRecordsPerBatch). Then a one-row write of each kind (JDBC into the outbox, a Python data
+source that writes nothing, and the outbox writer) --one-row-rounds times, interleaved, each
+the first write of a new SparkSession: the fixed cost of a write, and of the Python Data
+Source API itself (the floor any Python writer pays). Then, unless
 --stream-seconds 0 (and only on PostgreSQL), ``writeStream.format("outbox")`` from a rate
 source (--stream-rate rows/s, 10 s micro-batches) for that long while ``relay run`` drains
 the same outbox into a private RabbitMQ node: Spark's own processedRowsPerSecond of each
@@ -38,12 +40,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from devtools.broker import fresh_queue
 from devtools.procfs import tree_cpu_seconds
@@ -255,24 +259,49 @@ def clean(engine: sa.Engine) -> None:
                 conn.execute(sa.text(f"DELETE FROM {table}"))
 
 
+class NothingWriter(DataSourceArrowWriter):
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+class NothingSource(DataSource):
+    """A Python data source that writes nothing: what Spark itself costs any Python writer
+    (its planner, task and commit, each a Python process of its own)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nothing"
+
+    def writer(self, schema: Any, overwrite: bool) -> NothingWriter:
+        return NothingWriter()
+
+
 def one_row(url: str, engine: sa.Engine, rounds: int) -> dict[str, float]:
-    """Median seconds of a one-row write, Spark's JDBC append into the outbox and the outbox
-    writer, each the first write of a new SparkSession: its fixed cost, Python workers
-    started and the writer imported in them included."""
-    seconds: dict[str, list[float]] = {"jdbc_outbox": [], "outbox": []}
+    """Median seconds of a one-row write: Spark's JDBC append into the outbox, a Python data
+    source that writes nothing, and the outbox writer, each the first write of a new
+    SparkSession: its fixed cost, Python workers started and the writer imported in them
+    included."""
+    seconds: dict[str, list[float]] = {"jdbc_outbox": [], "nothing_source": [], "outbox": []}
     for round_ in range(rounds):
         for name in seconds if round_ % 2 == 0 else list(seconds)[::-1]:
             spark = session()
             try:
-                write = writers(frame(spark, 1), url, 1)[name]
+                df = frame(spark, 1)
+                write: Callable[[], None]
+                if name == "nothing_source":
+                    spark.dataSource.register(NothingSource)
+                    write = df.write.format(NothingSource.name()).mode("append").save
+                else:
+                    write = writers(df, url, 1)[name]
                 clean(engine)
                 start = time.perf_counter()
                 write()
                 seconds[name].append(time.perf_counter() - start)
             finally:
                 spark.stop()
-    jdbc, outbox_s = (statistics.median(seconds[n]) for n in ("jdbc_outbox", "outbox"))
-    return {"one_row_jdbc_outbox_s": jdbc, "one_row_outbox_s": outbox_s}
+    return {f"one_row_{name}_s": statistics.median(s) for name, s in seconds.items()}
 
 
 def streaming(
@@ -356,9 +385,10 @@ def report(results: dict[str, float], args: argparse.Namespace) -> None:
     extra = results.get("one_row_outbox_s", math.nan) - results.get("one_row_jdbc_outbox_s", 0)
     if args.one_row_rounds:
         print(
-            f"one-row write: JDBC {results['one_row_jdbc_outbox_s']:.2f} s, outbox "
-            f"{results['one_row_outbox_s']:.2f} s ({extra:+.2f} s; "
-            f"median of {args.one_row_rounds})"
+            f"one-row write: JDBC {results['one_row_jdbc_outbox_s']:.2f} s, a Python data "
+            f"source writing nothing {results['one_row_nothing_source_s']:.2f} s, outbox "
+            f"{results['one_row_outbox_s']:.2f} s ({extra:+.2f} s over JDBC; median of "
+            f"{args.one_row_rounds})"
         )
     if "streaming_rows_per_s" in results:
         print(

@@ -55,6 +55,9 @@ class WriteOptions:
     max_payload_bytes: int
     stage_abandoned_s: int
     stage: str | None  # an atomic write's staging table, made (and held) by write_outbox
+    # write_outbox has checked the outbox and dropped abandoned stages on the driver: the
+    # planner, a fresh Python process, then needs no database (nor its 0.3 s of imports).
+    prepared: bool
     report_path: str | None
     content: tuple[str, ...]  # the columns that make a row's content (identity without key)
     trace: dict[str, str]  # the writer's trace context, for every row (traceparent option)
@@ -166,6 +169,7 @@ class WriteOptions:
                 "stageAbandonedSeconds",
             ),
             stage=opts.get("stagetable") or None,
+            prepared=_flag(opts.get("prepared", "false"), "prepared"),
             report_path=opts.get("reportpath") or None,
             content=content,
             trace=trace,

@@ -12,8 +12,10 @@ text or bytes, and the hashing of each id are per row.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -56,6 +58,13 @@ class Chunk:
         if first_position is not None:
             columns.append(range(first_position, first_position + self.count))
         return list(zip(*columns, strict=True))
+
+
+def with_rows(chunks: Iterator[Chunk]) -> Iterator[Chunk] | None:
+    """``chunks`` without the empty ones, or None when not one has a row."""
+    rows = (chunk for chunk in chunks if len(chunk))
+    first = next(rows, None)
+    return None if first is None else itertools.chain([first], rows)
 
 
 @dataclass(frozen=True)

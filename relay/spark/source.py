@@ -74,23 +74,23 @@ class OutboxDataSource(DataSource):
 class OutboxWriter(DataSourceArrowWriter):
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
-        self.stage: str | None = None
-        with _sink(options.url) as sink:
-            sink.check()
-            if options.atomic:
-                for name in sink.drop_abandoned_stages(options.stage_abandoned_s):
-                    log.warning(
-                        "dropped an abandoned staging table",
-                        extra={"action": "spark_stage_dropped", "table": name},
-                    )
-                self.stage = options.stage or sink.create_stage()
+        self.stage = options.stage
+        if not options.prepared:
+            with _sink(options.url) as sink:
+                prepare(sink, options)
+                if options.atomic and self.stage is None:
+                    self.stage = sink.create_stage()
 
     def write(self, iterator: Iterator[Any]) -> Written:
-        from relay.spark.rows import RowConverter
+        from relay.spark.rows import RowConverter, with_rows
 
         partition = _task().partitionId()
         converter = RowConverter(self.options, f"partition {partition}")
-        chunks = read_ahead(converter.convert(batch) for batch in iterator)
+        # A task over an empty partition (common after a filter or a shuffle) opens no
+        # connection and imports no database code.
+        chunks = with_rows(read_ahead(converter.convert(batch) for batch in iterator))
+        if chunks is None:
+            return Written(0, 0)
         with _sink(self.options.url) as sink:
             if self.stage is not None:
                 return Written(sink.stage(self.stage, chunks, partition), 0)
@@ -137,7 +137,7 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
             sink.check()
 
     def write(self, iterator: Iterator[Any]) -> Written:
-        from relay.spark.rows import RowConverter, StreamBatch
+        from relay.spark.rows import RowConverter, StreamBatch, with_rows
 
         task = _task()
         batch = StreamBatch(
@@ -146,8 +146,11 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
             partition_id=task.partitionId(),
         )
         converter = RowConverter(self.options, f"batch {batch.batch_id}", stream=batch)
+        chunks = with_rows(read_ahead(converter.convert(b) for b in iterator))
+        if chunks is None:
+            return Written(0, 0)
         with _sink(self.options.url) as sink:
-            return Written(*sink.append(read_ahead(converter.convert(b) for b in iterator)))
+            return Written(*sink.append(chunks))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         rows, inserted = _totals(messages)
@@ -167,6 +170,18 @@ class OutboxStreamWriter(DataSourceStreamArrowWriter):
             "outbox micro-batch aborted",
             extra={"action": "spark_batch_aborted", "batch_id": batchId},
         )
+
+
+def prepare(sink: OutboxSink, options: WriteOptions) -> None:
+    """What a batch write does before its tasks run: the outbox checked (SchemaMissingError
+    before any row is read) and, atomic, the stages of killed writes dropped."""
+    sink.check()
+    if options.atomic:
+        for name in sink.drop_abandoned_stages(options.stage_abandoned_s):
+            log.warning(
+                "dropped an abandoned staging table",
+                extra={"action": "spark_stage_dropped", "table": name},
+            )
 
 
 @contextmanager

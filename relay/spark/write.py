@@ -21,11 +21,13 @@ from pyspark.sql import types as T
 from relay import errors
 from relay.db.sink import OutboxSink
 from relay.spark.options import INTERNAL_PREFIX, WriteOptions
-from relay.spark.source import NAME, OutboxDataSource
+from relay.spark.source import NAME, OutboxDataSource, prepare
 from relay.tracing import TRACEPARENT, TRACESTATE
 
 # How a task's error reads inside the exception Spark raises on the driver.
 _TASK_ERROR = re.compile(r"relay\.errors\.(\w+): (.*)")
+# A Python worker (Spark's planner, a task, the commit) whose Python lacks a package.
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 OCCURRENCE = f"{INTERNAL_PREFIX}occurrence"
 TRACEPARENT_COLUMN = f"{INTERNAL_PREFIX}traceparent"
 POSITION = f"{INTERNAL_PREFIX}position"
@@ -77,7 +79,9 @@ def write_outbox(
     long, headers that are not JSON): a bad value raises InputError when its task meets it.
     In the default mode the partitions that finished first stay committed, and the error
     says how many rows they added; writing the fixed data again adds only the rest. An
-    atomic write leaves nothing.
+    atomic write leaves nothing. So do Spark's Python workers when they cannot import this
+    package (ConfigError: where to install it) and executors that cannot reach the database
+    (StoreError, with the driver's error).
     """
     options: dict[str, str] = {"url": database_url, "payload": payload}
     frame = df
@@ -122,10 +126,11 @@ def write_outbox(
         options["maxPayloadBytes"] = str(max_payload_bytes)
     # The same checks the data source makes, here first: the caller gets the relay's own
     # exception types, not Spark's wrapping of them.
-    WriteOptions.parse(options, frame.schema, streaming=False)
+    parsed = WriteOptions.parse(options, frame.schema, streaming=False)
     sink = OutboxSink(database_url)
     try:
-        sink.check()
+        prepare(sink, parsed)
+        options["prepared"] = "true"
         return _write(frame, options, sink, ordering_key, atomic=atomic)
     finally:
         sink.close()
@@ -201,18 +206,26 @@ def _committed(report: str, *, atomic: bool) -> str:
         return "partitions that finished first may have committed their rows"
     return (
         f"at least {inserted} rows of partitions that finished first were committed; fix the "
-        "data and write again: the rows already in the outbox are skipped by message id, so "
+        "cause and write again: the rows already in the outbox are skipped by message id, so "
         "the re-run completes the write with each message once"
     )
 
 
 def _relay_error(exc: Exception, committed: str) -> Exception:
-    """The relay's own error a task raised (a bad value), out of Spark's wrapping of it, with
-    what the write left behind (``committed``)."""
-    found = _TASK_ERROR.search(str(exc))
+    """The relay's own error a task raised (a bad value, a database it cannot reach), out of
+    Spark's wrapping of it, or a Python worker's missing package, with what the write left
+    behind (``committed``)."""
+    text = str(exc)
+    found = _TASK_ERROR.search(text)
     kind = getattr(errors, found[1], None) if found else None
     if found and isinstance(kind, type) and issubclass(kind, errors.RelayError):
         return kind(f"{found[2]}; {committed}")
+    if missing := _MISSING_MODULE.search(text):
+        return errors.ConfigError(
+            f"Spark's Python workers cannot import {missing[1]!r}: install outbox-relay[spark] "
+            "into the Python that spark.pyspark.python (or PYSPARK_PYTHON) names, on the "
+            f"driver's host and every worker's; {committed}"
+        )
     return exc
 
 

@@ -5,18 +5,25 @@
     python -m tests.spark.driver atomic URL ROWS                  # one slow atomic write
     python -m tests.spark.driver cluster URL MASTER ROWS EVENTS  # a slow write on a cluster
     python -m tests.spark.driver speculate URL MASTER ROWS EVENTS  # one task stalls, once
+    python -m tests.spark.driver broken URL without-relay|unreachable DIR  # prints errors
 
 Rows whose number is a multiple of SLOW_EVERY take SLOW_S seconds in the writer's input,
 so that a kill lands in the middle of a batch: some partitions committed, others not. On a
 standalone cluster (``devtools.spark_cluster``) the driver writes Spark's event log to
 EVENTS, where the tests read what Spark did (executors lost, speculative copies).
+``broken`` writes 10 rows, by default and atomically, with Python workers that cannot import
+this package (``without-relay``) or executors that cannot reach the database
+(``unreachable``: libpq sends them to 127.0.0.2, where nothing listens), and prints each
+write's error as a JSON line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pyspark import TaskContext
@@ -80,11 +87,36 @@ def on_cluster(mode: str, url: str, master: str, rows: str, events: str) -> None
     spark.stop()
 
 
+def broken(url: str, kind: str, scratch: str) -> None:
+    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    if kind == "without-relay":
+        script = Path(scratch) / "python"
+        without = Path(__file__).with_name("without_relay.py")
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{without}" "$@"\n')
+        script.chmod(0o755)
+        os.environ["PYSPARK_PYTHON"] = str(script)
+    else:
+        builder = builder.config("spark.executorEnv.PGHOSTADDR", "127.0.0.2")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("OFF")
+    df = spark.range(10, numPartitions=2).select("id", F.to_json(F.struct("id")).alias("payload"))
+    for atomic in (False, True):
+        try:
+            write_outbox(df, url, key=["id"], atomic=atomic)
+            print(json.dumps({"atomic": atomic, "error": None}), flush=True)
+        except Exception as exc:
+            error = {"error": type(exc).__name__, "message": str(exc)}
+            print(json.dumps({"atomic": atomic, **error}), flush=True)
+
+
 def main(mode: str, url: str, *args: str) -> None:
     for name, value in LOCAL_MODE_ENV.items():
         os.environ.setdefault(name, value)
     if mode in ("cluster", "speculate"):
         on_cluster(mode, url, *args)
+        return
+    if mode == "broken":
+        broken(url, *args)
         return
     spark = (
         SparkSession.builder.master("local[2]")

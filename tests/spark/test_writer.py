@@ -236,11 +236,27 @@ def test_an_atomic_write_over_rows_already_there_adds_only_the_new_ones(
     assert sorted(json.loads(r.payload)["order_id"] for r in rows) == list(range(45))
 
 
-def test_unmigrated_database_says_to_run_migrate(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("atomic", [False, True])
+def test_unmigrated_database_says_to_run_migrate(
+    spark: SparkSession, tmp_path: Path, atomic: bool
+) -> None:
+    """write_outbox checks on the driver; format("outbox") alone checks in Spark's planner."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
     with pytest.raises(SchemaMissingError, match="run `relay migrate`"):
-        write_outbox(
-            orders(spark, 3), f"sqlite:///{tmp_path / 'new.db'}", payload="body", key=["order_id"]
-        )
+        write_outbox(orders(spark, 3), url, payload="body", key=["order_id"], atomic=atomic)
+    register(spark)
+    write = (
+        orders(spark, 3)
+        .write.format("outbox")
+        .options(url=url, payload="body", key="order_id", atomic=str(atomic).lower())
+    )
+    with pytest.raises(Exception, match=r"SchemaMissingError: .*run `relay migrate`"):
+        write.mode("append").save()
+    engine = sa.create_engine(url)
+    try:  # no staging table either
+        assert sa.inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
 
 
 def test_content_type_and_ordering_key_come_from_values_or_columns(

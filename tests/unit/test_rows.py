@@ -9,7 +9,7 @@ from pyspark.sql import types as T
 
 from relay.errors import InputError
 from relay.spark.options import WriteOptions
-from relay.spark.rows import RowConverter
+from relay.spark.rows import Chunk, RowConverter, with_rows
 
 SCHEMA = T.StructType(
     [
@@ -70,3 +70,22 @@ def test_the_first_bad_value_is_named_by_its_row_in_the_task(
     rows.convert(batch([b"x"] * 11))  # rows 0-10 of the task
     with pytest.raises(InputError, match=message):
         rows.convert(batch(payloads, routes))  # its second row is the task's row 12
+
+
+@pytest.mark.parametrize(
+    ("sizes", "kept"),
+    [
+        ([], None),
+        ([0], None),
+        ([0, 0, 0], None),
+        ([3], [3]),
+        ([0, 2, 0, 5, 0], [2, 5]),
+        ([1, 0], [1]),
+    ],
+)
+def test_with_rows_drops_empty_chunks_and_says_when_none_has_a_row(
+    sizes: list[int], kept: list[int] | None
+) -> None:
+    chunks = [Chunk(size, ()) for size in sizes]
+    found = with_rows(iter(chunks))
+    assert (None if found is None else [len(c) for c in found]) == kept
