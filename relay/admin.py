@@ -19,7 +19,8 @@ from relay.db.sink import OutboxSink
 from relay.destinations import display
 from relay.errors import InputError
 from relay.records import OutboxRow, Selection
-from relay.settings import Settings, redact_url
+from relay.redact import redact_url
+from relay.settings import Settings
 
 EXIT_THRESHOLD = 3  # relay status: a --max-* threshold is exceeded
 EXIT_NOT_KEPT = 4  # relay replay --sent: some selected messages are no longer kept whole

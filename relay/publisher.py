@@ -42,7 +42,8 @@ from relay.destinations import Admission, Destinations, display
 from relay.errors import BrokerError, ConfigError
 from relay.message import Limits, Unpublishable, build
 from relay.records import BrokerNode, OutboxRow, Outcome, Settlement
-from relay.settings import TlsOptions, redact_url
+from relay.redact import redact_url
+from relay.settings import TlsOptions
 from relay.topology import Topology
 from relay.tracing import NoTracing, Tracing
 

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
 from relay.records import KEEP_IDS, KEEP_MESSAGES
+from relay.redact import redact_url
 
 ENV_PREFIX = "RELAY_"
 
@@ -492,26 +493,6 @@ def _read_env_file(path: Path) -> dict[str, str]:
             value = value[1:-1]
         out[name.strip()] = value
     return out
-
-
-def redact_url(value: Any) -> Any:
-    """Replace the password of a URL by ``***``; other values pass through. A URL too broken
-    to find its password in shows only its scheme. A comma-separated list of URLs (the
-    nodes of a cluster) has each one's password replaced."""
-    if not isinstance(value, str) or "://" not in value:
-        return value
-    if "," in value:
-        return ",".join(redact_url(piece) for piece in value.split(","))
-    try:
-        parts = urlsplit(value)
-        password = parts.password
-    except ValueError:
-        return value.split("://", 1)[0] + "://(not shown: not a valid URL)"
-    if password is None:
-        return value
-    netloc = parts.netloc.rsplit("@", 1)
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
 
 
 def describe() -> list[tuple[str, str, str, str]]:

@@ -83,7 +83,7 @@ from relay.records import (
     OutboxRow,
     SettleBatch,
 )
-from relay.settings import redact_url
+from relay.redact import redact_url
 
 log = logging.getLogger(__name__)
 

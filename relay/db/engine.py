@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql
 
 from relay.constants import DB_CONNECT_TIMEOUT_S, DB_STATEMENT_TIMEOUT_MS, SQLITE_BUSY_TIMEOUT_MS
 from relay.errors import SchemaMissingError, StoreError
-from relay.settings import redact_url
+from relay.redact import redact_url
 
 # The relay's own PostgreSQL session settings (``relay_session=True``), each for a reason:
 RELAY_SESSION_SETTINGS = {

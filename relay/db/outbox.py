@@ -34,7 +34,7 @@ from relay.records import (
     RecentSent,
     Selection,
 )
-from relay.settings import redact_url
+from relay.redact import redact_url
 
 
 class OutboxWriter:

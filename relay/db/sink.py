@@ -45,7 +45,7 @@ from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
 from relay.db.schema import outbox
 from relay.errors import StoreError
-from relay.settings import redact_url
+from relay.redact import redact_url
 
 # The columns a writer fills; the database fills in the rest.
 WRITTEN_COLUMNS = (

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ConfigError
-from relay.settings import Settings, redact_url
+from relay.redact import redact_url
+from relay.settings import Settings
 
 
 def test_defaults_need_no_environment() -> None:
