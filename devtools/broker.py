@@ -11,7 +11,7 @@ from typing import Any
 
 import pika
 
-from relay.topology import Binding, Exchange, Queue, Topology
+from relay.broker.topology import Binding, Exchange, Queue, Topology
 
 
 @dataclass(frozen=True)

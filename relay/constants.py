@@ -47,7 +47,7 @@ SHORT_SESSION_S = 5.0
 # socket is dropped (no longer than the confirm timeout).
 HALF_OPEN_CLOSE_S = 5.0
 
-# A broken destination (relay.destinations) is probed this long after it broke, and the delay
+# A broken destination (relay.broker.destinations) is probed this long after it broke, and the delay
 # doubles with every failed probe up to the maximum: a probe costs a channel of its own and
 # a line in the broker's log, and the maximum bounds how long a destination that is fixed
 # waits to be found (its rows then become due at once).
@@ -55,7 +55,7 @@ DESTINATION_PROBE_INITIAL_S = 1.0
 DESTINATION_PROBE_MAX_S = 10.0
 
 # A confirm tag times out when the channel answered nothing for the confirm timeout, or when
-# it waited this many confirm timeouts while others were answered (relay.confirms): less than
+# it waited this many confirm timeouts while others were answered (relay.broker.confirms): less than
 # a lease (RELAY_LEASE must be more than twice the confirm timeout), so no other relay takes
 # the row while this one still waits for its confirm.
 CONFIRM_CEILING_FACTOR = 2
@@ -68,7 +68,7 @@ MALLOC_MMAP_THRESHOLD_BYTES = 1024 * 1024
 # hold less freed memory; two keep the event loop from contending with one worker.
 MALLOC_ARENAS = 2
 # A loop turn's frames are written in one system call when they add up to less than this
-# (relay.publisher); larger writes go frame by frame, without a copy of the whole.
+# (relay.broker.publisher); larger writes go frame by frame, without a copy of the whole.
 GATHER_MAX_BYTES = 1024 * 1024
 
 # --- Loop ----------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
+from relay.broker.publisher import PikaPublisher, connection_parameters
+from relay.broker.topology import Topology, load_topology
 from relay.constants import (
     PURGE_CHUNK,
     SWITCH_INTERVAL_S,
@@ -24,11 +26,9 @@ from relay.db.outbox import OutboxAdmin
 from relay.errors import ConfigError, RelayError
 from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
-from relay.publisher import PikaPublisher, connection_parameters
 from relay.relay import Relay, in_thread
 from relay.settings import Settings, TracingSettings
 from relay.settle import SettlePolicy
-from relay.topology import Topology, load_topology
 from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)

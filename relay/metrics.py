@@ -16,8 +16,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from relay.broker.destinations import display
 from relay.constants import BACKLOG_EXACT_ROWS
-from relay.destinations import display
 from relay.records import BrokerNode, Outcome, Settlement
 
 log = logging.getLogger(__name__)

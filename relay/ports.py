@@ -1,7 +1,7 @@
 """What the loop needs from the database and the broker: two narrow protocols.
 
 The loop (``relay.relay``) sees only these; ``relay.db.claims.ClaimStore`` and
-``relay.publisher.PikaPublisher`` implement them for real, ``tests/support/fakes.py`` in
+``relay.broker.publisher.PikaPublisher`` implement them for real, ``tests/support/fakes.py`` in
 memory, and the contract tests hold the fakes to the real ones.
 """
 
@@ -71,7 +71,7 @@ class Publisher(Protocol):
         """Publish ``rows`` (called every turn, with none too); returns the rows that went out,
         rows held back on an earlier call among them. The others are settled already
         (rejected, or lost with the channel; they come out of ``take_settled``) or held back
-        until nothing else is in flight (suspects, see ``relay.publisher``)."""
+        until nothing else is in flight (suspects, see ``relay.broker.publisher``)."""
 
     def take_settled(self) -> list[Settlement]:
         """What became of published rows since the last call."""
@@ -81,7 +81,7 @@ class Publisher(Protocol):
 
     def take_recovered(self) -> list[str]:
         """Exchanges found again since the last call after the broker refused them (see
-        ``relay.destinations``): their held rows should be due now."""
+        ``relay.broker.destinations``): their held rows should be due now."""
 
     async def run(self, wake: Callable[[], None]) -> None:
         """Connect, keep reconnecting with back-off, until ``close``; call ``wake`` whenever

@@ -1,6 +1,6 @@
 """The relay loop: claim due rows, publish them with confirms, settle what the broker answered.
 
-Runs on one asyncio event loop together with the publisher (see ``relay.publisher`` for
+Runs on one asyncio event loop together with the publisher (see ``relay.broker.publisher`` for
 why); each database call runs in a worker thread. The publisher streams: up to ``window``
 confirms are outstanding while the loop claims and publishes the next rows, and confirms
 arriving wake the loop to settle them in batched updates.
@@ -238,7 +238,7 @@ class Relay:
         return 0
 
     def _skipped(self) -> frozenset[str]:
-        """The exchanges this claim leaves out: the broken ones (``relay.destinations``),
+        """The exchanges this claim leaves out: the broken ones (``relay.broker.destinations``),
         while other rows wait. Their rows are only charged an attempt, and claimed with the
         rest they halved the rate of the good rows (6,000 of each, interleaved: 0.47x the
         rate without them; 0.92x left out). So they are claimed when the backlog of the

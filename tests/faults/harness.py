@@ -30,7 +30,7 @@ from devtools.outbox import fates, sent_logged, statuses
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import http_get
 from devtools.servers import free_port, wait_until
-from relay.topology import Binding, Exchange, Queue, Topology
+from relay.broker.topology import Binding, Exchange, Queue, Topology
 
 EXCHANGE = "faults"
 QUEUE = "faults.all"

@@ -12,9 +12,9 @@ import pytest
 
 from devtools.broker import declare_bound, drain, names
 from devtools.servers import RabbitNode
+from relay.broker.topology import Binding, Exchange, Queue, Topology
 from relay.metrics import Metrics
 from relay.records import NewMessage
-from relay.topology import Binding, Exchange, Queue, Topology
 from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
 from tests.support.metrics import sample_value
 

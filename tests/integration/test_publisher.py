@@ -11,7 +11,7 @@ import pytest
 from devtools.broker import drain, names, simple_topology
 from devtools.servers import RabbitNode, free_port
 from relay.backoff import Backoff
-from relay.publisher import PikaPublisher
+from relay.broker.publisher import PikaPublisher
 from relay.records import BrokerNode, Outcome, Settlement
 from tests.support.inprocess import wait_for
 from tests.support.rows import row

@@ -12,13 +12,13 @@ from pathlib import Path
 from devtools.broker import drain, names, simple_topology
 from devtools.outbox import insert
 from devtools.servers import PostgresServer, RabbitNode
+from relay.broker.topology import Exchange, Topology
 from relay.buckets import bucket_of
 from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
 from relay.db.claims import ClaimStore
 from relay.db.engine import migrate
 from relay.db.outbox import OutboxWriter
 from relay.records import NewMessage
-from relay.topology import Exchange, Topology
 from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
 from tests.support.metrics import sample_value
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from relay.broker.confirms import ConfirmWindow
 from relay.buckets import bucket_of, turn
-from relay.confirms import ConfirmWindow
 from relay.constants import OUTBOX_BUCKETS
 from relay.errors import StoreError
 from relay.records import (

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devtools.outbox import rows, statuses
+from relay.broker.topology import Topology
 from relay.daemon import assemble
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxWriter
@@ -16,7 +17,6 @@ from relay.metrics import Metrics
 from relay.records import NewMessage
 from relay.relay import Relay
 from relay.settings import Settings
-from relay.topology import Topology
 from relay.tracing import NoTracing
 
 FAST = {

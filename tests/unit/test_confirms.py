@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from relay.confirms import ConfirmTracker
+from relay.broker.confirms import ConfirmTracker
 from relay.records import OutboxRow, Outcome
 from tests.support.rows import row
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from relay.blame import CLOSED_BY_BROKER, blame, suspect
-from relay.destinations import Admission, Destinations
+from relay.broker.blame import CLOSED_BY_BROKER, blame, suspect
+from relay.broker.destinations import Admission, Destinations
 from tests.support.rows import row
 
 P, T, H = Admission.PUBLISH, Admission.TRIAL, Admission.HOLD

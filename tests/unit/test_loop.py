@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 
 from relay.backoff import Backoff
-from relay.confirms import RELEASED
+from relay.broker.confirms import RELEASED
 from relay.constants import HELD_CHARGE_INTERVAL_S
 from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow

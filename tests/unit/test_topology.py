@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from relay.broker.topology import load_topology
 from relay.errors import ConfigError
-from relay.topology import load_topology
 
 GOOD = """
 [[exchange]]

@@ -4,7 +4,7 @@ says about their destination. Pure: reply code and text in, a verdict out.
 The broker closes the channel when a publish breaks one of its rules, and every unconfirmed
 publish on it is lost with it. Some close texts name the cause: ``404 NOT_FOUND - no exchange
 'x'`` and ``403 ACCESS_REFUSED - access to exchange 'x' ... refused`` name an exchange (its
-rows are the culprits, and the exchange is broken, see ``relay.destinations``); ``406
+rows are the culprits, and the exchange is broken, see ``relay.broker.destinations``); ``406
 PRECONDITION_FAILED - message size ... larger than configured max size N`` names a size. The
 rows lost with such a close are innocent and simply due again. Other texts name nothing (a
 403 for an internal exchange, an unknown rule): then every lost row is a *suspect*, and a
@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from relay.destinations import refused
+from relay.broker.destinations import refused
 from relay.records import OutboxRow
 
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")

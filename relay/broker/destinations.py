@@ -1,6 +1,6 @@
 """Destination circuit breaking: which exchanges the broker refuses, and when to try again.
 
-Pure logic, no I/O and no pika (like ``relay.confirms``): the publisher tells it what the
+Pure logic, no I/O and no pika (like ``relay.broker.confirms``): the publisher tells it what the
 broker said, and asks it what to do with each row.
 
 A destination is an exchange ("" is the default exchange). A publish to an exchange that does
@@ -10,7 +10,7 @@ unconfirmed publish on it goes with it. Publishing the next row for that exchang
 close the next channel, so the first such close marks the exchange *broken*, and its rows are
 then *held*: charged an attempt and a back-off, as a failed publish is, but not published.
 Every probe delay, which grows with each failed probe, the publisher checks it again on a
-channel of its own (``relay.publisher``), and once it passes the exchange's held rows are
+channel of its own (``relay.broker.publisher``), and once it passes the exchange's held rows are
 due at once instead of waiting out their back-off:
 
 - an exchange that did not exist (404) is *declared passively*: a declare-ok means it exists.

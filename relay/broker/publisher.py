@@ -27,8 +27,10 @@ import tenacity
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from relay.backoff import Backoff, log_before_retry
-from relay.blame import CLOSED_BY_BROKER, blame, suspect
-from relay.confirms import RELEASED, ConfirmWindow
+from relay.broker.blame import CLOSED_BY_BROKER, blame, suspect
+from relay.broker.confirms import RELEASED, ConfirmWindow
+from relay.broker.destinations import Admission, Destinations, display
+from relay.broker.topology import Topology
 from relay.constants import (
     DESTINATION_PROBE_INITIAL_S,
     DESTINATION_PROBE_MAX_S,
@@ -38,13 +40,11 @@ from relay.constants import (
     PIKA_DEFAULT_CONNECT_TIMEOUT_S,
     SHORT_SESSION_S,
 )
-from relay.destinations import Admission, Destinations, display
 from relay.errors import BrokerError, ConfigError
 from relay.message import Limits, Unpublishable, build
 from relay.records import BrokerNode, OutboxRow, Outcome, Settlement
 from relay.redact import redact_url
 from relay.settings import TlsOptions
-from relay.topology import Topology
 from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)
@@ -140,9 +140,9 @@ class PikaPublisher(ConfirmWindow):
 
     A channel error costs a channel, never the connection: the broker closes the channel when
     a message breaks one of its rules, every unconfirmed publish on it is lost with it, and a
-    new confirm channel is opened on the same connection. ``relay.blame`` says which rows
+    new confirm channel is opened on the same connection. ``relay.broker.blame`` says which rows
     were the culprits (charged an attempt) and whether the close shows an exchange broken
-    (``relay.destinations``: its rows are then held, not published, until a probe on a
+    (``relay.broker.destinations``: its rows are then held, not published, until a probe on a
     channel of its own finds it again). When the close names no row, the lost rows become
     suspects and each is next published alone, with nothing else in flight: good rows are
     taken down with a bad one once at most (one window), never again on its later attempts.
