@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from relay import __version__, admin, daemon, logs
+from relay import __version__, daemon, logs
+from relay.admin import commands as admin
 from relay.db.engine import migrate
 from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError

@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from relay.admin.records import OutboxStatus, RecentSent, Selection
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
 from relay.db.claims import due_backlog
 from relay.db.clock import database_time, seconds_between
@@ -30,9 +31,6 @@ from relay.records import (
     STATUSES,
     NewMessage,
     OutboxRow,
-    OutboxStatus,
-    RecentSent,
-    Selection,
 )
 from relay.redact import redact_url
 

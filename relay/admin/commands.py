@@ -13,12 +13,13 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 
+from relay.admin.records import Selection
 from relay.broker.destinations import display
 from relay.constants import OUTBOX_BUCKETS, PURGE_CHUNK, RECENT_SENT_S, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin
 from relay.db.sink import OutboxSink
 from relay.errors import InputError
-from relay.records import OutboxRow, Selection
+from relay.records import OutboxRow
 from relay.redact import redact_url
 from relay.settings import Settings
 
