@@ -1,0 +1,32 @@
+"""MkDocs hooks (mkdocs.yml), so that the site cannot drift from the code or the README: the
+configuration page's table of settings comes from the settings' declarations
+(``relay.settings.describe``, what ``relay run --help`` prints), and the home page is the
+README, its links to ``docs/`` made relative to the site."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from relay.settings import describe
+
+MARKER = "<!-- settings -->"
+README_MARKER = "<!-- readme -->"
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: variable, default, meaning."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for _name, env, default, text in describe():
+        shown = f"`{default.lower() if default in ('True', 'False') else default}`"
+        rows.append(f"| `{env}` | {shown if default else ''} | {text.replace('|', '&#124;')} |")
+    return "\n".join(rows)
+
+
+def home_page() -> str:
+    return README.read_text().replace("](docs/", "](")
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    return markdown.replace(MARKER, settings_table()).replace(README_MARKER, home_page())
