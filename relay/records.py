@@ -30,6 +30,9 @@ class OutboxRow:
     created_at: datetime  # aware, in any zone
     attempts: int
     last_error: str | None = None
+    # Taken down with a channel the broker closed for a row it did not name: published only
+    # alone, with nothing else in flight (``relay.broker.quarantine``).
+    suspect: bool = False
     # Why the stored row could not be read (a value of the wrong type, say), or None. Such a
     # row carries only its id and is parked by the ordinary path, as a rejected publish.
     unreadable: str | None = None
@@ -63,6 +66,8 @@ class Settlement:
     outcome: Outcome
     detail: str = ""
     latency: float | None = None  # seconds from publish to confirm, for ACKED
+    # The row became a suspect (``OutboxRow.suspect``). A LOST row stays what it was.
+    suspect: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,7 @@ class RowChange:
     attempts: int
     delay: float
     last_error: str
+    suspect: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,9 @@ class SettlePolicy:
     """ACKED rows become sent. LOST rows are due again at once and keep their attempt count:
     a broker restart is nobody's fault. REJECTED rows cannot succeed as stored and are parked
     at once. Every other outcome counts an attempt and is retried after a back-off, until
-    ``max_attempts`` failures park the row with the reason in ``last_error``."""
+    ``max_attempts`` failures park the row with the reason in ``last_error``. A row is a
+    suspect after an outcome that says so; a LOST row keeps its suspicion, any other outcome
+    clears it."""
 
     def __init__(self, max_attempts: int, backoff: Backoff) -> None:
         self.max_attempts = max_attempts
@@ -32,8 +34,9 @@ class SettlePolicy:
         error = f"{s.outcome.value}: {s.detail}" if s.detail else s.outcome.value
         attempts = s.row.attempts
         if s.outcome is Outcome.LOST:
-            return RowChange(s.row.id, PENDING, attempts, 0.0, error)
+            return RowChange(s.row.id, PENDING, attempts, 0.0, error, s.suspect or s.row.suspect)
         attempts += 1
         if s.outcome is Outcome.REJECTED or attempts >= self.max_attempts:
             return RowChange(s.row.id, PARKED, attempts, 0.0, error)
-        return RowChange(s.row.id, PENDING, attempts, self.backoff.delay(attempts), error)
+        delay = self.backoff.delay(attempts)
+        return RowChange(s.row.id, PENDING, attempts, delay, error, s.suspect)

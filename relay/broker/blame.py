@@ -1,5 +1,6 @@
 """Blame for a channel the broker closed: which unconfirmed rows caused it, and what the close
-says about their destination. Pure: reply code and text in, a verdict out.
+says about their destination. Pure: reply code and text in, a verdict out (the quarantine,
+``relay.broker.quarantine``, keeps the suspects it makes).
 
 The broker closes the channel when a publish breaks one of its rules, and every unconfirmed
 publish on it is lost with it. Some close texts name the cause: ``404 NOT_FOUND - no exchange
@@ -24,8 +25,8 @@ from relay.records import OutboxRow
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
 _NO_ACCESS = re.compile(r"access to exchange '(?P<name>[^']*)'")
 _TOO_LARGE = re.compile(r"larger than configured max size (?P<size>\d+)")
-# In the outcome of every suspect. Kept in the row's last_error, so that every relay, and a
-# restarted one, knows its suspects.
+# In the outcome of every suspect: what operators read in its last_error. The mark itself is
+# ``Settlement.suspect``, stored in a column of its own.
 CLOSED_BY_BROKER = "channel closed by the broker"
 
 
@@ -36,6 +37,12 @@ class Verdict:
     innocent_reason: str  # the other lost rows' (due again at once)
     exchange: str | None = None  # the exchange the close shows broken
     max_message_size: int | None = None  # the broker's limit, when the close told it
+
+    @property
+    def suspects(self) -> bool:
+        """The rows blamed become suspects: the culprits, or, with none, every lost row. A
+        close that names an exchange blames its rows for certain."""
+        return self.exchange is None
 
 
 def blame(code: int, text: str, alone: OutboxRow | None) -> Verdict:
@@ -62,9 +69,3 @@ def blame(code: int, text: str, alone: OutboxRow | None) -> Verdict:
         size = limit
         return Verdict(lambda row: len(row.payload) > size, suspect, innocent, None, limit)
     return Verdict(None, "", suspect)
-
-
-def suspect(row: OutboxRow) -> bool:
-    """The row was unconfirmed on a channel the broker closed for no row it could name (or
-    closed it itself, published alone)."""
-    return row.last_error is not None and CLOSED_BY_BROKER in row.last_error

@@ -131,18 +131,25 @@ class ConfirmTracker:
         reason: str,
         culprit: Callable[[OutboxRow], bool] | None = None,
         culprit_reason: str = "",
+        suspects: bool = False,
     ) -> None:
         """The channel (and its numbering) is gone: every outstanding row is due again.
 
         When the broker closed the channel because of certain rows (``404 NOT_FOUND - no
         exchange 'x'``: the rows for x), those FAILED: they count an attempt, so they are
         parked in the end instead of closing every future channel. The others are LOST.
+        With ``suspects``, the rows blamed become suspects (``relay.broker.quarantine``): the
+        culprits, or, with none, every row lost.
         """
         for entry in self._outstanding.values():
-            if culprit is not None and culprit(entry.row):
-                self._settled.append(Settlement(entry.row, Outcome.FAILED, culprit_reason))
+            row = entry.row
+            if culprit is not None and culprit(row):
+                self._settled.append(
+                    Settlement(row, Outcome.FAILED, culprit_reason, None, suspects)
+                )
             else:
-                self._settled.append(Settlement(entry.row, Outcome.LOST, reason))
+                blamed = suspects and culprit is None
+                self._settled.append(Settlement(row, Outcome.LOST, reason, None, blamed))
         self._outstanding.clear()
         self._seq_of_message.clear()
         self._next_seq = 1

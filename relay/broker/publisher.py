@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import ssl
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,9 +26,10 @@ import tenacity
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from relay.backoff import Backoff, log_before_retry
-from relay.broker.blame import CLOSED_BY_BROKER, blame, suspect
+from relay.broker.blame import CLOSED_BY_BROKER, blame
 from relay.broker.confirms import RELEASED, ConfirmWindow
 from relay.broker.destinations import Admission, Destinations, display
+from relay.broker.quarantine import Quarantine
 from relay.broker.topology import Topology
 from relay.constants import (
     DESTINATION_PROBE_INITIAL_S,
@@ -188,8 +188,7 @@ class PikaPublisher(ConfirmWindow):
         self.connected = False
         self.blocked = False
         self._limits = Limits()
-        self._suspects: deque[OutboxRow] = deque()  # waiting to go out alone
-        self._alone: OutboxRow | None = None  # the suspect in flight by itself
+        self._quarantine = Quarantine()
         self._released: list[OutboxRow] = []  # suspects sent between two publish() calls
         probe = Backoff(DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S)
         self._destinations = Destinations(probe.delay)
@@ -223,8 +222,7 @@ class PikaPublisher(ConfirmWindow):
         return self.tracker.in_flight + len(self._trials)
 
     def capacity(self) -> int:
-        # While suspects wait or one is out alone, nothing else may join the window.
-        return 0 if self._suspects or self._alone is not None else super().capacity()
+        return 0 if self._quarantine.closed else super().capacity()
 
     def release(self, rows: Sequence[OutboxRow]) -> None:
         for row in rows:
@@ -260,9 +258,7 @@ class PikaPublisher(ConfirmWindow):
                 self._trials[row.exchange] = row
                 self._spawn(self._trial(row))
                 published.append(row)
-            elif suspect(row):
-                self._suspects.append(row)
-            elif self._send(self._channel, row):
+            elif self._quarantine.admit(row) and self._send(self._channel, row):
                 self.tracker.published(row, now)
                 published.append(row)
         if held:
@@ -310,21 +306,15 @@ class PikaPublisher(ConfirmWindow):
 
     def _lose(self, row: OutboxRow, reason: str) -> None:
         """Due again at once; a suspect stays one (its reason keeps the mark)."""
-        self.tracker.lose([row], _HELD_SUSPECT if suspect(row) else reason)
+        self.tracker.lose([row], _HELD_SUSPECT if row.suspect else reason)
 
     def _release_suspect(self) -> list[OutboxRow]:
         """Publish the next suspect if nothing else is in flight; the rows that went out."""
-        while (
-            self.can_publish
-            and self._suspects
-            and self._alone is None
-            and not self.tracker.in_flight
-        ):
-            row = self._suspects.popleft()
+        while self.can_publish and (row := self._quarantine.next_alone(self.tracker.in_flight)):
             if self._send(self._channel, row):
                 self.tracker.published(row, time.monotonic())
-                self._alone = row
                 return [row]
+            self._quarantine.answered()  # not sent: its outcome is recorded
         return []
 
     async def run(self, wake: Callable[[], None]) -> None:
@@ -539,7 +529,7 @@ class PikaPublisher(ConfirmWindow):
         else:
             self.tracker.on_nack(method.delivery_tag, method.multiple, time.monotonic())
         if not self.tracker.in_flight:
-            self._alone = None  # answered: innocent (or nacked, which counts an attempt)
+            self._quarantine.answered()  # innocent (or nacked, which counts an attempt)
             # The next suspect goes out now, not a loop turn later: while suspects are
             # tried one by one, nothing else flows, so every round trip saved counts.
             self._released += self._release_suspect()
@@ -564,16 +554,17 @@ class PikaPublisher(ConfirmWindow):
                 self._connection.close()
             return
         # A channel error: something we sent broke one of the broker's rules.
-        verdict = blame(code, text, self._alone)
+        verdict = self._quarantine.judge(code, text)
         if verdict.max_message_size is not None:
             # Remembered for this relay's life: an oversized row is then refused before it
             # is sent, and takes no channel (and no good rows) down with it.
             limit = verdict.max_message_size
             self._limits = dataclasses.replace(self._limits, max_message_size=limit)
         lost = self.tracker.in_flight
-        self.tracker.channel_lost(verdict.innocent_reason, verdict.culprit, verdict.culprit_reason)
+        self.tracker.channel_lost(
+            verdict.innocent_reason, verdict.culprit, verdict.culprit_reason, verdict.suspects
+        )
         self._requeue_suspects()
-        self._alone = None
         if verdict.exchange is not None:
             self._broke(verdict.exchange, f"{code} {text}", declarable=code == 404)
         else:
@@ -695,7 +686,8 @@ class PikaPublisher(ConfirmWindow):
         why = answer.result()
         if isinstance(why, pika.exceptions.ChannelClosedByBroker):
             verdict = blame(why.reply_code, why.reply_text, row)
-            self._judge(row, Settlement(row, Outcome.FAILED, verdict.culprit_reason))
+            blamed = Settlement(row, Outcome.FAILED, verdict.culprit_reason, None, verdict.suspects)
+            self._judge(row, blamed)
             reason = f"{why.reply_code} {why.reply_text}"
             self._destinations.failed(row.exchange, reason, time.monotonic())
             return
@@ -727,8 +719,7 @@ class PikaPublisher(ConfirmWindow):
 
     def _requeue_suspects(self) -> None:
         """Suspects that never went out: due again, and still suspects."""
-        self.tracker.lose(self._suspects, _HELD_SUSPECT)
-        self._suspects.clear()
+        self.tracker.lose(self._quarantine.release(), _HELD_SUSPECT)
 
     def _session_lost(self, reason: str) -> None:
         if self.connected:
@@ -737,7 +728,6 @@ class PikaPublisher(ConfirmWindow):
         self._channel_open = False
         self.tracker.channel_lost(reason)
         self._requeue_suspects()
-        self._alone = None
         for exchange, row in self._trials.items():
             self._trials_settled.append(Settlement(row, Outcome.LOST, reason))
             self._destinations.abandoned(exchange)

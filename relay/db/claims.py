@@ -125,7 +125,7 @@ def due_backlog(conn: sa.Connection) -> BacklogStats:
 # any of the forms ``_time`` reads.
 _OR_NULL = (str, type(None))
 _PLAIN: tuple[type | tuple[type, ...], ...]
-_PLAIN = (int, str, str, str, bytes, str, _OR_NULL, object, int, _OR_NULL)
+_PLAIN = (int, str, str, str, bytes, str, _OR_NULL, object, int, _OR_NULL, int)  # bool is int
 _NAMES = tuple(c.name for c in ROW_COLUMNS)
 
 
@@ -139,9 +139,22 @@ def decode_row(values: Sequence[Any]) -> OutboxRow:
     --profile``), a quarter of what the bare publisher spends on a whole message."""
     try:
         if all(map(isinstance, values, _PLAIN)):
-            rid, message_id, exchange, key, payload, content, headers, at, tries, error = values
+            rid, message_id, exchange, key, payload, content, headers, at, tries, error, sus = (
+                values
+            )
+            created = _time(at)
             return OutboxRow(
-                rid, message_id, exchange, key, payload, content, headers, _time(at), tries, error
+                rid,
+                message_id,
+                exchange,
+                key,
+                payload,
+                content,
+                headers,
+                created,
+                tries,
+                error,
+                bool(sus),
             )
         raw = dict(zip(_NAMES, values, strict=True))
         return OutboxRow(
@@ -155,6 +168,7 @@ def decode_row(values: Sequence[Any]) -> OutboxRow:
             created_at=_time(raw["created_at"]),
             attempts=_attempts(raw["attempts"]),
             last_error=None if raw["last_error"] is None else str(raw["last_error"]),
+            suspect=bool(raw["suspect"]),
         )
     except _Unreadable as exc:
         raw = dict(zip(_NAMES, values, strict=True))
@@ -438,6 +452,7 @@ class ClaimStore:
                 attempts=change.c.attempts,
                 next_attempt_at=database_time(change.c.delay),
                 last_error=change.c.last_error,
+                suspect=change.c.suspect,
             )
         )
         chunks = range(0, len(batch.sent), IDS_PER_STATEMENT)
@@ -449,7 +464,14 @@ class ClaimStore:
                     conn.execute(statement, ids)
             if batch.changes:
                 changes = [
-                    (c.id, c.status, c.attempts, c.delay, c.last_error[:LAST_ERROR_MAX_CHARS])
+                    (
+                        c.id,
+                        c.status,
+                        c.attempts,
+                        c.delay,
+                        c.last_error[:LAST_ERROR_MAX_CHARS],
+                        c.suspect,
+                    )
                     for c in batch.changes
                 ]
                 conn.execute(changed, changes_parameters(self.engine.dialect, changes))

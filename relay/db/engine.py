@@ -162,12 +162,13 @@ _CHANGE_COLUMNS: tuple[tuple[str, sa.types.TypeEngine[Any]], ...] = (
     ("attempts", sa.Integer()),
     ("delay", sa.Float()),
     ("last_error", sa.Text()),
+    ("suspect", sa.Boolean()),
 )
 
 
 def changes_table(dialect: sa.Dialect) -> sa.Subquery | sa.TableValuedAlias:
     """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
-    id, status, attempts, delay, last_error (bind them with ``changes_parameters``). One
+    id, status, attempts, delay, last_error, suspect (bind them with ``changes_parameters``). One
     statement then changes hundreds of rows each its own way; a statement per row made the
     settle of 500 rows refused by the broker 500 statements."""
     if dialect.name == "postgresql":

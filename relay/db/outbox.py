@@ -164,6 +164,7 @@ class OutboxAdmin:
                 attempts=0,
                 next_attempt_at=database_time(),
                 sent_at=None,
+                suspect=False,
             )
         )
         with transaction(self.engine, "replay", self._where) as conn:

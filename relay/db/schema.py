@@ -100,6 +100,9 @@ outbox = sa.Table(
     sa.Column("status", sa.Text(), nullable=False, server_default=PENDING),
     sa.Column("sent_at", UTCDateTime(), nullable=True),
     sa.Column("last_error", sa.Text(), nullable=True),
+    # ``relay.records.OutboxRow.suspect``: its own column, not a word in last_error (which is
+    # for operators, and which ``relay replay --reason`` selects by).
+    sa.Column("suspect", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="outbox_status_valid"
     ),
@@ -213,6 +216,7 @@ ROW_COLUMNS = (
     outbox.c.created_at,
     outbox.c.attempts,
     outbox.c.last_error,
+    outbox.c.suspect,
 )
 
 # Relays LISTEN on this channel; a trigger (migration 0003) notifies it after every INSERT

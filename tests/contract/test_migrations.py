@@ -137,3 +137,48 @@ def test_upgrade_to_owned_buckets_keeps_every_pending_and_in_flight_row(database
             assert 3500 < conn.execute(wait).scalar_one() <= 3600
     finally:
         store.close()
+
+
+def test_upgrade_to_the_suspect_column_keeps_the_suspects_marked_in_last_error(
+    database_url: str,
+) -> None:
+    """0005 -> 0006: a pending row the old relays marked a suspect (a phrase in last_error) is
+    a suspect when claimed; a row with another error, a parked suspect and a clean row are
+    not."""
+    migrate(database_url, "base", downgrade=True)
+    migrate(database_url, "0005")
+    engine = sa.create_engine(database_url)
+    marked = "lost: channel closed by the broker: 406 PRECONDITION_FAILED - unknown rule"
+    rows = {
+        "suspect": ("pending", marked),
+        "innocent": ("pending", "lost: lost with a channel the broker closed for another row"),
+        "clean": ("pending", None),
+        "parked suspect": ("parked", marked),
+    }
+    table = sa.table(
+        "outbox",
+        sa.column("message_id"),
+        sa.column("payload"),
+        sa.column("status"),
+        sa.column("last_error"),
+    )
+    with engine.begin() as conn:
+        for message_id, (status, error) in rows.items():
+            conn.execute(
+                sa.insert(table).values(
+                    message_id=message_id, payload=b"x", status=status, last_error=error
+                )
+            )
+    engine.dispose()
+    migrate(database_url)
+    assert differences(database_url) == []
+    store = ClaimStore(database_url, "new-relay", 60.0)
+    try:
+        store.turn()
+        claimed = {r.message_id: r.suspect for r in store.claim(10, 2**62)}
+        assert claimed == {"suspect": True, "innocent": False, "clean": False}
+        with store.engine.connect() as conn:
+            parked = sa.select(outbox.c.suspect).where(outbox.c.message_id == "parked suspect")
+            assert conn.execute(parked).scalar_one() is False
+    finally:
+        store.close()

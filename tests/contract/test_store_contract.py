@@ -400,3 +400,18 @@ def test_hasten_makes_backed_off_rows_of_an_exchange_due_now(make_store: StoreFa
     due = {r.id for r in b.claim(10, NO_BYTE_LIMIT)}
     assert x0.id in due and x1.id in due and y2.id not in due and x3.id not in due
     assert state(a, x0.id) == (PENDING, 1, held), "the attempt stays charged"
+
+
+def test_a_suspect_is_claimed_as_one_until_a_change_clears_it(make_store: StoreFactory) -> None:
+    store = make_store("a")
+    store.enqueue(msgs(2))
+    r1, r2 = store.claim(10, NO_BYTE_LIMIT)
+    assert (r1.suspect, r2.suspect) == (False, False)
+    lost = "lost: channel closed by the broker: 406 x"
+    store.settle(SettleBatch(changes=(RowChange(r1.id, PENDING, 0, 0.0, lost, True),)))
+    store.settle(SettleBatch(changes=(RowChange(r2.id, PENDING, 0, 0.0, "lost: x"),)))
+    claimed = {r.id: r.suspect for r in store.claim(10, NO_BYTE_LIMIT)}
+    assert claimed == {r1.id: True, r2.id: False}
+    store.settle(SettleBatch(changes=(RowChange(r1.id, PENDING, 1, 0.0, "nacked: x"),)))
+    (again,) = (r for r in store.claim(10, NO_BYTE_LIMIT) if r.id == r1.id)
+    assert again.suspect is False

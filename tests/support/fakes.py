@@ -162,7 +162,9 @@ class InMemoryStore:
             if s.status == PENDING and self._owns(c.id, leased=False):
                 s.status = c.status
                 s.next_attempt_at = now + timedelta(seconds=c.delay)
-                s.row = replace(s.row, attempts=c.attempts, last_error=c.last_error)
+                s.row = replace(
+                    s.row, attempts=c.attempts, last_error=c.last_error, suspect=c.suspect
+                )
         self.held.difference_update(batch.sent)
         self.held.difference_update(c.id for c in batch.changes)
 

@@ -21,6 +21,7 @@ STORED = {
     "created_at": "2026-01-01 00:00:00.000000",
     "attempts": 0,
     "last_error": None,
+    "suspect": 0,
 }
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -53,6 +54,8 @@ READABLE = {
     "text payload is UTF-8": ("payload", "héllo", "payload", "héllo".encode()),
     "memoryview payload": ("payload", memoryview(b"raw"), "payload", b"raw"),
     "headers text": ("headers", '{"a": 1}', "headers", '{"a": 1}'),
+    "SQLite boolean": ("suspect", 1, "suspect", True),
+    "PostgreSQL boolean": ("suspect", True, "suspect", True),
 }
 
 

@@ -1,5 +1,5 @@
-"""Destination breaking and channel-close blame, table-driven: broker events in, decisions out.
-No server (the real broker's side: tests/e2e/test_destinations.py)."""
+"""Destination breaking, table-driven: broker events in, decisions out. No server (the real
+broker's side: tests/e2e/test_destinations.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,9 @@ from typing import Any
 
 import pytest
 
-from relay.broker.blame import CLOSED_BY_BROKER, blame, suspect
 from relay.broker.destinations import Admission, Destinations
-from tests.support.rows import row
 
 P, T, H = Admission.PUBLISH, Admission.TRIAL, Admission.HOLD
-NO_X = "NOT_FOUND - no exchange 'x' in vhost '/'"
-REFUSED_X = "ACCESS_REFUSED - access to exchange 'x' in vhost '/' refused for user 'u'"
 
 
 def delay(failures: int) -> float:
@@ -107,113 +103,3 @@ def test_held_rows_carry_the_broker_reason_and_the_state_says_how_many() -> None
     destinations.failed("", "403 refused again", 1.0)
     assert destinations.broken() == {"": ("403 refused again", 1)}
     assert destinations.names() == frozenset({""})
-
-
-X1, X2, Y1 = row(1, exchange="x"), row(2, exchange="x"), row(3, exchange="y")
-BIG, SMALL = row(4, payload=b"z" * 200), row(5, payload=b"z" * 50)
-DEFAULT = row(6, exchange="")
-INNOCENT = "lost with a channel the broker closed for another row"
-
-# (code, text, the row out alone or None) -> rows blamed of (X1, X2, Y1, BIG, SMALL, DEFAULT), the
-# culprits' reason (a part), the others' reason (a part), the exchange broken, the size learned
-BLAME: dict[str, tuple[int, str, Any, set[int], str, str, str | None, int | None]] = {
-    "404 names the exchange: its rows are the culprits, the others innocent": (
-        404,
-        NO_X,
-        None,
-        {1, 2},
-        "the broker refuses exchange 'x': 404",
-        INNOCENT,
-        "x",
-        None,
-    ),
-    "403 on an exchange the user may not write to": (
-        403,
-        REFUSED_X,
-        None,
-        {1, 2},
-        "refuses exchange 'x': 403",
-        INNOCENT,
-        "x",
-        None,
-    ),
-    "403 on the default exchange": (
-        403,
-        "ACCESS_REFUSED - access to exchange 'amq.default' in vhost '/' refused for user 'u'",
-        None,
-        {6},
-        "refuses exchange 'amq.default'",
-        INNOCENT,
-        "",
-        None,
-    ),
-    "406 too large names a size: larger rows are the culprits, and suspects": (
-        406,
-        "PRECONDITION_FAILED - message size 200 is larger than configured max size 100",
-        None,
-        {4},
-        CLOSED_BY_BROKER,
-        INNOCENT,
-        None,
-        100,
-    ),
-    "a text that names nothing: every row is a suspect": (
-        403,
-        "ACCESS_REFUSED - cannot publish to internal exchange 'amq.rabbitmq.trace'",
-        None,
-        set(),
-        "",
-        CLOSED_BY_BROKER,
-        None,
-        None,
-    ),
-    "a row out alone is the culprit, whatever the text": (
-        406,
-        "PRECONDITION_FAILED - unknown rule",
-        Y1,
-        {3},
-        CLOSED_BY_BROKER,
-        INNOCENT,
-        None,
-        None,
-    ),
-    "a row out alone to a missing exchange: the culprit, and the exchange broken": (
-        404,
-        NO_X,
-        X2,
-        {2},
-        "refuses exchange 'x'",
-        INNOCENT,
-        "x",
-        None,
-    ),
-    "404 for a queue (a passive declare) names no exchange": (
-        404,
-        "NOT_FOUND - no queue 'q' in vhost '/'",
-        None,
-        set(),
-        "",
-        CLOSED_BY_BROKER,
-        None,
-        None,
-    ),
-}
-
-
-@pytest.mark.parametrize("case", BLAME.values(), ids=list(BLAME))
-def test_blame(case: tuple[int, str, Any, set[int], str, str, str | None, int | None]) -> None:
-    code, text, alone, blamed, culprit_reason, innocent_reason, exchange, size = case
-    verdict = blame(code, text, alone)
-    culprit = verdict.culprit or (lambda _row: False)
-    assert {r.id for r in (X1, X2, Y1, BIG, SMALL, DEFAULT) if culprit(r)} == blamed
-    assert culprit_reason in verdict.culprit_reason
-    assert innocent_reason in verdict.innocent_reason
-    assert (verdict.exchange, verdict.max_message_size) == (exchange, size)
-    # Only a close that names no row makes suspects of the rows it took down.
-    assert (CLOSED_BY_BROKER in verdict.innocent_reason) == (verdict.culprit is None)
-
-
-def test_a_suspect_is_known_by_its_last_error() -> None:
-    assert suspect(row(1, last_error=f"lost: {CLOSED_BY_BROKER}: 406 x"))
-    assert not suspect(row(1, last_error=f"lost: {INNOCENT}: 404 x"))
-    assert not suspect(row(1))

@@ -60,3 +60,25 @@ def test_acked_rows_become_sent_in_one_list() -> None:
     assert batch.sent == (1, 3)
     assert [c.id for c in batch.changes] == [2]
     assert len(batch) == 3
+
+
+@pytest.mark.parametrize(
+    ("outcome", "was_suspect", "made_suspect", "is_suspect"),
+    [
+        (Outcome.LOST, False, True, True),  # lost with a close that named nobody
+        (Outcome.LOST, True, False, True),  # a suspect lost stays one
+        (Outcome.LOST, False, False, False),
+        (Outcome.FAILED, True, True, True),  # out alone, and the channel closed again
+        (Outcome.FAILED, False, False, False),  # blamed for certain (an exchange named)
+        (Outcome.NACKED, True, False, False),  # answered: innocent of any close
+        (Outcome.TIMED_OUT, True, False, False),
+        (Outcome.REJECTED, True, False, False),
+    ],
+)
+def test_suspicion_is_kept_by_a_loss_and_cleared_by_an_answer(
+    outcome: Outcome, was_suspect: bool, made_suspect: bool, is_suspect: bool
+) -> None:
+    policy = SettlePolicy(max_attempts=5, backoff=Backoff(1.0, 60.0))
+    settled = Settlement(row(7, suspect=was_suspect), outcome, "why", None, made_suspect)
+    (change,) = policy.batch([settled]).changes
+    assert change.suspect is is_suspect
