@@ -13,7 +13,8 @@ import threading
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
-from relay.broker.publisher import PikaPublisher, connection_parameters
+from relay.broker.connection import connection_parameters
+from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
     PURGE_CHUNK,

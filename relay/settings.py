@@ -105,7 +105,7 @@ def _optional_path(text: str) -> Path | None:
 def _url(*schemes: str) -> Callable[[str], str]:
     """A URL with one of ``schemes``. Database URLs are checked whole here (a bad port or
     host would otherwise surface as a traceback from the driver); AMQP URLs are checked by
-    pika when the relay starts (``relay.broker.publisher.connection_parameters``)."""
+    pika when the relay starts (``relay.broker.connection.connection_parameters``)."""
 
     def parse(text: str) -> str:
         scheme = text.split(":", 1)[0].split("+", 1)[0].lower()

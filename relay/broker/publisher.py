@@ -1,4 +1,4 @@
-"""The broker side: pika's asynchronous API on a confirm-mode channel. The only pika user.
+"""The publisher: pika's asynchronous API on a confirm-mode channel.
 
 Why asyncio: pika's ``AsyncioConnection`` runs on the relay's event loop, so confirms,
 returns, heartbeats and the confirm tracker all live on one thread and need no locks; the
@@ -7,7 +7,8 @@ database work runs in worker threads (see ``relay.db.claims``) and never stalls 
 Every publish is ``mandatory`` (an unroutable message comes back as ``basic.return``) and
 persistent (``delivery_mode=2``), carries the row's stable ``message_id`` for consumer-side
 de-duplication, and is streamed: the caller keeps up to ``window`` confirms outstanding.
-pika's exceptions never leave this module; they become ``BrokerError`` or row outcomes.
+pika's exceptions never leave the broker package; they become ``BrokerError`` or row
+outcomes.
 """
 
 from __future__ import annotations
@@ -15,35 +16,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
 import pika.exceptions
-import tenacity
-from pika.adapters.asyncio_connection import AsyncioConnection
 
-from relay.backoff import Backoff, log_before_retry
+from relay.backoff import Backoff
 from relay.broker.blame import CLOSED_BY_BROKER, blame
 from relay.broker.confirms import RELEASED, ConfirmWindow
+from relay.broker.connection import (
+    Connector,
+    GatheringConnection,
+    announced,
+    drop_if_open,
+    resolve,
+    root_cause,
+)
 from relay.broker.destinations import Admission, Destinations, display
 from relay.broker.quarantine import Quarantine
 from relay.broker.topology import Topology
-from relay.constants import (
-    DESTINATION_PROBE_INITIAL_S,
-    DESTINATION_PROBE_MAX_S,
-    GATHER_MAX_BYTES,
-    HALF_OPEN_CLOSE_S,
-    MIN_CONNECT_TIMEOUT_S,
-    PIKA_DEFAULT_CONNECT_TIMEOUT_S,
-    SHORT_SESSION_S,
-)
-from relay.errors import BrokerError, ConfigError
+from relay.constants import DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S, HALF_OPEN_CLOSE_S
+from relay.errors import BrokerError
 from relay.message import Limits, Unpublishable, build
 from relay.records import BrokerNode, OutboxRow, Outcome, Settlement
-from relay.redact import redact_url
 from relay.settings import TlsOptions
 from relay.tracing import NoTracing, Tracing
 
@@ -62,73 +59,6 @@ class _EncodedProperties(pika.BasicProperties):  # type: ignore[misc]
 
     def encode(self) -> list[bytes]:
         return [self._encoded]
-
-
-class _GatheringConnection(AsyncioConnection):  # type: ignore[misc]
-    """pika's asyncio connection, writing what one event-loop turn produced in one send.
-
-    pika 1.3 hands every frame to its transport as a buffer of its own and sends the buffers
-    one ``send()`` each: a publish is three frames (method, header, body), so a batch of 500
-    rows was 1,500 system calls, the relay's largest single cost (18% of its CPU samples in
-    ``bench.run --profile``). Frames are gathered here and handed over once the loop turn that
-    produced them ends (``call_soon``), in the order pika produced them.
-
-    ``_adapter_emit_data`` is the method pika's adapters implement to write (pika's own
-    ``BaseConnection`` is one such adapter); pika is pinned to 1.3.x for it.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._gathered: list[bytes] = []
-        super().__init__(*args, **kwargs)
-
-    def _adapter_emit_data(self, data: bytes) -> None:
-        if not self._gathered:
-            asyncio.get_running_loop().call_soon(self._emit_gathered)
-        self._gathered.append(data)
-
-    def _emit_gathered(self) -> None:
-        pieces, self._gathered = self._gathered, []
-        if self.is_closed:  # a dropped connection has no transport left to write to
-            return
-        # Big messages' frames are written as they are: joined, they would be one more copy
-        # of every byte in flight (the byte budget's worth, for a while).
-        if sum(map(len, pieces)) < GATHER_MAX_BYTES:
-            pieces = [b"".join(pieces)]
-        for piece in pieces:
-            super()._adapter_emit_data(piece)
-
-
-def connection_parameters(url: str, name: str, tls: TlsOptions | None = None) -> pika.URLParameters:
-    try:
-        params = pika.URLParameters(url)
-    except Exception as exc:  # pika raises ValueError, KeyError, ... for bad URLs
-        raise ConfigError(f"RELAY_AMQP_URL={redact_url(url)}: {exc}") from None
-    if tls is not None:
-        params.ssl_options = pika.SSLOptions(
-            _tls_context(tls), server_hostname=tls.server_name or params.host
-        )
-    # One attempt per connect: tenacity owns the retry schedule and its logging.
-    params.connection_attempts = 1
-    params.client_properties = {"connection_name": name, "product": "outbox-relay"}
-    return params
-
-
-def _tls_context(tls: TlsOptions) -> ssl.SSLContext:
-    """Verify the broker's certificate and name (always); present a client certificate
-    when one is configured. A file that cannot be used is a ConfigError naming the setting."""
-    try:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"RELAY_AMQP_CA_FILE={tls.ca_file}: cannot use: {exc}") from None
-    if tls.cert_file is not None:
-        try:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                f"RELAY_AMQP_CERT_FILE={tls.cert_file}, RELAY_AMQP_KEY_FILE={tls.key_file}: "
-                f"cannot use: {exc}"
-            ) from None
-    return context
 
 
 class PikaPublisher(ConfirmWindow):
@@ -164,25 +94,11 @@ class PikaPublisher(ConfirmWindow):
     ) -> None:
         super().__init__(window, confirm_timeout)
         self._tracing = tracing or NoTracing()
-        self._nodes = [connection_parameters(url, name, tls) for url in urls]
-        for params in self._nodes:
-            # A connect attempt made while the link was black-holed hangs until this timeout
-            # (pika's default: 15 s) even after the link is back; no longer than the confirm
-            # timeout, so that recovery is as quick as the detection.
-            params.stack_timeout = min(
-                params.stack_timeout or PIKA_DEFAULT_CONNECT_TIMEOUT_S,
-                max(MIN_CONNECT_TIMEOUT_S, confirm_timeout),
-            )
-            if len(self._nodes) > 1 and params.blocked_connection_timeout is None:
-                # A node that stays blocked (its memory or disk alarm) longer than a confirm
-                # may take is left for the next one: pika closes the connection.
-                params.blocked_connection_timeout = confirm_timeout
-        self._node = 0  # index of the node in use, or of the one to try first
+        self._connector = Connector(urls, name, tls, confirm_timeout, reconnect)
         self._topology = topology
-        self._reconnect = reconnect
         self._on_state = on_state
         self._on_destination = on_destination
-        self._connection: _GatheringConnection | None = None
+        self._connection: GatheringConnection | None = None
         self._channel: Any = None
         self._channel_open = False  # the confirm channel; reopened after a channel error
         self.connected = False
@@ -201,17 +117,10 @@ class PikaPublisher(ConfirmWindow):
         self._session_closed: asyncio.Future[str] | None = None
         self._session_opened: asyncio.Future[None] | None = None
         self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
-        self._log_retry = log_before_retry(
-            log, "broker unavailable", "broker_retry", broker=",".join(map(_address, self._nodes))
-        )
-
-    @property
-    def _params(self) -> pika.URLParameters:
-        return self._nodes[self._node]
 
     @property
     def _where(self) -> str:
-        return _address(self._params)
+        return self._connector.where
 
     @property
     def can_publish(self) -> bool:
@@ -273,7 +182,9 @@ class PikaPublisher(ConfirmWindow):
         """Publish one row on ``channel``; any failure becomes its outcome. True when it went
         out (the caller records it)."""
         try:
-            trace = self._tracing.start(row, (self._params.host, self._params.port))
+            trace = self._tracing.start(
+                row, (self._connector.params.host, self._connector.params.port)
+            )
             message = build(row, self._limits, trace)
             channel.basic_publish(
                 message.exchange,
@@ -320,40 +231,8 @@ class PikaPublisher(ConfirmWindow):
     async def run(self, wake: Callable[[], None]) -> None:
         self._wake = wake
         watch = asyncio.create_task(self._watch_forever())
-        short_sessions = 0
         try:
-            while not self._closing:
-                if short_sessions:
-                    # Connections that die as soon as they open, whatever the cause, must not
-                    # become a reconnect storm: every other client of the broker pays for it.
-                    await asyncio.sleep(self._reconnect.delay(short_sessions))
-                retrying = tenacity.AsyncRetrying(
-                    wait=self._reconnect.wait,
-                    retry=tenacity.retry_if_exception_type(BrokerError),
-                    stop=lambda _state: self._closing,
-                    before_sleep=self._log_retry,
-                    reraise=True,
-                )
-                try:
-                    async for attempt in retrying:
-                        with attempt:
-                            closed = await self._connect()
-                except BrokerError:
-                    return  # closing while still unable to connect
-                started = time.monotonic()
-                reason = await closed
-                lost = self._where
-                # The next connect tries the next node first: this one may be down, and
-                # trying it again first could wait out a connect timeout.
-                self._node = (self._node + 1) % len(self._nodes)
-                short = time.monotonic() - started < SHORT_SESSION_S
-                short_sessions = short_sessions + 1 if short else 0
-                if not self._closing:
-                    log.warning(
-                        "broker connection lost: %s",
-                        reason,
-                        extra={"action": "broker_disconnected", "broker": lost},
-                    )
+            await self._connector.run(self._connect_node, lambda: self._closing)
         finally:
             watch.cancel()
             for task in list(self._tasks):
@@ -373,27 +252,9 @@ class PikaPublisher(ConfirmWindow):
         if self._session_closed is not None:
             await asyncio.shield(self._session_closed)
 
-    async def _connect(self) -> asyncio.Future[str]:
-        """Connect to the first node, from the current one on, that takes a connection and a
-        confirm channel; all failing is one failure (the caller backs off, then tries again)."""
-        failures = []
-        for _ in self._nodes:
-            try:
-                return await self._connect_node()
-            except BrokerError as exc:
-                failures.append(str(exc))
-                if len(failures) < len(self._nodes):
-                    log.warning(
-                        "%s; trying the next node",
-                        exc,
-                        extra={"action": "broker_node_failed", "broker": self._where},
-                    )
-                self._node = (self._node + 1) % len(self._nodes)
-        raise BrokerError("; ".join(failures))
-
-    async def _connect_node(self) -> asyncio.Future[str]:
-        """Open a connection and a confirm channel to the current node and declare the
-        topology."""
+    async def _connect_node(self, params: pika.URLParameters) -> asyncio.Future[str]:
+        """Open a connection and a confirm channel to the node ``params`` names and declare
+        the topology; the future says why the session ended, once it has."""
         loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()
         closed: asyncio.Future[str] = loop.create_future()
@@ -402,20 +263,20 @@ class PikaPublisher(ConfirmWindow):
         self._setup_failure = ""
 
         def on_open(_conn: Any) -> None:
-            _resolve(opened, None)
+            resolve(opened, None)
 
         def on_open_error(_conn: Any, exc: BaseException) -> None:
             if not opened.done():
-                why = _root_cause(exc)
+                why = root_cause(exc)
                 opened.set_exception(BrokerError(f"cannot connect to {self._where}: {why}"))
-            _resolve(closed, repr(exc))
+            resolve(closed, repr(exc))
 
         def on_close(_conn: Any, exc: BaseException) -> None:
             self._session_lost(f"connection closed: {exc!r}")
-            _resolve(closed, repr(exc))
+            resolve(closed, repr(exc))
 
-        self._connection = _GatheringConnection(
-            self._params, on_open, on_open_error, on_close, custom_ioloop=loop
+        self._connection = GatheringConnection(
+            params, on_open, on_open_error, on_close, custom_ioloop=loop
         )
         self._connection.add_on_connection_blocked_callback(self._on_blocked)
         self._connection.add_on_connection_unblocked_callback(self._on_unblocked)
@@ -429,7 +290,7 @@ class PikaPublisher(ConfirmWindow):
             raise
         self.blocked = False
         self.connected = True
-        node = _announced(self._where, self._connection)
+        node = announced(self._where, self._connection)
         self._limits = dataclasses.replace(self._limits, frame_max=node.frame_max)
         self._on_state(node)
         log.info(
@@ -511,7 +372,7 @@ class PikaPublisher(ConfirmWindow):
         """Call a pika method that answers through a callback; fail if the session closes."""
         assert self._session_closed is not None
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        kwargs[callback_name] = lambda result: _resolve(done, result)
+        kwargs[callback_name] = lambda result: resolve(done, result)
         try:
             method(*args, **kwargs)
         except pika.exceptions.AMQPError as exc:
@@ -613,7 +474,7 @@ class PikaPublisher(ConfirmWindow):
         close the confirm channel. Its close (the reason) resolves ``closed``."""
         assert self._connection is not None
         channel = await self._rpc(self._connection.channel, "on_open_callback")
-        channel.add_on_close_callback(lambda _ch, why: _resolve(closed, why))
+        channel.add_on_close_callback(lambda _ch, why: resolve(closed, why))
         return channel
 
     async def _declare_passively(self, exchange: str) -> None:
@@ -626,7 +487,7 @@ class PikaPublisher(ConfirmWindow):
             async with asyncio.timeout(self.tracker.confirm_timeout):
                 channel = await self._side_channel(closed)
                 channel.exchange_declare(
-                    exchange, passive=True, callback=lambda f: _resolve(declared, f)
+                    exchange, passive=True, callback=lambda f: resolve(declared, f)
                 )
                 await asyncio.wait({declared, closed}, return_when=asyncio.FIRST_COMPLETED)
         except (BrokerError, TimeoutError, pika.exceptions.AMQPError):
@@ -660,7 +521,7 @@ class PikaPublisher(ConfirmWindow):
                     lambda _ch, method, _props, _body: returned.append(_returned(method))
                 )
                 await self._rpc(
-                    channel.confirm_delivery, "callback", lambda frame: _resolve(answer, frame)
+                    channel.confirm_delivery, "callback", lambda frame: resolve(answer, frame)
                 )
                 if not self._send(channel, row):  # its outcome is recorded
                     self._trials.pop(row.exchange, None)
@@ -772,7 +633,7 @@ class PikaPublisher(ConfirmWindow):
                     # the socket if the close has not completed by then.
                     asyncio.get_running_loop().call_later(
                         min(HALF_OPEN_CLOSE_S, self.tracker.confirm_timeout),
-                        _drop_if_open,
+                        drop_if_open,
                         connection,
                     )
 
@@ -782,52 +643,3 @@ def _returned(method: Any) -> str:
         f"basic.return {method.reply_code} {method.reply_text} "
         f"(exchange {method.exchange!r}, routing key {method.routing_key!r})"
     )
-
-
-def _address(params: pika.URLParameters) -> str:
-    return f"{params.host}:{params.port}"
-
-
-def _announced(address: str, connection: AsyncioConnection) -> BrokerNode:
-    """The node as its connection.start announced it (text fields may arrive as bytes)."""
-    props = connection.server_properties or {}
-
-    def text(key: str) -> str:
-        value = props.get(key, "")
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-    return BrokerNode(
-        address, text("product"), text("version"), text("cluster_name"), connection.params.frame_max
-    )
-
-
-def _drop_if_open(connection: _GatheringConnection) -> None:
-    """Abort the socket of a connection whose close never completed (a half-open link).
-
-    pika has no public way to do this: ``close()`` waits for the broker's close-ok, which
-    never comes on a black-holed link, and only the heartbeat (minutes) would end it. This is
-    the private call pika's own connection-level error handling uses to abort the transport,
-    and it reports the loss through the usual ``on_close`` callback; pika is pinned to 1.3.x
-    in pyproject.toml for it, and fault scenario 3b (black hole) fails if it stops working.
-    """
-    if not connection.is_closed:
-        connection._adapter_disconnect_stream()
-
-
-def _root_cause(exc: BaseException) -> str:
-    """pika wraps a refused socket three levels deep; operators want the innermost reason."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        inner = getattr(seen, "exceptions", None) or seen.args
-        nested = [e for e in inner if isinstance(e, BaseException)]
-        if not nested and isinstance(getattr(seen, "exception", None), BaseException):
-            nested = [seen.exception]  # type: ignore[attr-defined]
-        if not nested:
-            return f"{type(seen).__name__}: {seen}" if str(seen) else type(seen).__name__
-        seen = nested[-1]
-    return repr(exc)
-
-
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)

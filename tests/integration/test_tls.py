@@ -174,7 +174,7 @@ def test_a_broker_that_fails_the_checks_gets_nothing_and_the_log_says_why(
 def test_unusable_tls_files_and_tls_settings_without_amqps_are_config_errors(
     tls_broker: TlsBroker, tmp_path: Path
 ) -> None:
-    from relay.broker.publisher import connection_parameters
+    from relay.broker.connection import connection_parameters
 
     with pytest.raises(ConfigError, match="set both RELAY_AMQP_CERT_FILE and RELAY_AMQP_KEY_FILE"):
         Settings.load({}, {"amqp_url": tls_broker.url(), "amqp_cert_file": "/x.pem"})
