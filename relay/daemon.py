@@ -24,10 +24,11 @@ from relay.constants import (
 )
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
-from relay.errors import ConfigError, RelayError
+from relay.errors import ConfigError, RelayError, StoreError
 from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
-from relay.relay import Relay, in_thread
+from relay.relay import Relay
+from relay.retrying import in_thread
 from relay.settings import Settings, TracingSettings
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
@@ -78,7 +79,6 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         max_inflight_bytes=settings.max_inflight_bytes,
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
-        stats_interval=settings.stats_interval,
         turn_interval=min(settings.lease / TURNS_PER_LEASE, TURN_INTERVAL_MAX_S),
         retry=reconnect,
         tracing=tracing,
@@ -143,7 +143,7 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, functools.partial(_stop, relay, sig))
-    helpers = []
+    helpers = [asyncio.create_task(_backlog_gauges(store, metrics, settings.stats_interval))]
     if settings.retention:
         helpers.append(asyncio.create_task(_retention(settings)))
     if store.notifies:
@@ -162,6 +162,25 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
 def _stop(relay: Relay, sig: signal.Signals) -> None:
     log.info("%s received: stopping", sig.name, extra={"action": "stop"})
     relay.stop()
+
+
+async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) -> None:
+    """The backlog gauges, every ``interval``; also the first to tell, even while the broker
+    is still down, that the database is unreachable or not migrated (once per failure, not
+    every time)."""
+    last_error = None
+    while True:
+        try:
+            stats = await in_thread(store.backlog)
+        except StoreError as exc:
+            if str(exc) != last_error:
+                log.warning("%s", exc, extra={"action": "backlog_stats_failed"})
+            last_error = str(exc)
+        else:
+            last_error = None
+            metrics.due_rows.set(stats.due)
+            metrics.oldest_due_age.set(stats.oldest_due_age)
+        await asyncio.sleep(interval)
 
 
 async def _wake_on_notify(store: ClaimStore, relay: Relay, settings: Settings) -> None:

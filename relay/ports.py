@@ -2,7 +2,7 @@
 
 The loop (``relay.relay``) sees only these; ``relay.db.claims.ClaimStore`` and
 ``relay.broker.publisher.PikaPublisher`` implement them for real, ``tests/support/fakes.py`` in
-memory, and the contract tests hold the fakes to the real ones.
+memory, and the contract suites (``tests/contract/``) hold the fakes to the real ones.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
-from relay.records import BacklogStats, OutboxRow, SettleBatch, Settlement
+from relay.records import Answers, BacklogStats, OutboxRow, PublisherState, SettleBatch
 
 
 class Store(Protocol):
@@ -44,48 +44,31 @@ class Store(Protocol):
 
 
 class Publisher(Protocol):
-    """The broker as the loop sees it: a window of unconfirmed publishes."""
+    """The broker as the loop sees it: a window of unconfirmed publishes. The loop reads its
+    ``state``, hands it rows, and is woken (``run``'s ``wake``) when there is something to
+    ``take``. Every row handed over comes back exactly once, settled."""
 
     window: int  # the most confirms outstanding at once
 
-    @property
-    def connected(self) -> bool:
-        """A confirm channel is open and the topology declared (it may still be blocked)."""
+    def state(self) -> PublisherState: ...
 
-    @property
-    def in_flight(self) -> int:
-        """Published rows awaiting the broker's answer."""
-
-    @property
-    def can_publish(self) -> bool:
-        """Connected and not blocked by the broker."""
-
-    def capacity(self) -> int:
-        """How many more rows may be published now: 0 unless connected and not blocked."""
+    def publish(self, rows: Sequence[OutboxRow]) -> None:
+        """Publish ``rows``, at most ``state().capacity`` of them (called every turn, with none
+        too: rows held back earlier may go out now). A row the broker cannot be asked about
+        (rejected as stored, of a refused exchange, no channel) is settled at once; a suspect
+        (``relay.broker.quarantine``) waits until nothing else is in flight."""
 
     def release(self, rows: Sequence[OutboxRow]) -> None:
         """Rows claimed for publishing that will not be published now (the broker blocked
-        or went away, or the relay stops): due again at once, through ``take_settled``."""
+        or went away, or the relay stops): settled LOST, due again at once."""
 
-    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
-        """Publish ``rows`` (called every turn, with none too); returns the rows that went out,
-        rows held back on an earlier call among them. The others are settled already
-        (rejected, or lost with the channel; they come out of ``take_settled``) or held back
-        until nothing else is in flight (suspects, see ``relay.broker.publisher``)."""
-
-    def take_settled(self) -> list[Settlement]:
-        """What became of published rows since the last call."""
-
-    def broken_exchanges(self) -> frozenset[str]:
-        """The exchanges the broker refuses now: their rows are held, not published."""
-
-    def take_recovered(self) -> list[str]:
-        """Exchanges found again since the last call after the broker refused them (see
-        ``relay.broker.destinations``): their held rows should be due now."""
+    def take(self) -> Answers:
+        """What went out, what became of rows, and which exchanges are back, since the last
+        call."""
 
     async def run(self, wake: Callable[[], None]) -> None:
         """Connect, keep reconnecting with back-off, until ``close``; call ``wake`` whenever
-        something the loop waits for happened (an answer, a connect, an unblock)."""
+        there is something to take, or the state changed (a connect, an unblock)."""
 
     async def close(self) -> None:
         """Close the connection; rows still awaiting an answer are lost (due again)."""

@@ -71,6 +71,26 @@ class Settlement:
 
 
 @dataclass(frozen=True, slots=True)
+class PublisherState:
+    """The publisher as the loop reads it, at one moment (``relay.ports.Publisher.state``)."""
+
+    connected: bool  # a confirm channel is open and the topology declared (maybe blocked)
+    can_publish: bool  # connected, and not blocked by the broker
+    in_flight: int  # rows published and awaiting the broker's answer
+    capacity: int  # how many more rows may be published now
+    broken: frozenset[str]  # the exchanges the broker refuses now: their rows are held
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """What the publisher has for the loop since it last asked (``Publisher.take``)."""
+
+    published: list[OutboxRow]  # rows that went out (rows held back earlier among them)
+    settled: list[Settlement]  # what became of rows handed over
+    recovered: list[str]  # exchanges found again: their held rows should be due now
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerNode:
     """The broker node a relay is connected to, as the node announced itself on connect."""
 

@@ -1,53 +1,31 @@
 """The relay loop: claim due rows, publish them with confirms, settle what the broker answered.
 
 Runs on one asyncio event loop together with the publisher (see ``relay.broker.publisher`` for
-why); each database call runs in a worker thread. The publisher streams: up to ``window``
-confirms are outstanding while the loop claims and publishes the next rows, and confirms
-arriving wake the loop to settle them in batched updates.
+why); each database call runs in a worker thread, retried through outages
+(``relay.retrying``). The publisher streams: up to ``window`` confirms are outstanding while
+the loop claims and publishes the next rows, and its answers wake the loop to settle them in
+batched updates, beside the claims.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
-import tenacity
-
-from relay.backoff import Backoff, log_before_retry
+from relay.backoff import Backoff
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import StoreError
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
 from relay.records import PARKED, OutboxRow, Settlement
+from relay.retrying import RetryingStore
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-_log_database_retry = log_before_retry(log, "database call failed", "database_retry")
-
-
-async def in_thread(call: Callable[[], T], on_cancel: Callable[[], None] = lambda: None) -> T:
-    """Run a store call in a worker thread. If the awaiting task is cancelled (shutdown), call
-    ``on_cancel`` (to ask a long call to stop early), then wait for the call to finish before
-    passing the cancellation on: otherwise the store could be closed under a thread that
-    still holds one of its connections."""
-    future = asyncio.ensure_future(asyncio.to_thread(call))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        on_cancel()
-        await asyncio.wait([future])
-        if not future.cancelled():
-            future.exception()  # mark it retrieved: nobody waits for the abandoned result
-        raise
 
 
 class Relay:
@@ -62,12 +40,11 @@ class Relay:
         max_inflight_bytes: int,
         poll_interval: float,
         drain_timeout: float,
-        stats_interval: float,
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
     ) -> None:
-        self.store = store
+        self.store = RetryingStore(store, retry, metrics, self._beat)
         self.publisher = publisher
         self.policy = policy
         self.metrics = metrics
@@ -78,12 +55,10 @@ class Relay:
         self._holding = 0
         self.poll_interval = poll_interval
         self.drain_timeout = drain_timeout
-        self.stats_interval = stats_interval
         self.turn_interval = turn_interval
         # Whether the store's last turn said this relay can publish; a change asks for a turn.
         self._turned_active = False
         self._turn_wanted = asyncio.Event()
-        self.retry = retry
         self.tracing = tracing or NoTracing()
         self._min_claim = max(1, batch_size // 4)
         # Rows claimed beyond what the window takes: one batch, never more than a window
@@ -105,9 +80,7 @@ class Relay:
         self._woken = asyncio.Event()
         self._finished = False
         self._stopping = asyncio.Event()
-        self._drain_deadline = float("inf")
         self._last_beat = time.monotonic()
-        self._database_ok = False
         self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S)
 
     async def run(self) -> bool:
@@ -115,19 +88,16 @@ class Relay:
         publishing = asyncio.create_task(self.publisher.run(self._answered), name="publisher")
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
-        stats = asyncio.create_task(self._refresh_backlog_forever(), name="backlog-stats")
         turning = asyncio.create_task(self._turn_forever(), name="turn")
         try:
             while not self._stopping.is_set():
-                self._last_beat = time.monotonic()
+                self._beat()
                 if claiming.done():
                     claiming.result()  # the claim task failed: so does the relay
-                if self.publisher.can_publish != self._turned_active:
+                if self.publisher.state().can_publish != self._turned_active:
                     self._turn_wanted.set()
                 self._collect()
-                offered, published = self._publish_ready()
-                if len(published) < offered:
-                    continue  # the others are settled already (or held back): record them
+                self._publish_ready()
                 if self._may_be_due() and self._wanted():
                     self._claim_wanted.set()
                 await self._wait(self._until_poll())
@@ -137,13 +107,11 @@ class Relay:
             self._ready = []
             return await self._drain(settling)
         finally:
-            for task in (stats, turning, claiming, settling):
+            for task in (turning, claiming, settling):
                 task.cancel()
             await self.publisher.close()
             publishing.cancel()
-            await asyncio.gather(
-                publishing, claiming, settling, stats, turning, return_exceptions=True
-            )
+            await asyncio.gather(publishing, claiming, settling, turning, return_exceptions=True)
 
     def wake(self) -> None:
         """Rows may be due that no claim has looked for (new rows were announced, or rows
@@ -152,8 +120,8 @@ class Relay:
         self._woken.set()
 
     def _answered(self) -> None:
-        """The broker answered (or connected), or claimed rows are ready: turn the loop to
-        publish and settle. By itself no reason to look for due rows: after a claim found
+        """The publisher has news (an answer, a connect), or claimed rows are ready: turn the
+        loop to publish and settle. By itself no reason to look for due rows: after a claim found
         the backlog empty, claiming again on every confirm was an empty query per ack frame
         (thousands in a drain's last seconds)."""
         self._woken.set()
@@ -170,7 +138,7 @@ class Relay:
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
         if not self._stopping.is_set():
-            self._drain_deadline = time.monotonic() + self.drain_timeout
+            self.store.deadline = time.monotonic() + self.drain_timeout
             self._stopping.set()
             self.wake()
 
@@ -178,7 +146,10 @@ class Relay:
         return time.monotonic() - self._last_beat < LIVENESS_LIMIT_S
 
     def ready(self) -> bool:
-        return self._database_ok and self.publisher.connected
+        return self.store.ok and self.publisher.state().connected
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
 
     async def _claim_until_stopped(self) -> None:
         """Keep rows ready for the window, beside the publishing loop: a claim's round trip
@@ -192,14 +163,7 @@ class Relay:
                 self._maybe_due = False
                 self._next_poll = time.monotonic() + self.poll_interval
                 room = self.max_bytes - self._holding
-                claim = functools.partial(
-                    self.store.claim,
-                    wanted,
-                    room,
-                    first_always=not self._holding,
-                    skip=self._skipped(),
-                )
-                rows = await self._db(claim)
+                rows = await self.store.claim(wanted, room, not self._holding, self._skipped())
                 self._backlog = len(rows) == wanted
                 claimed = sum(r.size for r in rows)
                 self._hold(claimed)
@@ -221,19 +185,18 @@ class Relay:
         window 1,000 moved 6,923 rows/s, with 2,000 8,600, in bench.run). Nothing while the
         broker cannot take rows, or while settling lags a window behind (memory stays
         bounded)."""
+        state = self.publisher.state()
         if (
-            not self.publisher.can_publish
+            not state.can_publish
             or len(self._unsettled) >= self.publisher.window
             or self._holding >= self.max_bytes
         ):
             return 0
-        room = self.publisher.capacity() + self._ahead - len(self._ready)
+        room = state.capacity + self._ahead - len(self._ready)
         wanted = min(self.batch_size, room)
         # Claiming a handful of rows at a time costs a query each; wait for a useful batch,
         # unless nothing else is under way.
-        if wanted >= self._min_claim or (
-            wanted > 0 and not self.publisher.in_flight and not self._ready
-        ):
+        if wanted >= self._min_claim or (wanted > 0 and not state.in_flight and not self._ready):
             return wanted
         return 0
 
@@ -244,7 +207,7 @@ class Relay:
         rate without them; 0.92x left out). So they are claimed when the backlog of the
         others is drained, and at least every ``HELD_CHARGE_INTERVAL_S`` (their due entries
         must not pile up at the front of the due index, where every claim steps over them)."""
-        broken = self.publisher.broken_exchanges()
+        broken = self.publisher.state().broken
         now = time.monotonic()
         if not broken or not self._backlog or now >= self._charge_held_at:
             self._charge_held_at = now + HELD_CHARGE_INTERVAL_S
@@ -263,39 +226,43 @@ class Relay:
         self._holding += size
         self.metrics.held_bytes.set(self._holding)
 
-    def _publish_ready(self) -> tuple[int, list[OutboxRow]]:
+    def _publish_ready(self) -> None:
         """Hand the publisher what its window takes now (nothing too: it may have rows it
-        held back to send now); (rows offered, rows that went out)."""
-        if self._ready and not self.publisher.can_publish:
+        held back to send now)."""
+        state = self.publisher.state()
+        if self._ready and not state.can_publish:
             # Blocked or disconnected for who knows how long: the rows must not sit here
             # while their leases run out.
             self.publisher.release(self._ready)
             self._ready = []
-        room = self.publisher.capacity()
-        offered, self._ready = self._ready[:room], self._ready[room:]
-        published = self.publisher.publish(offered)
-        self.metrics.published.inc(len(published))
-        self.metrics.republished.inc(sum(1 for r in published if r.republish))
-        return len(offered), published
+        offered, self._ready = self._ready[: state.capacity], self._ready[state.capacity :]
+        self.publisher.publish(offered)
 
-    def _collect(self) -> None:
-        """Hand the broker's answers to the settle task (which runs beside the claims, so
-        that the two database round trips overlap instead of adding up)."""
-        settled = self.publisher.take_settled()
-        recovered = self.publisher.take_recovered()
-        if settled or recovered:
-            self._unsettled.extend(settled)
-            self._recovered.extend(recovered)
+    def _collect(self) -> int:
+        """Hand the publisher's answers to the settle task (which runs beside the claims, so
+        that the two database round trips overlap instead of adding up); rows in flight."""
+        answers = self.publisher.take()
+        self.metrics.published.inc(len(answers.published))
+        self.metrics.republished.inc(sum(1 for r in answers.published if r.republish))
+        if answers.settled or answers.recovered:
+            self._unsettled.extend(answers.settled)
+            self._recovered.extend(answers.recovered)
             self._settle_wanted.set()
-        self.metrics.in_flight.set(self.publisher.in_flight)
+        in_flight = self.publisher.state().in_flight
+        self.metrics.in_flight.set(in_flight)
+        return in_flight
 
     async def _settle_until_finished(self) -> None:
+        """Settle what was collected; and log the parked rows that waited to be logged
+        together (``relay.parked``), even while nothing else is settled."""
         while not (self._finished and not self._unsettled):
-            await self._settle_wanted.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settle_wanted.wait(), PARKED_LOG_INTERVAL_S / 4)
             self._settle_wanted.clear()
             await self._settle_collected()
             await self._hasten_recovered()
-            if self._unsettled and time.monotonic() >= self._drain_deadline:
+            self._parked_log.flush()
+            if self._unsettled and time.monotonic() >= self.store.deadline:
                 return  # the database stayed down through the drain; reported by _drain
 
     async def _settle_collected(self) -> None:
@@ -309,7 +276,7 @@ class Relay:
         traced = {c.id: self.tracing.log_fields(rows[c.id]) for c in parked}
         self.tracing.finish(pending, batch)
         try:
-            await self._db(functools.partial(self.store.settle, batch))
+            await self.store.settle(batch)
         except StoreError:
             self._unsettled[:0] = pending  # only when stopping past the drain deadline
             return
@@ -328,17 +295,16 @@ class Relay:
             return
         exchanges, self._recovered = self._recovered, []
         try:
-            await self._db(functools.partial(self.store.hasten, exchanges))
+            await self.store.hasten(exchanges)
         except StoreError:
             return  # stopping past the drain deadline: the rows wait out their back-off
         self.wake()
 
     async def _drain(self, settling: asyncio.Task[None]) -> bool:
-        in_flight = self.publisher.in_flight
+        in_flight = self._collect()
         log.info("draining %d outstanding confirms", in_flight, extra={"action": "drain"})
-        while self.publisher.in_flight and time.monotonic() < self._drain_deadline:
-            self._last_beat = time.monotonic()
-            self._collect()
+        while self._collect() and time.monotonic() < self.store.deadline:
+            self._beat()
             await self._wait(min(0.1, self.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again
         self._collect()
@@ -364,68 +330,16 @@ class Relay:
                 await asyncio.wait_for(self._woken.wait(), timeout)
         self._woken.clear()
 
-    async def _db(self, call: Callable[[], T]) -> T:
-        """Run a store call in a worker thread; retry failures with back-off until it works,
-        or, once stopping, until the drain deadline."""
-        retrying = tenacity.AsyncRetrying(
-            wait=self.retry.wait,
-            retry=tenacity.retry_if_exception_type(StoreError),
-            stop=lambda _state: time.monotonic() >= self._drain_deadline,
-            sleep=self._sleep,
-            before_sleep=self._database_failed,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                result = await in_thread(call)
-        if not self._database_ok:
-            self._database_ok = True
-            self.metrics.database_connected.set(1)
-            log.info("database available", extra={"action": "database_connected"})
-        return result
-
-    async def _sleep(self, seconds: float) -> None:
-        """tenacity's sleep, cut short at the drain deadline so SIGTERM is never stuck."""
-        end = time.monotonic() + seconds
-        while (now := time.monotonic()) < min(end, self._drain_deadline):
-            self._last_beat = now
-            await asyncio.sleep(min(1.0, end - now))
-
-    def _database_failed(self, state: tenacity.RetryCallState) -> None:
-        self._database_ok = False
-        self.metrics.database_connected.set(0)
-        self.metrics.store_errors.inc()
-        _log_database_retry(state)
-
     async def _turn_forever(self) -> None:
         """Keep this relay's share of the outbox (``Store.turn``): every ``turn_interval``,
         and at once when the relay became able or unable to publish, so that a relay whose
         broker went away hands its idle buckets to the others. A failed turn is retried as
-        every database call is (``_db``)."""
+        every database call is (``relay.retrying``)."""
         while True:
             self._turn_wanted.clear()
-            active = self.publisher.can_publish
-            await self._db(functools.partial(self.store.turn, active))
+            active = self.publisher.state().can_publish
+            await self.store.turn(active)
             self._turned_active = active
             self.wake()  # buckets taken may hold due rows
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._turn_wanted.wait(), self.turn_interval)
-
-    async def _refresh_backlog_forever(self) -> None:
-        """Backlog gauges; also the first to tell, even while the broker is still down, that
-        the database is unreachable or not migrated (once per failure, not every turn). And
-        the lines for parked rows that waited to be logged together."""
-        last_error = None
-        while True:
-            try:
-                stats = await in_thread(self.store.backlog)
-            except StoreError as exc:
-                if str(exc) != last_error:
-                    log.warning("%s", exc, extra={"action": "backlog_stats_failed"})
-                last_error = str(exc)
-            else:
-                last_error = None
-                self.metrics.due_rows.set(stats.due)
-                self.metrics.oldest_due_age.set(stats.oldest_due_age)
-            self._parked_log.flush()
-            await asyncio.sleep(self.stats_interval)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from relay.constants import CONFIRM_CEILING_FACTOR
-from relay.records import OutboxRow, Outcome, Settlement
+from relay.records import Answers, OutboxRow, Outcome, PublisherState, Settlement
 
 # Why a row claimed for publishing is due again without having been published.
 RELEASED = "claimed, not published: publishing paused or the relay stopped"
@@ -73,6 +73,15 @@ class ConfirmTracker:
     def lose(self, rows: Iterable[OutboxRow], reason: str) -> None:
         """Rows handed over but never published (no channel): due again at once."""
         self._settled.extend(Settlement(row, Outcome.LOST, reason) for row in rows)
+
+    def record(self, settlement: Settlement) -> None:
+        """The outcome of a row published elsewhere (a channel of its own)."""
+        self._settled.append(settlement)
+
+    @property
+    def answered(self) -> bool:
+        """Outcomes wait to be taken."""
+        return bool(self._settled)
 
     def on_ack(self, delivery_tag: int, multiple: bool, now: float) -> None:
         self._answered_at = now
@@ -180,12 +189,18 @@ class ConfirmTracker:
 
 
 class ConfirmWindow:
-    """The part of a publisher the loop counts on: a window of unconfirmed publishes kept by
-    a ``ConfirmTracker``. Real and fake publishers share it; each says when it can publish."""
+    """The part of a publisher the loop counts on (``relay.ports.Publisher``, but for
+    ``publish``, ``run`` and ``close``): a window of unconfirmed publishes kept by a
+    ``ConfirmTracker``, and what the loop takes from it. Real and fake publishers share it;
+    each says when it is connected and can publish."""
+
+    connected: bool
 
     def __init__(self, window: int, confirm_timeout: float) -> None:
         self.window = window
         self.tracker = ConfirmTracker(confirm_timeout)
+        self._sent: list[OutboxRow] = []  # published since the last take
+        self._recovered: list[str] = []  # exchanges found again since the last take
 
     @property
     def can_publish(self) -> bool:
@@ -198,8 +213,27 @@ class ConfirmWindow:
     def capacity(self) -> int:
         return max(0, self.window - self.tracker.in_flight) if self.can_publish else 0
 
+    def broken_exchanges(self) -> frozenset[str]:
+        return frozenset()
+
+    def state(self) -> PublisherState:
+        return PublisherState(
+            self.connected,
+            self.can_publish,
+            self.in_flight,
+            self.capacity(),
+            self.broken_exchanges(),
+        )
+
     def release(self, rows: Sequence[OutboxRow]) -> None:
         self.tracker.lose(rows, RELEASED)
 
-    def take_settled(self) -> list[Settlement]:
-        return self.tracker.take_settled()
+    def take(self) -> Answers:
+        sent, self._sent = self._sent, []
+        recovered, self._recovered = self._recovered, []
+        return Answers(sent, self.tracker.take_settled(), recovered)
+
+    def sent(self, row: OutboxRow, now: float) -> int:
+        """``row`` went out on the confirm channel; its sequence number."""
+        self._sent.append(row)
+        return self.tracker.published(row, now)

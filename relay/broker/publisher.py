@@ -105,12 +105,9 @@ class PikaPublisher(ConfirmWindow):
         self.blocked = False
         self._limits = Limits()
         self._quarantine = Quarantine()
-        self._released: list[OutboxRow] = []  # suspects sent between two publish() calls
         probe = Backoff(DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S)
         self._destinations = Destinations(probe.delay)
         self._trials: dict[str, OutboxRow] = {}  # exchange -> its trial row, out alone
-        self._trials_settled: list[Settlement] = []
-        self._recovered: list[str] = []  # exchanges found again since take_recovered
         self._tasks: set[asyncio.Task[None]] = set()  # channel reopens and probes
         self._setup_failure = ""  # why the broker closed the channel while we connected
         self._closing = False
@@ -137,22 +134,10 @@ class PikaPublisher(ConfirmWindow):
         for row in rows:
             self._lose(row, RELEASED)
 
-    def take_settled(self) -> list[Settlement]:
-        settled = self.tracker.take_settled()
-        if self._trials_settled:
-            settled += self._trials_settled
-            self._trials_settled = []
-        return settled
-
     def broken_exchanges(self) -> frozenset[str]:
         return self._destinations.names()
 
-    def take_recovered(self) -> list[str]:
-        recovered, self._recovered = self._recovered, []
-        return recovered
-
-    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
-        published = []
+    def publish(self, rows: Sequence[OutboxRow]) -> None:
         held: set[str] = set()
         now = time.monotonic()
         for row in rows:
@@ -166,17 +151,16 @@ class PikaPublisher(ConfirmWindow):
             elif admission is Admission.TRIAL:
                 self._trials[row.exchange] = row
                 self._spawn(self._trial(row))
-                published.append(row)
+                self._sent.append(row)
             elif self._quarantine.admit(row) and self._send(self._channel, row):
-                self.tracker.published(row, now)
-                published.append(row)
+                self.sent(row, now)
         if held:
             broken = self._destinations.broken()
             for exchange in held:
                 self._on_destination(exchange, broken[exchange][1])
-        published += self._release_suspect()
-        published[:0], self._released = self._released, []
-        return published
+        self._release_suspect()
+        if self.tracker.answered:  # rows settled at once (rejected, held, lost)
+            self._wake()
 
     def _send(self, channel: Any, row: OutboxRow) -> bool:
         """Publish one row on ``channel``; any failure becomes its outcome. True when it went
@@ -219,14 +203,13 @@ class PikaPublisher(ConfirmWindow):
         """Due again at once; a suspect stays one (its reason keeps the mark)."""
         self.tracker.lose([row], _HELD_SUSPECT if row.suspect else reason)
 
-    def _release_suspect(self) -> list[OutboxRow]:
-        """Publish the next suspect if nothing else is in flight; the rows that went out."""
+    def _release_suspect(self) -> None:
+        """Publish the next suspect if nothing else is in flight."""
         while self.can_publish and (row := self._quarantine.next_alone(self.tracker.in_flight)):
             if self._send(self._channel, row):
-                self.tracker.published(row, time.monotonic())
-                return [row]
+                self.sent(row, time.monotonic())
+                return
             self._quarantine.answered()  # not sent: its outcome is recorded
-        return []
 
     async def run(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -393,7 +376,7 @@ class PikaPublisher(ConfirmWindow):
             self._quarantine.answered()  # innocent (or nacked, which counts an attempt)
             # The next suspect goes out now, not a loop turn later: while suspects are
             # tried one by one, nothing else flows, so every round trip saved counts.
-            self._released += self._release_suspect()
+            self._release_suspect()
         self._wake()
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
@@ -570,7 +553,7 @@ class PikaPublisher(ConfirmWindow):
         """Record a trial's outcome, unless the session's end recorded it first."""
         if self._trials.get(row.exchange) is row:
             del self._trials[row.exchange]
-            self._trials_settled.append(settled)
+            self.tracker.record(settled)
             self._wake()
 
     def _spawn(self, work: Any) -> None:
@@ -590,7 +573,7 @@ class PikaPublisher(ConfirmWindow):
         self.tracker.channel_lost(reason)
         self._requeue_suspects()
         for exchange, row in self._trials.items():
-            self._trials_settled.append(Settlement(row, Outcome.LOST, reason))
+            self.tracker.record(Settlement(row, Outcome.LOST, reason))
             self._destinations.abandoned(exchange)
         self._trials.clear()
         self._wake()

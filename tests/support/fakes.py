@@ -1,7 +1,8 @@
 """In-memory fakes of the store and the publisher, held to the real ones by contract tests.
 
 The store fake plays every role the outbox has (claims for the loop, enqueue for writers);
-the publisher fake shares the real one's confirm window and tracker, and scripts the broker."""
+the publisher fake shares the real one's confirm window, tracker and quarantine, and scripts
+the broker."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from relay.broker.confirms import ConfirmWindow
+from relay.broker.quarantine import Quarantine
 from relay.buckets import bucket_of, turn
 from relay.constants import OUTBOX_BUCKETS
 from relay.errors import StoreError
@@ -226,7 +228,8 @@ Responder = Callable[[OutboxRow], str | None]  # "ack", "nack", "return" or None
 
 
 class ScriptedPublisher(ConfirmWindow):
-    """A broker that answers each publish as ``respond`` says, asynchronously, in order."""
+    """A broker that answers each publish as ``respond`` says, asynchronously, in order; it
+    takes every exchange. Suspects go out alone, as the real publisher sends them."""
 
     def __init__(self, respond: Responder, window: int = 100, confirm_timeout: float = 5.0):
         super().__init__(window, confirm_timeout)
@@ -234,6 +237,7 @@ class ScriptedPublisher(ConfirmWindow):
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
         self.connected = True
+        self._quarantine = Quarantine()
         self._wake: Callable[[], None] = lambda: None
         self._closed = asyncio.Event()
 
@@ -241,22 +245,27 @@ class ScriptedPublisher(ConfirmWindow):
     def can_publish(self) -> bool:
         return self.connected
 
-    def publish(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
-        loop = asyncio.get_running_loop()
+    def capacity(self) -> int:
+        return 0 if self._quarantine.closed else super().capacity()
+
+    def publish(self, rows: Sequence[OutboxRow]) -> None:
         for row in rows:
-            seq = self.tracker.published(row, time.monotonic())
-            self.published.append(row)
-            answer = self.respond(row)
-            if answer is not None:
-                loop.call_soon(self._answer, seq, row, answer)
+            if not self.connected:
+                self.tracker.lose([row], "no channel to publish on")
+            elif self._quarantine.admit(row):
+                self._send(row)
+        if alone := self._quarantine.next_alone(self.tracker.in_flight):
+            self._send(alone)
+        if self.tracker.answered:
+            self._wake()
+
+    def _send(self, row: OutboxRow) -> None:
+        seq = self.sent(row, time.monotonic())
+        self.published.append(row)
         self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
-        return list(rows)
-
-    def broken_exchanges(self) -> frozenset[str]:
-        return frozenset()  # this broker takes every exchange
-
-    def take_recovered(self) -> list[str]:
-        return []
+        answer = self.respond(row)
+        if answer is not None:
+            asyncio.get_running_loop().call_soon(self._answer, seq, row, answer)
 
     def _answer(self, seq: int, row: OutboxRow, answer: str) -> None:
         if answer == "return":
@@ -265,6 +274,10 @@ class ScriptedPublisher(ConfirmWindow):
             self.tracker.on_nack(seq, False, time.monotonic())
         else:
             self.tracker.on_ack(seq, False, time.monotonic())
+        if not self.tracker.in_flight:
+            self._quarantine.answered()
+            if alone := self._quarantine.next_alone(0):
+                self._send(alone)
         self._wake()
 
     async def run(self, wake: Callable[[], None]) -> None:
@@ -277,3 +290,4 @@ class ScriptedPublisher(ConfirmWindow):
     async def close(self) -> None:
         self._closed.set()
         self.tracker.channel_lost("publisher closed")
+        self.tracker.lose(self._quarantine.release(), "publisher closed")

@@ -1,0 +1,107 @@
+"""The store as the loop calls it: each call in a worker thread, retried until it works.
+
+A database outage must not stop the relay, nor lose what it knows: a claim, settle, turn or
+hasten that fails (``StoreError``) is tried again with back-off, until it works or, once the
+relay is stopping, until its drain deadline. The database's health (a gauge, a counter, the
+relay's readiness, one log line per outage) is known here, where every call passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import TypeVar
+
+import tenacity
+
+from relay.backoff import Backoff, log_before_retry
+from relay.errors import StoreError
+from relay.metrics import Metrics
+from relay.ports import Store
+from relay.records import OutboxRow, SettleBatch
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_log_database_retry = log_before_retry(log, "database call failed", "database_retry")
+
+
+async def in_thread(call: Callable[[], T], on_cancel: Callable[[], None] = lambda: None) -> T:
+    """Run a store call in a worker thread. If the awaiting task is cancelled (shutdown), call
+    ``on_cancel`` (to ask a long call to stop early), then wait for the call to finish before
+    passing the cancellation on: otherwise the store could be closed under a thread that
+    still holds one of its connections."""
+    future = asyncio.ensure_future(asyncio.to_thread(call))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        on_cancel()
+        await asyncio.wait([future])
+        if not future.cancelled():
+            future.exception()  # mark it retrieved: nobody waits for the abandoned result
+        raise
+
+
+class RetryingStore:
+    """``store``'s calls for the loop, awaitable and retried. ``beat`` is called while a
+    retry waits (the relay is alive, only waiting); ``deadline`` (monotonic seconds) ends
+    the retries: the loop sets it when it stops."""
+
+    def __init__(
+        self, store: Store, retry: Backoff, metrics: Metrics, beat: Callable[[], None]
+    ) -> None:
+        self._store = store
+        self._retry = retry
+        self._metrics = metrics
+        self._beat = beat
+        self.deadline = float("inf")
+        self.ok = False  # the last call worked
+
+    async def claim(
+        self, limit: int, max_bytes: int, first_always: bool, skip: Collection[str]
+    ) -> list[OutboxRow]:
+        claim = self._store.claim
+        return await self._call(functools.partial(claim, limit, max_bytes, first_always, skip))
+
+    async def settle(self, batch: SettleBatch) -> None:
+        await self._call(functools.partial(self._store.settle, batch))
+
+    async def turn(self, active: bool) -> None:
+        await self._call(functools.partial(self._store.turn, active))
+
+    async def hasten(self, exchanges: Sequence[str]) -> int:
+        return await self._call(functools.partial(self._store.hasten, exchanges))
+
+    async def _call(self, call: Callable[[], T]) -> T:
+        retrying = tenacity.AsyncRetrying(
+            wait=self._retry.wait,
+            retry=tenacity.retry_if_exception_type(StoreError),
+            stop=lambda _state: time.monotonic() >= self.deadline,
+            sleep=self._sleep,
+            before_sleep=self._failed,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                result = await in_thread(call)
+        if not self.ok:
+            self.ok = True
+            self._metrics.database_connected.set(1)
+            log.info("database available", extra={"action": "database_connected"})
+        return result
+
+    async def _sleep(self, seconds: float) -> None:
+        """tenacity's sleep, cut short at the deadline so SIGTERM is never stuck."""
+        end = time.monotonic() + seconds
+        while (now := time.monotonic()) < min(end, self.deadline):
+            self._beat()
+            await asyncio.sleep(min(1.0, end - now))
+
+    def _failed(self, state: tenacity.RetryCallState) -> None:
+        self.ok = False
+        self._metrics.database_connected.set(0)
+        self._metrics.store_errors.inc()
+        _log_database_retry(state)
