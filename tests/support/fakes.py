@@ -19,6 +19,7 @@ from relay.broker.quarantine import Quarantine
 from relay.buckets import bucket_of, turn
 from relay.constants import OUTBOX_BUCKETS
 from relay.errors import StoreError
+from relay.message import Unpublishable, build
 from relay.records import (
     PENDING,
     SENT,
@@ -260,6 +261,11 @@ class ScriptedPublisher(ConfirmWindow):
             self._wake()
 
     def _send(self, row: OutboxRow) -> None:
+        try:
+            build(row)  # what the real publisher refuses to send, this one refuses too
+        except Unpublishable as exc:
+            self.tracker.reject(row, str(exc))
+            return
         seq = self.sent(row, time.monotonic())
         self.published.append(row)
         self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
