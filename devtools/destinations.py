@@ -1,5 +1,5 @@
 """A broken destination beside a good one, through `relay run`: the scenario of the single-node
-test (tests/e2e/test_destinations.py), the cluster test (tests/faults/test_cluster.py) and
+test (tests/e2e/test_destinations.py), the cluster test (tests/cluster/test_rabbitmq_cluster.py) and
 bench/destinations.py.
 
 Rows for an exchange that does not exist are written interleaved with rows for a good one

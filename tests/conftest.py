@@ -10,6 +10,9 @@ the items on 4.0 are marked ``rabbitmq4``, so either layer runs alone (``-m rabb
 
 A missing server binary fails loudly: these tests never skip themselves, except the 4.0
 layer on a machine where it cannot run (no root, no debootstrap): it is skipped, with why.
+
+Each test's layer is its folder's (``LAYERS``), so that every layer runs alone
+(``scripts/test -m unit``, ``-m "contract or integration"``, ...).
 """
 
 from __future__ import annotations
@@ -24,13 +27,24 @@ from devtools.servers import PostgresServer, RabbitNode
 from relay.db.engine import migrate
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
 
-SERVER_FIXTURES = {"rabbit", "rabbit4", "postgres", "postgresql_url", "database_url"}
+# tests/<folder>/ -> its layer's marker (declared, with what each layer needs, in pyproject.toml)
+LAYERS = {
+    "unit": pytest.mark.unit,
+    "contract": pytest.mark.contract,
+    "integration": pytest.mark.integration,
+    "e2e": pytest.mark.e2e,
+    "faults": pytest.mark.faults,
+    "cluster": pytest.mark.cluster,
+    "spark": pytest.mark.spark,
+    "deploy": pytest.mark.deploy,
+}
+TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.integration)
+        folder = item.path.relative_to(TESTS).parts[0]
+        item.add_marker(LAYERS[folder])
         callspec = getattr(item, "callspec", None)
         if "rabbit4" in getattr(item, "fixturenames", ()) or (
             callspec is not None and RABBITMQ_4 in callspec.params.values()

@@ -67,6 +67,11 @@ class Driver:
                 await self._woken.wait()
                 self._woken.clear()
 
+    async def more(self) -> None:
+        """Until at least one more row came back."""
+        answered = len(self.settled)
+        await self.until(lambda: len(self.settled) > answered)
+
     def outcomes(self, rows: Iterable[OutboxRow]) -> dict[int, Outcome]:
         ids = {r.id for r in rows}
         return {s.row.id: s.outcome for s in self.settled if s.row.id in ids}
@@ -131,8 +136,7 @@ def test_every_row_handed_over_comes_back_once_and_the_window_is_kept(opener: Op
             assert room <= WINDOW - d.publisher.state().in_flight
             d.publisher.publish(pending[:room])
             pending = pending[room:]
-            answered = len(d.settled)
-            await d.until(lambda: len(d.settled) > answered)
+            await d.more()
         assert d.published == rows
         assert sorted(s.row.id for s in d.settled) == [r.id for r in rows]
         assert set(d.outcomes(rows).values()) == {Outcome.ACKED}

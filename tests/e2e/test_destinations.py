@@ -1,6 +1,6 @@
 """A broken destination costs a few log lines, not a connection storm, and stalls nothing:
 6,000 rows to a missing exchange interleaved with 6,000 good ones, through `relay run` on
-one RabbitMQ node (the three-node cluster's case is in tests/faults/test_cluster.py)."""
+one RabbitMQ node (the three-node cluster's case is in tests/cluster/test_rabbitmq_cluster.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from devtools.servers import PostgresServer, RabbitNode
 from tests.support.destinations import check
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_missing_exchange_parks_its_rows_and_the_good_rows_flow(

@@ -25,8 +25,6 @@ from devtools.relayproc import RelayProcess, relay, relay_env
 from devtools.servers import RabbitNode, wait_until
 from relay.tracing import trace_ids
 
-pytestmark = pytest.mark.e2e
-
 PRODUCER, CONSUMER = 4, 5  # opentelemetry.proto's SpanKind numbers
 ERROR = 2
 PROPAGATOR = TraceContextTextMapPropagator()

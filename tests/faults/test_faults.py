@@ -35,7 +35,7 @@ from tests.faults.harness import (
 from tests.faults.proxy import TcpProxy
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS, rabbit_node
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 MAX_MESSAGE = 1024 * 1024  # the fault node's max_message_size
 
 # Scenarios whose fault is in the database or in the relays, with the broker a bystander:

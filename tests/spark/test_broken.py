@@ -12,13 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from devtools.outbox import rows as outbox_rows
 from tests.spark.test_streams import DRIVER_TIMEOUT_S
 from tests.spark.test_writer import stage_tables
-
-pytestmark = pytest.mark.spark
 
 
 def errors(url: str, kind: str, scratch: Path) -> dict[bool, dict[str, str]]:

@@ -18,13 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from devtools.outbox import rows as outbox_rows
 from devtools.relayproc import relay, relay_env
 from tests.spark.test_writer import stage_tables
-
-pytestmark = pytest.mark.spark
 
 DRIVER_TIMEOUT_S = 180
 

@@ -22,8 +22,6 @@ from relay.spark import WriteResult, register, write_outbox
 from relay.tracing import trace_ids
 from tests.support.inprocess import Running, rows_by_status, settings, wait_for
 
-pytestmark = pytest.mark.spark
-
 
 def orders(spark: SparkSession, n: int, partitions: int = 4):  # type: ignore[no-untyped-def]
     rows = [(i, ["created", "paid", "shipped"][i % 3], 1000 + i, f"t{i % 2}") for i in range(n)]

@@ -28,7 +28,7 @@ from tests.faults.harness import QUEUE, Fault, FaultRelay, metrics_text, scenari
 from tests.support.destinations import check
 from tests.support.rabbitmq import RABBITMQ_4, rabbit_cluster
 
-pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 QUORUM: dict[str, object] = {"x-queue-type": "quorum"}
 # 4.0 only: a cluster takes about 20 s to start and these scenarios a few minutes, and the
 # release production clusters run is 4.x (3.10's single node runs the whole fault suite).

@@ -21,8 +21,6 @@ from tests.spark.driver import PARTITIONS
 from tests.spark.test_streams import DRIVER_TIMEOUT_S, counts, finish, start
 from tests.spark.test_writer import stage_tables
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
-
 ROWS = 1600
 
 
