@@ -18,9 +18,12 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def settings_table() -> str:
     """Every setting as a Markdown table: variable, default, meaning."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for _name, env, default, text in describe():
+    for _name, env, default, text, see in describe():
         shown = f"`{default.lower() if default in ('True', 'False') else default}`"
-        rows.append(f"| `{env}` | {shown if default else ''} | {text.replace('|', '&#124;')} |")
+        more = f" [More]({see})." if see else ""
+        rows.append(
+            f"| `{env}` | {shown if default else ''} | {text.replace('|', '&#124;')}{more} |"
+        )
     return "\n".join(rows)
 
 

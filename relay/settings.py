@@ -23,7 +23,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
@@ -148,8 +148,30 @@ def _amqp_urls(text: str) -> str:
     return ",".join(urls)
 
 
-def _setting(default: Any, parse: Callable[[str], Any], help: str, secret: bool = False) -> Any:
-    return field(default=default, metadata={"parse": parse, "help": help, "secret": secret})
+def _setting(
+    default: Any,
+    parse: Callable[[str], Any],
+    help: str,
+    secret: bool = False,
+    *,
+    shown: str | None = None,
+    see: str = "",
+) -> Any:
+    """A setting: its default, its parser, and its help (``relay run --help`` and the docs).
+    ``shown``: the default as written in the help, when not its ``str``; ``see``: the docs
+    page (and anchor) that says more, linked from the configuration page only."""
+    metadata = {"parse": parse, "help": help, "secret": secret, "shown": shown, "see": see}
+    return field(default=default, metadata=metadata)
+
+
+class SettingDoc(NamedTuple):
+    """A setting as ``--help`` and the configuration page show it."""
+
+    name: str
+    env: str
+    default: str  # as shown; empty for none
+    help: str
+    see: str  # a docs page, with its anchor, or empty"""
 
 
 @dataclass(frozen=True)
@@ -171,7 +193,10 @@ class Settings:
     database_url: str = _setting(
         "sqlite:///outbox.db",
         _url("sqlite", "postgresql"),
-        "SQLAlchemy URL of the outbox database (postgresql+psycopg://... or sqlite:///path).",
+        "SQLAlchemy URL of the outbox database (postgresql+psycopg://... or sqlite:///path). "
+        "Refused at start: a URL whose host or port cannot be parsed, and in-memory SQLite "
+        "(sqlite://, :memory:), where the relay and its writers would each see an outbox of "
+        "their own.",
         secret=True,
     )
     amqp_url: str = _setting(
@@ -205,7 +230,10 @@ class Settings:
         32 * 1024**2,
         _byte_budget,
         "Most payload bytes held at once: rows claimed, published and awaiting a confirm, "
-        "until settled (64MiB, 500k, ... accepted). A row larger than this goes out alone.",
+        "until settled (64MiB, 500kB, ... accepted; at least 1MiB). A row larger than this "
+        "goes out alone.",
+        shown="32MiB",
+        see="how-it-works.md#big-messages",
     )
     ordering: bool = _setting(
         False,
@@ -256,6 +284,7 @@ class Settings:
         f"What stays of an acked row: '{KEEP_IDS}' moves its message id, id and times to the "
         f"sent log and deletes the row (cheapest); '{KEEP_MESSAGES}' keeps the whole row, "
         "marked sent, so that `relay replay --sent` can publish it again.",
+        see="operations.md#how-the-outbox-is-cleaned",
     )
     retention: float = _setting(
         7 * 24 * 3600.0,
@@ -282,7 +311,12 @@ class Settings:
         "(default: hostname-pid).",
     )
     log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Log level.")
-    log_format: str = _setting("text", _choice("text", "json"), "Log line format.")
+    log_format: str = _setting(
+        "text",
+        _choice("text", "json"),
+        "Log line format: text, or json (one object per line); every line has a stable "
+        "action field.",
+    )
 
     def __post_init__(self) -> None:
         if self.lease <= 2 * self.confirm_timeout:
@@ -495,15 +529,15 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return out
 
 
-def describe() -> list[tuple[str, str, str, str]]:
-    """(field name, env var, default shown, help) for every setting, for --help and docs."""
+def describe() -> list[SettingDoc]:
+    """Every setting, for --help and the docs."""
     rows = []
     for f in dataclasses.fields(Settings):
         default = f.default
-        shown = "" if default in (None, "") else str(default)
+        shown = f.metadata["shown"] or ("" if default in (None, "") else str(default))
         text = f.metadata["help"]
         if f.metadata["secret"]:
             whole, password = _secret_file_vars(f.name)
             text += f" Or from files: the URL [{whole}], or its password [{password}]."
-        rows.append((f.name, env_name(f.name), shown, text))
+        rows.append(SettingDoc(f.name, env_name(f.name), shown, text, f.metadata["see"]))
     return rows

@@ -20,7 +20,7 @@ def test_the_configuration_page_documents_every_setting() -> None:
     page = rendered("configuration.md")
     assert [name for name in known_env_names() if f"`{name}`" not in page] == []
     # One table row per setting, with the help its declaration gives (what --help prints).
-    for _name, env, _default, text in describe():
+    for _name, env, _default, text, _see in describe():
         assert f"| `{env}` |" in page
         assert text.replace("|", "&#124;") in page
 
