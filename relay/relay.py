@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from relay.backoff import Backoff
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
@@ -43,8 +44,11 @@ class Relay:
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = RetryingStore(store, retry, metrics, self._beat)
+        # The event loop's clock (time.monotonic, as asyncio's), or the tests' controlled one.
+        self._clock = clock
+        self.store = RetryingStore(store, retry, metrics, self._beat, clock)
         self.publisher = publisher
         self.policy = policy
         self.metrics = metrics
@@ -69,9 +73,9 @@ class Relay:
         # The last claim was full: other rows wait, and rows of broken exchanges (which are
         # only charged an attempt) are left for later. See ``_skipped``.
         self._backlog = False
-        self._charge_held_at = time.monotonic()
+        self._charge_held_at = float("-inf")  # see _skipped; the clock starts with run
         self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
-        self._next_poll = time.monotonic()
+        self._next_poll = float("-inf")
         self._unsettled: list[Settlement] = []
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
         self._settle_wanted = asyncio.Event()
@@ -80,8 +84,8 @@ class Relay:
         self._woken = asyncio.Event()
         self._finished = False
         self._stopping = asyncio.Event()
-        self._last_beat = time.monotonic()
-        self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S)
+        self._last_beat: float | None = None  # None: starting
+        self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S, clock)
 
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
@@ -127,29 +131,29 @@ class Relay:
         self._woken.set()
 
     def _may_be_due(self) -> bool:
-        return self._maybe_due or time.monotonic() >= self._next_poll
+        return self._maybe_due or self._clock() >= self._next_poll
 
     def _until_poll(self) -> float:
         """Seconds to the next poll; a whole interval once it is past (while claiming
         cannot go on, the loop must not spin: answers still wake it)."""
-        left = self._next_poll - time.monotonic()
+        left = self._next_poll - self._clock()
         return left if 0 < left < self.poll_interval else self.poll_interval
 
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
         if not self._stopping.is_set():
-            self.store.deadline = time.monotonic() + self.drain_timeout
+            self.store.deadline = self._clock() + self.drain_timeout
             self._stopping.set()
             self.wake()
 
     def alive(self) -> bool:
-        return time.monotonic() - self._last_beat < LIVENESS_LIMIT_S
+        return self._last_beat is None or self._clock() - self._last_beat < LIVENESS_LIMIT_S
 
     def ready(self) -> bool:
         return self.store.ok and self.publisher.state().connected
 
     def _beat(self) -> None:
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock()
 
     async def _claim_until_stopped(self) -> None:
         """Keep rows ready for the window, beside the publishing loop: a claim's round trip
@@ -161,7 +165,7 @@ class Relay:
             while (wanted := self._wanted()) and not self._stopping.is_set():
                 # Consumed before the claim: a notification during it sets it again.
                 self._maybe_due = False
-                self._next_poll = time.monotonic() + self.poll_interval
+                self._next_poll = self._clock() + self.poll_interval
                 room = self.max_bytes - self._holding
                 rows = await self.store.claim(wanted, room, not self._holding, self._skipped())
                 self._backlog = len(rows) == wanted
@@ -208,7 +212,7 @@ class Relay:
         others is drained, and at least every ``HELD_CHARGE_INTERVAL_S`` (their due entries
         must not pile up at the front of the due index, where every claim steps over them)."""
         broken = self.publisher.state().broken
-        now = time.monotonic()
+        now = self._clock()
         if not broken or not self._backlog or now >= self._charge_held_at:
             self._charge_held_at = now + HELD_CHARGE_INTERVAL_S
             return frozenset()
@@ -262,7 +266,7 @@ class Relay:
             await self._settle_collected()
             await self._hasten_recovered()
             self._parked_log.flush()
-            if self._unsettled and time.monotonic() >= self.store.deadline:
+            if self._unsettled and self._clock() >= self.store.deadline:
                 return  # the database stayed down through the drain; reported by _drain
 
     async def _settle_collected(self) -> None:
@@ -303,7 +307,7 @@ class Relay:
     async def _drain(self, settling: asyncio.Task[None]) -> bool:
         in_flight = self._collect()
         log.info("draining %d outstanding confirms", in_flight, extra={"action": "drain"})
-        while self._collect() and time.monotonic() < self.store.deadline:
+        while self._collect() and self._clock() < self.store.deadline:
             self._beat()
             await self._wait(min(0.1, self.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again

@@ -47,13 +47,19 @@ async def in_thread(call: Callable[[], T], on_cancel: Callable[[], None] = lambd
 
 class RetryingStore:
     """``store``'s calls for the loop, awaitable and retried. ``beat`` is called while a
-    retry waits (the relay is alive, only waiting); ``deadline`` (monotonic seconds) ends
-    the retries: the loop sets it when it stops."""
+    retry waits (the relay is alive, only waiting); ``deadline`` (in ``clock``'s seconds)
+    ends the retries: the loop sets it when it stops."""
 
     def __init__(
-        self, store: Store, retry: Backoff, metrics: Metrics, beat: Callable[[], None]
+        self,
+        store: Store,
+        retry: Backoff,
+        metrics: Metrics,
+        beat: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._retry = retry
         self._metrics = metrics
         self._beat = beat
@@ -79,7 +85,7 @@ class RetryingStore:
         retrying = tenacity.AsyncRetrying(
             wait=self._retry.wait,
             retry=tenacity.retry_if_exception_type(StoreError),
-            stop=lambda _state: time.monotonic() >= self.deadline,
+            stop=lambda _state: self._clock() >= self.deadline,
             sleep=self._sleep,
             before_sleep=self._failed,
             reraise=True,
@@ -95,8 +101,8 @@ class RetryingStore:
 
     async def _sleep(self, seconds: float) -> None:
         """tenacity's sleep, cut short at the deadline so SIGTERM is never stuck."""
-        end = time.monotonic() + seconds
-        while (now := time.monotonic()) < min(end, self.deadline):
+        end = self._clock() + seconds
+        while (now := self._clock()) < min(end, self.deadline):
             self._beat()
             await asyncio.sleep(min(1.0, end - now))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
@@ -266,7 +265,7 @@ class ScriptedPublisher(ConfirmWindow):
         except Unpublishable as exc:
             self.tracker.reject(row, str(exc))
             return
-        seq = self.sent(row, time.monotonic())
+        seq = self.sent(row, asyncio.get_running_loop().time())
         self.published.append(row)
         self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
         answer = self.respond(row)
@@ -277,9 +276,9 @@ class ScriptedPublisher(ConfirmWindow):
         if answer == "return":
             self.tracker.on_return(row.message_id, "312 NO_ROUTE")
         if answer == "nack":
-            self.tracker.on_nack(seq, False, time.monotonic())
+            self.tracker.on_nack(seq, False, asyncio.get_running_loop().time())
         else:
-            self.tracker.on_ack(seq, False, time.monotonic())
+            self.tracker.on_ack(seq, False, asyncio.get_running_loop().time())
         if not self.tracker.in_flight:
             self._quarantine.answered()
             if alone := self._quarantine.next_alone(0):
@@ -290,7 +289,7 @@ class ScriptedPublisher(ConfirmWindow):
         self._wake = wake
         while not self._closed.is_set():
             await asyncio.sleep(0.01)
-            if self.tracker.expire(time.monotonic()):
+            if self.tracker.expire(asyncio.get_running_loop().time()):
                 wake()
 
     async def close(self) -> None:

@@ -1,9 +1,9 @@
-"""The relay loop against the in-memory store and a scripted broker: no servers."""
+"""The relay loop against the in-memory store and a scripted broker: no servers, and on a
+controlled clock (``tests.support.clock``): its polls, back-offs and timeouts take no wall time."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Collection, Sequence
 
 from relay.backoff import Backoff
@@ -13,6 +13,7 @@ from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
 from relay.relay import Relay
 from relay.settle import SettlePolicy
+from tests.support.clock import VirtualTimeLoop, run
 from tests.support.fakes import InMemoryStore, ScriptedPublisher
 from tests.support.metrics import sample_value
 
@@ -35,6 +36,7 @@ def make(
         drain_timeout=1.0,
         turn_interval=0.05,
         retry=Backoff(0.01, 0.05),
+        clock=lambda: asyncio.get_running_loop().time(),
     )
 
 
@@ -65,7 +67,7 @@ def test_every_acked_row_is_sent_and_the_window_is_never_exceeded() -> None:
     fill(store, 1000)
     publisher = ScriptedPublisher(lambda row: "ack", window=64)
     relay = make(store, publisher)
-    ok = asyncio.run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
+    ok = run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
     assert ok
     assert len(publisher.published) == 1000
     assert 0 < publisher.max_in_flight <= 64
@@ -91,7 +93,7 @@ def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
         relay.stop()
         assert await task
 
-    asyncio.run(scenario())
+    run(scenario())
     assert statuses(store) == {1: PARKED, 2: SENT}
     assert store.rows[1].row.attempts == 3
     assert store.rows[1].row.last_error == "nacked: basic.nack: the broker refused the message"
@@ -104,7 +106,7 @@ def test_returned_row_is_never_marked_sent() -> None:
     fill(store, 1)
     publisher = ScriptedPublisher(lambda row: "return")
     relay = make(store, publisher)
-    asyncio.run(run_until(relay, lambda: store.rows[1].row.attempts == 1))
+    run(run_until(relay, lambda: store.rows[1].row.attempts == 1))
     assert store.rows[1].status == PENDING
     assert store.rows[1].row.last_error == "returned: 312 NO_ROUTE"
 
@@ -131,7 +133,7 @@ def test_unconfirmed_row_times_out_and_is_republished() -> None:
         relay.stop()
         await task
 
-    asyncio.run(scenario())
+    run(scenario())
     assert seen == [1, 1]
     assert store.rows[1].row.last_error == "timed_out: no confirm within 0.05s"
 
@@ -156,7 +158,7 @@ def test_outcomes_survive_a_database_outage_and_are_recorded_after_it() -> None:
         relay.stop()
         assert await task
 
-    asyncio.run(scenario())
+    run(scenario())
     assert len(publisher.published) == 10, "rows were published twice"
     assert sample_value(relay.metrics, "relay_database_errors_total") >= 1
 
@@ -166,7 +168,7 @@ def test_stop_drains_confirms_and_releases_what_stays_unconfirmed() -> None:
     fill(store, 4)
     publisher = ScriptedPublisher(lambda row: "ack" if row.id % 2 else None, confirm_timeout=60)
     relay = make(store, publisher)
-    ok = asyncio.run(run_until(relay, lambda: len(publisher.published) == 4))
+    ok = run(run_until(relay, lambda: len(publisher.published) == 4))
     assert ok
     assert statuses(store) == {1: SENT, 2: PENDING, 3: SENT, 4: PENDING}
     for id in (2, 4):
@@ -200,7 +202,7 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
         assert await task
         assert not store.held, "a row stayed held after the relay stopped"
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
 def acked_order(ordered: bool) -> dict[str, list[int]]:
@@ -224,7 +226,7 @@ def acked_order(ordered: bool) -> dict[str, list[int]]:
         store.clock.advance(1)  # let retries come due
         return set(statuses(store).values()) == {SENT}
 
-    assert asyncio.run(run_until(relay, all_sent))
+    assert run(run_until(relay, all_sent))
     return acked
 
 
@@ -259,7 +261,7 @@ def test_the_byte_budget_bounds_what_the_relay_holds_and_a_big_row_goes_alone() 
     store.claim = watched  # type: ignore[method-assign]
     publisher = ScriptedPublisher(lambda row: "ack", window=100)
     relay = make(store, publisher, max_inflight_bytes=2000)
-    assert asyncio.run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
+    assert run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
     assert [r.size for r in publisher.published] == sizes
     over = [h for h in held if sum(h) > 2000]
     assert over == [[5000]], f"held more than the budget: {over}"
@@ -291,14 +293,15 @@ def test_claims_leave_a_broken_exchange_for_last_while_other_rows_wait() -> None
         limit: int, max_bytes: int, first_always: bool = False, skip: Collection[str] = ()
     ) -> list[OutboxRow]:
         rows = claim(limit, max_bytes, first_always, skip)
-        claims.append((time.monotonic(), skip, [r.exchange for r in rows]))
+        claims.append((loop.time(), skip, [r.exchange for r in rows]))
         return rows
 
     store.claim = watched  # type: ignore[method-assign]
     relay = make(store, RefusingPublisher(lambda row: "ack", window=50), max_attempts=1)
-    started = time.monotonic()
-    assert asyncio.run(
-        run_until(relay, lambda: sorted(set(statuses(store).values())) == [PARKED, SENT])
+    loop = VirtualTimeLoop()
+    started = loop.time()
+    assert run(
+        run_until(relay, lambda: sorted(set(statuses(store).values())) == [PARKED, SENT]), loop
     )
     good_claimed = max(i for i, (_, _, ex) in enumerate(claims) if "ex" in ex)
     while_waiting = claims[: good_claimed + 1]
