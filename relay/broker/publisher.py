@@ -36,7 +36,7 @@ from relay.broker.connection import (
 )
 from relay.broker.destinations import Admission, Destinations, display
 from relay.broker.quarantine import Quarantine
-from relay.broker.topology import Topology
+from relay.broker.topology import Topology, declare
 from relay.constants import DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S, HALF_OPEN_CLOSE_S
 from relay.errors import BrokerError
 from relay.message import Limits, Unpublishable, build
@@ -266,7 +266,7 @@ class PikaPublisher(ConfirmWindow):
         await opened
         try:
             await self._open_channel()
-            await self._declare()
+            await declare(self._topology, self._channel, self._rpc)
         except BrokerError:
             self._connection.close()
             await closed
@@ -316,38 +316,6 @@ class PikaPublisher(ConfirmWindow):
                 connection.close()
             return
         self._wake()
-
-    async def _declare(self) -> None:
-        ch = self._channel
-        for e in self._topology.exchanges:
-            await self._rpc(
-                ch.exchange_declare,
-                "callback",
-                exchange=e.name,
-                exchange_type=e.type,
-                durable=e.durable,
-                auto_delete=e.auto_delete,
-                internal=e.internal,
-                arguments=e.declare_arguments(),
-            )
-        for q in self._topology.queues:
-            await self._rpc(
-                ch.queue_declare,
-                "callback",
-                queue=q.name,
-                durable=q.durable,
-                auto_delete=q.auto_delete,
-                arguments=q.arguments,
-            )
-        for b in self._topology.bindings:
-            await self._rpc(
-                ch.queue_bind,
-                "callback",
-                queue=b.queue,
-                exchange=b.exchange,
-                routing_key=b.routing_key,
-                arguments=b.arguments,
-            )
 
     async def _rpc(
         self, method: Callable[..., Any], callback_name: str, *args: Any, **kwargs: Any

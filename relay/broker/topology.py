@@ -22,6 +22,7 @@ instead of silently routing nowhere.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,43 @@ _TYPES = {
     "queue": str,
     "routing_key": str,
 }
+
+
+# Calls a pika channel method that answers through the callback named, and awaits the answer.
+Rpc = Callable[..., Awaitable[Any]]
+
+
+async def declare(topology: Topology, ch: Any, rpc: Rpc) -> None:
+    """Declare ``topology`` on the pika channel ``ch``, one answered call after another."""
+    for e in topology.exchanges:
+        await rpc(
+            ch.exchange_declare,
+            "callback",
+            exchange=e.name,
+            exchange_type=e.type,
+            durable=e.durable,
+            auto_delete=e.auto_delete,
+            internal=e.internal,
+            arguments=e.declare_arguments(),
+        )
+    for q in topology.queues:
+        await rpc(
+            ch.queue_declare,
+            "callback",
+            queue=q.name,
+            durable=q.durable,
+            auto_delete=q.auto_delete,
+            arguments=q.arguments,
+        )
+    for b in topology.bindings:
+        await rpc(
+            ch.queue_bind,
+            "callback",
+            queue=b.queue,
+            exchange=b.exchange,
+            routing_key=b.routing_key,
+            arguments=b.arguments,
+        )
 
 
 def load_topology(path: Path | None) -> Topology:
