@@ -1,0 +1,20 @@
+"""The README's first command, minus installing: the demo's Spark job, relay and consumer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devtools.servers import RabbitNode
+from examples.demo import run_demo
+
+
+def test_the_demo_relays_every_message_its_spark_job_wrote(
+    rabbit: RabbitNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_demo(rabbit.url, 2, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "6 new messages in the outbox" in out  # 2 orders, 3 events each
+    assert out.count(" sent ") == 6
+    assert "All 6 messages were confirmed by the broker, marked sent, and consumed." in out
