@@ -73,9 +73,9 @@ class Relay:
         # The last claim was full: other rows wait, and rows of broken exchanges (which are
         # only charged an attempt) are left for later. See ``_skipped``.
         self._backlog = False
-        self._charge_held_at = float("-inf")  # see _skipped; the clock starts with run
+        self._charge_held_at = clock()
         self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
-        self._next_poll = float("-inf")
+        self._next_poll = clock()
         self._unsettled: list[Settlement] = []
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
         self._settle_wanted = asyncio.Event()
@@ -84,7 +84,7 @@ class Relay:
         self._woken = asyncio.Event()
         self._finished = False
         self._stopping = asyncio.Event()
-        self._last_beat: float | None = None  # None: starting
+        self._last_beat = clock()
         self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S, clock)
 
     async def run(self) -> bool:
@@ -147,7 +147,7 @@ class Relay:
             self.wake()
 
     def alive(self) -> bool:
-        return self._last_beat is None or self._clock() - self._last_beat < LIVENESS_LIMIT_S
+        return self._clock() - self._last_beat < LIVENESS_LIMIT_S
 
     def ready(self) -> bool:
         return self.store.ok and self.publisher.state().connected

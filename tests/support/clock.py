@@ -62,6 +62,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._working -= 1
 
 
+def loop_time() -> float:
+    """The running loop's time; before a loop runs, a virtual loop's start (0)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return 0.0
+
+
 def run(main: Coroutine[Any, Any, T], loop: VirtualTimeLoop | None = None) -> T:
     """``asyncio.run`` on a virtual-time loop (``loop``, or a new one)."""
     with asyncio.Runner(loop_factory=lambda: loop or VirtualTimeLoop()) as runner:

@@ -13,7 +13,7 @@ from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
 from relay.relay import Relay
 from relay.settle import SettlePolicy
-from tests.support.clock import VirtualTimeLoop, run
+from tests.support.clock import VirtualTimeLoop, loop_time, run
 from tests.support.fakes import InMemoryStore, ScriptedPublisher
 from tests.support.metrics import sample_value
 
@@ -36,7 +36,7 @@ def make(
         drain_timeout=1.0,
         turn_interval=0.05,
         retry=Backoff(0.01, 0.05),
-        clock=lambda: asyncio.get_running_loop().time(),
+        clock=loop_time,
     )
 
 
