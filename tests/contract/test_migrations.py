@@ -3,6 +3,9 @@ downgrade cleanly: the one schema definition and the shipped migrations cannot d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -36,6 +39,20 @@ def differences(url: str) -> list[object]:
             return found
     finally:
         engine.dispose()
+
+
+@contextmanager
+def upgraded(database_url: str) -> Iterator[ClaimStore]:
+    """Upgrade to the head, which must build the table the schema defines, and open a relay
+    of the new version, its first turn taken."""
+    migrate(database_url)
+    assert differences(database_url) == []
+    store = ClaimStore(database_url, "new-relay", 60.0)
+    try:
+        store.turn()
+        yield store
+    finally:
+        store.close()
 
 
 def test_migrated_database_matches_the_schema_definition(database_url: str) -> None:
@@ -78,22 +95,18 @@ def test_upgrade_to_the_sent_log_keeps_every_pending_and_in_flight_row(database_
             )
         )
     engine.dispose()
-    migrate(database_url)
-    assert differences(database_url) == []
-    store = ClaimStore(database_url, "new-relay", 60.0)
-    store.turn()
-    writer = OutboxWriter(database_url)
-    try:
-        (due,) = store.claim(10, 2**62)
-        assert due.message_id == "due", "only the due row: the old lease still holds"
-        store.settle(SettleBatch(sent=(due.id,)))
-        writer.enqueue([NewMessage(b"x", message_id="due")])
-        with pytest.raises(StoreError):
-            writer.enqueue([NewMessage(b"x", message_id="sent")])
-        assert statuses(database_url) == {"pending": 1, "sent": 2}
-    finally:
-        store.close()
-        writer.close()
+    with upgraded(database_url) as store:
+        writer = OutboxWriter(database_url)
+        try:
+            (due,) = store.claim(10, 2**62)
+            assert due.message_id == "due", "only the due row: the old lease still holds"
+            store.settle(SettleBatch(sent=(due.id,)))
+            writer.enqueue([NewMessage(b"x", message_id="due")])
+            with pytest.raises(StoreError):
+                writer.enqueue([NewMessage(b"x", message_id="sent")])
+            assert statuses(database_url) == {"pending": 1, "sent": 2}
+        finally:
+            writer.close()
 
 
 def test_upgrade_to_owned_buckets_keeps_every_pending_and_in_flight_row(database_url: str) -> None:
@@ -123,11 +136,7 @@ def test_upgrade_to_owned_buckets_keeps_every_pending_and_in_flight_row(database
                 )
             )
     engine.dispose()
-    migrate(database_url)
-    assert differences(database_url) == []
-    store = ClaimStore(database_url, "new-relay", 60.0)
-    try:
-        store.turn()
+    with upgraded(database_url) as store:
         claimed = {r.message_id for r in store.claim(10, 2**62)}
         assert claimed == {"never claimed", "lease ran out"}
         with store.engine.connect() as conn:
@@ -135,8 +144,6 @@ def test_upgrade_to_owned_buckets_keeps_every_pending_and_in_flight_row(database
                 outbox.c.message_id == "in flight"
             )
             assert 3500 < conn.execute(wait).scalar_one() <= 3600
-    finally:
-        store.close()
 
 
 def test_upgrade_to_the_suspect_column_keeps_the_suspects_marked_in_last_error(
@@ -170,15 +177,9 @@ def test_upgrade_to_the_suspect_column_keeps_the_suspects_marked_in_last_error(
                 )
             )
     engine.dispose()
-    migrate(database_url)
-    assert differences(database_url) == []
-    store = ClaimStore(database_url, "new-relay", 60.0)
-    try:
-        store.turn()
+    with upgraded(database_url) as store:
         claimed = {r.message_id: r.suspect for r in store.claim(10, 2**62)}
         assert claimed == {"suspect": True, "innocent": False, "clean": False}
         with store.engine.connect() as conn:
             parked = sa.select(outbox.c.suspect).where(outbox.c.message_id == "parked suspect")
             assert conn.execute(parked).scalar_one() is False
-    finally:
-        store.close()
