@@ -200,7 +200,8 @@ class PikaPublisher(ConfirmWindow):
         return True
 
     def _lose(self, row: OutboxRow, reason: str) -> None:
-        """Due again at once; a suspect stays one (its reason keeps the mark)."""
+        """Due again at once; a suspect stays one (a LOST outcome keeps the mark, see
+        ``relay.settle``), and its reason says why it waits."""
         self.tracker.lose([row], _HELD_SUSPECT if row.suspect else reason)
 
     def _release_suspect(self) -> None:
