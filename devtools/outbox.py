@@ -51,10 +51,13 @@ def owners(target: str | sa.Engine) -> dict[str, int]:
         return {owner: int(count) for owner, count in conn.execute(q)}
 
 
-def _key(message_id: str, dialect: str) -> str:
-    """``relay.db.schema.sent_key`` computed here: PostgreSQL's md5(text)::uuid."""
+def _key(message_id: str, dialect: str) -> str | bytes:
+    """``relay.db.schema.sent_key`` computed here: PostgreSQL's md5(text)::uuid, MySQL's
+    unhex(md5(text))."""
     if dialect == "postgresql":
         return str(uuid.UUID(hashlib.md5(message_id.encode()).hexdigest()))
+    if dialect == "mysql":
+        return hashlib.md5(message_id.encode()).digest()
     return message_id
 
 
@@ -70,7 +73,9 @@ def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]
             found |= {m: s for m, s in conn.execute(query.where(outbox.c.message_id.in_(chunk)))}
             keys = {_key(m, conn.dialect.name): m for m in chunk if m not in found}
             logged = sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys)))
-            found |= {keys[str(k)]: SENT for k in conn.scalars(logged)}
+            found |= {
+                keys[k if isinstance(k, bytes) else str(k)]: SENT for k in conn.scalars(logged)
+            }
     return found
 
 

@@ -1,4 +1,4 @@
-"""Private RabbitMQ and PostgreSQL servers on loopback, in a directory of their own.
+"""Private RabbitMQ, PostgreSQL and MariaDB servers on loopback, in a directory of their own.
 
 For the demo, the tests and the benchmark; not shipped, and the relay never imports it. Each
 server gets free ports, its own data directory and logs, and stops when asked, leaving the
@@ -352,6 +352,133 @@ class PostgresServer:
                 f"(log: {self.log_path})"
             )
         return result.stdout
+
+
+class MariaDBServer:
+    """A MariaDB server in ``base``, on 127.0.0.1, ``root`` without a password.
+
+    ``--no-defaults`` first, so that the machine's ``/etc/mysql`` is not read; utf8mb4, as the
+    outbox wants (the server's own default is latin1). As root, mariadbd must be told to run
+    as root (it refuses otherwise); the data directory is root's then.
+    """
+
+    def __init__(
+        self,
+        base: Path,
+        port: int | None = None,
+        tuned_for_tests: bool = False,
+        more: Sequence[str] = (),
+    ) -> None:
+        """``more``: more server options (``--name=value``)."""
+        self.base = base
+        self.data = base / "data"
+        self.port = port or free_port()
+        self.socket = base / "mariadb.sock"
+        self.log_path = base / "mariadbd.err"
+        self.pid_file = base / "mariadbd.pid"
+        user = ["--user=root"] if os.geteuid() == 0 else []
+        self._common = [
+            "--no-defaults",
+            f"--datadir={self.data}",
+            "--innodb-log-file-size=64M",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_unicode_ci",
+            *user,
+        ]
+        # A payload as large as the broker takes (RabbitMQ 3.10: 128 MiB) travels in one
+        # packet, with room for the rest of its row.
+        options = ["--max-allowed-packet=256M", "--skip-name-resolve"]
+        if tuned_for_tests:
+            # Durability is not under test against a crashed server here; speed is welcome.
+            options += ["--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0"]
+        self._options = options + list(more)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str = "mysql") -> str:
+        return f"mysql+mysqldb://root@127.0.0.1:{self.port}/{database}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        if not (self.data / "mysql").exists():
+            self._run(
+                _mariadb_tool("mariadb-install-db"),
+                *self._common,
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            )
+        server = _mariadb_tool("mariadbd")
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    server,
+                    *self._common,
+                    *self._options,
+                    f"--socket={self.socket}",
+                    f"--port={self.port}",
+                    "--bind-address=127.0.0.1",
+                    f"--pid-file={self.pid_file}",
+                    f"--log-error={self.log_path}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def ready() -> bool:
+            if self._process is not None and self._process.poll() is not None:
+                raise ServerError(f"mariadbd exited at start (log: {self.log_path})")
+            return port_open("127.0.0.1", self.port)
+
+        wait_until(ready, timeout, f"MariaDB on port {self.port} (log: {self.log_path})")
+
+    def pid(self) -> int:
+        return int(self.pid_file.read_text().split()[0])
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> None:
+        """Stop the server (SIGTERM: a clean shutdown; SIGKILL: a crash) and wait for it."""
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.send_signal(sig)
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self.pid_file.unlink(missing_ok=True)
+
+    def sql(self, statement: str, database: str = "mysql") -> str:
+        """Run ``statement`` with the ``mariadb`` client; its output, tab-separated."""
+        return self._run(
+            _mariadb_tool("mariadb"),
+            "--no-defaults",
+            "--protocol=TCP",
+            "-h127.0.0.1",
+            f"-P{self.port}",
+            "-uroot",
+            "-N",
+            "-B",
+            database,
+            "-e",
+            statement,
+        )
+
+    def _run(self, *command: str) -> str:
+        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise ServerError(
+                f"{Path(command[0]).name} failed ({result.returncode}): "
+                f"{result.stderr.strip()} (log: {self.log_path})"
+            )
+        return result.stdout
+
+
+def _mariadb_tool(name: str) -> str:
+    for folder in ("/usr/sbin", "/usr/bin"):
+        if (path := Path(folder) / name).exists():
+            return str(path)
+    raise ServerError(
+        f"{name} not found: MariaDB is not installed (Debian: apt-get install mariadb-server)"
+    )
 
 
 def _postgres_bin() -> Path:

@@ -17,6 +17,8 @@ from relay.broker.connection import connection_parameters
 from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
+    POLL_INTERVAL_NOTIFIED_S,
+    POLL_INTERVAL_S,
     PURGE_CHUNK,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
@@ -77,7 +79,8 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         metrics,
         batch_size=settings.batch_size,
         max_inflight_bytes=settings.max_inflight_bytes,
-        poll_interval=settings.poll_interval,
+        poll_interval=settings.poll_interval
+        or (POLL_INTERVAL_NOTIFIED_S if store.notifies else POLL_INTERVAL_S),
         drain_timeout=settings.drain_timeout,
         turn_interval=min(settings.lease / TURNS_PER_LEASE, TURN_INTERVAL_MAX_S),
         retry=reconnect,

@@ -96,8 +96,9 @@ class Relay:
         try:
             while not self._stopping.is_set():
                 self._beat()
-                if claiming.done():
-                    claiming.result()  # the claim task failed: so does the relay
+                for task in (claiming, turning):
+                    if task.done():
+                        task.result()  # it failed (no retry can help): so does the relay
                 if self.publisher.state().can_publish != self._turned_active:
                     self._turn_wanted.set()
                 self._collect()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
+from relay.constants import POLL_INTERVAL_NOTIFIED_S, POLL_INTERVAL_S
 from relay.errors import ConfigError
 from relay.records import KEEP_IDS, KEEP_MESSAGES
 from relay.redact import redact_url
@@ -51,6 +52,10 @@ def _positive_float(text: str) -> float:
     return float(
         _number(float, text, lambda v: 0 < v < float("inf"), "a positive number of seconds")
     )
+
+
+def _optional_positive_float(text: str) -> float | None:
+    return _positive_float(text) if text.strip() else None
 
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmg])(i?)b?|b)?\s*", re.IGNORECASE)
@@ -192,8 +197,9 @@ def default_name() -> str:
 class Settings:
     database_url: str = _setting(
         "sqlite:///outbox.db",
-        _url("sqlite", "postgresql"),
-        "SQLAlchemy URL of the outbox database (postgresql+psycopg://... or sqlite:///path). "
+        _url("sqlite", "postgresql", "mysql", "mariadb"),
+        "SQLAlchemy URL of the outbox database (postgresql://..., mysql://... or mariadb://... "
+        "for MariaDB 10.6+ and MySQL 8.0.13+, or sqlite:///path). "
         "Refused at start: a URL whose host or port cannot be parsed, and in-memory SQLite "
         "(sqlite://, :memory:), where the relay and its writers would each see an outbox of "
         "their own.",
@@ -267,8 +273,14 @@ class Settings:
     max_attempts: int = _setting(
         10, _positive_int, "Failed attempts after which a row is parked with its last error."
     )
-    poll_interval: float = _setting(
-        0.5, _positive_float, "Seconds between looks for due rows when the outbox is idle."
+    poll_interval: float | None = _setting(
+        None,
+        _optional_positive_float,
+        "Seconds between looks for due rows when the outbox is idle. By default "
+        f"{POLL_INTERVAL_NOTIFIED_S:g} where the database announces new rows (PostgreSQL), "
+        f"{POLL_INTERVAL_S:g} where it cannot (SQLite, MariaDB, MySQL): there the poll is how "
+        "soon a new row goes out.",
+        shown=f"{POLL_INTERVAL_NOTIFIED_S:g} or {POLL_INTERVAL_S:g}",
     )
     drain_timeout: float = _setting(
         20.0,

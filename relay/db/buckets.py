@@ -14,9 +14,10 @@ nothing from it on waking, whatever its own clock says.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from relay.buckets import turn
 from relay.db.clock import database_time
@@ -43,36 +44,30 @@ def refresh(
     _present(conn, owner, lease, active)
     live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
     relays = int(conn.execute(live).scalar_one())
-    renewed = (
-        sa.update(outbox_buckets)
-        .where(outbox_buckets.c.owner == owner)
-        .values(lease_until=database_time(lease))
-        .returning(outbox_buckets.c.bucket)
-    )
-    owned = set(conn.scalars(renewed))
+    mine = outbox_buckets.c.owner == owner
+    owned = _update_returning(conn, mine, lease)
     plan = turn(owned, relays, held, active)
     taken: set[int] = set()
     if plan.take:
-        free = (
+        free = sa.or_(
+            outbox_buckets.c.owner.is_(None), outbox_buckets.c.lease_until <= database_time()
+        )
+        take = (
             sa.select(outbox_buckets.c.bucket)
-            .where(
-                sa.or_(
-                    outbox_buckets.c.owner.is_(None),
-                    outbox_buckets.c.lease_until <= database_time(),
-                )
-            )
+            .where(free)
             .order_by(outbox_buckets.c.bucket)
             .limit(plan.take)
         )
-        if conn.dialect.name == "postgresql":
-            free = free.with_for_update(skip_locked=True)
-        take = (
-            sa.update(outbox_buckets)
-            .where(outbox_buckets.c.bucket.in_(free.scalar_subquery()))
-            .values(owner=owner, lease_until=database_time(lease))
-            .returning(outbox_buckets.c.bucket)
-        )
-        taken = set(conn.scalars(take))
+        if conn.dialect.name != "sqlite":  # SQLite has one writer at a time anyway
+            take = take.with_for_update(skip_locked=True)
+        if conn.dialect.update_returning:
+            taking = outbox_buckets.c.bucket.in_(take.scalar_subquery())
+            taken = _update_returning(conn, taking, lease, owner)
+        else:
+            # MySQL: no UPDATE ... RETURNING, and no UPDATE of a table its own subquery reads.
+            taken = set(conn.scalars(take))
+            if taken:
+                _update_returning(conn, outbox_buckets.c.bucket.in_(taken), lease, owner)
     if plan.release:
         conn.execute(
             sa.update(outbox_buckets)
@@ -82,18 +77,41 @@ def refresh(
     return plan.claim_from | taken
 
 
+def _update_returning(
+    conn: sa.Connection, which: sa.ColumnElement[bool], lease: float, owner: str | None = None
+) -> set[int]:
+    """Lease the buckets ``which`` (to ``owner``, when given) for ``lease`` seconds; returns
+    them. Where UPDATE cannot return rows (MySQL), the same transaction locks and reads them
+    first."""
+    values: dict[str, Any] = {"lease_until": database_time(lease)}
+    if owner is not None:
+        values["owner"] = owner
+    update = sa.update(outbox_buckets).where(which).values(values)
+    if conn.dialect.update_returning:
+        return set(conn.scalars(update.returning(outbox_buckets.c.bucket)))
+    locked = sa.select(outbox_buckets.c.bucket).where(which).with_for_update()
+    buckets = set(conn.scalars(locked))
+    conn.execute(update)
+    return buckets
+
+
 def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> None:
     """``owner`` counts among the relays for one more lease, or no more; relays gone for a
     lease are forgotten."""
     if active:
-        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-        stmt = insert(outbox_relays).values(owner=owner, alive_until=database_time(lease))
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[outbox_relays.c.owner],
-                set_={"alive_until": stmt.excluded.alive_until},
+        alive = {"owner": owner, "alive_until": database_time(lease)}
+        if conn.dialect.name == "mysql":
+            mine = mysql.insert(outbox_relays).values(alive)
+            conn.execute(mine.on_duplicate_key_update(alive_until=mine.inserted.alive_until))
+        else:
+            insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+            stmt = insert(outbox_relays).values(alive)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[outbox_relays.c.owner],
+                    set_={"alive_until": stmt.excluded.alive_until},
+                )
             )
-        )
     else:
         conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
     conn.execute(

@@ -42,6 +42,7 @@ from typing import Any
 import psycopg
 import psycopg.sql
 import sqlalchemy as sa
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import (
@@ -487,8 +488,8 @@ class ClaimStore:
 
         ``keep_sent = messages``: the row is marked sent. ``ids``: the row is deleted and its
         message id's key, id and times go to the sent log; on PostgreSQL in one statement
-        (a data-modifying CTE), on SQLite in two of one transaction. A key already logged
-        (a message sent again) keeps its first entry.
+        (a data-modifying CTE), on SQLite and MySQL in two of one transaction. A key already
+        logged (a message sent again) keeps its first entry.
 
         On PostgreSQL that test is a probe of the log's key, not ``ON CONFLICT DO NOTHING``:
         the latter is a speculative insertion, which writes a confirmation record per row,
@@ -518,10 +519,14 @@ class ClaimStore:
         logged = sa.select(
             sent_key(outbox.c.message_id), outbox.c.id, outbox.c.created_at, database_time()
         ).where(pending)
-        return [
-            sqlite_insert(outbox_sent).from_select(columns, logged).on_conflict_do_nothing(),
-            sa.delete(outbox).where(pending),
-        ]
+        log_once: sa.Insert
+        if self.engine.dialect.name == "mysql":
+            into = mysql_insert(outbox_sent).from_select(columns, logged)
+            log_once = into.on_duplicate_key_update({"key": outbox_sent.c.key})
+        else:
+            log_once = sqlite_insert(outbox_sent).from_select(columns, logged)
+            log_once = log_once.on_conflict_do_nothing()
+        return [log_once, sa.delete(outbox).where(pending)]
 
     def hasten(self, exchanges: Sequence[str]) -> int:
         """Only rows settled with a back-off move: rows a relay holds were due when claimed,

@@ -15,6 +15,8 @@ milliseconds, but statement time is what the statement saw). SQLite: its ``'now'
 is this host's clock: an embedded database has one host and so one clock. SQLite stores the
 times as text, in the format SQLAlchemy writes (``YYYY-MM-DD HH:MM:SS.ffffff``), so that
 they compare with the values already stored by text order; its clock has milliseconds.
+MySQL and MariaDB: ``utc_timestamp(6)``, fixed for the statement like PostgreSQL's, stored as
+``DATETIME(6)`` (``relay.db.schema.UTCDateTime``).
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def _database_time_sqlite(element: database_time, compiler: Any, **kw: Any) -> s
     return f"strftime({_SQLITE_FORMAT}, 'now', printf('%.6f seconds', {seconds}))"
 
 
+@compiles(database_time, "mysql")
+def _database_time_mysql(element: database_time, compiler: Any, **kw: Any) -> str:
+    seconds = _argument(element, compiler, **kw)
+    return f"timestampadd(MICROSECOND, round({seconds} * 1000000), utc_timestamp(6))"
+
+
 @compiles(seconds_between, "postgresql")
 def _seconds_between_pg(element: seconds_between, compiler: Any, **kw: Any) -> str:
     start, end = (compiler.process(c, **kw) for c in element.clauses)
@@ -85,6 +93,12 @@ def _seconds_between_pg(element: seconds_between, compiler: Any, **kw: Any) -> s
 def _seconds_between_sqlite(element: seconds_between, compiler: Any, **kw: Any) -> str:
     start, end = (compiler.process(c, **kw) for c in element.clauses)
     return f"((julianday({end}) - julianday({start})) * 86400.0)"
+
+
+@compiles(seconds_between, "mysql")
+def _seconds_between_mysql(element: seconds_between, compiler: Any, **kw: Any) -> str:
+    start, end = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(timestampdiff(MICROSECOND, {start}, {end}) / 1e6)"  # a double, not a decimal
 
 
 def seconds_since(moment: sa.ColumnElement[Any]) -> sa.ColumnElement[float]:

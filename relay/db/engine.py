@@ -9,11 +9,20 @@ Two kinds of session, by what their writes must survive:
   flush off every batch.
 - the default (writers, operators, migrations, the Spark writer's merge): plain, durable
   commits. A message a writer was told is in the outbox must be there after a crash.
+
+MySQL and MariaDB (URLs ``mysql://``, ``mariadb://``; the driver is mysqlclient, the C
+client SQLAlchemy also defaults to): every session runs in UTC (``relay.db.clock``) and in
+strict mode (a value too long for its column fails its statement, never truncated); the
+relay's own read committed, with lock and statement timeouts. A server older than
+``MARIADB_MIN_VERSION`` / ``MYSQL_MIN_VERSION`` is refused at connect (``ConfigError``: no
+retry makes it work). MySQL's durability is the server's (``innodb_flush_log_at_trx_commit``
+has no per-session setting), so relay sessions there commit durably too.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -23,8 +32,14 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from relay.constants import DB_CONNECT_TIMEOUT_S, DB_STATEMENT_TIMEOUT_MS, SQLITE_BUSY_TIMEOUT_MS
-from relay.errors import SchemaMissingError, StoreError
+from relay.constants import (
+    DB_CONNECT_TIMEOUT_S,
+    DB_STATEMENT_TIMEOUT_MS,
+    MARIADB_MIN_VERSION,
+    MYSQL_MIN_VERSION,
+    SQLITE_BUSY_TIMEOUT_MS,
+)
+from relay.errors import ConfigError, SchemaMissingError, StoreError
 from relay.redact import redact_url
 
 # The relay's own PostgreSQL session settings (``relay_session=True``), each for a reason:
@@ -56,6 +71,17 @@ BINARY_RESULTS = "outbox_binary_results"
 SQLITE_PRAGMAS = ("journal_mode=WAL", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 # The relay's own SQLite connections (``relay_session=True``): see the module docstring.
 SQLITE_RELAY_PRAGMAS = ("synchronous=NORMAL",)
+# Every MySQL session: UTC, and strict for every table (a session may start non-strict).
+MYSQL_SESSION = "SET time_zone = '+00:00', sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')"
+# The relay's own MySQL sessions: no wait behind a lock, and no statement, for longer than the
+# statement timeout (MariaDB counts seconds for both; MySQL's statement limit is in ms).
+_LOCK_WAIT_S = DB_STATEMENT_TIMEOUT_MS // 1000
+MYSQL_RELAY_SESSION = {
+    True: f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, max_statement_time = {_LOCK_WAIT_S}",
+    False: f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, "
+    f"max_execution_time = {DB_STATEMENT_TIMEOUT_MS}",
+}
+MYSQL_BACKENDS = ("mysql", "mariadb")
 
 
 def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
@@ -67,6 +93,8 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
         raise StoreError(f"database URL {redact_url(url)!r} is not valid: {exc}") from exc
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() in MYSQL_BACKENDS:
+        return _mysql_engine(parsed, relay_session)
     if parsed.get_backend_name() == "postgresql":
         connect_args: dict[str, Any] = {"connect_timeout": DB_CONNECT_TIMEOUT_S}
         if relay_session:
@@ -87,6 +115,52 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
     pragmas = SQLITE_PRAGMAS + (SQLITE_RELAY_PRAGMAS if relay_session else ())
     sa.event.listen(engine, "connect", functools.partial(_sqlite_pragmas, pragmas))
     return engine
+
+
+def _mysql_engine(url: sa.URL, relay_session: bool) -> sa.Engine:
+    """MySQL and MariaDB: one dialect name (``mysql``) whichever the URL says, utf8mb4."""
+    url = url.set(drivername=f"mysql+{url.get_driver_name() or 'mysqldb'}")
+    url = url.update_query_dict({"charset": "utf8mb4"})
+    # No CLIENT_FOUND_ROWS (SQLAlchemy sets it for its ORM): a statement's row count is then the
+    # rows it changed, so an insert that skips message ids already there counts what it added.
+    connect_args: dict[str, Any] = {"connect_timeout": DB_CONNECT_TIMEOUT_S, "client_flag": 0}
+    options: dict[str, Any] = {"isolation_level": "READ COMMITTED"} if relay_session else {}
+    engine = sa.create_engine(
+        url, pool_pre_ping=not relay_session, connect_args=connect_args, **options
+    )
+    sa.event.listen(engine, "connect", functools.partial(_mysql_session, relay_session))
+    return engine
+
+
+def _mysql_session(relay_session: bool, dbapi_connection: Any, _record: Any) -> None:
+    server = str(dbapi_connection.get_server_info())
+    problem = server_version_problem(server)
+    if problem is not None:
+        raise ConfigError(problem)
+    cursor = dbapi_connection.cursor()
+    cursor.execute(MYSQL_SESSION)
+    if relay_session:
+        cursor.execute(MYSQL_RELAY_SESSION["mariadb" in server.lower()])
+    cursor.close()
+
+
+def server_version_problem(server: str) -> str | None:
+    """Why a MySQL-family server announcing itself as ``server`` (its version string) cannot
+    hold the outbox, or None."""
+    found = re.match(r"(?:5\.5\.5-)?(\d+)\.(\d+)\.(\d+)", server)
+    if found is None:
+        return f"the database server's version {server!r} is not one of MySQL or MariaDB's"
+    version = tuple(int(part) for part in found.groups())
+    mariadb = "mariadb" in server.lower()
+    floor = MARIADB_MIN_VERSION if mariadb else MYSQL_MIN_VERSION
+    if version < floor:
+        name = "MariaDB" if mariadb else "MySQL"
+        shown = ".".join(map(str, version))
+        return (
+            f"{name} {shown} cannot hold the outbox: it needs {name} "
+            f"{'.'.join(map(str, floor))} or later (FOR UPDATE SKIP LOCKED, JSON_TABLE)"
+        )
+    return None
 
 
 def _binary_results(
@@ -145,6 +219,16 @@ def in_list(
     new statement for each list length)."""
     if dialect.name == "postgresql":
         return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(kind)))
+    if dialect.name == "mysql":
+        # No arrays either: one JSON array, a table by JSON_TABLE (MariaDB 10.6, MySQL 8.0).
+        value = f"value {kind.compile(dialect=dialect)} PATH '$'"
+        listed = sa.text(
+            f"SELECT value FROM JSON_TABLE(:{name}, '$[*]' COLUMNS ({value})) AS {name}_list"
+        )
+        typed = listed.bindparams(sa.bindparam(name, type_=sa.JSON())).columns(
+            sa.column("value", kind)
+        )
+        return column.in_(typed)
     # SQLite has no arrays: the values travel as one JSON array, unpacked by json_each.
     values = sa.func.json_each(sa.bindparam(name, type_=sa.JSON())).table_valued("value")
     return column.in_(sa.select(values.c.value))
@@ -166,6 +250,10 @@ _CHANGE_COLUMNS: tuple[tuple[str, sa.types.TypeEngine[Any]], ...] = (
 )
 
 
+# JSON_TABLE's column types where the column's own type's name is not one: text of any length.
+_JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
+
+
 def changes_table(dialect: sa.Dialect) -> sa.Subquery | sa.TableValuedAlias:
     """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
     id, status, attempts, delay, last_error, suspect (bind them with ``changes_parameters``). One
@@ -178,6 +266,17 @@ def changes_table(dialect: sa.Dialect) -> sa.Subquery | sa.TableValuedAlias:
         ]
         columns = [sa.column(name, kind) for name, kind in _CHANGE_COLUMNS]
         return sa.func.unnest(*arrays).table_valued(*columns).render_derived("change")
+    if dialect.name == "mysql":
+        # One JSON array of arrays, a table by JSON_TABLE (see ``in_list``).
+        columns_sql = ", ".join(
+            f"{name} {_JSON_TABLE_TYPES.get(name, kind.compile(dialect=dialect))} PATH '$[{i}]'"
+            for i, (name, kind) in enumerate(_CHANGE_COLUMNS)
+        )
+        table = sa.text(f"SELECT * FROM JSON_TABLE(:changes, '$[*]' COLUMNS ({columns_sql})) AS c")
+        typed = table.bindparams(sa.bindparam("changes", type_=sa.JSON())).columns(
+            *(sa.column(name, kind) for name, kind in _CHANGE_COLUMNS)
+        )
+        return typed.subquery("change")
     # SQLite has no arrays: the changes travel as one JSON array of arrays.
     each = sa.func.json_each(sa.bindparam("changes", type_=sa.JSON())).table_valued("value")
     return sa.select(
@@ -217,8 +316,15 @@ def schema_missing(where: str) -> SchemaMissingError:
     return SchemaMissingError(f"the outbox table does not exist in {where}: run `relay migrate`")
 
 
+# MySQL's error number for "table doesn't exist".
+_MYSQL_NO_SUCH_TABLE = 1146
+
+
 def _missing_table(exc: sa.exc.DBAPIError) -> bool:
-    return getattr(exc.orig, "sqlstate", None) == "42P01" or "no such table" in str(exc.orig)
+    if getattr(exc.orig, "sqlstate", None) == "42P01" or "no such table" in str(exc.orig):
+        return True
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return len(args) > 0 and args[0] == _MYSQL_NO_SUCH_TABLE
 
 
 def migrate(url: str, revision: str = "head", *, downgrade: bool = False) -> None:

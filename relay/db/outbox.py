@@ -24,6 +24,7 @@ from relay.db.claims import due_backlog
 from relay.db.clock import database_time, seconds_between
 from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
 from relay.db.schema import ROW_COLUMNS, outbox, outbox_buckets, outbox_sent
+from relay.db.sink import sent_already
 from relay.records import (
     PARKED,
     PENDING,
@@ -46,6 +47,8 @@ class OutboxWriter:
         """Insert ``messages`` in one transaction; returns their message ids. Their
         ``created_at`` and ``next_attempt_at`` are the database's (the column defaults)."""
         ids = [m.message_id or str(uuid.uuid4()) for m in messages]
+        if not messages:
+            return ids
         rows = [
             {
                 "message_id": message_id,
@@ -58,8 +61,12 @@ class OutboxWriter:
             }
             for m, message_id in zip(messages, ids, strict=True)
         ]
-        if rows:
-            with transaction(self.engine, "enqueue", self._where) as conn:
+        with transaction(self.engine, "enqueue", self._where) as conn:
+            if conn.dialect.name == "mysql":
+                # Elsewhere the dedupe trigger drops them; MySQL's cannot (migration 0004).
+                logged = sent_already(conn, ids)
+                rows = [r for r in rows if r["message_id"] not in logged]
+            if rows:
                 conn.execute(sa.insert(outbox), rows)
         return ids
 
@@ -209,10 +216,17 @@ class OutboxAdmin:
         delete_rows = sa.delete(outbox).where(
             id_in(outbox.c.id, self.engine.dialect), outbox.c.status == SENT
         )
-        logged = sa.select(outbox_sent.c.key).where(outbox_sent.c.sent_at < cutoff).limit(chunk)
-        delete_logged = sa.delete(outbox_sent).where(
-            outbox_sent.c.key.in_(logged.scalar_subquery()), outbox_sent.c.sent_at < cutoff
-        )
+        old = outbox_sent.c.sent_at < cutoff
+        if self.engine.dialect.name == "mysql":
+            # MySQL limits a DELETE itself, and takes no LIMIT in an IN subquery.
+            delete_logged = (
+                sa.delete(outbox_sent).where(old).with_dialect_options(mysql_limit=chunk)
+            )
+        else:
+            logged = sa.select(outbox_sent.c.key).where(old).limit(chunk)
+            delete_logged = sa.delete(outbox_sent).where(
+                outbox_sent.c.key.in_(logged.scalar_subquery()), old
+            )
 
         def rows_chunk(conn: sa.Connection) -> int:
             batch = list(conn.scalars(sent_rows))

@@ -3,6 +3,14 @@
 Times are stored in UTC. Headers are JSON *text* (not a JSON column) so that any writer,
 including Spark's JDBC writer which binds strings, can insert them on every database; the
 relay parses them and parks a row whose headers are not a JSON object.
+
+MySQL and MariaDB (dialect ``mysql``; InnoDB, utf8mb4) index no TEXT column without a length,
+so the AMQP short strings (message id, exchange, routing key, content type; at most 255
+bytes on the wire) and the ordering key are ``VARCHAR(255)``, compared byte by byte
+(``utf8mb4_bin``: the server's default collation would call ``a`` and ``A`` one message
+id). Payloads are ``LONGBLOB``, times ``DATETIME(6)`` in UTC. They have no partial indexes:
+each of the outbox's indexes there starts with the status instead, which keeps the claim's
+walk to the pending rows.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -20,11 +29,30 @@ from relay.records import PARKED, PENDING, SENT, STATUSES
 metadata = sa.MetaData()
 
 
+# Text of the AMQP short strings' size, and the ordering key (see the module docstring).
+SHORT_TEXT = sa.Text().with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin"), "mysql")
+# The status: one of ``relay.records.STATUSES``.
+STATUS_TEXT = sa.Text().with_variant(mysql.VARCHAR(16), "mysql")
+# Texts with no bound (headers): MySQL's TEXT holds 64 KiB.
+LONG_TEXT = sa.Text().with_variant(mysql.LONGTEXT(), "mysql")
+# A payload: MySQL's BLOB holds 64 KiB, its LONGBLOB up to 4 GiB (``max_allowed_packet``
+# bounds what one statement carries).
+PAYLOAD = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql")
+# Row ids: SQLite's rowid is its INTEGER PRIMARY KEY.
+ROW_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
 class UTCDateTime(sa.TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes in Python; timestamptz on PostgreSQL, UTC text on SQLite."""
+    """Timezone-aware UTC datetimes in Python; timestamptz on PostgreSQL, UTC text on SQLite,
+    UTC ``DATETIME(6)`` on MySQL (its sessions' time zone is UTC, ``relay.db.engine``)."""
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name == "mysql":
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return super().load_dialect_impl(dialect)
 
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
@@ -32,7 +60,7 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError("outbox times must be timezone-aware")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
@@ -57,6 +85,29 @@ def _new_message_id_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     return "lower(hex(randomblob(16)))"
 
 
+@compiles(new_message_id, "mysql")
+def _new_message_id_mysql(element: Any, compiler: Any, **kw: Any) -> str:
+    return "(uuid())"  # an expression default is written in parentheses
+
+
+class stored_now(FunctionElement[datetime]):
+    """The database's current time as a column default: ``now()``, and on MySQL its UTC
+    time with microseconds (its ``now()`` is the session's zone, in whole seconds)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+@compiles(stored_now)
+def _stored_now(element: Any, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(sa.func.now(), **kw))
+
+
+@compiles(stored_now, "mysql")
+def _stored_now_mysql(element: Any, compiler: Any, **kw: Any) -> str:
+    return "(utc_timestamp(6))"
+
+
 class sent_key(FunctionElement[str]):
     """A message id's key in the sent log: on PostgreSQL its MD5 as a 16-byte uuid (a message
     id is often 70 characters; the key is written once to the heap and once to the index
@@ -77,27 +128,48 @@ def _sent_key_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(element.clauses, **kw))
 
 
+@compiles(sent_key, "mysql")
+def _sent_key_mysql(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"unhex(md5({compiler.process(element.clauses, **kw)}))"
+
+
+# The sent log's key column (``sent_key``): 16 bytes on PostgreSQL and MySQL.
+SENT_KEY = (
+    sa.Text()
+    .with_variant(sa.Uuid(as_uuid=False), "postgresql")
+    .with_variant(mysql.BINARY(16), "mysql")
+)
+
+
+def index_columns(dialect: sa.Dialect, columns: list[str]) -> list[str]:
+    """A partial index's columns as created on ``dialect``: led by the status on MySQL,
+    which has no partial indexes (see the module docstring)."""
+    return ["status", *columns] if dialect.name == "mysql" else columns
+
+
 outbox = sa.Table(
     "outbox",
     metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    sa.Column("id", ROW_ID, primary_key=True),
     sa.Column(
         "message_id",
-        sa.Text().with_variant(sa.Text(collation="C"), "postgresql"),
+        SHORT_TEXT.with_variant(sa.Text(collation="C"), "postgresql"),
         nullable=False,
         server_default=new_message_id(),
     ),
-    sa.Column("exchange", sa.Text(), nullable=False, server_default=""),
-    sa.Column("routing_key", sa.Text(), nullable=False, server_default=""),
-    sa.Column("payload", sa.LargeBinary(), nullable=False),
-    sa.Column("content_type", sa.Text(), nullable=False, server_default="application/octet-stream"),
-    sa.Column("headers", sa.Text(), nullable=True),
+    sa.Column("exchange", SHORT_TEXT, nullable=False, server_default=""),
+    sa.Column("routing_key", SHORT_TEXT, nullable=False, server_default=""),
+    sa.Column("payload", PAYLOAD, nullable=False),
+    sa.Column(
+        "content_type", SHORT_TEXT, nullable=False, server_default="application/octet-stream"
+    ),
+    sa.Column("headers", LONG_TEXT, nullable=True),
     # Rows with the same ordering key are published in id order when ordering is on.
-    sa.Column("ordering_key", sa.Text(), nullable=True),
-    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=sa.func.now()),
-    sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=sa.func.now()),
+    sa.Column("ordering_key", SHORT_TEXT, nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=stored_now()),
+    sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=stored_now()),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
-    sa.Column("status", sa.Text(), nullable=False, server_default=PENDING),
+    sa.Column("status", STATUS_TEXT, nullable=False, server_default=PENDING),
     sa.Column("sent_at", UTCDateTime(), nullable=True),
     sa.Column("last_error", sa.Text(), nullable=True),
     # ``relay.records.OutboxRow.suspect``: its own column, not a word in last_error (which is
@@ -110,9 +182,16 @@ outbox = sa.Table(
 )
 
 
-def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[bool]) -> sa.Index:
-    """An index of the outbox's rows that match ``where`` only, on both databases."""
-    return sa.Index(name, *columns, postgresql_where=where, sqlite_where=where)
+def _has_partial_indexes(*_args: Any, dialect: sa.Dialect, **_kw: Any) -> bool:
+    return dialect.name != "mysql"
+
+
+def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[bool]) -> None:
+    """An index of the outbox's rows that match ``where`` only; on MySQL, of every row, led
+    by the status (``index_columns``)."""
+    partial = sa.Index(name, *columns, postgresql_where=where, sqlite_where=where)
+    partial.ddl_if(callable_=_has_partial_indexes)
+    sa.Index(name, outbox.c.status, *columns).ddl_if(dialect="mysql")
 
 
 # "Find due rows" reads only pending rows, which stay few while sent rows pile up: a partial
@@ -165,12 +244,8 @@ _partial_index(
 outbox_sent = sa.Table(
     "outbox_sent",
     metadata,
-    sa.Column(
-        "key",
-        sa.Text().with_variant(sa.Uuid(as_uuid=False), "postgresql"),
-        primary_key=True,
-    ),
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+    sa.Column("key", SENT_KEY, primary_key=True),
+    sa.Column("id", ROW_ID, nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("sent_at", UTCDateTime(), nullable=False),
 )
@@ -186,14 +261,14 @@ sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at, postgresql_using="brin")
 outbox_relays = sa.Table(
     "outbox_relays",
     metadata,
-    sa.Column("owner", sa.Text(), primary_key=True),
+    sa.Column("owner", SHORT_TEXT, primary_key=True),
     sa.Column("alive_until", UTCDateTime(), nullable=False),
 )
 outbox_buckets = sa.Table(
     "outbox_buckets",
     metadata,
     sa.Column("bucket", sa.SmallInteger(), primary_key=True, autoincrement=False),
-    sa.Column("owner", sa.Text(), nullable=True),
+    sa.Column("owner", SHORT_TEXT, nullable=True),
     sa.Column("lease_until", UTCDateTime(), nullable=True),
 )
 

@@ -19,10 +19,18 @@ already are skipped. Two ways in:
   one holds is abandoned at once, and a live one is never touched; other stages (SQLite,
   ``format("outbox")`` without ``write_outbox``) are named with their creation time and
   dropped once older than a limit.
+
+MySQL and MariaDB have no COPY, and their dedupe trigger cannot skip a row (migration 0004):
+a chunk's message ids already in the sent log are looked up by their keys and left out, and
+the rest go in as multi-row INSERTs that skip ids already in the outbox (``ON DUPLICATE KEY
+UPDATE`` of nothing; not ``INSERT IGNORE``, which would also turn a value too long for its
+column into a truncated one). A relay moving one of those ids to the sent log between the
+lookup and the insert fails the task's statement (Spark retries the task).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,6 +40,7 @@ from typing import Any, Protocol
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -43,7 +52,7 @@ from relay.constants import (
 )
 from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
-from relay.db.schema import outbox
+from relay.db.schema import outbox, outbox_sent, sent_key
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -127,6 +136,8 @@ class OutboxSink:
         with transaction(self.engine, "appending to the outbox", self._where) as conn:
             if self._postgresql:
                 inserted = _copy_new(conn, iter(counted)) - _sent_before(conn)
+            elif conn.dialect.name == "mysql":
+                inserted = sum(_insert_new_mysql(conn, chunk) for chunk in counted)
             else:
                 inserted = sum(_insert_new(conn, chunk) for chunk in counted)
         return counted.rows, inserted
@@ -334,6 +345,30 @@ def _insert_new(conn: sa.Connection, chunk: Chunk) -> int:
     return int(result.rowcount)
 
 
+def _insert_new_mysql(conn: sa.Connection, chunk: Chunk) -> int:
+    """MySQL: the chunk's rows whose id is neither in the sent log nor in the outbox."""
+    rows = chunk.tuples()
+    logged = sent_already(conn, [row[0] for row in rows])
+    new = [row for row in rows if row[0] not in logged]
+    if not new:
+        return 0
+    statement = mysql_insert(outbox).on_duplicate_key_update({"id": outbox.c.id})
+    result = conn.execute(
+        statement,
+        _params(WRITTEN_COLUMNS, new),
+        execution_options={"preserve_rowcount": True},
+    )
+    return int(result.rowcount)
+
+
+def sent_already(conn: sa.Connection, message_ids: Sequence[str]) -> set[str]:
+    """MySQL: which of ``message_ids`` the sent log holds (their keys, ``sent_key``, computed
+    here: the lookup is one probe of its primary key per id)."""
+    keys = {hashlib.md5(i.encode()).digest(): i for i in message_ids}
+    found = conn.scalars(sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys))))
+    return {keys[key] for key in found}
+
+
 def _sent_before(conn: sa.Connection) -> int:
     """Rows this transaction wrote that the dedupe trigger dropped again, their message id
     being in the sent log (migration 0004; PostgreSQL counts them in a setting of the
@@ -377,7 +412,6 @@ def _insert_staged(
 ) -> int:
     """Insert ``source``'s rows into the outbox, in order; those whose id is there already are
     left out, unless ``all_new`` says there are none (then one fails the statement)."""
-    insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
     # SQLite parses "SELECT ... FROM stage ON CONFLICT" as a join unless the SELECT has a
     # WHERE clause (its documented upsert ambiguity): hence WHERE true.
     rows = (
@@ -385,8 +419,19 @@ def _insert_staged(
         .where(sa.true())
         .order_by(source.c[POSITION] if keep_order else source.c.message_id)
     )
-    statement = insert(outbox).from_select(list(WRITTEN_COLUMNS), rows)
-    if not all_new:
-        statement = statement.on_conflict_do_nothing(index_elements=["message_id"])
+    statement: sa.Insert
+    if conn.dialect.name == "mysql":
+        # The sent log's ids are left out here: MySQL's trigger would fail the statement.
+        sent = sa.select(outbox_sent.c.key).where(
+            outbox_sent.c.key == sent_key(source.c.message_id)
+        )
+        rows = rows.where(~sa.exists(sent))
+        mysql_statement = mysql_insert(outbox).from_select(list(WRITTEN_COLUMNS), rows)
+        statement = mysql_statement.on_duplicate_key_update({"id": outbox.c.id})
+    else:
+        insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        statement = insert(outbox).from_select(list(WRITTEN_COLUMNS), rows)
+        if not all_new:
+            statement = statement.on_conflict_do_nothing(index_elements=["message_id"])
     result = conn.execute(statement, execution_options={"preserve_rowcount": True})
     return int(result.rowcount)

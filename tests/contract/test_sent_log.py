@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pyarrow as pa
 import pytest
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 
 from devtools.outbox import statuses
 from relay.db.claims import ClaimStore
+from relay.db.clock import database_time
 from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.schema import outbox, outbox_sent
 from relay.db.sink import OutboxSink
@@ -123,13 +123,12 @@ def test_a_write_racing_the_ack_of_the_same_message_id_adds_nothing(postgresql_u
 
 def test_the_purge_ends_the_dedupe_horizon(box: Outbox) -> None:
     box.writer.enqueue([message("old"), message("new")])
-    old, new = box.relay_all()
+    old, _new = box.relay_all()
     with box.writer.engine.begin() as conn:
-        a_week_ago = (
-            sa.select(outbox_sent.c.sent_at).where(outbox_sent.c.id == new).scalar_subquery()
+        eight_days_ago = database_time(-8 * DAY)
+        conn.execute(
+            sa.update(outbox_sent).where(outbox_sent.c.id == old).values(sent_at=eight_days_ago)
         )
-        back = a_week_ago.op("-")(sa.literal(timedelta(days=8)))
-        conn.execute(sa.update(outbox_sent).where(outbox_sent.c.id == old).values(sent_at=back))
     assert box.admin.purge(7 * DAY, chunk=1) == 1
     assert statuses(box.url) == {"sent": 1}
     box.writer.enqueue([message("old"), message("new")])

@@ -1,4 +1,4 @@
-"""One contract, three stores: the in-memory fake, SQLite and PostgreSQL behave alike.
+"""One contract, four stores: the in-memory fake, SQLite, PostgreSQL and MariaDB behave alike.
 
 If the fake drifts from the real stores, these tests fail for the fake, so the loop tests
 that use it keep telling the truth. Every time is the store's own (the database's clock): the
@@ -56,6 +56,11 @@ class SqlStore(ClaimStore):
                 if self.engine.dialect.name == "postgresql":
                     interval = sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds)
                     back = {c.name: c - interval for c in times}
+                elif self.engine.dialect.name == "mysql":
+                    micro = sa.text("MICROSECOND")
+                    back = {
+                        c.name: sa.func.timestampadd(micro, round(-seconds * 1e6), c) for c in times
+                    }
                 else:
                     back = {c.name: sa.func.strftime(fmt, c, by) for c in times}
                 conn.execute(sa.update(table).values(back))
@@ -72,7 +77,7 @@ SLACK = 5.0
 StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=False)
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql", f"postgresql-{KEEP_MESSAGES}"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql", f"postgresql-{KEEP_MESSAGES}", "mariadb"])
 def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     """Returns a factory: owner -> a store on the same outbox, which has had its first turn
     (as a relay has when it starts). The SQL stores delete acked rows into the sent log (the

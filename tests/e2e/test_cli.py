@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from devtools.broker import declare_bound, drain, names
 from devtools.outbox import owners, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env, relay_on_new_queue, run_relay_until
 from devtools.scrape import answers_ok, http_get, metric
-from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
+from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.schema import outbox
 from relay.settings import known_env_names
 
@@ -253,3 +254,30 @@ def test_on_postgresql_a_committed_row_wakes_the_relay_without_polling(
         assert proc.stop() == 0
     assert "Traceback" not in (tmp_path / "relay.log").read_text()
     assert len(drain(rabbit.url, queue, expect=3)) == 3
+
+
+@pytest.fixture(scope="module")
+def old_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    """A MariaDB that announces itself as 10.5, older than the outbox needs."""
+    server = MariaDBServer(
+        tmp_path_factory.mktemp("old-mariadb"),
+        tuned_for_tests=True,
+        more=["--version=10.5.9-MariaDB"],
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["status"], ["run"]])
+def test_an_unsupported_server_version_is_one_line_and_exit_2(
+    old_mariadb: MariaDBServer, command: list[str]
+) -> None:
+    env = relay_env(RELAY_DATABASE_URL=old_mariadb.url("mysql"))
+    result = relay(*command, env=env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == (
+        "relay: error: MariaDB 10.5.9 cannot hold the outbox: it needs MariaDB 10.6 or later "
+        "(FOR UPDATE SKIP LOCKED, JSON_TABLE)"
+    ), lines

@@ -101,6 +101,11 @@ REJECTED = {
 def test_a_row_that_can_never_be_published_is_parked_at_once_and_the_rest_flow(
     database_url: str, rabbit: RabbitNode, bad: dict[str, Any], reason: str
 ) -> None:
+    if database_url.startswith("mysql") and {"routing_key", "content_type"} & set(bad):
+        # MySQL's columns for AMQP short strings hold 255 characters: the writer is told.
+        with pytest.raises(sa.exc.DataError, match="Data too long"):
+            insert(database_url, [{"message_id": "bad", "payload": b"x"} | bad])
+        return
     parked, delivered, counts = relay_with_a_bad_row(
         database_url, rabbit.url, bad, reason=f"rejected: {reason}"
     )

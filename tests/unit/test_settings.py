@@ -61,7 +61,7 @@ def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path)
             "RELAY_BACH_SIZE: unknown setting (did you mean RELAY_BATCH_SIZE?)",
         ),
         ({"RELAY_AMQP_URL": "http://u:secret@h"}, "RELAY_AMQP_URL=(hidden): must be a URL"),
-        ({"RELAY_DATABASE_URL": "mysql://u:secret@h/db"}, "RELAY_DATABASE_URL=(hidden)"),
+        ({"RELAY_DATABASE_URL": "oracle://u:secret@h/db"}, "RELAY_DATABASE_URL=(hidden)"),
         (
             {"RELAY_DATABASE_URL": "postgresql://app:pw@127.0.0.1:notaport/outbox"},
             "RELAY_DATABASE_URL=(hidden): is not a valid URL: Port could not be cast",

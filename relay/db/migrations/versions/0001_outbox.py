@@ -8,7 +8,17 @@ Create Date: 2026-11-22
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import UTCDateTime, new_message_id
+from relay.db.schema import (
+    LONG_TEXT,
+    PAYLOAD,
+    ROW_ID,
+    SHORT_TEXT,
+    STATUS_TEXT,
+    UTCDateTime,
+    index_columns,
+    new_message_id,
+    stored_now,
+)
 
 revision = "0001"
 down_revision = None
@@ -19,19 +29,19 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "outbox",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
-        sa.Column("message_id", sa.Text(), nullable=False, server_default=new_message_id()),
-        sa.Column("exchange", sa.Text(), nullable=False, server_default=""),
-        sa.Column("routing_key", sa.Text(), nullable=False, server_default=""),
-        sa.Column("payload", sa.LargeBinary(), nullable=False),
+        sa.Column("id", ROW_ID, primary_key=True),
+        sa.Column("message_id", SHORT_TEXT, nullable=False, server_default=new_message_id()),
+        sa.Column("exchange", SHORT_TEXT, nullable=False, server_default=""),
+        sa.Column("routing_key", SHORT_TEXT, nullable=False, server_default=""),
+        sa.Column("payload", PAYLOAD, nullable=False),
         sa.Column(
-            "content_type", sa.Text(), nullable=False, server_default="application/octet-stream"
+            "content_type", SHORT_TEXT, nullable=False, server_default="application/octet-stream"
         ),
-        sa.Column("headers", sa.Text(), nullable=True),
-        sa.Column("created_at", UTCDateTime(), nullable=False, server_default=sa.func.now()),
-        sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=sa.func.now()),
+        sa.Column("headers", LONG_TEXT, nullable=True),
+        sa.Column("created_at", UTCDateTime(), nullable=False, server_default=stored_now()),
+        sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=stored_now()),
         sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
-        sa.Column("status", sa.Text(), nullable=False, server_default="pending"),
+        sa.Column("status", STATUS_TEXT, nullable=False, server_default="pending"),
         sa.Column("sent_at", UTCDateTime(), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("lease_owner", sa.Text(), nullable=True),
@@ -41,7 +51,7 @@ def upgrade() -> None:
     op.create_index(
         "outbox_due_idx",
         "outbox",
-        ["next_attempt_at", "id"],
+        index_columns(op.get_bind().dialect, ["next_attempt_at", "id"]),
         postgresql_where=sa.text("status = 'pending'"),
         sqlite_where=sa.text("status = 'pending'"),
     )

@@ -12,6 +12,8 @@ Create Date: 2026-11-22
 import sqlalchemy as sa
 from alembic import op
 
+from relay.db.schema import SHORT_TEXT
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -19,7 +21,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column("outbox", sa.Column("ordering_key", sa.Text(), nullable=True))
+    op.add_column("outbox", sa.Column("ordering_key", SHORT_TEXT, nullable=True))
     if op.get_bind().dialect.name == "postgresql":
         op.execute('ALTER TABLE outbox ALTER COLUMN message_id TYPE text COLLATE "C"')
 

@@ -13,6 +13,8 @@ Create Date: 2026-11-22
 import sqlalchemy as sa
 from alembic import op
 
+from relay.db.schema import index_columns
+
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
@@ -23,7 +25,7 @@ def upgrade() -> None:
     op.create_index(
         "outbox_ordering_idx",
         "outbox",
-        ["ordering_key", "id"],
+        index_columns(op.get_bind().dialect, ["ordering_key", "id"]),
         postgresql_where=sa.text("status = 'pending' AND ordering_key IS NOT NULL"),
         sqlite_where=sa.text("status = 'pending' AND ordering_key IS NOT NULL"),
     )

@@ -12,7 +12,9 @@
   writer). On PostgreSQL it runs once per statement over the statement's new rows, after
   the unique index has waited out a relay moving the same message id to the sent log (its
   query then sees the move committed); on SQLite, with one writer at a time, it skips the
-  row before it is written.
+  row before it is written. MySQL's triggers cannot skip a row: there the insert fails as
+  if the id were still in the outbox (a duplicate key, error 1062), and the writers of this
+  package leave such rows out themselves (``relay.db.sink``, ``relay.db.outbox``).
 - Partial indexes for parked rows, for pending rows that failed before and for sent rows
   kept whole, so that ``relay status`` costs milliseconds at any backlog. A relayed row that
   never fails has no entry in any of them.
@@ -30,7 +32,7 @@ Create Date: 2026-11-24
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import UTCDateTime
+from relay.db.schema import ROW_ID, SENT_KEY, UTCDateTime, index_columns
 
 revision = "0004"
 down_revision = "0003"
@@ -81,6 +83,15 @@ _PG_DEDUPE_TRIGGER = (
     "CREATE TRIGGER outbox_dedupe AFTER INSERT ON outbox REFERENCING NEW TABLE AS new_rows "
     "FOR EACH STATEMENT EXECUTE FUNCTION outbox_dedupe()"
 )
+_MYSQL_DEDUPE_TRIGGER = """
+CREATE TRIGGER outbox_dedupe BEFORE INSERT ON outbox FOR EACH ROW
+BEGIN
+  IF EXISTS (SELECT 1 FROM outbox_sent WHERE `key` = unhex(md5(NEW.message_id))) THEN
+    SIGNAL SQLSTATE '23000' SET MYSQL_ERRNO = 1062,
+      MESSAGE_TEXT = 'outbox: this message_id was sent already (it is in outbox_sent)';
+  END IF;
+END
+"""
 _SQLITE_DEDUPE_TRIGGER = (
     "CREATE TRIGGER outbox_dedupe BEFORE INSERT ON outbox "
     "WHEN EXISTS (SELECT 1 FROM outbox_sent WHERE key = NEW.message_id) "
@@ -89,18 +100,21 @@ _SQLITE_DEDUPE_TRIGGER = (
 
 
 def upgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = op.get_bind().dialect
+    postgresql = dialect.name == "postgresql"
     op.add_column("outbox", sa.Column("lease_until", UTCDateTime(), nullable=True))
     for name, column, where in _PARTIAL_INDEXES:
         op.create_index(
-            name, "outbox", [column], postgresql_where=sa.text(where), sqlite_where=sa.text(where)
+            name,
+            "outbox",
+            index_columns(dialect, [column]),
+            postgresql_where=sa.text(where),
+            sqlite_where=sa.text(where),
         )
     op.create_table(
         "outbox_sent",
-        sa.Column(
-            "key", sa.Text().with_variant(sa.Uuid(as_uuid=False), "postgresql"), primary_key=True
-        ),
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("key", SENT_KEY, primary_key=True),
+        sa.Column("id", ROW_ID, nullable=False),
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("sent_at", UTCDateTime(), nullable=False),
     )
@@ -110,6 +124,8 @@ def upgrade() -> None:
         op.execute(f"ALTER TABLE outbox SET ({storage})")
         op.execute(_PG_DEDUPE)
         op.execute(_PG_DEDUPE_TRIGGER)
+    elif dialect.name == "mysql":
+        op.execute(_MYSQL_DEDUPE_TRIGGER)
     else:
         op.execute(_SQLITE_DEDUPE_TRIGGER)
 

@@ -20,7 +20,7 @@ Create Date: 2026-11-24
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import UTCDateTime
+from relay.db.schema import SHORT_TEXT, UTCDateTime
 
 revision = "0005"
 down_revision = "0004"
@@ -36,13 +36,13 @@ def upgrade() -> None:
     postgresql = op.get_bind().dialect.name == "postgresql"
     op.create_table(
         "outbox_relays",
-        sa.Column("owner", sa.Text(), primary_key=True),
+        sa.Column("owner", SHORT_TEXT, primary_key=True),
         sa.Column("alive_until", UTCDateTime(), nullable=False),
     )
     buckets = op.create_table(
         "outbox_buckets",
         sa.Column("bucket", sa.SmallInteger(), primary_key=True, autoincrement=False),
-        sa.Column("owner", sa.Text(), nullable=True),
+        sa.Column("owner", SHORT_TEXT, nullable=True),
         sa.Column("lease_until", UTCDateTime(), nullable=True),
     )
     op.bulk_insert(buckets, [{"bucket": b} for b in range(_BUCKETS)])
