@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pika
@@ -31,6 +32,8 @@ from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import http_get
 from devtools.servers import free_port, wait_until
 from relay.broker.topology import Binding, Exchange, Queue, Topology
+from relay.db.schema import outbox
+from relay.records import PENDING
 
 EXCHANGE = "faults"
 QUEUE = "faults.all"
@@ -216,14 +219,14 @@ def recovered_at(url: str, since: float, before: float, timeout: float = 60) -> 
     """Seconds after ``since`` (time.time()) until no row created before ``before`` is
     pending any more."""
     engine = sa.create_engine(url)
-    cutoff = sa.text(
-        "SELECT count(*) FROM outbox WHERE status = 'pending' AND created_at < to_timestamp(:t)"
+    left = sa.select(sa.func.count()).where(
+        outbox.c.status == PENDING, outbox.c.created_at < datetime.fromtimestamp(before, UTC)
     )
     try:
 
         def done() -> bool:
             with engine.connect() as conn:
-                return conn.execute(cutoff, {"t": before}).scalar() == 0
+                return conn.execute(left).scalar() == 0
 
         wait_until(done, timeout, "the rows written before the fault ended sent")
         return round(time.time() - since, 1)
