@@ -4,9 +4,10 @@ and where each row's CPU time goes.
     .venv/bin/python -m bench.run [--rows 100000] [--naive-rows 5000] [--backlog-rows 1000000]
                                   [--scaling] [--rounds 1] [--profile DIR]
                                   [--broker 3.10|4.0|4.0-cluster] [--quorum] [--tracing]
-                                  [--payload-bytes 200]
+                                  [--payload-bytes 200] [--database postgresql|mariadb]
 
-Starts a private RabbitMQ node and a private PostgreSQL (default durability settings) and
+Starts a private RabbitMQ node and a private PostgreSQL, or with --database mariadb a private
+MariaDB (default durability settings either way), and
 measures, with 200-byte persistent messages into one durable queue and the same window:
   (a) a bare pika asynchronous publisher with confirms (no database at all), twice: with
       lean messages (delivery mode and content type), and (a2) with the messages the
@@ -14,7 +15,7 @@ measures, with 200-byte persistent messages into one durable queue and the same 
       relay itself costs, c/a also what its messages cost the broker,
   (b) a naive relay: claim one row, publish, wait for its confirm, mark it sent,
   (c) ``relay run`` end to end, from committed outbox rows to rows marked sent, on
-      PostgreSQL and on SQLite; with --scaling also 2 and 3 relays on PostgreSQL; with
+      that database and on SQLite; with --scaling also 2 and 3 relays on it; with
       --backlog-rows also one relay over a backlog that large, with its peak RSS, and the
       bare publisher of the relay's messages with as many messages (the queue, which no
       one consumes, grows as large and costs the broker more per message).
@@ -24,8 +25,8 @@ row's ``sent_at`` (recorded after its ack), as the bare publisher's runs from it
 channel to its last confirm; neither counts start-up.
 
 For each case the table shows CPU seconds per 1,000 rows (from /proc) of the publishing
-process (the relays, or this process for (a) and (b)), the broker and PostgreSQL (every
-process of each server, its exited children included). --rounds N measures every case N
+process (the relays, or this process for (a) and (b)), the broker and the database server
+(every process of each server, its exited children included). --rounds N measures every case N
 times, interleaved, and shows the median (these machines' speed drifts by 20% within
 minutes). --profile DIR then records one more PostgreSQL relay case with py-spy (``pip
 install py-spy``) into DIR and prints the functions holding most samples. The last line is
@@ -82,7 +83,14 @@ from devtools.outbox import empty, owners
 from devtools.procfs import peak_rss_mb, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import answers_ok, http_get, metric
-from devtools.servers import PostgresServer, RabbitCluster, RabbitNode, free_port, wait_until
+from devtools.servers import (
+    MariaDBServer,
+    PostgresServer,
+    RabbitCluster,
+    RabbitNode,
+    free_port,
+    wait_until,
+)
 from relay.db.engine import create_engine, migrate
 from relay.db.schema import outbox, outbox_sent
 from relay.settings import Settings
@@ -95,13 +103,14 @@ FILL_CHUNK_BYTES = 64 * 1024**2  # and payload bytes per statement, for big mess
 
 
 BROKERS = ("3.10", "4.0", "4.0-cluster")
+DATABASES = ("postgresql", "mariadb")
 QUORUM: dict[str, object] = {"x-queue-type": "quorum"}
 
 
 @dataclass
 class Servers:
     nodes: list[RabbitNode]
-    pg: PostgresServer
+    db: PostgresServer | MariaDBServer
     queue_arguments: dict[str, object] | None = None
 
     @property
@@ -116,7 +125,7 @@ class Servers:
         return {
             "publisher": publisher(),
             "broker": sum(tree_cpu_seconds(node.beam_pid()) for node in self.nodes),
-            "postgresql": tree_cpu_seconds(self.pg.pid()),
+            "database": tree_cpu_seconds(self.db.pid()),
         }
 
 
@@ -442,11 +451,16 @@ def main() -> int:
         "--payload-bytes", type=int, default=len(BODY), help="the messages' size (see above)"
     )
     parser.add_argument(
+        "--database", choices=DATABASES, default=DATABASES[0], help="the outbox's server"
+    )
+    parser.add_argument(
         "--max-inflight-bytes",
         type=int,
         help="the relays' RELAY_MAX_INFLIGHT_BYTES, and the bare publishers' byte window",
     )
     args = parser.parse_args()
+    if args.tracing and args.database != "postgresql":
+        parser.error("--tracing measures the PostgreSQL relay only")
     body = b"x" * args.payload_bytes
     load = {"body": body, "budget": args.max_inflight_bytes}
     if args.profile is not None:
@@ -455,31 +469,34 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp, ExitStack() as stack:
         base = Path(tmp)
         nodes, start_broker = broker(args.broker, base)
-        servers = Servers(nodes, PostgresServer(base / "pg"), QUORUM if args.quorum else None)
+        db = args.database
+        server = PostgresServer(base / "pg") if db == "postgresql" else MariaDBServer(base / "db")
+        servers = Servers(nodes, server, QUORUM if args.quorum else None)
         start_broker()
-        servers.pg.start()
+        server.start()
         try:
-            servers.pg.psql("CREATE DATABASE bench")
-            pg_url = servers.pg.url("bench")
+            if isinstance(server, PostgresServer):
+                server.psql("CREATE DATABASE bench")
+            else:
+                server.sql("CREATE DATABASE bench")
+            db_url = server.url("bench")
             sqlite_url = f"sqlite:///{base / 'bench.db'}"
-            for url in (pg_url, sqlite_url):
+            for url in (db_url, sqlite_url):
                 migrate(url)
             cases: dict[str, Callable[[], Case]] = {
                 "bare_publisher": lambda: bare_publisher(servers, args.rows, **load),
                 "bare_publisher_relay_messages": lambda: bare_publisher(
                     servers, args.rows, relay_messages=True, **load
                 ),
-                "naive_relay_postgresql": lambda: naive_relay(
-                    servers, pg_url, args.naive_rows, body
-                ),
-                "relay_postgresql": lambda: this_relay(servers, pg_url, args.rows, **load),
+                f"naive_relay_{db}": lambda: naive_relay(servers, db_url, args.naive_rows, body),
+                f"relay_{db}": lambda: this_relay(servers, db_url, args.rows, **load),
                 "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows, **load),
             }
             if args.tracing:
-                cases = tracing_cases(servers, pg_url, args.rows, stack)
+                cases = tracing_cases(servers, db_url, args.rows, stack)
             for relays in (2, 3) if args.scaling else ():
-                cases[f"relay_postgresql_{relays}_relays"] = functools.partial(
-                    this_relay, servers, pg_url, args.rows, relays=relays, **load
+                cases[f"relay_{db}_{relays}_relays"] = functools.partial(
+                    this_relay, servers, db_url, args.rows, relays=relays, **load
                 )
             for _ in range(args.rounds):
                 for name, measure in cases.items():
@@ -487,20 +504,20 @@ def main() -> int:
                     results.setdefault(name, []).append(measure())
             if args.profile is not None:
                 servers.fresh_queue()
-                this_relay(servers, pg_url, args.rows, profile=args.profile / "relay.txt", **load)
+                this_relay(servers, db_url, args.rows, profile=args.profile / "relay.txt", **load)
             if args.backlog_rows:
                 servers.fresh_queue()
                 results["bare_publisher_relay_messages_backlog"] = [
                     bare_publisher(servers, args.backlog_rows, relay_messages=True, **load)
                 ]
                 servers.fresh_queue()
-                results["relay_postgresql_backlog"] = [
-                    this_relay(servers, pg_url, args.backlog_rows, **load)
+                results[f"relay_{db}_backlog"] = [
+                    this_relay(servers, db_url, args.backlog_rows, **load)
                 ]
         finally:
             for node in servers.nodes:
                 node.stop()
-            servers.pg.stop()
+            server.stop()
     report(results, args)
     return 0
 
@@ -542,11 +559,12 @@ def median_case(cases: list[Case]) -> Case:
 
 def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
     results = {name: median_case(cases) for name, cases in measured.items()}
-    a, b = results["bare_publisher"].rate, results["naive_relay_postgresql"].rate
+    db = args.database
+    a, b = results["bare_publisher"].rate, results[f"naive_relay_{db}"].rate
     a2 = results["bare_publisher_relay_messages"].rate
     print(
         f"\n{'measure':<32} {'rows':>8} {'rows/s':>8} {'MB/s':>7} {'c/a':>5} {'c/a2':>5} "
-        f"{'c/b':>6}   CPU s per 1k rows: publisher broker postgresql   peak RSS MB, republished"
+        f"{'c/b':>6}   CPU s per 1k rows: publisher broker   database   peak RSS MB, republished"
     )
     queue = "quorum" if args.quorum else "classic"
     summary: dict[str, object] = {
@@ -555,6 +573,7 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
         "rounds": args.rounds,
         "broker": args.broker,
         "queue": queue,
+        "database": db,
     }
     for name, case in results.items():
         relay = name.startswith("relay_")
@@ -572,7 +591,7 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
         )
         print(
             f"{name:<32} {case.rows:>8} {case.rate:>8.0f} {mb_per_s:>7.1f} {ratios}   "
-            f"{cpu['publisher']:>9.3f} {cpu['broker']:>6.3f} {cpu['postgresql']:>10.3f}{held}"
+            f"{cpu['publisher']:>9.3f} {cpu['broker']:>6.3f} {cpu['database']:>10.3f}{held}"
         )
         entry: dict[str, object] = {
             "rows": case.rows,
@@ -601,17 +620,17 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
             ratio = results[name].rate / off
             print(f"{name} over tracing off: {ratio:.2f}")
             summary[name]["over_tracing_off"] = round(ratio, 3)  # type: ignore[index]
-    if "relay_postgresql_backlog" in results:
-        backlog = results["relay_postgresql_backlog"]
-        over_rows = backlog.rate / results["relay_postgresql"].rate
+    if f"relay_{db}_backlog" in results:
+        backlog = results[f"relay_{db}_backlog"]
+        over_rows = backlog.rate / results[f"relay_{db}"].rate
         over_bare = backlog.rate / results["bare_publisher_relay_messages_backlog"].rate
         print(
             f"draining {args.backlog_rows} rows: {over_rows:.2f} of the relay's rate over "
             f"{args.rows}, {over_bare:.2f} of the bare publisher's over as many messages; "
             f"peak RSS {backlog.extra['peak_rss_mb']:.0f} MB"
         )
-        summary["relay_postgresql_backlog"].update(  # type: ignore[attr-defined]
-            over_relay_postgresql=round(over_rows, 3), over_bare_backlog=round(over_bare, 3)
+        summary[f"relay_{db}_backlog"].update(  # type: ignore[attr-defined]
+            over_relay=round(over_rows, 3), over_bare_backlog=round(over_bare, 3)
         )
     print(json.dumps(summary))
 

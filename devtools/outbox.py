@@ -117,6 +117,9 @@ def empty(target: str | sa.Engine) -> None:
     with _connection(target) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text(f"TRUNCATE {outbox.name}, {outbox_sent.name}"))
+        elif conn.dialect.name == "mysql":  # the same reason: InnoDB's purge of deleted rows
+            conn.execute(sa.text(f"TRUNCATE TABLE {outbox.name}"))
+            conn.execute(sa.text(f"TRUNCATE TABLE {outbox_sent.name}"))
         else:
             conn.execute(sa.delete(outbox))
             conn.execute(sa.delete(outbox_sent))

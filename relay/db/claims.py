@@ -378,8 +378,14 @@ class ClaimStore:
         mine = owned_now(self.owner).where(
             in_list(outbox_buckets.c.bucket, "buckets", sa.SmallInteger(), dialect)
         )
+        # MySQL: the candidates and their running sizes carry ids only, and the rows are read
+        # by id at the end. Its derived tables are temporary tables, and one with a BLOB
+        # column is an on-disk one: carrying the payloads through two of them cost MariaDB
+        # 13.7 us of CPU per claimed row, ids only X.
+        lean = dialect.name == "mysql"
+        carried = [outbox.c.id] if lean else _RAW_COLUMNS
         candidates = (
-            sa.select(*_RAW_COLUMNS, _DUE_AT, self._size.label("size"))
+            sa.select(*carried, _DUE_AT, self._size.label("size"))
             .where(
                 due_now(),
                 self._one_of(bucket_column(outbox.c.id), mine),
@@ -391,10 +397,17 @@ class ClaimStore:
         )
         if keyset:
             after_at = sa.bindparam("after_at", type_=sa.types.NullType())
-            position = sa.tuple_(after_at, sa.bindparam("after_id", type_=sa.BigInteger()))
-            candidates = candidates.where(
-                sa.tuple_(outbox.c.next_attempt_at, outbox.c.id) > position
-            )
+            after_id = sa.bindparam("after_id", type_=sa.BigInteger())
+            if lean:
+                # The same test spelled out: MariaDB reads a row comparison as a filter, not
+                # as where to start in the index (a claim read every row before the position).
+                at = sa.type_coerce(outbox.c.next_attempt_at, sa.types.NullType())
+                beyond = sa.or_(at > after_at, sa.and_(at == after_at, outbox.c.id > after_id))
+            else:
+                beyond = sa.tuple_(outbox.c.next_attempt_at, outbox.c.id) > sa.tuple_(
+                    after_at, after_id
+                )
+            candidates = candidates.where(beyond)
         if self.ordered:
             earlier = outbox.alias("earlier")
             candidates = candidates.where(
@@ -410,21 +423,22 @@ class ClaimStore:
         c = candidates.subquery("candidate")
         order = (c.c.due_at, c.c.id)
         sized = sa.select(
-            *(c.c[col.name] for col in ROW_COLUMNS),
+            *(c.c[col.name] for col in carried),
             c.c.due_at,
             sa.func.sum(c.c.size).over(order_by=order).label("upto"),
             sa.func.row_number().over(order_by=order).label("place"),
         ).subquery("sized")
-        return (
-            sa.select(*(sized.c[col.name] for col in ROW_COLUMNS), sized.c.due_at)
-            .where(
-                sa.or_(
-                    sized.c.upto <= sa.bindparam("max_bytes"),
-                    sa.and_(sa.bindparam("first_always", type_=sa.Boolean()), sized.c.place == 1),
-                )
-            )
-            .order_by(sized.c.place)
+        fits = sa.or_(
+            sized.c.upto <= sa.bindparam("max_bytes"),
+            sa.and_(sa.bindparam("first_always", type_=sa.Boolean()), sized.c.place == 1),
         )
+        if lean:
+            source: sa.FromClause = outbox.join(sized, outbox.c.id == sized.c.id)
+            columns: list[sa.ColumnElement[Any]] = [*_RAW_COLUMNS, sized.c.due_at]
+        else:
+            source = sized
+            columns = [*(sized.c[col.name] for col in ROW_COLUMNS), sized.c.due_at]
+        return sa.select(*columns).select_from(source).where(fits).order_by(sized.c.place)
 
     def _one_of(
         self, value: sa.ColumnElement[Any], choices: sa.Select[Any]
