@@ -1,15 +1,17 @@
-"""Benchmark: commit-to-confirm latency at a steady write rate, on PostgreSQL.
+"""Benchmark: commit-to-confirm latency at a steady write rate, on PostgreSQL or MariaDB.
 
     .venv/bin/python -m bench.latency [--rate 1000] [--seconds 20] [--batch 10]
+                                      [--database postgresql|mariadb]
 
-Starts a private RabbitMQ node and PostgreSQL (default durability), runs ``relay run``, and
-inserts ``--rate`` rows a second for ``--seconds`` in transactions of ``--batch`` rows, as
-an application would. A row's latency is from its insert (``created_at``, the transaction's
-start, just before its commit) to the moment the relay marked it sent (``sent_at``, after
-the broker's ack). Measured twice: with the NOTIFY wake-up, and polling only (the trigger
-dropped, ``RELAY_POLL_INTERVAL`` at its default). For reference, a bare pika publisher
-paced at the same rate into the same queue reports its own publish-to-confirm latency: the
-broker's share, which no relay can undercut. Prints p50/p90/p99/max and, last, one JSON
+Starts a private RabbitMQ node and PostgreSQL or MariaDB (default durability), runs
+``relay run``, and inserts ``--rate`` rows a second for ``--seconds`` in transactions of
+``--batch`` rows, as an application would. A row's latency is from its insert
+(``created_at``, the transaction's start, just before its commit) to the moment the relay
+marked it sent (``sent_at``, after the broker's ack). On PostgreSQL measured twice: with the
+NOTIFY wake-up, and polling only (the trigger dropped, ``RELAY_POLL_INTERVAL`` at its default
+for PostgreSQL); MariaDB has no NOTIFY: polling, at its default there. For reference, a bare
+pika publisher paced at the same rate into the same queue reports its own publish-to-confirm
+latency: the broker's share, which no relay can undercut. Prints p50/p90/p99/max and, last, one JSON
 line. By hand only: these machines are shared and noisy.
 """
 
@@ -31,8 +33,9 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from devtools.broker import fresh_queue
 from devtools.outbox import empty, sent_latencies, statuses
 from devtools.relayproc import RelayProcess, relay_env
-from devtools.servers import PostgresServer, RabbitNode, wait_until
+from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, wait_until
 from relay.db.engine import create_engine, migrate
+from relay.db.schema import outbox
 from relay.records import SENT
 
 QUEUE = "latency"
@@ -103,17 +106,14 @@ def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> d
         RELAY_LOG_LEVEL="warning",
     )
     proc = RelayProcess(env).start()
-    insert = sa.text(
-        "INSERT INTO outbox (routing_key, payload) "
-        "SELECT :queue, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, :n)"
-    )
+    rows = [{"routing_key": QUEUE, "payload": BODY}] * batch
     try:
         time.sleep(3)  # connected and idle
         start = time.perf_counter()
         total = 0
         while (now := time.perf_counter()) - start < seconds:
             with engine.begin() as conn:
-                conn.execute(insert, {"queue": QUEUE, "n": batch})
+                conn.execute(sa.insert(outbox), rows)
             total += batch
             time.sleep(max(0.0, start + total / rate - time.perf_counter()))
         achieved = total / (now - start)
@@ -140,27 +140,38 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--database", choices=("postgresql", "mariadb"), default="postgresql")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="relay-latency-") as tmp:
         node = RabbitNode(Path(tmp) / "rabbit", name="relay-latency")
-        pg = PostgresServer(Path(tmp) / "pg")
+        db = PostgresServer(Path(tmp) / "pg") if args.database == "postgresql" else None
+        maria = MariaDBServer(Path(tmp) / "mariadb") if db is None else None
         node.start()
-        pg.start()
         try:
-            pg.psql("CREATE DATABASE bench")
-            url = pg.url("bench")
+            if db is not None:
+                db.start()
+                db.psql("CREATE DATABASE bench")
+                url = db.url("bench")
+            else:
+                assert maria is not None
+                maria.start()
+                maria.sql("CREATE DATABASE bench")
+                url = maria.url("bench")
             migrate(url)
             fresh_queue(node.url, QUEUE)
             results["bare pika"] = bare_publisher(node.url, args.rate, args.seconds)
-            fresh_queue(node.url, QUEUE)
-            results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
-            pg.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
+            if db is not None:
+                fresh_queue(node.url, QUEUE)
+                results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
+                db.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
             fresh_queue(node.url, QUEUE)
             results["polling"] = measure(url, node.url, args.rate, args.seconds, args.batch)
         finally:
             node.stop()
-            pg.stop()
+            for server in (db, maria):
+                if server is not None:
+                    server.stop()
     print(
         f"\n{'measure':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
     )
