@@ -1,7 +1,9 @@
 """Session fixtures: a private RabbitMQ node, a private PostgreSQL and a private MariaDB,
 started once on loopback in temporary directories when a test first needs them; SQLite in a
 temp file. Every test that uses MariaDB is also marked ``mariadb`` (``-m mariadb`` runs them
-alone, whatever their folder).
+alone, whatever their folder). MariaDB meets RabbitMQ 3.10 only: what its cases check is the
+database's side, which the broker's version does not change, and the whole suite must stay
+under 20 minutes; their RabbitMQ 4.0 twins are deselected.
 
 Two RabbitMQ versions: ``rabbit`` is Debian 12's own (3.10), ``rabbit4`` is 4.0 from a Debian
 13 root (``devtools.debian13``, built on first use into a cache folder). The integration and
@@ -43,7 +45,7 @@ LAYERS = {
 TESTS = Path(__file__).parent
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         folder = item.path.relative_to(TESTS).parts[0]
         item.add_marker(LAYERS[folder])
@@ -57,6 +59,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             and any(str(p).startswith("mariadb") for p in callspec.params.values())
         ):
             item.add_marker(pytest.mark.mariadb)
+    twins = [
+        i for i in items if i.get_closest_marker("mariadb") and i.get_closest_marker("rabbitmq4")
+    ]
+    if twins:
+        config.hook.pytest_deselected(items=twins)
+        items[:] = [i for i in items if i not in twins]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""One local SparkSession for the whole test session (starting one costs seconds)."""
+"""One local SparkSession for the whole test session (starting one costs seconds), with the
+MariaDB JDBC driver Debian ships (``libmariadb-java``) for Spark's own JDBC writer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pyspark.sql import SparkSession
 
 from relay.spark import LOCAL_MODE_ENV
 
+MARIADB_JDBC_JAR = "/usr/share/java/mariadb-java-client.jar"
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
@@ -20,6 +23,7 @@ def spark() -> Iterator[SparkSession]:
         .appName("outbox-relay-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.jars", MARIADB_JDBC_JAR)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
