@@ -17,7 +17,7 @@ already are skipped. Two ways in:
   write and by ``relay purge``): on PostgreSQL ``write_outbox`` holds an advisory lock of its
   stage on a connection of its own while it writes (``held_stage``), so a stage whose lock no
   one holds is abandoned at once, and a live one is never touched; other stages (SQLite,
-  ``format("outbox")`` without ``write_outbox``) are named with their creation time and
+  MySQL, ``format("outbox")`` without ``write_outbox``) are named with their creation time and
   dropped once older than a limit.
 
 MySQL and MariaDB have no COPY, and their dedupe trigger cannot skip a row (migration 0004):
