@@ -21,8 +21,8 @@ DB_STATEMENT_TIMEOUT_MS = 30_000
 POLL_INTERVAL_NOTIFIED_S = 0.5
 POLL_INTERVAL_S = 0.05
 # The oldest servers of the MySQL family the outbox runs on: FOR UPDATE SKIP LOCKED (the
-# bucket hand-over), JSON_TABLE (id lists and row changes as one parameter), expression
-# column defaults (a row's times and message id).
+# bucket hand-over), JSON_TABLE (a settle's row changes as one parameter), expression column
+# defaults (a row's times and message id).
 MARIADB_MIN_VERSION = (10, 6)
 MYSQL_MIN_VERSION = (8, 0, 13)
 # SQLite has one writer at a time: others queue for up to this long instead of failing at once

@@ -73,14 +73,16 @@ SQLITE_PRAGMAS = ("journal_mode=WAL", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 SQLITE_RELAY_PRAGMAS = ("synchronous=NORMAL",)
 # Every MySQL session: UTC, and strict for every table (a session may start non-strict).
 MYSQL_SESSION = "SET time_zone = '+00:00', sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')"
-# The relay's own MySQL sessions: no wait behind a lock, and no statement, for longer than the
-# statement timeout (MariaDB counts seconds for both; MySQL's statement limit is in ms).
+# The relay's own sessions: no wait behind a lock, and no statement, for longer than the
+# statement timeout. MariaDB counts seconds for both; MySQL names its statement limit
+# otherwise, in milliseconds.
 _LOCK_WAIT_S = DB_STATEMENT_TIMEOUT_MS // 1000
-MYSQL_RELAY_SESSION = {
-    True: f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, max_statement_time = {_LOCK_WAIT_S}",
-    False: f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, "
-    f"max_execution_time = {DB_STATEMENT_TIMEOUT_MS}",
-}
+MARIADB_RELAY_SESSION = (
+    f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, max_statement_time = {_LOCK_WAIT_S}"
+)
+MYSQL_RELAY_SESSION = (
+    f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, max_execution_time = {DB_STATEMENT_TIMEOUT_MS}"
+)
 MYSQL_BACKENDS = ("mysql", "mariadb")
 
 
@@ -140,7 +142,8 @@ def _mysql_session(relay_session: bool, dbapi_connection: Any, _record: Any) -> 
     cursor = dbapi_connection.cursor()
     cursor.execute(MYSQL_SESSION)
     if relay_session:
-        cursor.execute(MYSQL_RELAY_SESSION["mariadb" in server.lower()])
+        mariadb = "mariadb" in server.lower()
+        cursor.execute(MARIADB_RELAY_SESSION if mariadb else MYSQL_RELAY_SESSION)
     cursor.close()
 
 
