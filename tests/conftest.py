@@ -59,12 +59,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             and any(str(p).startswith("mariadb") for p in callspec.params.values())
         ):
             item.add_marker(pytest.mark.mariadb)
-    twins = [
-        i for i in items if i.get_closest_marker("mariadb") and i.get_closest_marker("rabbitmq4")
-    ]
-    if twins:
-        config.hook.pytest_deselected(items=twins)
-        items[:] = [i for i in items if i not in twins]
+    left_out = [i for i in items if _twin(i) or _not_on_this_database(i)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [i for i in items if i not in left_out]
+
+
+def _twin(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("mariadb") and item.get_closest_marker("rabbitmq4"))
+
+
+def _not_on_this_database(item: pytest.Item) -> bool:
+    """A ``databases(...)`` test whose ``database_url`` is not one of them: the test is about
+    the broker's side or the DataFrame's, the same on every database (see pyproject)."""
+    databases = item.get_closest_marker("databases")
+    callspec = getattr(item, "callspec", None)
+    if databases is None or callspec is None or "database_url" not in callspec.params:
+        return False
+    return callspec.params["database_url"] not in databases.args
 
 
 @pytest.fixture(scope="session")

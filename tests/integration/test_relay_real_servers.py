@@ -9,6 +9,8 @@ import threading
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from devtools.broker import drain, names, simple_topology
 from devtools.outbox import insert
 from devtools.servers import PostgresServer, RabbitNode
@@ -137,6 +139,7 @@ def test_missing_exchange_parks_its_rows_and_others_keep_flowing(
     assert len(drain(rabbit.url, queue, expect=20)) >= 20
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_confirm_timeout_while_broker_frozen_leads_to_republish(
     database_url: str, rabbit: RabbitNode
 ) -> None:
@@ -169,6 +172,7 @@ def test_confirm_timeout_while_broker_frozen_leads_to_republish(
     assert {d.body for d in delivered} == {f"{i}".encode() for i in range(20)}
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_broker_restart_mid_stream_reconnects_and_delivers_every_row(
     database_url: str, rabbit: RabbitNode
 ) -> None:
@@ -264,6 +268,7 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
     assert len(drain(rabbit.url, queue, expect=50)) == 50
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
     database_url: str, rabbit: RabbitNode
 ) -> None:

@@ -34,6 +34,7 @@ def orders(spark: SparkSession, n: int, partitions: int = 4):  # type: ignore[no
     )
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_dataframe_to_outbox_to_relay_to_consumer(
     spark: SparkSession, database_url: str, rabbit: RabbitNode
 ) -> None:
@@ -152,6 +153,7 @@ def test_bad_dataframes_are_refused_before_anything_is_written(
 
 
 @pytest.mark.parametrize("atomic", [False, True])
+@pytest.mark.databases("sqlite", "postgresql")
 def test_a_null_payload_is_refused_and_never_written(
     spark: SparkSession, database_url: str, atomic: bool
 ) -> None:
@@ -257,6 +259,7 @@ def test_unmigrated_database_says_to_run_migrate(
         engine.dispose()
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_content_type_and_ordering_key_come_from_values_or_columns(
     spark: SparkSession, database_url: str
 ) -> None:
@@ -311,6 +314,7 @@ def test_run_id_identifies_rows_by_content_whatever_the_partitioning(
     assert len({r.message_id for r in outbox_rows(database_url)}) == 406
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_key_ids_do_not_depend_on_the_session_time_zone(
     spark: SparkSession, database_url: str
 ) -> None:
@@ -338,6 +342,7 @@ def test_values_that_used_to_collide_are_distinct_messages(
     assert (result.rows, result.inserted) == (5, 5)
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_format_outbox_is_the_spark_way_to_write(spark: SparkSession, database_url: str) -> None:
     register(spark)
     df = orders(spark, 12).withColumn("rk", F.concat(F.lit("order."), F.col("event")))
