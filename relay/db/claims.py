@@ -1,9 +1,9 @@
 """The relay's side of the outbox: claim due rows of its own buckets, settle them, backlog.
 
 Synchronous on purpose: the relay calls it from a worker thread (``asyncio.to_thread``) so
-that pika's I/O loop on the event-loop thread keeps turning while a query runs, and both
-PostgreSQL (psycopg) and SQLite (sqlite3) work through one tested code path instead of two
-async drivers.
+that pika's I/O loop on the event-loop thread keeps turning while a query runs, and
+PostgreSQL (psycopg), MariaDB and MySQL (mysqlclient) and SQLite (sqlite3) work through one
+tested code path instead of several async drivers.
 
 What costs the database most is writing, so a claim writes nothing. Each relay owns
 buckets of the outbox under a lease (``relay.buckets``, ``relay.db.buckets``; ``turn``
@@ -381,7 +381,7 @@ class ClaimStore:
         # MySQL: the candidates and their running sizes carry ids only, and the rows are read
         # by id at the end. Its derived tables are temporary tables, and one with a BLOB
         # column is an on-disk one: carrying the payloads through two of them cost MariaDB
-        # 13.7 us of CPU per claimed row, ids only X.
+        # 13.7 us of CPU per claimed row, ids only 7.7 us.
         lean = dialect.name == "mysql"
         carried = [outbox.c.id] if lean else _RAW_COLUMNS
         candidates = (
