@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.db.schema import outbox, outbox_buckets, outbox_sent
+from relay.db.sink import sent_already
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000
@@ -51,16 +50,6 @@ def owners(target: str | sa.Engine) -> dict[str, int]:
         return {owner: int(count) for owner, count in conn.execute(q)}
 
 
-def _key(message_id: str, dialect: str) -> str | bytes:
-    """``relay.db.schema.sent_key`` computed here: PostgreSQL's md5(text)::uuid, MySQL's
-    unhex(md5(text))."""
-    if dialect == "postgresql":
-        return str(uuid.UUID(hashlib.md5(message_id.encode()).hexdigest()))
-    if dialect == "mysql":
-        return hashlib.md5(message_id.encode()).digest()
-    return message_id
-
-
 def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]:
     """Each message id's status: its row's, or "sent" when its key is in the sent log (ids
     found nowhere are left out)."""
@@ -71,11 +60,7 @@ def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]
             chunk = wanted[i : i + _IDS_PER_QUERY]
             query = sa.select(outbox.c.message_id, outbox.c.status)
             found |= {m: s for m, s in conn.execute(query.where(outbox.c.message_id.in_(chunk)))}
-            keys = {_key(m, conn.dialect.name): m for m in chunk if m not in found}
-            logged = sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys)))
-            found |= {
-                keys[k if isinstance(k, bytes) else str(k)]: SENT for k in conn.scalars(logged)
-            }
+            found |= dict.fromkeys(sent_already(conn, [m for m in chunk if m not in found]), SENT)
     return found
 
 

@@ -30,7 +30,6 @@ lookup and the insert fails the task's statement (Spark retries the task).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,7 +51,7 @@ from relay.constants import (
 )
 from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
-from relay.db.schema import outbox, outbox_sent, sent_key
+from relay.db.schema import outbox, outbox_sent, sent_key, sent_key_value
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -362,9 +361,9 @@ def _insert_new_mysql(conn: sa.Connection, chunk: Chunk) -> int:
 
 
 def sent_already(conn: sa.Connection, message_ids: Sequence[str]) -> set[str]:
-    """MySQL: which of ``message_ids`` the sent log holds (their keys, ``sent_key``, computed
-    here: the lookup is one probe of its primary key per id)."""
-    keys = {hashlib.md5(i.encode()).digest(): i for i in message_ids}
+    """Which of ``message_ids`` the sent log holds (their keys computed here: the lookup is
+    one probe of its primary key per id)."""
+    keys = {sent_key_value(i, conn.dialect): i for i in message_ids}
     found = conn.scalars(sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys))))
     return {keys[key] for key in found}
 
