@@ -86,7 +86,9 @@ class SparkCluster:
         try:
             with urllib.request.urlopen(f"http://{HOSTS[0]}:{self.ui_port}/json/", timeout=2) as r:
                 return int(json.load(r)["aliveworkers"])
-        except OSError:
+        except (OSError, ValueError):
+            # ValueError: while the master's UI starts, its HTML page is attached before its
+            # JSON twin, and for that moment /json/ answers with the page (seen in CI).
             return 0
 
     def kill_worker(self, n: int) -> None:
