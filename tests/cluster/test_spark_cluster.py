@@ -18,8 +18,7 @@ import sqlalchemy as sa
 from devtools.outbox import rows as outbox_rows
 from devtools.spark_cluster import SparkCluster
 from tests.spark.driver import PARTITIONS
-from tests.spark.test_streams import DRIVER_TIMEOUT_S, counts, finish, start
-from tests.spark.test_writer import stage_tables
+from tests.support.spark_drivers import DRIVER_TIMEOUT_S, counts, finish, stage_tables, start
 
 ROWS = 1600
 

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 from devtools.outbox import rows as outbox_rows
-from tests.spark.test_streams import DRIVER_TIMEOUT_S
-from tests.spark.test_writer import stage_tables
+from tests.support.spark_drivers import DRIVER_TIMEOUT_S, stage_tables
 
 
 def errors(url: str, kind: str, scratch: Path) -> dict[bool, dict[str, str]]:

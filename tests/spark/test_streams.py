@@ -8,49 +8,20 @@ Python driver lets the JVM run the writer's abort on its way out, which is a kin
 
 from __future__ import annotations
 
-import collections
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from devtools.outbox import rows as outbox_rows
 from devtools.relayproc import relay, relay_env
-from tests.spark.test_writer import stage_tables
-
-DRIVER_TIMEOUT_S = 180
-
-
-def start(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.spark.driver", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-
-
-def finish(driver: subprocess.Popen[bytes]) -> None:
-    _, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
-    assert driver.returncode == 0, err.decode(errors="replace")[-3000:]
-
-
-def kill_when(driver: subprocess.Popen[bytes], ready: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    while not ready():
-        assert driver.poll() is None, driver.communicate()[1].decode(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "the driver never got there"
-        time.sleep(0.2)
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.communicate()
-
-
-def counts(url: str, field: str) -> collections.Counter[int]:
-    return collections.Counter(json.loads(r.payload)[field] for r in outbox_rows(url))
+from tests.support.spark_drivers import (
+    DRIVER_TIMEOUT_S,
+    counts,
+    finish,
+    kill_when,
+    stage_tables,
+    start,
+)
 
 
 def test_a_file_stream_killed_mid_batch_and_restarted_writes_every_row_once(

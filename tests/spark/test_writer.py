@@ -21,6 +21,7 @@ from relay.errors import InputError, SchemaMissingError
 from relay.spark import WriteResult, register, write_outbox
 from relay.tracing import trace_ids
 from tests.support.inprocess import Running, rows_by_status, settings, wait_for
+from tests.support.spark_drivers import stage_tables
 
 
 def orders(spark: SparkSession, n: int, partitions: int = 4):  # type: ignore[no-untyped-def]
@@ -179,14 +180,6 @@ def test_a_null_payload_is_refused_and_never_written(
     assert rerun.inserted == 10 - len(written)
     rows = outbox_rows(database_url)
     assert sorted(json.loads(r.payload)["order_id"] for r in rows) == list(range(10))
-
-
-def stage_tables(url: str) -> list[str]:
-    engine = sa.create_engine(url)
-    try:
-        return [t for t in sa.inspect(engine).get_table_names() if t.startswith("outbox_stage")]
-    finally:
-        engine.dispose()
 
 
 @pytest.mark.parametrize("atomic", [False, True])
