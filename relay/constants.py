@@ -120,7 +120,11 @@ SPARK_STAGE_ABANDONED_S = 24 * 3600
 # The class of the advisory locks `write_outbox` holds on its staging tables (PostgreSQL's
 # two-number form: this class, and a number from the table's name), while it writes: a held
 # stage whose lock no one holds is abandoned at once, whatever its age. "ob" in ASCII.
+# (MySQL's named locks take the table's name itself.)
 SPARK_STAGE_LOCK_CLASS = 0x6F62
+# MySQL's wait_timeout on the connection that holds a stage's named lock (seconds): the
+# largest the server takes on Linux, a year, so that no write outlives its lock.
+SPARK_STAGE_LOCK_WAIT_TIMEOUT_S = 31_536_000
 # The atomic merge's sort budget on PostgreSQL: a big batch sorts in a few long runs (a million
 # rows still spill to a temporary file), not in many short ones of the 4 MB default.
 MERGE_WORK_MEM = "256MB"

@@ -14,11 +14,11 @@ already are skipped. Two ways in:
 - ``stage`` / ``merge`` (``atomic``): tasks fill a staging table of the write's own; the
   driver's commit inserts it into the outbox in one transaction and drops it. The leftovers
   of a killed driver are found and dropped by ``drop_abandoned_stages`` (run by every atomic
-  write and by ``relay purge``): on PostgreSQL ``write_outbox`` holds an advisory lock of its
-  stage on a connection of its own while it writes (``held_stage``), so a stage whose lock no
-  one holds is abandoned at once, and a live one is never touched; other stages (SQLite,
-  MySQL, ``format("outbox")`` without ``write_outbox``) are named with their creation time and
-  dropped once older than a limit.
+  write and by ``relay purge``): ``write_outbox`` holds a lock of its stage on a connection
+  of its own while it writes (``held_stage``; an advisory lock on PostgreSQL, a named lock on
+  MySQL), so a stage whose lock no one holds is abandoned at once, and a live one is never
+  touched; other stages (SQLite, ``format("outbox")`` without ``write_outbox``) are named
+  with their creation time and dropped once older than a limit.
 
 MySQL and MariaDB have no COPY, and their dedupe trigger cannot skip a row (migration 0004):
 a chunk's message ids already in the sent log are looked up by their keys and left out, and
@@ -48,6 +48,7 @@ from relay.constants import (
     SPARK_SAVEPOINTS_MAX,
     SPARK_SEGMENT_BYTES,
     SPARK_STAGE_LOCK_CLASS,
+    SPARK_STAGE_LOCK_WAIT_TIMEOUT_S,
 )
 from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
@@ -117,6 +118,7 @@ class OutboxSink:
         self.engine = create_engine(url)
         self._where = redact_url(url)
         self._postgresql = self.engine.dialect.name == "postgresql"
+        self._stage_locks = self.engine.dialect.name in ("postgresql", "mysql")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -152,22 +154,30 @@ class OutboxSink:
 
     @contextmanager
     def held_stage(self) -> Iterator[str]:
-        """A new staging table that is this process's until the block ends: on PostgreSQL its
-        advisory lock is held on a connection of its own meanwhile, and
-        ``drop_abandoned_stages`` drops it as soon as no one holds it (the process died, its
-        connection with it), whatever its age. Elsewhere a plain ``create_stage``."""
-        if not self._postgresql:
+        """A new staging table that is this process's until the block ends: its lock is held
+        on a connection of its own meanwhile, and ``drop_abandoned_stages`` drops it as soon
+        as no one holds it (the process died, its connection with it), whatever its age.
+        SQLite has no such locks: there a plain ``create_stage``."""
+        if not self._stage_locks:
             yield self.create_stage()
             return
         with db_errors("creating a held staging table", self._where), self.engine.connect() as conn:
+            if conn.dialect.name == "mysql":
+                # The server closes a connection idle for wait_timeout (8 hours by default,
+                # often less), and its named lock goes with it: a write outliving that would
+                # see its stage dropped under it.
+                conn.execute(
+                    sa.text(f"SET SESSION wait_timeout = {SPARK_STAGE_LOCK_WAIT_TIMEOUT_S}")
+                )
             name = _stage_name(conn, held=True)
-            conn.execute(sa.select(sa.func.pg_advisory_lock(*_stage_lock(name))))
-            _staging_table(name, unlogged=True).create(conn)
+            while not _try_stage_lock(conn, name):  # a live stage's lock number (PostgreSQL)
+                name = _stage_name(conn, held=True)
+            _staging_table(name, unlogged=self._postgresql).create(conn)
             conn.commit()
             try:
                 yield name
             finally:
-                conn.execute(sa.select(sa.func.pg_advisory_unlock(*_stage_lock(name))))
+                _unlock_stage(conn, name)
                 conn.commit()
 
     def stage(self, name: str, chunks: Iterable[Chunk], partition: int) -> int:
@@ -237,16 +247,15 @@ class OutboxSink:
             for name in names:
                 if (found := _STAGE_NAME.match(name)) is None:
                     continue
-                if found[3] and self._postgresql:
+                if found[3] and self._stage_locks:
                     # Taking the lock proves its writer gone, and keeps another purge off
                     # while this one drops it.
-                    lock = _stage_lock(name)
-                    if not conn.execute(sa.select(sa.func.pg_try_advisory_lock(*lock))).scalar():
+                    if not _try_stage_lock(conn, name):
                         continue
                     try:
                         self.drop_stage(name)
                     finally:
-                        conn.execute(sa.select(sa.func.pg_advisory_unlock(*lock)))
+                        _unlock_stage(conn, name)
                         conn.commit()
                 elif int(found[1]) > cutoff:
                     continue
@@ -263,9 +272,29 @@ def _stage_name(conn: sa.Connection, *, held: bool = False) -> str:
     return name + HELD if held else name
 
 
-def _stage_lock(name: str) -> tuple[int, int]:
-    """The advisory lock of a held staging table: (class, the name's random part as a
-    signed 32-bit number; 48 bits less, but a clash only keeps a leftover a while longer)."""
+def _try_stage_lock(conn: sa.Connection, name: str) -> bool:
+    """Takes held staging table ``name``'s lock on ``conn`` if no one holds it; whether it
+    did. A session's lock, not a transaction's: it stays until ``_unlock_stage`` or until the
+    connection ends. MySQL's named locks are the server's, not a database's; the name's 48
+    random bits keep stages of two databases apart."""
+    if conn.dialect.name == "postgresql":
+        taken = conn.execute(sa.select(sa.func.pg_try_advisory_lock(*_advisory_lock(name))))
+    else:
+        taken = conn.execute(sa.select(sa.func.get_lock(name, 0)))
+    return bool(taken.scalar())
+
+
+def _unlock_stage(conn: sa.Connection, name: str) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_unlock(*_advisory_lock(name))))
+    else:
+        conn.execute(sa.select(sa.func.release_lock(name)))
+
+
+def _advisory_lock(name: str) -> tuple[int, int]:
+    """PostgreSQL's advisory lock of a held staging table: (class, the name's random part as
+    a signed 32-bit number; 48 bits less, but a clash only makes ``held_stage`` draw another
+    name, or keeps a leftover a while longer)."""
     found = _STAGE_NAME.match(name)
     assert found is not None, name
     return SPARK_STAGE_LOCK_CLASS, int(found[2][:8], 16) - 2**31

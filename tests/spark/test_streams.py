@@ -12,6 +12,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from devtools.outbox import rows as outbox_rows
 from devtools.relayproc import relay, relay_env
 from tests.support.spark_drivers import (
@@ -63,12 +65,12 @@ def test_a_rate_stream_killed_and_restarted_replays_without_duplicates(
     assert set(counts(database_url, "value").values()) == {1}, "a replayed batch wrote rows twice"
 
 
+@pytest.mark.databases("postgresql", "mariadb")
 def test_an_atomic_write_killed_leaves_nothing_and_its_stage_is_purged_at_once(
-    postgresql_url: str,
+    database_url: str,
 ) -> None:
-    """The stage is dropped because its writer is gone (no one holds its advisory lock), not
-    because it is old: purges keep the default age of a day, and a live write's stage stays."""
-    database_url = postgresql_url
+    """The stage is dropped because its writer is gone (no one holds its lock), not because
+    it is old: purges keep the default age of a day, and a live write's stage stays."""
     env = relay_env(RELAY_DATABASE_URL=database_url)
     driver = start("atomic", database_url, "2000")
     deadline = time.monotonic() + DRIVER_TIMEOUT_S
