@@ -69,7 +69,7 @@ class Metrics:
             "relay_due_rows",
             "Pending rows whose next attempt time has come, those in flight among them: exact "
             f"up to {BACKLOG_EXACT_ROWS}; "
-            f"beyond, PostgreSQL's planner estimate (at least {BACKLOG_EXACT_ROWS + 1}), "
+            f"beyond, the planner's estimate (at least {BACKLOG_EXACT_ROWS + 1}), "
             f"{BACKLOG_EXACT_ROWS + 1} on SQLite.",
             registry=r,
         )
