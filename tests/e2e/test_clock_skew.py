@@ -24,6 +24,11 @@ from devtools.relayproc import RelayProcess, relay_on_new_queue, skew_unavailabl
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
 from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
+from relay.db.clock import database_time, seconds_between
+from relay.db.schema import outbox
+
+# The database's clock and the relay's, whichever database: MariaDB's as much as PostgreSQL's.
+pytestmark = pytest.mark.databases("postgresql", "mariadb")
 
 TEN_MINUTES_AHEAD, TEN_MINUTES_BEHIND = "+10m", "-10m"
 ROWS_PER_WRITER = 3000
@@ -38,7 +43,7 @@ def faketime() -> None:
 
 @dataclass(frozen=True)
 class Setup:
-    database_url: str  # a PostgreSQL outbox
+    database_url: str
     amqp_url: str
     exchange: str  # a topic exchange bound to ``queue`` for every routing key
     queue: str
@@ -46,17 +51,17 @@ class Setup:
 
 
 @pytest.fixture
-def setup(faketime: None, tmp_path: Path, rabbit: RabbitNode, postgresql_url: str) -> Setup:
+def setup(faketime: None, tmp_path: Path, rabbit: RabbitNode, database_url: str) -> Setup:
     """What each test here needs; skipped where a relay's clock cannot be skewed."""
     exchange, queue, env = relay_on_new_queue(
         tmp_path,
         "skew",
-        postgresql_url,
+        database_url,
         rabbit.url,
         RELAY_METRICS_HOST="127.0.0.1",
         RELAY_LOG_FORMAT="json",
     )
-    return Setup(postgresql_url, rabbit.url, exchange, queue, env)
+    return Setup(database_url, rabbit.url, exchange, queue, env)
 
 
 def write(url: str, first: int, count: int, exchange: str, routing_key: str = "k") -> None:
@@ -115,7 +120,10 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
         first_id = (OUTBOX_BUCKETS // 2 - 1) * BUCKET_SPAN_ROWS + 1
         engine = sa.create_engine(setup.database_url)
         with engine.begin() as conn:
-            conn.execute(sa.text(f"ALTER SEQUENCE outbox_id_seq RESTART WITH {first_id}"))
+            if conn.dialect.name == "mysql":
+                conn.execute(sa.text(f"ALTER TABLE outbox AUTO_INCREMENT = {first_id}"))
+            else:
+                conn.execute(sa.text(f"ALTER SEQUENCE outbox_id_seq RESTART WITH {first_id}"))
         engine.dispose()
         writers = [
             threading.Thread(
@@ -206,10 +214,9 @@ def test_a_skewed_relay_backs_off_by_the_databases_clock(
         [{"message_id": "lost", "exchange": "", "routing_key": "no.such.queue", "payload": b"p"}],
     )
     engine = sa.create_engine(setup.database_url)
-    due_in = sa.text(
-        "SELECT attempts, extract(epoch FROM next_attempt_at - statement_timestamp()) "
-        "FROM outbox WHERE message_id = 'lost'"
-    )
+    due_in = sa.select(
+        outbox.c.attempts, seconds_between(database_time(), outbox.c.next_attempt_at)
+    ).where(outbox.c.message_id == "lost")
 
     def attempt(n: int) -> float:
         """Waits for the ``n``th recorded attempt; seconds until the row is due again."""
