@@ -145,12 +145,14 @@ def test_3_connections_closed_under_the_relay_again_and_again_keeps_per_key_orde
     assert all(v == sorted(v) for v in order_by_key(consumer).values())
 
 
+@broker_bystander
 def test_3b_a_proxy_that_resets_delays_and_black_holes_the_link(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
     """Through a loopback proxy: connections reset (RST) mid-stream, 50 ms added to every
     chunk, then a half-open link (nothing passes, both sockets stay open), which heartbeats
-    would notice only after a minute: the relay's confirm timeout must act first."""
+    would notice only after a minute: the relay's confirm timeout must act first. The fault
+    is the link's: the broker sees a connection drop or go quiet, the same on both versions."""
     with TcpProxy(fresh_broker.port) as proxy:
 
         def misbehave(_relays: list[FaultRelay]) -> float:
@@ -291,16 +293,21 @@ def test_10_three_relays_share_the_outbox_without_publishing_a_row_twice(
 
 
 @broker_bystander
+@pytest.mark.databases("postgresql", "mariadb")
 def test_11_three_relays_one_killed_the_others_take_over_in_key_order(
-    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+    database_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
+    """The killed relay's buckets are taken over once their leases end by the database's
+    clock, and each key's rows go out in order: on PostgreSQL and on MariaDB (where buckets
+    are taken by SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE)."""
+
     def kill_one(relays: list[FaultRelay]) -> float:
         relays[1].kill()
         return time.time()
 
     consumer, _ = scenario(
         "11-three-relays-one-killed",
-        postgresql_url,
+        database_url,
         fresh_broker.url,
         tmp_path,
         kill_one,
