@@ -65,9 +65,10 @@ def refresh(
             taken = _update_returning(conn, taking, lease, owner)
         else:
             # MySQL: no UPDATE ... RETURNING, and no UPDATE of a table its own subquery reads.
+            # The SELECT ... FOR UPDATE has locked what it read: the UPDATE needs no other.
             taken = set(conn.scalars(take))
             if taken:
-                _update_returning(conn, outbox_buckets.c.bucket.in_(taken), lease, owner)
+                conn.execute(_lease(outbox_buckets.c.bucket.in_(taken), lease, owner))
     if plan.release:
         conn.execute(
             sa.update(outbox_buckets)
@@ -80,19 +81,23 @@ def refresh(
 def _update_returning(
     conn: sa.Connection, which: sa.ColumnElement[bool], lease: float, owner: str | None = None
 ) -> set[int]:
-    """Lease the buckets ``which`` (to ``owner``, when given) for ``lease`` seconds; returns
-    them. Where UPDATE cannot return rows (MySQL), the same transaction locks and reads them
-    first."""
-    values: dict[str, Any] = {"lease_until": database_time(lease)}
-    if owner is not None:
-        values["owner"] = owner
-    update = sa.update(outbox_buckets).where(which).values(values)
+    """Lease the buckets ``which`` (``_lease``); returns them. Where UPDATE cannot return
+    rows (MySQL), the same transaction locks and reads them first."""
+    update = _lease(which, lease, owner)
     if conn.dialect.update_returning:
         return set(conn.scalars(update.returning(outbox_buckets.c.bucket)))
     locked = sa.select(outbox_buckets.c.bucket).where(which).with_for_update()
     buckets = set(conn.scalars(locked))
     conn.execute(update)
     return buckets
+
+
+def _lease(which: sa.ColumnElement[bool], lease: float, owner: str | None) -> sa.Update:
+    """The buckets ``which`` leased (to ``owner``, when given) for ``lease`` seconds."""
+    values: dict[str, Any] = {"lease_until": database_time(lease)}
+    if owner is not None:
+        values["owner"] = owner
+    return sa.update(outbox_buckets).where(which).values(values)
 
 
 def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> None:
