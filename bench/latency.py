@@ -145,33 +145,28 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="relay-latency-") as tmp:
         node = RabbitNode(Path(tmp) / "rabbit", name="relay-latency")
-        db = PostgresServer(Path(tmp) / "pg") if args.database == "postgresql" else None
-        maria = MariaDBServer(Path(tmp) / "mariadb") if db is None else None
+        server: PostgresServer | MariaDBServer
+        if args.database == "postgresql":
+            server = PostgresServer(Path(tmp) / "pg")
+        else:
+            server = MariaDBServer(Path(tmp) / "mariadb")
         node.start()
         try:
-            if db is not None:
-                db.start()
-                db.psql("CREATE DATABASE bench")
-                url = db.url("bench")
-            else:
-                assert maria is not None
-                maria.start()
-                maria.sql("CREATE DATABASE bench")
-                url = maria.url("bench")
+            server.start()
+            server.create_database("bench")
+            url = server.url("bench")
             migrate(url)
             fresh_queue(node.url, QUEUE)
             results["bare pika"] = bare_publisher(node.url, args.rate, args.seconds)
-            if db is not None:
+            if isinstance(server, PostgresServer):
                 fresh_queue(node.url, QUEUE)
                 results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
-                db.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
+                server.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
             fresh_queue(node.url, QUEUE)
             results["polling"] = measure(url, node.url, args.rate, args.seconds, args.batch)
         finally:
             node.stop()
-            for server in (db, maria):
-                if server is not None:
-                    server.stop()
+            server.stop()
     print(
         f"\n{'measure':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
     )

@@ -475,10 +475,7 @@ def main() -> int:
         start_broker()
         server.start()
         try:
-            if isinstance(server, PostgresServer):
-                server.psql("CREATE DATABASE bench")
-            else:
-                server.sql("CREATE DATABASE bench")
+            server.create_database("bench")
             db_url = server.url("bench")
             sqlite_url = f"sqlite:///{base / 'bench.db'}"
             for url in (db_url, sqlite_url):

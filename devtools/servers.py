@@ -324,6 +324,9 @@ class PostgresServer:
         """The postmaster's process id (its backends are its children)."""
         return int((self.data / "postmaster.pid").read_text().split()[0])
 
+    def create_database(self, name: str) -> None:
+        self.psql(f"CREATE DATABASE {name}")
+
     def psql(self, sql: str, database: str = "postgres") -> str:
         return self._run(
             "psql",
@@ -445,6 +448,9 @@ class MariaDBServer:
             self._process.kill()
             self._process.wait()
         self.pid_file.unlink(missing_ok=True)
+
+    def create_database(self, name: str) -> None:
+        self.sql(f"CREATE DATABASE {name}")
 
     def sql(self, statement: str, database: str = "mysql") -> str:
         """Run ``statement`` with the ``mariadb`` client; its output, tab-separated."""
