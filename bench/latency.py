@@ -1,18 +1,21 @@
 """Benchmark: commit-to-confirm latency at a steady write rate, on PostgreSQL or MariaDB.
 
     .venv/bin/python -m bench.latency [--rate 1000] [--seconds 20] [--batch 10]
-                                      [--database postgresql|mariadb]
+                                      [--idle-seconds 20] [--database postgresql|mariadb]
 
 Starts a private RabbitMQ node and PostgreSQL or MariaDB (default durability), runs
 ``relay run``, and inserts ``--rate`` rows a second for ``--seconds`` in transactions of
 ``--batch`` rows, as an application would. A row's latency is from its insert
 (``created_at``, the transaction's start, just before its commit) to the moment the relay
-marked it sent (``sent_at``, after the broker's ack). On PostgreSQL measured twice: with the
-NOTIFY wake-up, and polling only (the trigger dropped, ``RELAY_POLL_INTERVAL`` at its default
-for PostgreSQL); MariaDB has no NOTIFY: polling, at its default there. For reference, a bare
-pika publisher paced at the same rate into the same queue reports its own publish-to-confirm
-latency: the broker's share, which no relay can undercut. Prints p50/p90/p99/max and, last, one JSON
-line. By hand only: these machines are shared and noisy.
+marked it sent (``sent_at``, after the broker's ack). Measured twice: with the probe of the
+newest id (``RELAY_PROBE_INTERVAL`` at its default), and polling only (the probe off,
+``RELAY_POLL_INTERVAL`` at its default). Before the writes, the relay idles for
+``--idle-seconds``: the database's CPU meanwhile (every server process, from /proc), as a
+share of one core, less the same with no relay (its background work), is what an idle
+relay's probing costs it. For reference, a bare pika
+publisher paced at the same rate into the same queue reports its own publish-to-confirm
+latency: the broker's share, which no relay can undercut. Prints p50/p90/p99/max and, last,
+one JSON line. By hand only: these machines are shared and noisy.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 
 from devtools.broker import fresh_queue
 from devtools.outbox import empty, sent_latencies, statuses
+from devtools.procfs import tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, wait_until
 from relay.db.engine import create_engine, migrate
@@ -97,18 +101,25 @@ def bare_publisher(amqp_url: str, rate: int, seconds: float) -> dict[str, float]
     }
 
 
-def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> dict[str, float]:
+def measure(
+    url: str, amqp_url: str, args: argparse.Namespace, server_pid: int, **settings: str
+) -> dict[str, float]:
+    rate, seconds, batch = args.rate, args.seconds, args.batch
     engine = create_engine(url)
     env = relay_env(
         RELAY_DATABASE_URL=url,
         RELAY_AMQP_URL=amqp_url,
         RELAY_METRICS_PORT="0",
         RELAY_LOG_LEVEL="warning",
+        **settings,
     )
     proc = RelayProcess(env).start()
     rows = [{"routing_key": QUEUE, "payload": BODY}] * batch
     try:
         time.sleep(3)  # connected and idle
+        cpu = tree_cpu_seconds(server_pid)
+        time.sleep(args.idle_seconds)
+        idle_cpu = (tree_cpu_seconds(server_pid) - cpu) / args.idle_seconds
         start = time.perf_counter()
         total = 0
         while (now := time.perf_counter()) - start < seconds:
@@ -132,6 +143,7 @@ def measure(url: str, amqp_url: str, rate: int, seconds: float, batch: int) -> d
         "p90_ms": round(p90, 1),
         "p99_ms": round(p99, 1),
         "max_ms": round(latencies[-1], 1),
+        "idle_db_cpu_pct": round(idle_cpu * 100, 2),
     }
 
 
@@ -140,6 +152,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--database", choices=("postgresql", "mariadb"), default="postgresql")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
@@ -158,24 +171,38 @@ def main() -> int:
             migrate(url)
             fresh_queue(node.url, QUEUE)
             results["bare pika"] = bare_publisher(node.url, args.rate, args.seconds)
-            if isinstance(server, PostgresServer):
-                fresh_queue(node.url, QUEUE)
-                results["notify"] = measure(url, node.url, args.rate, args.seconds, args.batch)
-                server.psql("DROP TRIGGER outbox_notify ON outbox", database="bench")
+            cpu = tree_cpu_seconds(server.pid())
+            time.sleep(args.idle_seconds)
+            no_relay = (tree_cpu_seconds(server.pid()) - cpu) / args.idle_seconds * 100
             fresh_queue(node.url, QUEUE)
-            results["polling"] = measure(url, node.url, args.rate, args.seconds, args.batch)
+            results["probe"] = measure(url, node.url, args, server.pid())
+            fresh_queue(node.url, QUEUE)
+            polling = {"RELAY_PROBE_INTERVAL": "0"}
+            results["polling"] = measure(url, node.url, args, server.pid(), **polling)
         finally:
             node.stop()
             server.stop()
     print(
         f"\n{'measure':<10} {'rows/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f" {'idle db %':>9}"
     )
     for name, r in results.items():
         print(
             f"{name:<10} {r['rows_per_s']:>8.0f} {r['p50_ms']:>8.1f} {r['p90_ms']:>8.1f} "
-            f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f}"
+            f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r.get('idle_db_cpu_pct', 0):>9.2f}"
         )
-    print(json.dumps({"rate": args.rate, "seconds": args.seconds, "batch": args.batch, **results}))
+    print(f"idle database without a relay: {no_relay:.2f}% of a core")
+    print(
+        json.dumps(
+            {
+                "rate": args.rate,
+                "seconds": args.seconds,
+                "batch": args.batch,
+                "idle_db_cpu_pct_no_relay": round(no_relay, 2),
+                **results,
+            }
+        )
+    )
     return 0
 
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.db.schema import outbox, outbox_buckets, outbox_sent
-from relay.db.sink import sent_already
+from relay.db.schema import outbox, outbox_buckets, outbox_sent, sent_key_value
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000
@@ -62,6 +61,14 @@ def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]
             found |= {m: s for m, s in conn.execute(query.where(outbox.c.message_id.in_(chunk)))}
             found |= dict.fromkeys(sent_already(conn, [m for m in chunk if m not in found]), SENT)
     return found
+
+
+def sent_already(conn: sa.Connection, message_ids: Iterable[str]) -> set[str]:
+    """Which of ``message_ids`` the sent log holds (their keys computed here: the lookup is
+    one probe of its primary key per id)."""
+    keys = {sent_key_value(i, conn.dialect): i for i in message_ids}
+    found = conn.scalars(sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys))))
+    return {keys[key] for key in found}
 
 
 def sent_ids(target: str | sa.Engine) -> set[int]:

@@ -13,13 +13,14 @@ DB_CONNECT_TIMEOUT_S = 5
 # A claim or settle must not wait forever behind a lock (LOCK TABLE, a stuck migration): it
 # fails, is logged, and is retried after a back-off. PostgreSQL, milliseconds.
 DB_STATEMENT_TIMEOUT_MS = 30_000
-# Seconds between looks for due rows when idle (``poll_interval``'s default): where the
-# database announces new rows (PostgreSQL's NOTIFY), the poll only backs it up; elsewhere it
-# is the latency of a new row: at 1,000 rows/s on MariaDB, 0.05 s gave a p99 commit-to-ack of
-# 68 ms (bench/latency.py --database mariadb). An empty claim costs the database well under
-# a millisecond.
-POLL_INTERVAL_NOTIFIED_S = 0.5
-POLL_INTERVAL_S = 0.05
+# Seconds between looks for due rows when idle (``poll_interval``'s default). New rows are
+# found by the probe (below) within milliseconds; the poll finds the rest: rows due again
+# after a back-off, and a row that committed after a later one (``relay.db.probe``).
+POLL_INTERVAL_S = 0.5
+# Seconds between looks at the outbox's newest id (``probe_interval``'s default,
+# ``relay.db.probe``): the latency a new row waits at most before a claim looks for it.
+# One look cost PostgreSQL about XX us of CPU: an idle relay's probing takes XX% of a core.
+PROBE_INTERVAL_S = 0.005
 # The oldest servers of the MySQL family the outbox runs on: FOR UPDATE SKIP LOCKED (the
 # bucket hand-over), JSON_TABLE (a settle's row changes as one parameter), expression column
 # defaults (a row's times and message id).
@@ -31,9 +32,6 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Ids per statement: keeps every statement's parameter count far below SQLite's and
 # PostgreSQL's limits.
 IDS_PER_STATEMENT = 1000
-# How often a LISTEN loop looks at its stop flag while no notification comes: stopping the
-# relay waits for this at most.
-LISTEN_STOP_CHECK_S = 1.0
 # A row's last_error is for operators; a broker's close text can be long, the column need not be.
 LAST_ERROR_MAX_CHARS = 2000
 # The backlog gauge counts due rows up to this many, and estimates beyond (relay.db.claims):

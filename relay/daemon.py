@@ -1,5 +1,5 @@
 """``relay run``'s composition root and its tasks: build the loop and its adapters from the
-settings, serve /metrics, wake the loop on NOTIFY, purge old rows, stop on a signal."""
+settings, serve /metrics, wake the loop on new rows, purge old rows, stop on a signal."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from relay.broker.connection import connection_parameters
 from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
-    POLL_INTERVAL_NOTIFIED_S,
-    POLL_INTERVAL_S,
     PURGE_CHUNK,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
@@ -26,6 +24,7 @@ from relay.constants import (
 )
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
+from relay.db.probe import NewRowsProbe
 from relay.errors import ConfigError, RelayError, StoreError
 from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
@@ -79,8 +78,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         metrics,
         batch_size=settings.batch_size,
         max_inflight_bytes=settings.max_inflight_bytes,
-        poll_interval=settings.poll_interval
-        or (POLL_INTERVAL_NOTIFIED_S if store.notifies else POLL_INTERVAL_S),
+        poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
         turn_interval=min(settings.lease / TURNS_PER_LEASE, TURN_INTERVAL_MAX_S),
         retry=reconnect,
@@ -149,8 +147,8 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     helpers = [asyncio.create_task(_backlog_gauges(store, metrics, settings.stats_interval))]
     if settings.retention:
         helpers.append(asyncio.create_task(_retention(settings)))
-    if store.notifies:
-        helpers.append(asyncio.create_task(_wake_on_notify(store, relay, settings)))
+    if settings.probe_interval:
+        helpers.append(asyncio.create_task(_wake_on_new_rows(relay, settings)))
     try:
         return await relay.run()
     finally:
@@ -186,31 +184,37 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
         await asyncio.sleep(interval)
 
 
-async def _wake_on_notify(store: ClaimStore, relay: Relay, settings: Settings) -> None:
-    """Wake the relay when the database announces new rows, so that a row is published
-    when it commits rather than at the next poll; polling stays as the fallback."""
+async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:
+    """Wake the relay when the outbox's newest id changes (``relay.db.probe``), so that a row
+    is published when it commits rather than at the next poll; polling stays as the
+    fallback, and covers the probe's outages."""
     loop = asyncio.get_running_loop()
+    probe = NewRowsProbe(settings.database_url)
     stopped = threading.Event()
     backoff = Backoff(min(1.0, settings.reconnect_max), settings.reconnect_max)
     failures = 0
 
-    def announced() -> None:  # in the listening thread
+    def changed() -> None:  # in the probe's thread
         nonlocal failures
         failures = 0
         loop.call_soon_threadsafe(relay.wake)
 
-    while True:
-        try:
-            await in_thread(functools.partial(store.listen, announced, stopped), stopped.set)
-        except RelayError as exc:
-            failures += 1
-            if failures == 1:
-                log.warning(
-                    "not listening for new rows (polling meanwhile): %s",
-                    exc,
-                    extra={"action": "listen_failed"},
-                )
-            await asyncio.sleep(backoff.delay(failures))
+    watch = functools.partial(probe.watch, changed, settings.probe_interval, stopped)
+    try:
+        while True:
+            try:
+                await in_thread(watch, stopped.set)
+            except RelayError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "not probing for new rows (polling meanwhile): %s",
+                        exc,
+                        extra={"action": "probe_failed"},
+                    )
+                await asyncio.sleep(backoff.delay(failures))
+    finally:
+        probe.close()
 
 
 async def _retention(settings: Settings) -> None:

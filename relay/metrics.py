@@ -42,7 +42,8 @@ class Metrics:
             "relay_outcomes_total",
             "Published rows by what became of them: acked, nacked, returned, timed_out, "
             "failed (channel closed because of the row), lost (connection lost or shutdown "
-            "before the confirm), rejected (malformed row).",
+            "before the confirm), rejected (malformed row), duplicate (its message id was "
+            "in the sent log: sent before, written again; dropped, never published).",
             ["outcome"],
             registry=r,
         )

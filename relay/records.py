@@ -36,6 +36,9 @@ class OutboxRow:
     # Why the stored row could not be read (a value of the wrong type, say), or None. Such a
     # row carries only its id and is parked by the ordinary path, as a rejected publish.
     unreadable: str | None = None
+    # Its message id is in the sent log: a message acked before, written again within the
+    # dedupe horizon (a re-run). Never published; settled DUPLICATE (its row deleted).
+    sent_before: bool = False
 
     @property
     def size(self) -> int:
@@ -56,6 +59,7 @@ class Outcome(enum.Enum):
     FAILED = "failed"  # the broker closed the channel because of this row (e.g. no exchange)
     LOST = "lost"  # connection or channel gone, or shutdown, before the confirm: due again now
     REJECTED = "rejected"  # the row cannot be published as stored (malformed): parked at once
+    DUPLICATE = "duplicate"  # its message id was sent before (``OutboxRow.sent_before``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +121,18 @@ class RowChange:
 
 @dataclass(frozen=True, slots=True)
 class SettleBatch:
-    """Everything one settle call writes: acked ids become sent, the rest change as given."""
+    """Everything one settle call writes: acked ids become sent, duplicates (rows whose
+    message was sent before) leave the outbox, the rest change as given."""
 
     sent: tuple[int, ...] = ()
     changes: tuple[RowChange, ...] = ()
+    duplicates: tuple[int, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.sent or self.changes)
+        return bool(self.sent or self.changes or self.duplicates)
 
     def __len__(self) -> int:
-        return len(self.sent) + len(self.changes)
+        return len(self.sent) + len(self.changes) + len(self.duplicates)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from relay.errors import StoreError
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
-from relay.records import PARKED, OutboxRow, Settlement
+from relay.records import PARKED, OutboxRow, Outcome, Settlement
 from relay.retrying import RetryingStore
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
@@ -172,7 +172,7 @@ class Relay:
                 self._backlog = len(rows) == wanted
                 claimed = sum(r.size for r in rows)
                 self._hold(claimed)
-                self._ready += rows
+                self._ready += self._without_duplicates(rows)
                 self._answered()
                 if len(rows) < wanted:
                     # No more due now (the next notification or poll asks again), unless
@@ -182,6 +182,15 @@ class Relay:
                         self._maybe_due = True
                     break
                 self._maybe_due = True
+
+    def _without_duplicates(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """``rows`` less those whose message was sent before (``OutboxRow.sent_before``):
+        those go straight to the settle, never to the broker."""
+        if not any(r.sent_before for r in rows):
+            return rows
+        self._unsettled += [Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before]
+        self._settle_wanted.set()
+        return [r for r in rows if not r.sent_before]
 
     def _wanted(self) -> int:
         """How many rows to claim now. Up to one batch (at most a window) more than the window

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-from relay.constants import POLL_INTERVAL_NOTIFIED_S, POLL_INTERVAL_S
+from relay.constants import POLL_INTERVAL_S, PROBE_INTERVAL_S
 from relay.errors import ConfigError
 from relay.records import KEEP_IDS, KEEP_MESSAGES
 from relay.redact import redact_url
@@ -52,10 +52,6 @@ def _positive_float(text: str) -> float:
     return float(
         _number(float, text, lambda v: 0 < v < float("inf"), "a positive number of seconds")
     )
-
-
-def _optional_positive_float(text: str) -> float | None:
-    return _positive_float(text) if text.strip() else None
 
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmg])(i?)b?|b)?\s*", re.IGNORECASE)
@@ -273,14 +269,20 @@ class Settings:
     max_attempts: int = _setting(
         10, _positive_int, "Failed attempts after which a row is parked with its last error."
     )
-    poll_interval: float | None = _setting(
-        None,
-        _optional_positive_float,
-        "Seconds between looks for due rows when the outbox is idle. By default "
-        f"{POLL_INTERVAL_NOTIFIED_S:g} where the database announces new rows (PostgreSQL), "
-        f"{POLL_INTERVAL_S:g} where it cannot (SQLite, MariaDB, MySQL): there the poll is how "
-        "soon a new row goes out.",
-        shown=f"{POLL_INTERVAL_NOTIFIED_S:g} or {POLL_INTERVAL_S:g}",
+    poll_interval: float = _setting(
+        POLL_INTERVAL_S,
+        _positive_float,
+        "Seconds between looks for due rows when the outbox is idle: how soon rows due again "
+        "after a back-off go out, and a new row the probe missed (one that committed after "
+        "a later row).",
+    )
+    probe_interval: float = _setting(
+        PROBE_INTERVAL_S,
+        _seconds_or_zero,
+        "Seconds between looks at the outbox's newest id: how soon a new row goes out. Each "
+        "look is one cheap query on a connection of its own; 0 turns the probe off, and new "
+        "rows then wait for the poll.",
+        see="how-it-works.md#finding-new-rows",
     )
     drain_timeout: float = _setting(
         20.0,

@@ -9,7 +9,8 @@ from relay.records import PARKED, PENDING, Outcome, RowChange, SettleBatch, Sett
 
 
 class SettlePolicy:
-    """ACKED rows become sent. LOST rows are due again at once and keep their attempt count:
+    """ACKED rows become sent. DUPLICATE rows (their message was sent before) are dropped.
+    LOST rows are due again at once and keep their attempt count:
     a broker restart is nobody's fault. REJECTED rows cannot succeed as stored and are parked
     at once. Every other outcome counts an attempt and is retried after a back-off, until
     ``max_attempts`` failures park the row with the reason in ``last_error``. A row is a
@@ -23,12 +24,15 @@ class SettlePolicy:
     def batch(self, settlements: Iterable[Settlement]) -> SettleBatch:
         sent: list[int] = []
         changes: list[RowChange] = []
+        duplicates: list[int] = []
         for s in settlements:
             if s.outcome is Outcome.ACKED:
                 sent.append(s.row.id)
+            elif s.outcome is Outcome.DUPLICATE:
+                duplicates.append(s.row.id)
             else:
                 changes.append(self.change(s))
-        return SettleBatch(tuple(sent), tuple(changes))
+        return SettleBatch(tuple(sent), tuple(changes), tuple(duplicates))
 
     def change(self, s: Settlement) -> RowChange:
         error = f"{s.outcome.value}: {s.detail}" if s.detail else s.outcome.value

@@ -210,6 +210,7 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
                         "latency_mean_seconds": round(recent.latency_mean, 3),
                         "latency_max_seconds": round(recent.latency_max, 3),
                     },
+                    "duplicates_dropped": report.duplicates,
                     "exceeded": exceeded,
                 }
             )
@@ -220,6 +221,7 @@ def status_command(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  pending {c['pending']:>10}  (due {report.due}, in flight among them)")
         print(f"  sent    {c['sent']:>10}")
         print(f"  parked  {c['parked']:>10}")
+        print(f"  dropped {report.duplicates:>10}  (written again after they were sent)")
         print(f"  oldest due row: due for {report.oldest_due_age:.1f} s")
         owners = ", ".join(f"{name} {n}" for name, n in report.relays.items())
         print(f"  buckets owned by relay ({OUTBOX_BUCKETS} in all): {owners or 'none'}")

@@ -22,6 +22,9 @@ class OutboxStatus:
     # broken destination's rows show here until they are parked.
     retrying: list[tuple[str, str, int]]
     recent: RecentSent
+    # Rows the relays dropped unpublished, their message id being in the sent log (written
+    # again after it was sent), since the outbox was made.
+    duplicates: int
 
 
 @dataclass(frozen=True, slots=True)

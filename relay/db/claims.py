@@ -34,23 +34,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
-import psycopg.sql
 import sqlalchemy as sa
-from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import (
     BACKLOG_EXACT_ROWS,
-    DB_CONNECT_TIMEOUT_S,
     IDS_PER_STATEMENT,
     LAST_ERROR_MAX_CHARS,
-    LISTEN_STOP_CHECK_S,
 )
 from relay.db.buckets import owned_by, owned_now, refresh
 from relay.db.clock import database_time, seconds_since
@@ -65,11 +60,12 @@ from relay.db.engine import (
     in_list,
 )
 from relay.db.schema import (
-    NOTIFY_CHANNEL,
+    DUPLICATES,
     ROW_COLUMNS,
     bucket_column,
     outbox,
     outbox_buckets,
+    outbox_counters,
     outbox_sent,
     sent_key,
 )
@@ -126,12 +122,13 @@ def due_backlog(conn: sa.Connection) -> BacklogStats:
 # any of the forms ``_time`` reads.
 _OR_NULL = (str, type(None))
 _PLAIN: tuple[type | tuple[type, ...], ...]
-_PLAIN = (int, str, str, str, bytes, str, _OR_NULL, object, int, _OR_NULL, int)  # bool is int
-_NAMES = tuple(c.name for c in ROW_COLUMNS)
+_PLAIN = (int, str, str, str, bytes, str, _OR_NULL, object, int, _OR_NULL, int, object)
+_NAMES = (*(c.name for c in ROW_COLUMNS), "sent_before")
 
 
 def decode_row(values: Sequence[Any]) -> OutboxRow:
-    """A claimed row from the driver's values, in ``ROW_COLUMNS`` order. A row that cannot be
+    """A claimed row from the driver's values, in ``ROW_COLUMNS`` order, then whether its
+    message id is in the sent log (``sent_before``; a bool, or 0/1). A row that cannot be
     read comes back with ``unreadable`` saying which column holds what, and is parked
     (``relay.message``).
 
@@ -140,9 +137,20 @@ def decode_row(values: Sequence[Any]) -> OutboxRow:
     --profile``), a quarter of what the bare publisher spends on a whole message."""
     try:
         if all(map(isinstance, values, _PLAIN)):
-            rid, message_id, exchange, key, payload, content, headers, at, tries, error, sus = (
-                values
-            )
+            (
+                rid,
+                message_id,
+                exchange,
+                key,
+                payload,
+                content,
+                headers,
+                at,
+                tries,
+                error,
+                sus,
+                again,
+            ) = values
             created = _time(at)
             return OutboxRow(
                 rid,
@@ -156,6 +164,8 @@ def decode_row(values: Sequence[Any]) -> OutboxRow:
                 tries,
                 error,
                 bool(sus),
+                None,
+                bool(again),
             )
         raw = dict(zip(_NAMES, values, strict=True))
         return OutboxRow(
@@ -170,6 +180,7 @@ def decode_row(values: Sequence[Any]) -> OutboxRow:
             attempts=_attempts(raw["attempts"]),
             last_error=None if raw["last_error"] is None else str(raw["last_error"]),
             suspect=bool(raw["suspect"]),
+            sent_before=bool(raw["sent_before"]),
         )
     except _Unreadable as exc:
         raw = dict(zip(_NAMES, values, strict=True))
@@ -186,6 +197,7 @@ def decode_row(values: Sequence[Any]) -> OutboxRow:
             created_at=datetime.fromtimestamp(0, UTC),
             attempts=attempts,
             unreadable=f"unreadable row: {exc}",
+            sent_before=bool(raw["sent_before"]),
         )
 
 
@@ -277,6 +289,13 @@ class ClaimStore:
         self.keep_sent = keep_sent
         self._where = redact_url(url)
         self._acked = self._ack_statements()
+        pending = sa.and_(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
+        self._drop = sa.delete(outbox).where(pending)
+        self._count_dropped = (
+            sa.update(outbox_counters)
+            .where(outbox_counters.c.name == DUPLICATES)
+            .values(value=outbox_counters.c.value + sa.bindparam("dropped", type_=sa.BigInteger()))
+        )
         # Held rows (claimed, not settled) and their place in the due order; the position
         # the next claim reads on from (None: from the start); the buckets to claim from.
         # Claims and turns take ``_owning`` (a bucket is never given up while a claim that
@@ -434,11 +453,23 @@ class ClaimStore:
         )
         if lean:
             source: sa.FromClause = outbox.join(sized, outbox.c.id == sized.c.id)
-            columns: list[sa.ColumnElement[Any]] = [*_RAW_COLUMNS, sized.c.due_at]
+            columns: list[sa.ColumnElement[Any]] = [*_RAW_COLUMNS]
         else:
             source = sized
-            columns = [*(sized.c[col.name] for col in ROW_COLUMNS), sized.c.due_at]
-        return sa.select(*columns).select_from(source).where(fits).order_by(sized.c.place)
+            columns = [sized.c[col.name] for col in ROW_COLUMNS]
+        # The dedupe (see the module docstring): one probe of the sent log's primary key per
+        # row claimed, by the relay's own statement, so that no writer pays for it and no
+        # writer's snapshot decides it. A scalar subquery, not EXISTS: PostgreSQL may plan
+        # EXISTS as a hash of the whole log.
+        message_id = outbox.c.message_id if lean else sized.c.message_id
+        logged = sa.select(sa.true()).where(outbox_sent.c.key == sent_key(message_id))
+        sent_before = logged.scalar_subquery().is_not(None).label("sent_before")
+        return (
+            sa.select(*columns, sent_before, sized.c.due_at)
+            .select_from(source)
+            .where(fits)
+            .order_by(sized.c.place)
+        )
 
     def _one_of(
         self, value: sa.ColumnElement[Any], choices: sa.Select[Any]
@@ -478,12 +509,26 @@ class ClaimStore:
             )
         )
         chunks = range(0, len(batch.sent), IDS_PER_STATEMENT)
-        statements = len(chunks) * len(self._acked) + bool(batch.changes)
+        duplicates = range(0, len(batch.duplicates), IDS_PER_STATEMENT)
+        statements = (
+            len(chunks) * len(self._acked)
+            + bool(batch.changes)
+            + (len(duplicates) + 1 if batch.duplicates else 0)
+        )
         with self._session("settle", statements=statements) as conn:
             for i in chunks:
                 ids = {"ids": list(batch.sent[i : i + IDS_PER_STATEMENT])}
                 for statement in self._acked:
                     conn.execute(statement, ids)
+            # A duplicate leaves whoever holds it: its message was delivered (the sent log
+            # says so), and its first entry there stays. Counted as dropped, for ``relay
+            # status``, only where this statement deleted it (two relays, one count).
+            dropped = 0
+            for i in duplicates:
+                ids = {"ids": list(batch.duplicates[i : i + IDS_PER_STATEMENT])}
+                dropped += conn.execute(self._drop, ids).rowcount
+            if dropped:
+                conn.execute(self._count_dropped, {"dropped": dropped})
             if batch.changes:
                 changes = [
                     (
@@ -503,6 +548,8 @@ class ClaimStore:
                 self._held.pop(row_id, None)
             for c in batch.changes:
                 self._held.pop(c.id, None)
+            for row_id in batch.duplicates:
+                self._held.pop(row_id, None)
 
     def _ack_statements(self) -> list[sa.Executable]:
         """What an ack writes, for the ids bound as ``ids``, in order.
@@ -542,8 +589,10 @@ class ClaimStore:
         ).where(pending)
         log_once: sa.Insert
         if self.engine.dialect.name == "mysql":
-            into = mysql_insert(outbox_sent).from_select(columns, logged)
-            log_once = into.on_duplicate_key_update({"key": outbox_sent.c.key})
+            # IGNORE, not ON DUPLICATE KEY UPDATE, which needs UPDATE on the log (the relay
+            # role has none): IGNORE also lets a value too long for its column in truncated,
+            # and none of these can be (a 16-byte key, an id, two times).
+            log_once = sa.insert(outbox_sent).from_select(columns, logged).prefix_with("IGNORE")
         else:
             log_once = sqlite_insert(outbox_sent).from_select(columns, logged)
             log_once = log_once.on_conflict_do_nothing()
@@ -582,30 +631,6 @@ class ClaimStore:
     def backlog(self) -> BacklogStats:
         with db_errors("backlog", self._where), self._autocommit.connect() as conn:
             return due_backlog(conn)
-
-    @property
-    def notifies(self) -> bool:
-        """The database announces new rows (PostgreSQL's NOTIFY, raised by a trigger)."""
-        return self.engine.dialect.name == "postgresql"
-
-    def listen(self, wake: Callable[[], None], stopped: threading.Event) -> None:
-        """Call ``wake`` whenever rows were inserted, until ``stopped`` is set. Blocks: run
-        it in a thread. A lost connection raises StoreError; the caller reconnects, and its
-        polling covers the gap."""
-        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(False)
-        try:
-            with psycopg.connect(
-                conninfo, autocommit=True, connect_timeout=DB_CONNECT_TIMEOUT_S
-            ) as conn:
-                conn.execute(
-                    psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(NOTIFY_CHANNEL))
-                )
-                wake()  # rows may have come while we were not listening
-                while not stopped.is_set():
-                    for _ in conn.notifies(timeout=LISTEN_STOP_CHECK_S, stop_after=1):
-                        wake()
-        except psycopg.Error as exc:
-            raise StoreError(f"listen on {self._where} failed: {exc}") from exc
 
     def close(self) -> None:
         """Give up every bucket this relay holds no row of, and leave the relays alive: the

@@ -23,8 +23,14 @@ from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, 
 from relay.db.claims import due_backlog
 from relay.db.clock import database_time, seconds_between
 from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
-from relay.db.schema import ROW_COLUMNS, outbox, outbox_buckets, outbox_sent
-from relay.db.sink import sent_already
+from relay.db.schema import (
+    DUPLICATES,
+    ROW_COLUMNS,
+    outbox,
+    outbox_buckets,
+    outbox_counters,
+    outbox_sent,
+)
 from relay.records import (
     PARKED,
     PENDING,
@@ -45,7 +51,9 @@ class OutboxWriter:
 
     def enqueue(self, messages: Sequence[NewMessage]) -> list[str]:
         """Insert ``messages`` in one transaction; returns their message ids. Their
-        ``created_at`` and ``next_attempt_at`` are the database's (the column defaults)."""
+        ``created_at`` and ``next_attempt_at`` are the database's (the column defaults). A
+        message id still in the outbox fails the whole call (StoreError: a duplicate key); one
+        sent before goes in, and the relay drops it unpublished."""
         ids = [m.message_id or str(uuid.uuid4()) for m in messages]
         if not messages:
             return ids
@@ -62,12 +70,7 @@ class OutboxWriter:
             for m, message_id in zip(messages, ids, strict=True)
         ]
         with transaction(self.engine, "enqueue", self._where) as conn:
-            if conn.dialect.name == "mysql":
-                # Elsewhere the dedupe trigger drops them; MySQL's cannot (migration 0004).
-                logged = sent_already(conn, ids)
-                rows = [r for r in rows if r["message_id"] not in logged]
-            if rows:
-                conn.execute(sa.insert(outbox), rows)
+            conn.execute(sa.insert(outbox), rows)
         return ids
 
     def close(self) -> None:
@@ -120,6 +123,7 @@ class OutboxAdmin:
             .group_by(outbox_buckets.c.owner)
             .order_by(outbox_buckets.c.owner)
         )
+        dropped = sa.select(outbox_counters.c.value).where(outbox_counters.c.name == DUPLICATES)
         with db_errors("status", self._where), self.engine.connect() as conn:
 
             def count(rows: sa.Select[Any]) -> int:
@@ -131,6 +135,7 @@ class OutboxAdmin:
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
             again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]
             sums = [conn.execute(q).one() for q in recent]
+            duplicates = conn.execute(dropped).scalar_one_or_none() or 0
         messages = sum(int(n) for n, _, _ in sums)
         return OutboxStatus(
             counts,
@@ -144,6 +149,7 @@ class OutboxAdmin:
                 sum(float(total or 0) for _, total, _ in sums) / messages if messages else 0.0,
                 max(float(most or 0) for _, _, most in sums),
             ),
+            int(duplicates),
         )
 
     def replay(

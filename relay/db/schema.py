@@ -259,9 +259,9 @@ _partial_index(
 
 # The sent log: what is left of an acked row when acked rows leave the outbox (the default,
 # ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
-# horizon (the retention): a trigger (migration 0004) drops an inserted row whose message id
-# is here, whoever the writer is. Its times serve ``relay status`` (sent counts, latency)
-# and the purge.
+# horizon (the retention): a relay's claim probes it for every row it claims and drops,
+# unpublished, a row whose message id is here (``relay.db.claims``), whoever the writer
+# was. Its times serve ``relay status`` (sent counts, latency) and the purge.
 outbox_sent = sa.Table(
     "outbox_sent",
     metadata,
@@ -294,6 +294,19 @@ outbox_buckets = sa.Table(
 )
 
 
+# Running totals the relays keep for ``relay status``, a row each (``COUNTERS``), written
+# only when they change: ``duplicates`` counts the rows dropped because their message id
+# was in the sent log.
+outbox_counters = sa.Table(
+    "outbox_counters",
+    metadata,
+    sa.Column("name", SHORT_TEXT, primary_key=True),
+    sa.Column("value", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+)
+DUPLICATES = "duplicates"
+COUNTERS = (DUPLICATES,)
+
+
 def bucket_column(row_id: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
     """The bucket of a row, in SQL (``relay.buckets.bucket_of``): integer division on both
     databases."""
@@ -314,7 +327,3 @@ ROW_COLUMNS = (
     outbox.c.last_error,
     outbox.c.suspect,
 )
-
-# Relays LISTEN on this channel; a trigger (migration 0003) notifies it after every INSERT
-# statement on PostgreSQL.
-NOTIFY_CHANNEL = "outbox"

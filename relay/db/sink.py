@@ -20,12 +20,13 @@ already are skipped. Two ways in:
   touched; other stages (SQLite, ``format("outbox")`` without ``write_outbox``) are named
   with their creation time and dropped once older than a limit.
 
-MySQL and MariaDB have no COPY, and their dedupe trigger cannot skip a row (migration 0004):
-a chunk's message ids already in the sent log are looked up by their keys and left out, and
-the rest go in as multi-row INSERTs that skip ids already in the outbox (``ON DUPLICATE KEY
-UPDATE`` of nothing; not ``INSERT IGNORE``, which would also turn a value too long for its
-column into a truncated one). A relay moving one of those ids to the sent log between the
-lookup and the insert fails the task's statement (Spark retries the task).
+MySQL and MariaDB have no COPY: there the rows go in as multi-row INSERTs that skip ids
+already in the outbox (``ON DUPLICATE KEY UPDATE`` of nothing; not ``INSERT IGNORE``, which
+would also turn a value too long for its column into a truncated one).
+
+A writer does nothing about the sent log: a message id acked before and written again goes
+in like a new one, and the relay's claim drops it unpublished (``relay.db.claims``). The
+counts ``append`` and ``merge`` return are the rows written to the outbox, those among them.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from relay.constants import (
 )
 from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
-from relay.db.schema import outbox, outbox_sent, sent_key, sent_key_value
+from relay.db.schema import outbox
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -136,7 +137,7 @@ class OutboxSink:
         counted = _Counted(chunks)
         with transaction(self.engine, "appending to the outbox", self._where) as conn:
             if self._postgresql:
-                inserted = _copy_new(conn, iter(counted)) - _sent_before(conn)
+                inserted = _copy_new(conn, iter(counted))
             elif conn.dialect.name == "mysql":
                 inserted = sum(_insert_new_mysql(conn, chunk) for chunk in counted)
             else:
@@ -224,7 +225,6 @@ class OutboxSink:
                         raise
                     savepoint.rollback()
                     inserted = _insert_staged(conn, stage, keep_order=keep_order)
-                inserted -= _sent_before(conn)
             else:
                 inserted = _insert_staged(conn, stage, keep_order=keep_order)
             stage.drop(conn)
@@ -374,37 +374,14 @@ def _insert_new(conn: sa.Connection, chunk: Chunk) -> int:
 
 
 def _insert_new_mysql(conn: sa.Connection, chunk: Chunk) -> int:
-    """MySQL: the chunk's rows whose id is neither in the sent log nor in the outbox."""
-    rows = chunk.tuples()
-    logged = sent_already(conn, [row[0] for row in rows])
-    new = [row for row in rows if row[0] not in logged]
-    if not new:
-        return 0
+    """MySQL: the chunk's rows whose id is not in the outbox."""
     statement = mysql_insert(outbox).on_duplicate_key_update({"id": outbox.c.id})
     result = conn.execute(
         statement,
-        _params(WRITTEN_COLUMNS, new),
+        _params(WRITTEN_COLUMNS, chunk.tuples()),
         execution_options={"preserve_rowcount": True},
     )
     return int(result.rowcount)
-
-
-def sent_already(conn: sa.Connection, message_ids: Sequence[str]) -> set[str]:
-    """Which of ``message_ids`` the sent log holds (their keys computed here: the lookup is
-    one probe of its primary key per id)."""
-    keys = {sent_key_value(i, conn.dialect): i for i in message_ids}
-    found = conn.scalars(sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys))))
-    return {keys[key] for key in found}
-
-
-def _sent_before(conn: sa.Connection) -> int:
-    """Rows this transaction wrote that the dedupe trigger dropped again, their message id
-    being in the sent log (migration 0004; PostgreSQL counts them in a setting of the
-    transaction, SQLite never writes them)."""
-    if conn.dialect.name != "postgresql":
-        return 0
-    dropped = "SELECT coalesce(nullif(current_setting('outbox.sent_before', true), ''), '0')"
-    return int(conn.exec_driver_sql(dropped).scalar_one())
 
 
 def _params(columns: Sequence[str], rows: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -449,11 +426,6 @@ def _insert_staged(
     )
     statement: sa.Insert
     if conn.dialect.name == "mysql":
-        # The sent log's ids are left out here: MySQL's trigger would fail the statement.
-        sent = sa.select(outbox_sent.c.key).where(
-            outbox_sent.c.key == sent_key(source.c.message_id)
-        )
-        rows = rows.where(~sa.exists(sent))
         mysql_statement = mysql_insert(outbox).from_select(list(WRITTEN_COLUMNS), rows)
         statement = mysql_statement.on_duplicate_key_update({"id": outbox.c.id})
     else:

@@ -85,7 +85,8 @@ def test_migrations_downgrade_to_nothing_and_upgrade_again(database_url: str) ->
 def test_upgrade_to_the_sent_log_keeps_every_pending_and_in_flight_row(database_url: str) -> None:
     """0003 -> 0004 on a live outbox, its relays stopped: a pending row is due, a row an old
     relay holds (its lease in ``next_attempt_at``) waits out that lease, a sent row stays sent
-    and its id keeps adding nothing; the first new ack goes to the sent log."""
+    and its id stays taken; the first new ack goes to the sent log, and its id written again
+    is claimed as sent before."""
     migrate(database_url, "base", downgrade=True)
     migrate(database_url, "0003")
     engine = sa.create_engine(database_url)
@@ -117,6 +118,9 @@ def test_upgrade_to_the_sent_log_keeps_every_pending_and_in_flight_row(database_
             writer.enqueue([NewMessage(b"x", message_id="due")])
             with pytest.raises(StoreError):
                 writer.enqueue([NewMessage(b"x", message_id="sent")])
+            (again,) = store.claim(10, 2**62)
+            assert (again.message_id, again.sent_before) == ("due", True)
+            store.settle(SettleBatch(duplicates=(again.id,)))
             assert statuses(database_url) == {"pending": 1, "sent": 2}
         finally:
             writer.close()

@@ -1,6 +1,7 @@
 """Acked rows leave the outbox for the sent log (``keep_sent = ids``), and the outbox still
-keeps its promises through it: a message id written again within the dedupe horizon adds
-nothing, whoever writes it and however; status counts the sent; the purge ends the horizon."""
+keeps its promises through it: a message id written again within the dedupe horizon is
+never published again, whoever writes it and however; status counts the sent; the purge
+ends the horizon."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from relay.db.clock import database_time
 from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.schema import outbox, outbox_sent
 from relay.db.sink import OutboxSink
-from relay.records import KEEP_IDS, KEEP_MESSAGES, NewMessage, SettleBatch
+from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
 from relay.spark.rows import Chunk
 
 DAY = 24 * 3600.0
@@ -82,27 +83,38 @@ def test_acked_rows_leave_the_outbox_for_the_sent_log(box: Outbox) -> None:
     assert 0 <= report.recent.latency_mean <= report.recent.latency_max < 60
 
 
+def claimable(store: ClaimStore) -> list[str]:
+    """The message ids a relay would publish now; the duplicates among the due rows are
+    settled (dropped) as the loop does."""
+    rows = store.claim(10_000, NO_BYTE_LIMIT)
+    store.settle(SettleBatch(duplicates=tuple(r.id for r in rows if r.sent_before)))
+    fresh = [r for r in rows if not r.sent_before]
+    store.settle(SettleBatch(changes=tuple(RowChange(r.id, PENDING, 0, 0.0, "") for r in fresh)))
+    return [r.message_id for r in fresh]
+
+
 @pytest.mark.parametrize("how", ["enqueue", "sink append", "sink stage and merge"])
-def test_a_sent_message_id_written_again_adds_nothing(box: Outbox, how: str) -> None:
+def test_a_sent_message_id_written_again_is_never_published_again(box: Outbox, how: str) -> None:
     box.writer.enqueue([message("m-1"), message("m-2")])
     box.relay_all()
     again = ["m-1", "m-3", "m-2"]
     if how == "enqueue":
         box.writer.enqueue([message(m) for m in again])
     elif how == "sink append":
-        assert box.sink.append([sink_chunk(again)]) == (3, 1)
+        assert box.sink.append([sink_chunk(again)]) == (3, 3)
     else:
         stage = box.sink.create_stage()
         box.sink.stage(stage, [sink_chunk(again)], partition=0)
-        assert box.sink.merge(stage, keep_order=True) == 1
+        assert box.sink.merge(stage, keep_order=True) == 3
+    assert claimable(box.store) == ["m-3"]
     assert box.message_ids() == ["m-3"]
-    assert [r.message_id for r in box.store.claim(10, NO_BYTE_LIMIT)] == ["m-3"]
+    assert box.admin.status().duplicates == 2
 
 
-def test_a_write_racing_the_ack_of_the_same_message_id_adds_nothing(postgresql_url: str) -> None:
+def test_a_write_racing_the_ack_of_the_same_message_id_is_dropped(postgresql_url: str) -> None:
     """The relay deletes the row and logs its key in one transaction; a writer inserting the
-    same id meanwhile waits on the unique index, and the dedupe trigger's query, run after
-    that wait, sees the key logged."""
+    same id meanwhile waits on the unique index, and its row, committed after the ack, is
+    claimed as sent before."""
     box = Outbox(postgresql_url)
     try:
         box.writer.enqueue([message("m-1")])
@@ -116,6 +128,9 @@ def test_a_write_racing_the_ack_of_the_same_message_id_adds_nothing(postgresql_u
             relay.commit()
         written.join(10.0)
         assert not written.is_alive()
+        box.store.settle(SettleBatch(sent=(row.id,)))  # the relay's own bookkeeping
+        assert box.message_ids() == ["m-1"]
+        assert claimable(box.store) == []
         assert box.message_ids() == []
     finally:
         box.close()
@@ -132,7 +147,7 @@ def test_the_purge_ends_the_dedupe_horizon(box: Outbox) -> None:
     assert box.admin.purge(7 * DAY, chunk=1) == 1
     assert statuses(box.url) == {"sent": 1}
     box.writer.enqueue([message("old"), message("new")])
-    assert box.message_ids() == ["old"], "past the horizon an id is new again; within, not"
+    assert claimable(box.store) == ["old"], "past the horizon an id is new again; within, not"
 
 
 def test_sent_rows_kept_whole_stay_and_count_once(database_url: str) -> None:

@@ -16,7 +16,8 @@ from devtools.broker import declare_bound, drain, names
 from devtools.outbox import owners, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env, relay_on_new_queue, run_relay_until
 from devtools.scrape import answers_ok, http_get, metric
-from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, free_port, wait_until
+from devtools.servers import MariaDBServer, RabbitNode, free_port, wait_until
+from relay.db.engine import create_engine
 from relay.db.schema import outbox
 from relay.settings import known_env_names
 
@@ -223,35 +224,36 @@ def test_relay_run_purges_old_sent_rows_when_retention_is_set(
     assert any(e["action"] == "purge" and e["message"] == "purged 3 sent rows" for e in logged)
 
 
-def test_on_postgresql_a_committed_row_wakes_the_relay_without_polling(
-    tmp_path: Path, rabbit: RabbitNode, postgres: PostgresServer, postgresql_url: str
+def test_a_committed_row_wakes_the_relay_without_polling(
+    tmp_path: Path, rabbit: RabbitNode, database_url: str
 ) -> None:
-    """The relay polls once an hour here: only the trigger's NOTIFY can make it look."""
-    exchange, queue = names("notify")
+    """The relay polls once an hour here: only its probe of the newest id can make it look;
+    the writer is a plain INSERT, as any writer (or Spark's JDBC) does it."""
+    exchange, queue = names("probe")
     declare_bound(rabbit.url, exchange, queue)
     port = free_port()
     env = relay_env(
-        RELAY_DATABASE_URL=postgresql_url,
+        RELAY_DATABASE_URL=database_url,
         RELAY_AMQP_URL=rabbit.url,
         RELAY_POLL_INTERVAL="3600",
         RELAY_METRICS_HOST="127.0.0.1",
         RELAY_METRICS_PORT=str(port),
         RELAY_LOG_FORMAT="json",
     )
-    database = sa.make_url(postgresql_url).database or ""
 
     def sent(count: int) -> bool:
-        return statuses(postgresql_url).get("sent") == count
+        return statuses(database_url).get("sent") == count
 
+    insert = sa.text("INSERT INTO outbox (message_id, exchange, payload) VALUES (:m, :e, :p)")
+    writer = create_engine(database_url)
     with RelayProcess(env, tmp_path / "relay.log") as proc:
         wait_until(functools.partial(answers_ok, f"http://127.0.0.1:{port}/readyz"), 60, "ready")
-        for n in range(3):  # a plain INSERT, as any writer (or Spark's JDBC) does it
-            postgres.psql(
-                f"INSERT INTO outbox (exchange, payload) VALUES ('{exchange}', 'row {n}')",
-                database=database,
-            )
-            wait_until(functools.partial(sent, n + 1), 30, f"row {n} sent after its NOTIFY")
+        for n in range(3):
+            with writer.begin() as conn:
+                conn.execute(insert, {"m": f"row-{n}", "e": exchange, "p": b"row"})
+            wait_until(functools.partial(sent, n + 1), 30, f"row {n} sent after the probe")
         assert proc.stop() == 0
+    writer.dispose()
     assert "Traceback" not in (tmp_path / "relay.log").read_text()
     assert len(drain(rabbit.url, queue, expect=3)) == 3
 

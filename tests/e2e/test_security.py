@@ -3,8 +3,8 @@
 - Passwords read from files (RELAY_*_PASSWORD_FILE) are used (RabbitMQ checks its user's
   password) and never appear in logs (at debug level), --help, error messages or /metrics.
 - The relay works with a RabbitMQ user that may only write to its exchange, and a database
-  role that may only select and update the outbox; `relay enqueue` with one that may also
-  insert. What they may not do, they cannot.
+  role with the relay's grants only (``relay.db.roles``); `relay enqueue` with the writer's
+  (INSERT on the outbox). What they may not do, they cannot.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from devtools.outbox import owners, statuses
 from devtools.relayproc import relay, relay_env, run_relay_until
 from devtools.scrape import http_get
 from devtools.servers import PostgresServer, RabbitNode, ServerError, free_port
+from relay.db.roles import RELAY, WRITER, grants
 
 
 @pytest.fixture
@@ -35,19 +36,14 @@ def amqp_user(rabbit: RabbitNode) -> Iterator[tuple[str, str]]:
     rabbit.ctl("delete_user", user)
 
 
-def db_role(postgres: PostgresServer, url: str, grants: str) -> tuple[str, str]:
-    role, password = f"r_{uuid.uuid4().hex[:8]}", f"db-{uuid.uuid4().hex}"
+def db_role(postgres: PostgresServer, url: str, *roles: str) -> tuple[str, str]:
+    """A new login with the grants of ``roles`` (``relay.db.roles``, as the docs list them)."""
+    name, password = f"r_{uuid.uuid4().hex[:8]}", f"db-{uuid.uuid4().hex}"
     database = sa.make_url(url).database or ""
-    postgres.psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-    postgres.psql(f"GRANT {grants} TO {role}", database=database)
-    return role, password
-
-
-def grant_buckets(postgres: PostgresServer, database: str, role: str) -> None:
-    """What a relay needs to own buckets (the README's list)."""
-    postgres.psql(f"GRANT SELECT, UPDATE ON outbox_buckets TO {role}", database=database)
-    grants = "SELECT, INSERT, UPDATE, DELETE ON outbox_relays"
-    postgres.psql(f"GRANT {grants} TO {role}", database=database)
+    postgres.psql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    for role in roles:
+        postgres.psql("; ".join(grants("postgresql", role, name)), database=database)
+    return name, password
 
 
 def role_url(postgres: PostgresServer, url: str, role: str) -> str:
@@ -63,13 +59,7 @@ def test_passwords_from_files_never_show(
 ) -> None:
     user, amqp_password = amqp_user
     rabbit.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
-    role, db_password = db_role(
-        postgres, postgresql_url, "SELECT, INSERT, UPDATE, DELETE ON outbox"
-    )
-    database = sa.make_url(postgresql_url).database or ""
-    postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {role}", database=database)
-    postgres.psql(f"GRANT SELECT, INSERT, DELETE ON outbox_sent TO {role}", database=database)
-    grant_buckets(postgres, database, role)
+    role, db_password = db_role(postgres, postgresql_url, RELAY, WRITER)
     (tmp_path / "amqp").write_text(amqp_password + "\n")
     (tmp_path / "db").write_text(db_password + "\n")
     exchange, queue = names("secret")
@@ -140,11 +130,8 @@ def test_relay_runs_with_least_privilege(
     # Write to its one exchange; configure and read nothing (no topology file).
     rabbit.ctl("set_permissions", "-p", "/", user, "^$", f"^{exchange}$", "^$")
     database = sa.make_url(postgresql_url).database or ""
-    runner, _ = db_role(postgres, postgresql_url, "SELECT, UPDATE, DELETE ON outbox")
-    postgres.psql(f"GRANT SELECT, INSERT, DELETE ON outbox_sent TO {runner}", database=database)
-    grant_buckets(postgres, database, runner)
-    writer, _ = db_role(postgres, postgresql_url, "SELECT, INSERT ON outbox")
-    postgres.psql(f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {writer}", database=database)
+    runner, _ = db_role(postgres, postgresql_url, RELAY)
+    writer, _ = db_role(postgres, postgresql_url, WRITER)
 
     writer_env = relay_env(RELAY_DATABASE_URL=role_url(postgres, postgresql_url, writer))
     lines = "".join(
@@ -193,6 +180,7 @@ def test_relay_runs_with_least_privilege(
     for role, sql in [
         (runner, "INSERT INTO outbox (payload) VALUES ('x')"),
         (writer, "DELETE FROM outbox"),
+        (writer, "SELECT id FROM outbox"),
         (writer, "SELECT * FROM outbox_sent"),
         (runner, "ALTER TABLE outbox ADD COLUMN x int"),
     ]:

@@ -58,7 +58,9 @@ class InMemoryStore:
     """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage).
     Every time is its ``clock``'s, as every time of the real stores is the database's;
     stores that share ``rows`` (and ``buckets``, ``relays``: one outbox) share the clock too.
-    ``held``: the rows this relay claimed and has not settled."""
+    ``held``: the rows this relay claimed and has not settled. ``sent_log``: message ids a
+    test says were acked before and left the outbox (``keep_sent = ids``): a row written
+    with one is claimed ``sent_before``; ``duplicates`` counts those dropped."""
 
     def __init__(
         self,
@@ -75,6 +77,8 @@ class InMemoryStore:
         self.buckets = {b: _Bucket() for b in range(OUTBOX_BUCKETS)}
         self.relays: dict[str, datetime] = {}  # owner -> alive until
         self.held: set[int] = set()
+        self.sent_log: set[str] = set()
+        self.duplicates = 0
         self._claim_from: frozenset[int] = frozenset()
         self.failing = False
 
@@ -150,7 +154,10 @@ class InMemoryStore:
         upto = list(itertools.accumulate(s.row.size for s in due))
         due = [s for i, s in enumerate(due) if upto[i] <= max_bytes or (first_always and i == 0)]
         self.held.update(s.row.id for s in due)
-        return sorted((s.row for s in due), key=lambda r: r.id)
+        return sorted(
+            (replace(s.row, sent_before=s.row.message_id in self.sent_log) for s in due),
+            key=lambda r: r.id,
+        )
 
     def settle(self, batch: SettleBatch) -> None:
         self._check()
@@ -167,8 +174,13 @@ class InMemoryStore:
                 s.row = replace(
                     s.row, attempts=c.attempts, last_error=c.last_error, suspect=c.suspect
                 )
+        for id in batch.duplicates:
+            if id in self.rows and self.rows[id].status == PENDING:
+                del self.rows[id]
+                self.duplicates += 1
         self.held.difference_update(batch.sent)
         self.held.difference_update(c.id for c in batch.changes)
+        self.held.difference_update(batch.duplicates)
 
     def hasten(self, exchanges: Sequence[str]) -> int:
         self._check()

@@ -22,6 +22,7 @@ STORED = {
     "attempts": 0,
     "last_error": None,
     "suspect": 0,
+    "sent_before": False,
 }
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -29,7 +30,7 @@ T = datetime(2026, 1, 1, tzinfo=UTC)
 def _row(column: str, stored: Any) -> tuple[Any, ...]:
     """STORED with ``column`` holding ``stored``, as the driver returns it."""
     values = {**STORED, column: stored}
-    return tuple(values[c.name] for c in ROW_COLUMNS)
+    return (*(values[c.name] for c in ROW_COLUMNS), values["sent_before"])
 
 
 # A stored value -> the field it becomes (the other columns as in STORED).
@@ -56,6 +57,9 @@ READABLE = {
     "headers text": ("headers", '{"a": 1}', "headers", '{"a": 1}'),
     "SQLite boolean": ("suspect", 1, "suspect", True),
     "PostgreSQL boolean": ("suspect", True, "suspect", True),
+    "sent before, PostgreSQL": ("sent_before", True, "sent_before", True),
+    "sent before, MySQL and SQLite": ("sent_before", 1, "sent_before", True),
+    "not sent before, MySQL and SQLite": ("sent_before", 0, "sent_before", False),
 }
 
 

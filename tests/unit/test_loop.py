@@ -74,6 +74,21 @@ def test_every_acked_row_is_sent_and_the_window_is_never_exceeded() -> None:
     assert sample_value(relay.metrics, "relay_outcomes_total", outcome="acked") == 1000
 
 
+def test_a_row_whose_message_was_sent_before_is_dropped_and_never_published() -> None:
+    store = InMemoryStore()
+    store.sent_log.add("sent-before")
+    store.enqueue([NewMessage(b"x", "ex", "rk", message_id=m) for m in ("a", "sent-before", "b")])
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+    ok = run(run_until(relay, lambda: set(statuses(store).values()) == {SENT}))
+    assert ok
+    assert [r.message_id for r in publisher.published] == ["a", "b"]
+    assert [s.row.message_id for s in store.rows.values()] == ["a", "b"]
+    assert store.duplicates == 1
+    assert sample_value(relay.metrics, "relay_outcomes_total", outcome="duplicate") == 1
+    assert sample_value(relay.metrics, "relay_outcomes_total", outcome="acked") == 2
+
+
 def test_nacked_row_is_retried_after_backoff_then_parked() -> None:
     store = InMemoryStore()
     fill(store, 2)

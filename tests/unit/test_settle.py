@@ -82,3 +82,16 @@ def test_suspicion_is_kept_by_a_loss_and_cleared_by_an_answer(
     settled = Settlement(row(7, suspect=was_suspect), outcome, "why", None, made_suspect)
     (change,) = policy.batch([settled]).changes
     assert change.suspect is is_suspect
+
+
+def test_duplicates_leave_in_a_list_of_their_own_and_cost_no_attempt() -> None:
+    policy = SettlePolicy(max_attempts=1, backoff=Backoff(1.0, 60.0))
+    batch = policy.batch(
+        [
+            Settlement(row(1, sent_before=True), Outcome.DUPLICATE),
+            Settlement(row(2), Outcome.ACKED),
+            Settlement(row(3, sent_before=True), Outcome.DUPLICATE),
+        ]
+    )
+    assert (batch.sent, batch.changes, batch.duplicates) == ((2,), (), (1, 3))
+    assert len(batch) == 3

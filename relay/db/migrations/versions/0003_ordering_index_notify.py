@@ -21,6 +21,15 @@ branch_labels = None
 depends_on = None
 
 
+# Its function and its trigger (dropped by 0007, whose downgrade makes them again).
+NOTIFY_STATEMENTS = (
+    "CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$ BEGIN PERFORM pg_notify('outbox', ''); RETURN NULL; END $$",
+    "CREATE TRIGGER outbox_notify AFTER INSERT ON outbox "
+    "FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()",
+)
+
+
 def upgrade() -> None:
     op.create_index(
         "outbox_ordering_idx",
@@ -30,14 +39,8 @@ def upgrade() -> None:
         sqlite_where=sa.text("status = 'pending' AND ordering_key IS NOT NULL"),
     )
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(
-            "CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN PERFORM pg_notify('outbox', ''); RETURN NULL; END $$"
-        )
-        op.execute(
-            "CREATE TRIGGER outbox_notify AFTER INSERT ON outbox "
-            "FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()"
-        )
+        for statement in NOTIFY_STATEMENTS:
+            op.execute(statement)
 
 
 def downgrade() -> None:

@@ -1,0 +1,53 @@
+"""How a relay finds new rows soon after they commit: it looks at the outbox's newest id.
+
+Writers pay nothing for it. The outbox used to wake relays with a NOTIFY from a trigger, and
+PostgreSQL serialises the commits of all transactions that notified (a database-wide lock
+from pre-commit to the end of commit): eight writers with one row per transaction committed
+at 0.53-0.70x the rate of a table without it. Instead, a relay reads ``max(id)``, one step
+down the primary key's right edge, every ``probe_interval``, on a connection of its own in
+autocommit mode, and wakes its loop when the answer changed.
+
+The newest id says that rows committed, not which: a row whose transaction took its id
+early and committed after a later one's does not change it. Such a row is claimed with the
+next rows that do, or at the next poll (``poll_interval``), whichever comes first; never
+lost, only later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from relay.db.engine import create_engine, db_errors
+from relay.db.schema import outbox
+from relay.redact import redact_url
+
+_NEWEST = sa.select(sa.func.max(outbox.c.id))
+
+
+class NewRowsProbe:
+    """Watches one outbox for new rows."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url, relay_session=True)
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._where = redact_url(url)
+
+    def watch(self, wake: Callable[[], None], interval: float, stopped: threading.Event) -> None:
+        """Call ``wake`` whenever the newest id changed (and once at the start: rows may have
+        come while no one looked), every ``interval`` seconds, until ``stopped`` is set.
+        Blocks: run it in a thread. A lost connection raises StoreError; the caller
+        reconnects, and the relay's polling covers the gap."""
+        seen: object = object()  # nothing read yet: the first answer differs
+        with db_errors("probe for new rows", self._where), self._autocommit.connect() as conn:
+            while not stopped.is_set():
+                newest = conn.execute(_NEWEST).scalar()
+                if newest != seen:
+                    seen = newest
+                    wake()
+                stopped.wait(interval)
+
+    def close(self) -> None:
+        self.engine.dispose()

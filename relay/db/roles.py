@@ -1,0 +1,48 @@
+"""The database roles of an outbox deployment, and exactly what each is granted.
+
+- **migrator**: runs ``relay migrate``; owns the tables (PostgreSQL) or has every privilege
+  on the database (MariaDB, MySQL). Nothing else needs its rights, and nothing in the
+  schema runs with them: the outbox has no triggers, functions or procedures.
+- **relay**: ``relay run`` (claims, settles, turns, retention) and ``relay status``.
+- **writer**: plain SQL writers and ``relay enqueue``: INSERT on the outbox, nothing else.
+
+The docs (Operations, least privilege) print these statements, and the tests run each role
+with them and no more.
+"""
+
+from __future__ import annotations
+
+RELAY = "relay"
+WRITER = "writer"
+
+# Privileges per role, per table.
+PRIVILEGES: dict[str, dict[str, str]] = {
+    RELAY: {
+        "outbox": "SELECT, UPDATE, DELETE",
+        "outbox_sent": "SELECT, INSERT, DELETE",
+        "outbox_buckets": "SELECT, UPDATE",
+        "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_counters": "SELECT, UPDATE",
+    },
+    WRITER: {"outbox": "INSERT"},
+}
+# PostgreSQL: an INSERT that takes its id from the outbox's sequence needs to use it.
+_PG_SEQUENCE = "GRANT USAGE ON SEQUENCE outbox_id_seq TO {grantee}"
+
+
+def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[str]:
+    """The GRANT statements that give ``grantee`` the privileges of ``role``: on PostgreSQL
+    run in the outbox's database, on MySQL naming it (``database``) and the account
+    (``grantee`` as ``'name'@'host'``)."""
+    if dialect == "mysql":
+        return [
+            f"GRANT {privileges} ON `{database}`.`{table}` TO {grantee}"
+            for table, privileges in PRIVILEGES[role].items()
+        ]
+    statements = [
+        f"GRANT {privileges} ON {table} TO {grantee}"
+        for table, privileges in PRIVILEGES[role].items()
+    ]
+    if role == WRITER:
+        statements.append(_PG_SEQUENCE.format(grantee=grantee))
+    return statements
