@@ -7,9 +7,8 @@ Starts a private PostgreSQL (default durability settings) with the project's mig
 measures, per row, the database's CPU (every PostgreSQL process, from /proc), its WAL (from
 ``pg_current_wal_insert_lsn()``) and the dead tuples left in the outbox (before cleanup):
   (insert) the writer's INSERT, 500 rows a statement (``OutboxWriter.enqueue``), of
-           ``--rows`` 200-byte rows; the same once more with the dedupe trigger disabled
-           (``insert_plain``, the rows then deleted): the INSERT as it was before the sent
-           log, so that the trigger's own cost is on the record and not hidden in a ratio;
+           ``--rows`` 200-byte rows (a plain INSERT: the outbox has no triggers since 0007;
+           ``bench.writers`` compares it with a copy of the table);
   (relay)  relaying the same rows through the relay's store, no broker: claims of 500 rows,
            three claims ahead of the settles (as the relay keeps a window in flight), every
            row acked, with ``--relays`` stores claiming side by side, keeping what
@@ -127,10 +126,9 @@ def main() -> int:
     parser.add_argument("--keep-sent", choices=(KEEP_IDS, KEEP_MESSAGES), default=KEEP_IDS)
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
-    # Per backlog size: the INSERT (once per relay case), without the trigger, and per
-    # number of relays the relaying.
+    # Per backlog size: the INSERT (once per relay case), and per number of relays the
+    # relaying (the sent log's probe by the claim, the dedupe, included).
     inserts: dict[int, list[Cost]] = {rows: [] for rows in args.rows}
-    plain: dict[int, list[Cost]] = {rows: [] for rows in args.rows}
     relays: dict[tuple[int, int], list[Cost]] = {
         (rows, n): [] for rows in args.rows for n in args.relays
     }
@@ -151,10 +149,6 @@ def main() -> int:
             sql("ALTER TABLE outbox SET (autovacuum_enabled = off)")
             for n in range(args.rounds):
                 for rows in args.rows:
-                    sql("ALTER TABLE outbox DISABLE TRIGGER outbox_dedupe")
-                    with meter.measured(rows, plain[rows]):
-                        write(url, rows)
-                    sql("ALTER TABLE outbox ENABLE TRIGGER outbox_dedupe", "TRUNCATE outbox")
                     for count in args.relays:
                         with meter.measured(rows, inserts[rows]):
                             write(url, rows)
@@ -164,8 +158,7 @@ def main() -> int:
                             clean(url, meter.engine)
                         print(
                             f"round {n}, {rows} rows, {count} relays: insert "
-                            f"{inserts[rows][-1]}, without the trigger {plain[rows][-1]}, "
-                            f"relay {relays[rows, count][-1]}",
+                            f"{inserts[rows][-1]}, relay {relays[rows, count][-1]}",
                             flush=True,
                         )
             meter.engine.dispose()
@@ -187,15 +180,11 @@ def main() -> int:
         "settings": args.setting,
     }
     for rows in args.rows:
-        insert, insert_plain = median(inserts[rows]), median(plain[rows])
-        case: dict[str, object] = {"insert": insert, "insert_plain": insert_plain}
+        insert = median(inserts[rows])
+        case: dict[str, object] = {"insert": insert}
         for count in args.relays:
             relayed = median(relays[rows, count])
-            case[f"relays_{count}"] = {
-                **relayed,
-                "over_insert": over(relayed, insert),
-                "over_insert_plain": over(relayed, insert_plain),
-            }
+            case[f"relays_{count}"] = {**relayed, "over_insert": over(relayed, insert)}
         if len(args.relays) > 1:
             one, most = median(relays[rows, args.relays[0]]), median(relays[rows, args.relays[-1]])
             case["most_relays_over_first"] = over(most, one)
