@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-from relay.constants import POLL_INTERVAL_S, PROBE_INTERVAL_S
+from relay.constants import POLL_INTERVAL_S, PROBE_IDLE_BACKOFF, PROBE_INTERVAL_S
 from relay.errors import ConfigError
 from relay.records import KEEP_IDS, KEEP_MESSAGES
 from relay.redact import redact_url
@@ -280,8 +280,9 @@ class Settings:
         PROBE_INTERVAL_S,
         _seconds_or_zero,
         "Seconds between looks at the outbox's newest id: how soon a new row goes out. Each "
-        "look is one cheap query on a connection of its own; 0 turns the probe off, and new "
-        "rows then wait for the poll.",
+        "look is one cheap query on a connection of its own; while nothing changes the looks "
+        f"slow down to one every {PROBE_IDLE_BACKOFF} intervals. 0 turns the probe off, and "
+        "new rows then wait for the poll.",
         see="how-it-works.md#finding-new-rows",
     )
     drain_timeout: float = _setting(

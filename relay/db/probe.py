@@ -7,6 +7,13 @@ at 0.53-0.70x the rate of a table without it. Instead, a relay reads ``max(id)``
 down the primary key's right edge, every ``probe_interval``, on a connection of its own in
 autocommit mode, and wakes its loop when the answer changed.
 
+A look costs the database little work but a wake-up of its backend, about 150 us of CPU here
+whatever the query (measured at 5 to 50 ms intervals): 1.5% of a core every 5 ms. So the
+probe slows down while nothing changes, its interval doubling up to ``PROBE_IDLE_BACKOFF``
+times ``probe_interval``, and is back at ``probe_interval`` at the first change: a steady
+stream is looked for every few milliseconds, an idle outbox about 25 times a second. The
+first row after a quiet spell waits up to that longer interval.
+
 The newest id says that rows committed, not which: a row whose transaction took its id
 early and committed after a later one's does not change it. Such a row is claimed with the
 next rows that do, or at the next poll (``poll_interval``), whichever comes first; never
@@ -20,6 +27,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from relay.constants import PROBE_IDLE_BACKOFF
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import outbox
 from relay.redact import redact_url
@@ -37,17 +45,22 @@ class NewRowsProbe:
 
     def watch(self, wake: Callable[[], None], interval: float, stopped: threading.Event) -> None:
         """Call ``wake`` whenever the newest id changed (and once at the start: rows may have
-        come while no one looked), every ``interval`` seconds, until ``stopped`` is set.
+        come while no one looked), looking every ``interval`` seconds, less often while
+        nothing changes (see the module docstring), until ``stopped`` is set.
         Blocks: run it in a thread. A lost connection raises StoreError; the caller
         reconnects, and the relay's polling covers the gap."""
         seen: object = object()  # nothing read yet: the first answer differs
+        wait = interval
         with db_errors("probe for new rows", self._where), self._autocommit.connect() as conn:
             while not stopped.is_set():
                 newest = conn.execute(_NEWEST).scalar()
                 if newest != seen:
                     seen = newest
                     wake()
-                stopped.wait(interval)
+                    wait = interval
+                else:
+                    wait = min(wait * 2, interval * PROBE_IDLE_BACKOFF)
+                stopped.wait(wait)
 
     def close(self) -> None:
         self.engine.dispose()
