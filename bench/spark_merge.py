@@ -7,11 +7,9 @@ payload) in an unlogged staging table, then times, in interleaved rounds (median
 after TRUNCATE + CHECKPOINT of the outbox, the ways of moving them into the outbox in one
 statement:
   merge         ``OutboxSink.merge``, the writer's own (INSERT ... SELECT ... ORDER BY
-                message_id, work_mem MERGE_WORK_MEM, the dedupe trigger on),
+                message_id, work_mem MERGE_WORK_MEM),
   unordered     the same statement without ORDER BY (index inserts in random places),
-  work_mem_1gb  the same with work_mem = 1GB (sort and transition table in memory),
-  no_trigger    the same with the outbox's dedupe trigger disabled: what the trigger's
-                transition table costs. Never done outside this private bench database.
+  work_mem_1gb  the same with work_mem = 1GB (the sort in memory).
 By hand only: these machines are shared and noisy.
 """
 
@@ -38,7 +36,7 @@ FILL = (
     "'text/plain; charset=utf-8', NULL, NULL, i FROM generate_series(1, {rows}) i"
 )
 INSERT = f"INSERT INTO outbox ({COLUMNS}) SELECT {COLUMNS} FROM {{stage}}"
-VARIANTS = ("merge", "unordered", "work_mem_1gb", "no_trigger")
+VARIANTS = ("merge", "unordered", "work_mem_1gb")
 
 
 def main() -> int:
@@ -97,11 +95,7 @@ def statement(engine: sa.Engine, name: str, stage: str) -> int:
     work_mem = "1GB" if name == "work_mem_1gb" else MERGE_WORK_MEM
     with engine.begin() as conn:
         conn.execute(sa.text(f"SET LOCAL work_mem = '{work_mem}'"))
-        if name == "no_trigger":
-            conn.execute(sa.text("ALTER TABLE outbox DISABLE TRIGGER outbox_dedupe"))
         result = conn.execute(sa.text(INSERT.format(stage=stage) + order))
-        if name == "no_trigger":
-            conn.execute(sa.text("ALTER TABLE outbox ENABLE TRIGGER outbox_dedupe"))
         return int(result.rowcount)
 
 
