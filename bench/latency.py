@@ -101,6 +101,13 @@ def bare_publisher(amqp_url: str, rate: int, seconds: float) -> dict[str, float]
     }
 
 
+def idle_share(pid: int, seconds: float) -> float:
+    """The share of one core the server ``pid`` (with its children) uses over ``seconds``."""
+    cpu = tree_cpu_seconds(pid)
+    time.sleep(seconds)
+    return (tree_cpu_seconds(pid) - cpu) / seconds
+
+
 def measure(
     url: str, amqp_url: str, args: argparse.Namespace, server_pid: int, **settings: str
 ) -> dict[str, float]:
@@ -117,9 +124,7 @@ def measure(
     rows = [{"routing_key": QUEUE, "payload": BODY}] * batch
     try:
         time.sleep(3)  # connected and idle
-        cpu = tree_cpu_seconds(server_pid)
-        time.sleep(args.idle_seconds)
-        idle_cpu = (tree_cpu_seconds(server_pid) - cpu) / args.idle_seconds
+        idle_cpu = idle_share(server_pid, args.idle_seconds)
         start = time.perf_counter()
         total = 0
         while (now := time.perf_counter()) - start < seconds:
@@ -171,9 +176,7 @@ def main() -> int:
             migrate(url)
             fresh_queue(node.url, QUEUE)
             results["bare pika"] = bare_publisher(node.url, args.rate, args.seconds)
-            cpu = tree_cpu_seconds(server.pid())
-            time.sleep(args.idle_seconds)
-            no_relay = (tree_cpu_seconds(server.pid()) - cpu) / args.idle_seconds * 100
+            no_relay = idle_share(server.pid(), args.idle_seconds) * 100
             fresh_queue(node.url, QUEUE)
             results["probe"] = measure(url, node.url, args, server.pid())
             fresh_queue(node.url, QUEUE)

@@ -288,9 +288,11 @@ class ClaimStore:
         self.ordered = ordered
         self.keep_sent = keep_sent
         self._where = redact_url(url)
+        # The rows bound as ``ids`` that are still pending: what an ack and a duplicate's drop
+        # may change.
+        self._pending_ids = sa.and_(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
         self._acked = self._ack_statements()
-        pending = sa.and_(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
-        self._drop = sa.delete(outbox).where(pending)
+        self._drop = sa.delete(outbox).where(self._pending_ids)
         self._count_dropped = (
             sa.update(outbox_counters)
             .where(outbox_counters.c.name == DUPLICATES)
@@ -566,7 +568,7 @@ class ClaimStore:
         statement is deleting it. The probe is a scalar subquery, run once per row on the
         primary key: as ``NOT EXISTS`` the planner made it a hash anti join that read the
         whole log every settle (``bench.dbcost``: 19 us of database CPU per row, not 13)."""
-        pending = sa.and_(id_in(outbox.c.id, self.engine.dialect), _STILL_PENDING)
+        pending = self._pending_ids
         if self.keep_sent == KEEP_MESSAGES:
             mark = sa.update(outbox).where(pending)
             return [mark.values(status=SENT, sent_at=database_time())]

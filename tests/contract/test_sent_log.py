@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
@@ -19,7 +18,7 @@ from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.schema import outbox, outbox_sent
 from relay.db.sink import OutboxSink
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
-from relay.spark.rows import Chunk
+from tests.support.rows import sink_chunk
 
 DAY = 24 * 3600.0
 NO_BYTE_LIMIT = 2**62
@@ -60,13 +59,6 @@ def box(database_url: str) -> Iterator[Outbox]:
 
 def message(message_id: str) -> NewMessage:
     return NewMessage(b"body", "ex", "rk", message_id=message_id)
-
-
-def sink_chunk(message_ids: list[str]) -> Chunk:
-    """The rows of ``message_ids`` as the Spark writer hands them to the sink."""
-    body = pa.array([b"body"] * len(message_ids), pa.binary())
-    columns = (pa.array(message_ids), "ex", "rk", body, "application/octet-stream", None, None)
-    return Chunk(len(message_ids), columns)
 
 
 def test_acked_rows_leave_the_outbox_for_the_sent_log(box: Outbox) -> None:

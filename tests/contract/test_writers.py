@@ -30,7 +30,9 @@ from relay.db.engine import create_engine, migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.roles import RELAY, WRITER, grants
 from relay.db.schema import metadata, outbox
+from relay.db.sink import OutboxSink
 from relay.records import KEEP_MESSAGES, NewMessage, SettleBatch
+from tests.support.rows import sink_chunk
 
 NO_BYTE_LIMIT = 2**62
 LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
@@ -125,14 +127,14 @@ def test_a_writer_whose_snapshot_predates_the_ack_gets_no_second_publish(
         first.enqueue([NewMessage(b"x", "ex", message_id="X")])
         first.close()
         (held,) = relay_store.claim(10, NO_BYTE_LIMIT)
-        sqlite = url.startswith("sqlite")
+        # A read of a table takes the snapshot; SQLite's writer would then find it stale at
+        # its INSERT and fail, so there the transaction reads no table.
+        snapshot = (
+            "SELECT 1" if url.startswith("sqlite") else "SELECT count(*) FROM outbox_counters"
+        )
         with writer.execution_options(isolation_level=level).connect() as conn:
-            if not sqlite:  # SQLite's writer would find its snapshot stale and fail instead
-                conn.execute(sa.text("SELECT count(*) FROM outbox_counters")).scalar()
-                relay_store.settle(SettleBatch(sent=(held.id,)))
-            else:
-                conn.execute(sa.text("SELECT 1")).scalar()
-                relay_store.settle(SettleBatch(sent=(held.id,)))
+            conn.execute(sa.text(snapshot)).scalar()
+            relay_store.settle(SettleBatch(sent=(held.id,)))
             written = conn.execute(
                 sa.insert(outbox).values(rows("new-1", "X", "new-2")),
                 execution_options={"preserve_rowcount": True},
@@ -154,9 +156,6 @@ def test_every_writer_of_the_project_writes_a_sent_id_like_a_new_one(
 ) -> None:
     """``relay enqueue``'s writer and the Spark writer's append: no lookup of their own, the
     same outcome as plain SQL."""
-    from relay.db.sink import OutboxSink
-    from tests.contract.test_sent_log import sink_chunk
-
     writer, sink = OutboxWriter(url), OutboxSink(url)
     try:
         writer.enqueue([NewMessage(b"x", "ex", message_id=m) for m in ("a", "b")])

@@ -6,7 +6,10 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+
 from relay.records import OutboxRow
+from relay.spark.rows import Chunk
 
 
 def row(id: int, **fields: Any) -> OutboxRow:
@@ -23,3 +26,10 @@ def row(id: int, **fields: Any) -> OutboxRow:
         attempts=0,
     )
     return dataclasses.replace(plain, **fields)
+
+
+def sink_chunk(message_ids: list[str]) -> Chunk:
+    """The rows of ``message_ids`` as the Spark writer hands them to the sink."""
+    body = pa.array([b"body"] * len(message_ids), pa.binary())
+    columns = (pa.array(message_ids), "ex", "rk", body, "application/octet-stream", None, None)
+    return Chunk(len(message_ids), columns)

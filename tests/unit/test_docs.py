@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from devtools.docs_hooks import README_MARKER, on_page_markdown
+from relay.db.roles import PRIVILEGES, grants
 from relay.metrics import Metrics
 from relay.settings import describe, known_env_names
 
@@ -42,3 +43,11 @@ def test_the_home_page_is_the_readme_with_links_into_the_site() -> None:
 
 def test_the_readme_stays_short() -> None:
     assert len((DOCS.parent / "README.md").read_text().splitlines()) <= 150
+
+
+def test_the_operations_page_prints_each_roles_grants() -> None:
+    """Exactly the statements the tests grant each role (``relay.db.roles``)."""
+    page = rendered("operations.md")
+    for role in PRIVILEGES:
+        missing = [g for g in grants("postgresql", role, role) if f"{g};" not in page]
+        assert missing == [], role
