@@ -51,6 +51,12 @@ RECENT_SENT_S = 10.0
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000
 
+# --- Messages ------------------------------------------------------------------------------
+# The largest message (payload and headers, bytes) the relay reads and publishes, and the Spark
+# writer accepts, by default (``max_message_size``; option maxPayloadBytes): RabbitMQ 4's default
+# max_message_size. A larger row is parked unread: fetching it could exhaust the relay's memory.
+MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+
 # --- Broker --------------------------------------------------------------------------------
 # pika's own connect timeout (``stack_timeout``) when the URL sets none.
 PIKA_DEFAULT_CONNECT_TIMEOUT_S = 15.0
@@ -113,9 +119,6 @@ DEFAULT_SERVICE_NAME = "outbox-relay"
 TRACE_LINKS_MAX = 100_000
 
 # --- Spark writer --------------------------------------------------------------------------
-# The largest payload the Spark writer accepts by default (bytes; option maxPayloadBytes):
-# RabbitMQ 4's default max_message_size. A larger row would be parked by the relay.
-SPARK_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 # An atomic write's staging table that no write_outbox holds (format("outbox") used directly,
 # SQLite) is taken for the leftover of a killed driver once older than this, and dropped by
 # the next atomic write and by `relay purge` (seconds; option stageAbandonedSeconds). Longer

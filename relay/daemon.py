@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
@@ -17,6 +18,7 @@ from relay.broker.connection import connection_parameters
 from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
+    CONFIRM_CEILING_FACTOR,
     PURGE_CHUNK,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
@@ -26,6 +28,7 @@ from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.db.probe import NewRowsProbe
 from relay.errors import ConfigError, RelayError, StoreError
+from relay.lease import Lease
 from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
 from relay.relay import Relay
@@ -52,10 +55,15 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
     reconnect = Backoff(
         min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
     )
+    # No row is published once its bucket's lease has less left than a publish may wait for
+    # its confirm (``relay.lease``); nor is one claimed from such a bucket.
+    lease = Lease(CONFIRM_CEILING_FACTOR * settings.confirm_timeout, time.monotonic)
     store = ClaimStore(
         settings.database_url,
         settings.name,
         settings.lease,
+        margin=lease.margin,
+        max_message_size=settings.max_message_size,
         ordered=settings.ordering,
         keep_sent=settings.keep_sent,
     )
@@ -65,6 +73,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         window=settings.window,
         confirm_timeout=settings.confirm_timeout,
         reconnect=reconnect,
+        lease=lease,
         name=settings.name,
         on_state=metrics.broker_state,
         on_destination=metrics.destination,
@@ -76,15 +85,23 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         publisher,
         SettlePolicy(settings.max_attempts, backoff),
         metrics,
+        lease,
         batch_size=settings.batch_size,
         max_inflight_bytes=settings.max_inflight_bytes,
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
-        turn_interval=min(settings.lease / TURNS_PER_LEASE, TURN_INTERVAL_MAX_S),
+        turn_interval=turn_interval(settings.lease, lease.margin),
         retry=reconnect,
         tracing=tracing,
     )
     return Assembled(relay, store, metrics)
+
+
+def turn_interval(lease: float, margin: float) -> float:
+    """Seconds between a relay's turns: ``TURNS_PER_LEASE`` times within the part of a lease
+    it may publish in (the lease less the margin), and at least every
+    ``TURN_INTERVAL_MAX_S``."""
+    return min((lease - margin) / TURNS_PER_LEASE, TURN_INTERVAL_MAX_S)
 
 
 def run(settings: Settings, tracing_settings: TracingSettings | None = None) -> bool:

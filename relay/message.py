@@ -120,6 +120,15 @@ def build(
     return Message(row.exchange, row.routing_key, row.payload, properties)
 
 
+def too_large_to_read(size: int, max_message_size: int) -> str:
+    """Why a row of ``size`` bytes of payload and headers is parked unread: the relay reads
+    no message larger than ``max_message_size`` (its setting; ``relay.db.due``)."""
+    return (
+        f"row not read: its payload and headers are {size} bytes, more than the largest "
+        f"message the relay reads ({max_message_size} bytes, RELAY_MAX_MESSAGE_SIZE)"
+    )
+
+
 def short_string(column: str, value: str) -> bytes:
     """``value`` encoded as an AMQP short string (length octet, UTF-8)."""
     raw = value.encode("utf-8", "surrogatepass")

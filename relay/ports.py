@@ -31,10 +31,11 @@ class Store(Protocol):
     def settle(self, batch: SettleBatch) -> None:
         """Record outcomes: acked rows sent, the others as the batch says."""
 
-    def turn(self, active: bool = True) -> None:
+    def turn(self, active: bool = True) -> float:
         """Renew this relay's share of the outbox (``relay.buckets``); ``active``: it can
         publish now (a relay that cannot gives its idle share to the others). Claims take
-        nothing before the first turn."""
+        nothing before the first turn. Returns the seconds its buckets are leased for, from
+        the moment the call started at the latest (``relay.lease``)."""
 
     def hasten(self, exchanges: Sequence[str]) -> int:
         """Pending rows for these exchanges that wait out a back-off, and that no relay
@@ -55,12 +56,14 @@ class Publisher(Protocol):
     def publish(self, rows: Sequence[OutboxRow]) -> None:
         """Publish ``rows``, at most ``state().capacity`` of them (called every turn, with none
         too: rows held back earlier may go out now). A row the broker cannot be asked about
-        (rejected as stored, of a refused exchange, no channel) is settled at once; a suspect
-        (``relay.broker.quarantine``) waits until nothing else is in flight."""
+        (rejected as stored, of a refused exchange, no channel, the relay's lease running
+        short: ``relay.lease``) is settled at once; a suspect (``relay.broker.quarantine``)
+        waits until nothing else is in flight."""
 
-    def release(self, rows: Sequence[OutboxRow]) -> None:
+    def release(self, rows: Sequence[OutboxRow], reason: str = ...) -> None:
         """Rows claimed for publishing that will not be published now (the broker blocked
-        or went away, or the relay stops): settled LOST, due again at once."""
+        or went away, the relay's lease runs short, or it stops): settled LOST for
+        ``reason``, due again at once."""
 
     def take(self) -> Answers:
         """What went out, what became of rows, and which exchanges are back, since the last

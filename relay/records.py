@@ -33,8 +33,9 @@ class OutboxRow:
     # Taken down with a channel the broker closed for a row it did not name: published only
     # alone, with nothing else in flight (``relay.broker.quarantine``).
     suspect: bool = False
-    # Why the stored row could not be read (a value of the wrong type, say), or None. Such a
-    # row carries only its id and is parked by the ordinary path, as a rejected publish.
+    # Why the stored row could not be read (a value of the wrong type, say), or was not read
+    # (larger than the relay's maximum message size), or None. Such a row carries only its id
+    # and is parked by the ordinary path, as a rejected publish.
     unreadable: str | None = None
     # Its message id is in the sent log: a message acked before, written again within the
     # dedupe horizon (a re-run). Never published; settled DUPLICATE (its row deleted).

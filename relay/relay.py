@@ -18,6 +18,7 @@ from collections.abc import Callable
 from relay.backoff import Backoff
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import StoreError
+from relay.lease import LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
@@ -36,6 +37,7 @@ class Relay:
         publisher: Publisher,
         policy: SettlePolicy,
         metrics: Metrics,
+        lease: Lease,
         *,
         batch_size: int,
         max_inflight_bytes: int,
@@ -52,6 +54,10 @@ class Relay:
         self.publisher = publisher
         self.policy = policy
         self.metrics = metrics
+        # Renewed by each turn; while it has less than its margin left, nothing is claimed
+        # and nothing published (``relay.lease``). The publisher checks it before each send.
+        self.lease = lease
+        self._lease_short = False  # logged once each time it runs short
         self.batch_size = batch_size
         self.max_bytes = max_inflight_bytes
         # Payload bytes of the rows claimed and not yet settled (ready, in flight, answered):
@@ -202,6 +208,7 @@ class Relay:
         state = self.publisher.state()
         if (
             not state.can_publish
+            or not self.lease.holds()
             or len(self._unsettled) >= self.publisher.window
             or self._holding >= self.max_bytes
         ):
@@ -248,6 +255,12 @@ class Relay:
             # Blocked or disconnected for who knows how long: the rows must not sit here
             # while their leases run out.
             self.publisher.release(self._ready)
+            self._ready = []
+        if self._ready and not self._lease_holds():
+            # Another relay may take these rows' buckets soon, or has (this relay froze, or
+            # its turns fail): they are its to publish now, and publishing them here could
+            # put a row after a later row of its key (``relay.lease``).
+            self.publisher.release(self._ready, LEASE_SHORT)
             self._ready = []
         offered, self._ready = self._ready[: state.capacity], self._ready[state.capacity :]
         self.publisher.publish(offered)
@@ -344,6 +357,19 @@ class Relay:
                 await asyncio.wait_for(self._woken.wait(), timeout)
         self._woken.clear()
 
+    def _lease_holds(self) -> bool:
+        holds = self.lease.holds()
+        if not holds and not self._lease_short:
+            log.warning(
+                "the lease of this relay's buckets has %.1f s left, less than the %.1f s a "
+                "publish may take: not publishing until a turn renews it",
+                self.lease.left(),
+                self.lease.margin,
+                extra={"action": "lease_short"},
+            )
+        self._lease_short = not holds
+        return holds
+
     async def _turn_forever(self) -> None:
         """Keep this relay's share of the outbox (``Store.turn``): every ``turn_interval``,
         and at once when the relay became able or unable to publish, so that a relay whose
@@ -352,7 +378,7 @@ class Relay:
         while True:
             self._turn_wanted.clear()
             active = self.publisher.state().can_publish
-            await self.store.turn(active)
+            self.lease.renewed(await self.store.turn(active))
             self._turned_active = active
             self.wake()  # buckets taken may hold due rows
             with contextlib.suppress(TimeoutError):

@@ -75,13 +75,21 @@ class RetryingStore:
     async def settle(self, batch: SettleBatch) -> None:
         await self._call(functools.partial(self._store.settle, batch))
 
-    async def turn(self, active: bool) -> None:
-        await self._call(functools.partial(self._store.turn, active))
+    async def turn(self, active: bool) -> float:
+        """The store's turn; returns when its buckets' lease ends on ``clock``: the seconds
+        it leased them for, from the start of the attempt that worked (``relay.lease``)."""
+        seconds, asked_at = await self._attempts(functools.partial(self._store.turn, active))
+        return asked_at + seconds
 
     async def hasten(self, exchanges: Sequence[str]) -> int:
         return await self._call(functools.partial(self._store.hasten, exchanges))
 
     async def _call(self, call: Callable[[], T]) -> T:
+        result, _ = await self._attempts(call)
+        return result
+
+    async def _attempts(self, call: Callable[[], T]) -> tuple[T, float]:
+        """``call``'s result, and the clock's reading when the attempt that worked began."""
         retrying = tenacity.AsyncRetrying(
             wait=self._retry.wait,
             retry=tenacity.retry_if_exception_type(StoreError),
@@ -92,12 +100,13 @@ class RetryingStore:
         )
         async for attempt in retrying:
             with attempt:
+                began = self._clock()
                 result = await in_thread(call)
         if not self.ok:
             self.ok = True
             self._metrics.database_connected.set(1)
             log.info("database available", extra={"action": "database_connected"})
-        return result
+        return result, began
 
     async def _sleep(self, seconds: float) -> None:
         """tenacity's sleep, cut short at the deadline so SIGTERM is never stuck."""

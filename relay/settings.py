@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-from relay.constants import POLL_INTERVAL_S, PROBE_IDLE_BACKOFF, PROBE_INTERVAL_S
+from relay.constants import (
+    MAX_MESSAGE_SIZE,
+    POLL_INTERVAL_S,
+    PROBE_IDLE_BACKOFF,
+    PROBE_INTERVAL_S,
+)
 from relay.errors import ConfigError
 from relay.records import KEEP_IDS, KEEP_MESSAGES
 from relay.redact import redact_url
@@ -57,19 +62,28 @@ def _positive_float(text: str) -> float:
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmg])(i?)b?|b)?\s*", re.IGNORECASE)
 
 
+def _size(text: str) -> int | None:
+    """A number of bytes, with an optional unit (``64MiB``, ``500kB``); None if it is not."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        return None
+    number, prefix, binary = match.groups()
+    power = "kmg".index(prefix.lower()) + 1 if prefix else 0
+    return int(float(number) * (1024 if binary else 1000) ** power)
+
+
+_UNITS_HELP = "bytes, or a number with k, M, G, KiB, MiB or GiB"
+
+
 def _byte_budget(text: str) -> int:
-    """A number of bytes, with an optional unit (``64MiB``, ``500kB``); at least 1 MiB."""
-    need = "a size of at least 1MiB (bytes, or a number with k, M, G, KiB, MiB or GiB)"
+    """A size of at least 1 MiB."""
+    need = f"a size of at least 1MiB ({_UNITS_HELP})"
+    return int(_number(_size, text, lambda v: v >= 1024**2, need))
 
-    def size(t: str) -> int | None:
-        match = _SIZE.fullmatch(t)
-        if match is None:
-            return None
-        number, prefix, binary = match.groups()
-        power = "kmg".index(prefix.lower()) + 1 if prefix else 0
-        return int(float(number) * (1024 if binary else 1000) ** power)
 
-    return int(_number(size, text, lambda v: v >= 1024**2, need))
+def _byte_size(text: str) -> int:
+    """A size of at least one byte."""
+    return int(_number(_size, text, lambda v: v >= 1, f"a positive size ({_UNITS_HELP})"))
 
 
 def _seconds_or_zero(text: str) -> float:
@@ -237,6 +251,15 @@ class Settings:
         shown="32MiB",
         see="how-it-works.md#big-messages",
     )
+    max_message_size: int = _setting(
+        MAX_MESSAGE_SIZE,
+        _byte_size,
+        "Largest message the relay reads and publishes: payload and headers, in bytes (16MiB, "
+        "500kB, ... accepted). A larger row is parked unread: its size is asked of the "
+        "database, and its payload never fetched.",
+        shown="16MiB",
+        see="how-it-works.md#big-messages",
+    )
     ordering: bool = _setting(
         False,
         _flag,
@@ -253,7 +276,10 @@ class Settings:
         120.0,
         _positive_float,
         "Seconds a relay's buckets of the outbox stay its own without a renewal (it renews "
-        "them every few seconds); a dead relay's rows are another relay's after it.",
+        "them every few seconds); a dead relay's rows are another relay's after it. A relay "
+        "claims and publishes only while more than twice RELAY_CONFIRM_TIMEOUT of its lease "
+        "is left: one that froze or cannot renew stops before another may take over.",
+        see="how-it-works.md#a-relay-that-froze",
     )
     backoff_initial: float = _setting(
         1.0, _positive_float, "First retry delay in seconds after a nack, return or timeout."

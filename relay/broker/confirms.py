@@ -225,8 +225,8 @@ class ConfirmWindow:
             self.broken_exchanges(),
         )
 
-    def release(self, rows: Sequence[OutboxRow]) -> None:
-        self.tracker.lose(rows, RELEASED)
+    def release(self, rows: Sequence[OutboxRow], reason: str = RELEASED) -> None:
+        self.tracker.lose(rows, reason)
 
     def take(self) -> Answers:
         sent, self._sent = self._sent, []

@@ -39,6 +39,7 @@ from relay.broker.quarantine import Quarantine
 from relay.broker.topology import Topology, declare
 from relay.constants import DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S, HALF_OPEN_CLOSE_S
 from relay.errors import BrokerError
+from relay.lease import LEASE_SHORT, Lease
 from relay.message import Limits, Unpublishable, build
 from relay.records import BrokerNode, OutboxRow, Outcome, Settlement
 from relay.settings import TlsOptions
@@ -86,6 +87,7 @@ class PikaPublisher(ConfirmWindow):
         window: int,
         confirm_timeout: float,
         reconnect: Backoff,
+        lease: Lease,
         name: str = "outbox-relay",
         on_state: Callable[[BrokerNode | None], None] = lambda _node: None,
         on_destination: Callable[[str, int | None], None] = lambda _exchange, _held: None,
@@ -93,6 +95,7 @@ class PikaPublisher(ConfirmWindow):
         tracing: Tracing | None = None,
     ) -> None:
         super().__init__(window, confirm_timeout)
+        self._lease = lease
         self._tracing = tracing or NoTracing()
         self._connector = Connector(urls, name, tls, confirm_timeout, reconnect)
         self._topology = topology
@@ -130,9 +133,9 @@ class PikaPublisher(ConfirmWindow):
     def capacity(self) -> int:
         return 0 if self._quarantine.closed else super().capacity()
 
-    def release(self, rows: Sequence[OutboxRow]) -> None:
+    def release(self, rows: Sequence[OutboxRow], reason: str = RELEASED) -> None:
         for row in rows:
-            self._lose(row, RELEASED)
+            self._lose(row, reason)
 
     def broken_exchanges(self) -> frozenset[str]:
         return self._destinations.names()
@@ -164,7 +167,11 @@ class PikaPublisher(ConfirmWindow):
 
     def _send(self, channel: Any, row: OutboxRow) -> bool:
         """Publish one row on ``channel``; any failure becomes its outcome. True when it went
-        out (the caller records it)."""
+        out (the caller records it). Nothing goes out once the relay's lease runs short
+        (``relay.lease``): not a row held back since it was claimed (a suspect, a trial)."""
+        if not self._lease.holds():
+            self.tracker.lose([row], LEASE_SHORT)  # a suspect stays one (``relay.settle``)
+            return False
         try:
             trace = self._tracing.start(
                 row, (self._connector.params.host, self._connector.params.port)

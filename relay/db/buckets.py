@@ -6,9 +6,9 @@ the buckets it still owns (a bucket whose owner is still this relay was taken by
 if its lease ran out meanwhile), takes free or expired buckets up to its fair share and
 gives up the buckets it hands over. Every time is the database's (``relay.db.clock``).
 
-The claim then asks the database which buckets are this relay's, in the claim's own
-statement (``owned_now``): a relay that froze past its lease and lost a bucket claims
-nothing from it on waking, whatever its own clock says.
+The claim then asks the database which buckets are this relay's, with enough of their lease
+left (``owned_now``), in the claim's own statement: a relay that froze past its lease and
+lost a bucket claims nothing from it on waking, whatever its own clock says.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from relay.db.clock import database_time
 from relay.db.schema import outbox_buckets, outbox_relays
 
 
-def owned_now(owner: str) -> sa.Select[tuple[int]]:
-    """The buckets ``owner`` holds under a lease that has not run out."""
-    return owned_by(owner).where(outbox_buckets.c.lease_until > database_time())
+def owned_now(owner: str, margin: float = 0.0) -> sa.Select[tuple[int]]:
+    """The buckets ``owner`` holds under a lease with more than ``margin`` seconds left."""
+    return owned_by(owner).where(outbox_buckets.c.lease_until > database_time(margin))
 
 
 def owned_by(owner: str) -> sa.Select[tuple[int]]:

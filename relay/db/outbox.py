@@ -20,8 +20,8 @@ import sqlalchemy as sa
 
 from relay.admin.records import OutboxStatus, RecentSent, Selection
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
-from relay.db.claims import due_backlog
 from relay.db.clock import database_time, seconds_between
+from relay.db.due import due_backlog
 from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
 from relay.db.schema import (
     DUPLICATES,
@@ -130,7 +130,7 @@ class OutboxAdmin:
                 return bounded_count(conn, rows, BACKLOG_EXACT_ROWS)
 
             counts = {s: sum(map(count, counted[s])) for s in STATUSES}
-            backlog = due_backlog(conn)
+            backlog = due_backlog(conn, BACKLOG_EXACT_ROWS)
             relays = {r.owner: int(r.buckets) for r in conn.execute(owners)}
             parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
             again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import types as T
 
-from relay.constants import SPARK_MAX_PAYLOAD_BYTES, SPARK_STAGE_ABANDONED_S
+from relay.constants import MAX_MESSAGE_SIZE, SPARK_STAGE_ABANDONED_S
 from relay.errors import InputError
 from relay.message import Unpublishable, short_string
 from relay.tracing import TRACEPARENT, TRACESTATE, given_context
@@ -162,7 +162,7 @@ class WriteOptions:
             message_id_prefix=prefix,
             atomic=atomic,
             max_payload_bytes=_number(
-                opts.get("maxpayloadbytes", str(SPARK_MAX_PAYLOAD_BYTES)), "maxPayloadBytes"
+                opts.get("maxpayloadbytes", str(MAX_MESSAGE_SIZE)), "maxPayloadBytes"
             ),
             stage_abandoned_s=_number(
                 opts.get("stageabandonedseconds", str(SPARK_STAGE_ABANDONED_S)),

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from relay.db.claims import due_now
+from relay.db.due import due_now
 from relay.db.engine import bounded_count
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ from devtools.servers import RabbitNode
 from relay.backoff import Backoff
 from relay.broker.confirms import RELEASED
 from relay.broker.publisher import PikaPublisher
+from relay.lease import LEASE_SHORT, Lease
 from relay.ports import Publisher
 from relay.records import OutboxRow, Outcome, Settlement
 from tests.support.fakes import ScriptedPublisher
@@ -27,6 +29,7 @@ from tests.support.rows import row
 
 WINDOW = 8
 ANSWER_S = 30.0  # the longest a scenario waits to be woken
+LEASE_MARGIN = 60.0
 
 
 class Opener(Protocol):
@@ -34,10 +37,12 @@ class Opener(Protocol):
 
 
 class Driver:
-    """A publisher driven as the loop drives it; ``exchange`` is the one it may publish to."""
+    """A publisher driven as the loop drives it; ``exchange`` is the one it may publish to;
+    ``lease`` the relay's, which the publisher checks (renewed for the day)."""
 
-    def __init__(self, publisher: Publisher, exchange: str) -> None:
+    def __init__(self, publisher: Publisher, exchange: str, lease: Lease) -> None:
         self.publisher = publisher
+        self.lease = lease
         self.exchange = exchange
         self.published: list[OutboxRow] = []
         self.settled: list[Settlement] = []
@@ -77,12 +82,19 @@ class Driver:
         return {s.row.id: s.outcome for s in self.settled if s.row.id in ids}
 
 
+def _lease() -> Lease:
+    lease = Lease(LEASE_MARGIN, time.monotonic)
+    lease.renewed(time.monotonic() + 86400)
+    return lease
+
+
 @contextlib.asynccontextmanager
 async def _fake() -> AsyncIterator[Driver]:
+    lease = _lease()
     publisher = ScriptedPublisher(
-        lambda r: "ack" if r.routing_key == "routed" else "return", window=WINDOW
+        lambda r: "ack" if r.routing_key == "routed" else "return", window=WINDOW, lease=lease
     )
-    driver = Driver(publisher, "fake")
+    driver = Driver(publisher, "fake", lease)
     running = asyncio.create_task(publisher.run(driver.wake))
     yield driver
     await publisher.close()
@@ -94,14 +106,16 @@ def _real(node: RabbitNode) -> Opener:
     @contextlib.asynccontextmanager
     async def opened() -> AsyncIterator[Driver]:
         exchange, queue = names("contract")
+        lease = _lease()
         publisher = PikaPublisher(
             [node.url],
             simple_topology(exchange, queue, routing_key="routed"),
             window=WINDOW,
             confirm_timeout=ANSWER_S,
             reconnect=Backoff(0.05, 1),
+            lease=lease,
         )
-        driver = Driver(publisher, exchange)
+        driver = Driver(publisher, exchange, lease)
         running = asyncio.create_task(publisher.run(driver.wake))
         await driver.until(lambda: publisher.state().connected)
         yield driver
@@ -192,6 +206,29 @@ def test_a_suspect_goes_out_alone_once_nothing_else_is_in_flight(opener: Opener)
         assert d.published == plain + suspect
         assert set(d.outcomes(plain + suspect).values()) == {Outcome.ACKED}
         assert d.publisher.state().capacity == WINDOW
+
+    run(opener, scenario)
+
+
+def test_nothing_goes_out_once_the_lease_runs_short_not_even_a_suspect_held_back(
+    opener: Opener,
+) -> None:
+    """A relay that froze past its lease (or cannot renew it) publishes nothing: rows handed
+    over, and a suspect that waited for the window to empty, come back lost unpublished."""
+
+    async def scenario(d: Driver) -> None:
+        first, suspect = d.rows(1, 2), d.rows(3, 1, suspect=True)
+        d.publisher.publish(first + suspect)
+        d.take()
+        assert d.published == first, "the suspect waits for the others' confirms"
+        d.lease.renewed(time.monotonic() + LEASE_MARGIN / 2)
+        later = d.rows(4, 2)
+        d.publisher.publish(later)
+        await d.until(lambda: len(d.settled) == 5)
+        assert d.published == first
+        assert d.outcomes(first) == {1: Outcome.ACKED, 2: Outcome.ACKED}
+        assert d.outcomes(suspect + later) == dict.fromkeys((3, 4, 5), Outcome.LOST)
+        assert {s.detail for s in d.settled if s.outcome is Outcome.LOST} == {LEASE_SHORT}
 
     run(opener, scenario)
 

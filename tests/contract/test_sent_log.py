@@ -112,7 +112,7 @@ def test_a_write_racing_the_ack_of_the_same_message_id_is_dropped(postgresql_url
         box.writer.enqueue([message("m-1")])
         (row,) = box.store.claim(10, NO_BYTE_LIMIT)
         with box.store.engine.connect() as relay:
-            relay.execute(box.store._acked[0], {"ids": [row.id]})
+            relay.execute(box.store._settles._acked[0], {"ids": [row.id]})
             written = threading.Thread(target=box.writer.enqueue, args=([message("m-1")],))
             written.start()
             written.join(1.0)

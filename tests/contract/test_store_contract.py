@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -39,10 +40,8 @@ class SqlStore(ClaimStore):
     """The relay's claim store with a writer beside it: the contract drives both roles, as
     the in-memory fake (the whole outbox) plays both."""
 
-    def __init__(
-        self, url: str, owner: str, lease: float, *, ordered: bool = False, keep_sent: str
-    ) -> None:
-        super().__init__(url, owner, lease, ordered=ordered, keep_sent=keep_sent)
+    def __init__(self, url: str, owner: str, lease: float, **options: Any) -> None:
+        super().__init__(url, owner, lease, **options)
         self.writer = OutboxWriter(url)
 
     def enqueue(self, messages: list[NewMessage]) -> list[str]:
@@ -74,7 +73,8 @@ LEASE = 60.0
 NO_BYTE_LIMIT = 2**62
 # Real databases' clocks run on while a test runs: a margin for the time its statements take.
 SLACK = 5.0
-StoreFactory = Callable[..., "InMemoryStore | SqlStore"]  # (owner, ordered=False)
+# (owner, ordered=False, margin=0.0, max_message_size=MAX_MESSAGE_SIZE)
+StoreFactory = Callable[..., "InMemoryStore | SqlStore"]
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql", f"postgresql-{KEEP_MESSAGES}", "mariadb"])
@@ -86,8 +86,8 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     if request.param == "memory":
         shared, clock = InMemoryStore(), DatabaseClock()
 
-        def memory(owner: str, ordered: bool = False) -> InMemoryStore:
-            store = InMemoryStore(owner, LEASE, ordered, clock)
+        def memory(owner: str, ordered: bool = False, **options: Any) -> InMemoryStore:
+            store = InMemoryStore(owner, LEASE, ordered, clock, **options)
             store.rows, store.buckets, store.relays = shared.rows, shared.buckets, shared.relays
             store.turn()
             return store
@@ -97,8 +97,9 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     database, _, keep_sent = request.param.partition("-")
     url = request.getfixturevalue(f"{database}_url")
 
-    def sql(owner: str, ordered: bool = False) -> SqlStore:
-        made.append(SqlStore(url, owner, LEASE, ordered=ordered, keep_sent=keep_sent or KEEP_IDS))
+    def sql(owner: str, ordered: bool = False, **options: Any) -> SqlStore:
+        keep = keep_sent or KEEP_IDS
+        made.append(SqlStore(url, owner, LEASE, ordered=ordered, keep_sent=keep, **options))
         made[-1].turn()
         return made[-1]
 
@@ -187,6 +188,47 @@ def test_a_claim_reading_on_leaves_out_rows_held_beyond_its_place(
     new = store.enqueue(to("z"))
     assert [r.message_id for r in store.claim(10, NO_BYTE_LIMIT)] == new
     assert store.claim(10, NO_BYTE_LIMIT) == []
+
+
+def test_a_claim_reading_on_as_a_settle_commits_never_holds_a_row_twice(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settle forgets its rows once committed. A claim reading on in between finds a row
+    the settle made due again, beyond its position: it leaves the row (still held), which a
+    later claim takes once, and no row is claimed twice."""
+    store = make_store("a")
+    if isinstance(store, InMemoryStore):
+        pytest.skip("the fake's settle is atomic: no claim runs inside it")
+    store.enqueue(msgs(3))
+    first, _second = store.claim(2, NO_BYTE_LIMIT)  # full: the next claim reads on after it
+    raced: list[int] = []
+    forget = store.held.settled
+
+    def a_claim_before_forgetting(ids: Any) -> None:
+        raced.extend(r.id for r in store.claim(10, NO_BYTE_LIMIT))
+        forget(ids)
+
+    monkeypatch.setattr(store.held, "settled", a_claim_before_forgetting)
+    store.settle(SettleBatch(changes=(RowChange(first.id, PENDING, 0, 0.0, "lost: x"),)))
+    monkeypatch.undo()
+    assert first.id not in raced, "a row claimed while still held"
+    assert len(raced) == 1, "the claim reading on did not run as the settle committed"
+    later = [r.id for r in store.claim(10, NO_BYTE_LIMIT)]
+    assert later == [first.id]
+    assert store.claim(10, NO_BYTE_LIMIT) == [], "a row claimed twice while held"
+
+
+def test_claims_take_no_row_of_a_bucket_whose_lease_has_less_than_the_margin_left(
+    make_store: StoreFactory,
+) -> None:
+    store = make_store("a", margin=20.0)
+    store.enqueue(msgs(2))
+    advance(store, LEASE - 20.0 - SLACK)
+    assert len(store.claim(1, NO_BYTE_LIMIT)) == 1
+    advance(store, 2 * SLACK)
+    assert store.claim(10, NO_BYTE_LIMIT) == [], "claimed with less than the margin left"
+    assert store.turn() == LEASE
+    assert len(store.claim(10, NO_BYTE_LIMIT)) == 1
 
 
 def test_a_dead_relays_buckets_are_taken_over_when_their_lease_ends(
@@ -371,6 +413,23 @@ def test_a_row_larger_than_the_limit_is_claimed_alone_when_asked(
     (big,) = a.claim(10, 1000, first_always=True)
     assert big.size == 5000
     assert [r.size for r in a.claim(10, 1000, first_always=True)] == [10, 10]
+
+
+def test_a_row_larger_than_the_largest_message_is_claimed_unread(
+    make_store: StoreFactory,
+) -> None:
+    """Its payload and headers are never fetched: it comes back with its id, message id and
+    the reason (both sizes), to be parked, and counts nothing against the byte budget."""
+    store = make_store("a", max_message_size=1000)
+    store.enqueue(
+        [*sized(500, 2000), NewMessage(b"x" * 300, "ex", headers=json.dumps({"h": "y" * 800}))]
+    )
+    small, big, headed = store.claim(10, 600)
+    assert (small.size, small.unreadable) == (500, None)
+    for row, size in ((big, 2000), (headed, 300 + len(json.dumps({"h": "y" * 800})))):
+        assert (row.payload, row.headers) == (b"", None)
+        assert row.message_id and row.unreadable is not None
+        assert f"{size} bytes" in row.unreadable and "1000 bytes" in row.unreadable
 
 
 def to(exchanges: str) -> list[NewMessage]:

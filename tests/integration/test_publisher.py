@@ -13,6 +13,7 @@ from devtools.servers import RabbitNode, free_port
 from relay.backoff import Backoff
 from relay.broker.publisher import PikaPublisher
 from relay.records import BrokerNode, OutboxRow, Outcome, Settlement
+from tests.support.fakes import lasting_lease
 from tests.support.inprocess import wait_for
 from tests.support.rows import row
 
@@ -56,6 +57,7 @@ def test_rows_published_in_one_call_go_out_in_a_few_writes_and_in_order(
             window=1000,
             confirm_timeout=30,
             reconnect=Backoff(0.05, 1),
+            lease=lasting_lease(),
         )
         running = asyncio.create_task(publisher.run(lambda: None))
         await wait_for(lambda: publisher.connected, 30, "connected")
@@ -98,6 +100,7 @@ def test_moves_on_to_the_next_node_when_one_refuses_or_dies(
             window=100,
             confirm_timeout=5,
             reconnect=Backoff(0.05, 1),
+            lease=lasting_lease(),
             on_state=nodes.append,
         )
         running = asyncio.create_task(publisher.run(lambda: None))
@@ -141,6 +144,7 @@ def test_closing_while_a_connection_is_still_opening_is_clean() -> None:
                 window=10,
                 confirm_timeout=1,
                 reconnect=Backoff(0.05, 1),
+                lease=lasting_lease(),
             )
             running = asyncio.create_task(publisher.run(lambda: None))
             await asyncio.sleep(0.5)  # the protocol header is sent; no answer comes

@@ -16,9 +16,10 @@ from datetime import UTC, datetime, timedelta
 from relay.broker.confirms import ConfirmWindow
 from relay.broker.quarantine import Quarantine
 from relay.buckets import bucket_of, turn
-from relay.constants import OUTBOX_BUCKETS
+from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS
 from relay.errors import StoreError
-from relay.message import Unpublishable, build
+from relay.lease import LEASE_SHORT, Lease
+from relay.message import Unpublishable, build, too_large_to_read
 from relay.records import (
     PENDING,
     SENT,
@@ -68,9 +69,14 @@ class InMemoryStore:
         lease: float = 60.0,
         ordered: bool = False,
         clock: DatabaseClock | None = None,
+        *,
+        margin: float = 0.0,
+        max_message_size: int = MAX_MESSAGE_SIZE,
     ):
         self.owner = owner
         self.lease = timedelta(seconds=lease)
+        self.margin = timedelta(seconds=margin)
+        self.max_message_size = max_message_size
         self.ordered = ordered
         self.clock = clock or DatabaseClock()
         self.rows: dict[int, _Stored] = {}
@@ -82,7 +88,7 @@ class InMemoryStore:
         self._claim_from: frozenset[int] = frozenset()
         self.failing = False
 
-    def turn(self, active: bool = True) -> None:
+    def turn(self, active: bool = True) -> float:
         self._check()
         now = self.clock.now
         if active:
@@ -111,13 +117,17 @@ class InMemoryStore:
         for b in plan.release:
             self.buckets[b] = _Bucket()
         self._claim_from = plan.claim_from | taken
+        return self.lease.total_seconds()
 
     def _owns(self, row_id: int, *, leased: bool = True) -> bool:
-        """The row's bucket is this relay's: under a running lease, or with ``leased=False``
-        whatever its lease (taken by no one since)."""
+        """The row's bucket is this relay's: under a lease with more than the margin left, or
+        with ``leased=False`` whatever its lease (taken by no one since)."""
         bucket = self.buckets[bucket_of(row_id)]
         return bucket.owner == self.owner and (
-            not leased or (bucket.lease_until is not None and bucket.lease_until > self.clock.now)
+            not leased
+            or (
+                bucket.lease_until is not None and bucket.lease_until > self.clock.now + self.margin
+            )
         )
 
     def claim(
@@ -151,13 +161,22 @@ class InMemoryStore:
             ),
             key=lambda s: (s.next_attempt_at, s.row.id),
         )[:limit]
-        upto = list(itertools.accumulate(s.row.size for s in due))
+        upto = list(itertools.accumulate(0 if self._oversize(s) else s.row.size for s in due))
         due = [s for i, s in enumerate(due) if upto[i] <= max_bytes or (first_always and i == 0)]
         self.held.update(s.row.id for s in due)
-        return sorted(
-            (replace(s.row, sent_before=s.row.message_id in self.sent_log) for s in due),
-            key=lambda r: r.id,
-        )
+        return sorted((self._claimed(s) for s in due), key=lambda r: r.id)
+
+    def _oversize(self, s: _Stored) -> int | None:
+        size = s.row.size + len((s.row.headers or "").encode())
+        return size if size > self.max_message_size else None
+
+    def _claimed(self, s: _Stored) -> OutboxRow:
+        """The row as a claim returns it: an oversized one unread (``relay.db.due``)."""
+        row = replace(s.row, sent_before=s.row.message_id in self.sent_log)
+        if (size := self._oversize(s)) is None:
+            return row
+        reason = too_large_to_read(size, self.max_message_size)
+        return replace(row, payload=b"", headers=None, unreadable=reason)
 
     def settle(self, batch: SettleBatch) -> None:
         self._check()
@@ -236,6 +255,13 @@ class InMemoryStore:
             raise StoreError("database is down (simulated)")
 
 
+def lasting_lease() -> Lease:
+    """A lease that always holds, for a publisher tested on other things."""
+    lease = Lease(0.0, lambda: 0.0)
+    lease.renewed(float("inf"))
+    return lease
+
+
 Responder = Callable[[OutboxRow], str | None]  # "ack", "nack", "return" or None (silence)
 
 
@@ -243,8 +269,15 @@ class ScriptedPublisher(ConfirmWindow):
     """A broker that answers each publish as ``respond`` says, asynchronously, in order; it
     takes every exchange. Suspects go out alone, as the real publisher sends them."""
 
-    def __init__(self, respond: Responder, window: int = 100, confirm_timeout: float = 5.0):
+    def __init__(
+        self,
+        respond: Responder,
+        window: int = 100,
+        confirm_timeout: float = 5.0,
+        lease: Lease | None = None,
+    ):
         super().__init__(window, confirm_timeout)
+        self.lease = lease or lasting_lease()
         self.respond = respond
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
@@ -272,6 +305,9 @@ class ScriptedPublisher(ConfirmWindow):
             self._wake()
 
     def _send(self, row: OutboxRow) -> None:
+        if not self.lease.holds():
+            self.tracker.lose([row], LEASE_SHORT)
+            return
         try:
             build(row)  # what the real publisher refuses to send, this one refuses too
         except Unpublishable as exc:

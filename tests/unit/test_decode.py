@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from relay.db.claims import decode_row
+from relay.db.decode import decode_row
 from relay.db.schema import ROW_COLUMNS
 
 STORED = {
@@ -23,14 +23,17 @@ STORED = {
     "last_error": None,
     "suspect": 0,
     "sent_before": False,
+    "oversize": None,
 }
+MAX_MESSAGE = 1000
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _row(column: str, stored: Any) -> tuple[Any, ...]:
-    """STORED with ``column`` holding ``stored``, as the driver returns it."""
-    values = {**STORED, column: stored}
-    return (*(values[c.name] for c in ROW_COLUMNS), values["sent_before"])
+def _row(column: str, stored: Any, **others: Any) -> tuple[Any, ...]:
+    """STORED with ``column`` holding ``stored`` (and ``others`` theirs), as the driver
+    returns it."""
+    values = {**STORED, **others, column: stored}
+    return (*(values[c.name] for c in ROW_COLUMNS), values["sent_before"], values["oversize"])
 
 
 # A stored value -> the field it becomes (the other columns as in STORED).
@@ -67,7 +70,7 @@ READABLE = {
     ("column", "stored", "field", "value"), READABLE.values(), ids=list(READABLE)
 )
 def test_stored_values_are_read(column: str, stored: Any, field: str, value: Any) -> None:
-    row = decode_row(_row(column, stored))
+    row = decode_row(_row(column, stored), MAX_MESSAGE)
     assert row.unreadable is None
     assert getattr(row, field) == value
 
@@ -93,6 +96,16 @@ UNREADABLE = {
 def test_an_unreadable_row_carries_its_id_and_the_reason(
     column: str, stored: Any, reason: str
 ) -> None:
-    row = decode_row(_row(column, stored))
+    row = decode_row(_row(column, stored), MAX_MESSAGE)
     assert row.id == 7 and row.unreadable is not None
     assert row.unreadable.startswith("unreadable row: ") and reason in row.unreadable
+
+
+def test_a_row_too_large_to_read_carries_its_id_its_message_id_and_its_size() -> None:
+    """The claim returns an oversized row without its payload and headers (NULL), with its
+    size: parked with both sizes in the reason, and still known by its message id."""
+    row = decode_row(_row("oversize", 5000, payload=None, headers=None, attempts=2), MAX_MESSAGE)
+    assert (row.id, row.message_id, row.attempts, row.payload) == (7, "m-7", 2, b"")
+    assert row.unreadable is not None
+    assert "5000 bytes" in row.unreadable and "1000 bytes" in row.unreadable
+    assert "RELAY_MAX_MESSAGE_SIZE" in row.unreadable

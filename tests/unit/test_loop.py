@@ -9,6 +9,8 @@ from collections.abc import Callable, Collection, Sequence
 from relay.backoff import Backoff
 from relay.broker.confirms import RELEASED
 from relay.constants import HELD_CHARGE_INTERVAL_S
+from relay.errors import StoreError
+from relay.lease import LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
 from relay.relay import Relay
@@ -24,12 +26,18 @@ def make(
     max_attempts: int = 3,
     batch_size: int = 50,
     max_inflight_bytes: int = 2**30,
+    *,
+    lease_margin: float = 1.0,
 ) -> Relay:
+    """A relay on ``store`` and ``publisher``, which checks the relay's lease as the real
+    publisher does (``relay.lease``)."""
+    publisher.lease = Lease(lease_margin, loop_time)
     return Relay(
         store,
         publisher,
         SettlePolicy(max_attempts, Backoff(1.0, 10.0)),
         Metrics(),
+        publisher.lease,
         batch_size=batch_size,
         max_inflight_bytes=max_inflight_bytes,
         poll_interval=0.01,
@@ -216,6 +224,46 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
         relay.stop()
         assert await task
         assert not store.held, "a row stayed held after the relay stopped"
+
+    run(scenario())
+
+
+class TurnsFail(InMemoryStore):
+    """A store whose turns fail while ``turns_fail`` (its claims and settles still work)."""
+
+    turns_fail = False
+
+    def turn(self, active: bool = True) -> float:
+        if self.turns_fail:
+            raise StoreError("turn failed (simulated)")
+        return super().turn(active)
+
+
+def test_a_relay_that_cannot_renew_its_lease_publishes_nothing_once_it_runs_short() -> None:
+    """Its turns fail (as after a freeze, or with the database half away): before its
+    lease has less than the margin left, it stops claiming, releases the batch it claimed
+    ahead unpublished, and publishes nothing more, until a turn renews the lease."""
+    store = TurnsFail(lease=60.0)
+    fill(store, 30)
+    publisher = ScriptedPublisher(lambda row: None, window=10, confirm_timeout=300)  # silent
+    relay = make(store, publisher, batch_size=5, lease_margin=1.0)
+    ahead = range(11, 16)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: len(publisher.published) == 10 and len(store.held) == 15)
+        store.turns_fail = True
+        released = f"lost: {LEASE_SHORT}"
+        await wait(lambda: all(store.rows[i].row.last_error == released for i in ahead), 120)
+        assert relay.lease.left() <= relay.lease.margin
+        assert relay.lease.left() > 0, "released only when the lease had run out"
+        await asyncio.sleep(30)
+        assert len(publisher.published) == 10, "published with its lease running out"
+        assert store.held == set(range(1, 11)), "claimed with its lease running out"
+        store.turns_fail = False
+        await wait(lambda: len(store.held) == 15, 10)  # renewed: a batch claimed ahead again
+        relay.stop()
+        await task
 
     run(scenario())
 

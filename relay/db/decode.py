@@ -1,0 +1,163 @@
+"""A claimed row, from the values the database driver returned to an ``OutboxRow``. Pure.
+
+The claim reads the columns as the driver returns them, without SQLAlchemy's result
+processing: SQLite stores any value in any column, and one row's INTEGER payload or epoch
+``created_at`` must not fail the claim of the whole batch. Each row is read on its own here;
+one that cannot be read, or that was too large to be read at all, comes back saying why, and
+is parked (``relay.message``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.db.schema import ROW_COLUMNS
+from relay.message import too_large_to_read
+from relay.records import OutboxRow
+
+# The types of a row's values, in ``ROW_COLUMNS`` order, in a well-formed row; created_at is
+# any of the forms ``_time`` reads.
+_OR_NULL = (str, type(None))
+_PLAIN: tuple[type | tuple[type, ...], ...]
+_PLAIN = (int, str, str, str, bytes, str, _OR_NULL, object, int, _OR_NULL, int, object, type(None))
+# The claim's columns: the row's, whether its message id is in the sent log, and its size
+# when it is over the largest message the relay reads (its payload and headers then NULL).
+_NAMES = (*(c.name for c in ROW_COLUMNS), "sent_before", "oversize")
+
+
+def decode_row(values: Sequence[Any], max_message_size: int) -> OutboxRow:
+    """A claimed row from the driver's values, in ``ROW_COLUMNS`` order, then whether its
+    message id is in the sent log (``sent_before``; a bool, or 0/1), then its size if it is
+    larger than ``max_message_size`` (``oversize``; NULL otherwise). A row that cannot be
+    read, or was too large to be read, comes back with ``unreadable`` saying why, and is
+    parked (``relay.message``).
+
+    A row whose values all have their column's type is taken as it is, its time read:
+    checking and converting each value one by one cost 3.3 us per row (``bench.run
+    --profile``), a quarter of what the bare publisher spends on a whole message."""
+    try:
+        if all(map(isinstance, values, _PLAIN)):
+            (
+                rid,
+                message_id,
+                exchange,
+                key,
+                payload,
+                content,
+                headers,
+                at,
+                tries,
+                error,
+                sus,
+                again,
+                _,
+            ) = values
+            created = _time(at)
+            return OutboxRow(
+                rid,
+                message_id,
+                exchange,
+                key,
+                payload,
+                content,
+                headers,
+                created,
+                tries,
+                error,
+                bool(sus),
+                None,
+                bool(again),
+            )
+        raw = dict(zip(_NAMES, values, strict=True))
+        if raw["oversize"] is not None:
+            return _unread(raw, too_large_to_read(raw["oversize"], max_message_size))
+        return OutboxRow(
+            id=raw["id"],
+            message_id=_text(raw, "message_id"),
+            exchange=_text(raw, "exchange"),
+            routing_key=_text(raw, "routing_key"),
+            payload=_payload(raw["payload"]),
+            content_type=_text(raw, "content_type"),
+            headers=None if raw["headers"] is None else _text(raw, "headers"),
+            created_at=_time(raw["created_at"]),
+            attempts=_attempts(raw["attempts"]),
+            last_error=None if raw["last_error"] is None else str(raw["last_error"]),
+            suspect=bool(raw["suspect"]),
+            sent_before=bool(raw["sent_before"]),
+        )
+    except _Unreadable as exc:
+        return _unread(dict(zip(_NAMES, values, strict=True)), f"unreadable row: {exc}")
+
+
+def _unread(raw: Mapping[str, Any], reason: str) -> OutboxRow:
+    """A row that carries only its id (and what of its message id and attempts can be read),
+    to be parked for ``reason``."""
+    message_id = raw["message_id"] if isinstance(raw["message_id"], str) else ""
+    attempts = raw["attempts"] if isinstance(raw["attempts"], int) else 0
+    return OutboxRow(
+        id=raw["id"],
+        message_id=message_id,
+        exchange="",
+        routing_key="",
+        payload=b"",
+        content_type="",
+        headers=None,
+        created_at=datetime.fromtimestamp(0, UTC),
+        attempts=attempts,
+        unreadable=reason,
+        sent_before=bool(raw["sent_before"]),
+    )
+
+
+class _Unreadable(ValueError):
+    pass
+
+
+def _stored(value: Any) -> str:
+    kinds = {int: "an INTEGER", float: "a REAL", bytes: "a BLOB", memoryview: "a BLOB"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
+def _text(raw: Mapping[Any, Any], column: str) -> str:
+    value = raw[column]
+    if not isinstance(value, str):
+        raise _Unreadable(f"{column} is {_stored(value)}, not text")
+    return value
+
+
+def _payload(value: Any) -> bytes:
+    if isinstance(value, bytes | memoryview):
+        return bytes(value)
+    if isinstance(value, str):  # written as text by plain SQL on SQLite: its UTF-8 bytes
+        return value.encode("utf-8", "surrogatepass")
+    raise _Unreadable(f"payload is {_stored(value)}, not bytes or text")
+
+
+def _time(value: Any) -> datetime:
+    """created_at: a timestamp (PostgreSQL), ISO-8601 text or Unix seconds (SQLite). An aware
+    timestamp keeps its zone (only its instant is used): converting it cost 0.6 us a row."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return value
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise _Unreadable(f"created_at {value[:40]!r} is not an ISO-8601 time") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            moment = datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            raise _Unreadable(f"created_at {value!r} is not a time in Unix seconds") from None
+    else:
+        raise _Unreadable(f"created_at is {_stored(value)}, not a time")
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _attempts(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Unreadable(f"attempts is {_stored(value)}, not a whole number")
+    return value
