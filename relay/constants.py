@@ -10,9 +10,28 @@ from __future__ import annotations
 # A connect that hangs (a black-holed database host) fails after this and is retried with
 # back-off, instead of stalling the loop's worker thread.
 DB_CONNECT_TIMEOUT_S = 5
-# A claim or settle must not wait forever behind a lock (LOCK TABLE, a stuck migration): it
-# fails, is logged, and is retried after a back-off. PostgreSQL, milliseconds.
+# No statement of the relay's runs longer than this (a claim behind LOCK TABLE, a stuck
+# migration): it fails, is logged, and is retried after a back-off. Milliseconds.
 DB_STATEMENT_TIMEOUT_MS = 30_000
+# No statement of the relay's waits longer than this for a lock: the relays' own statements
+# skip each other's locked rows (SKIP LOCKED), so a wait is someone else's lock (an operator's,
+# a migration's), and the statement is retried after a back-off. Milliseconds.
+DB_LOCK_TIMEOUT_MS = 5_000
+# The database ends a transaction of the relay's that sat idle this long between two of its
+# statements (PostgreSQL's idle_in_transaction_session_timeout, MariaDB's
+# idle_transaction_timeout): its statements follow each other within milliseconds, so only a
+# relay frozen inside one (SIGSTOP, a VM paused) leaves it idle, and its locks (its presence,
+# its buckets) must not outlive a lease. Seconds; MySQL has no such setting.
+DB_IDLE_IN_TRANSACTION_S = 5
+# TCP keepalives on the relay's database connections: a connection whose peer went silent (a
+# host gone, a partition) is found dead after IDLE + COUNT x INTERVAL seconds of silence, and
+# one whose sent data goes unacknowledged after USER_TIMEOUT, instead of the kernel's hours;
+# the call fails and is retried on a new connection. The server keeps them too (PostgreSQL's
+# tcp_keepalives_*), and so ends the session of a relay host gone.
+DB_KEEPALIVE_IDLE_S = 5
+DB_KEEPALIVE_INTERVAL_S = 2
+DB_KEEPALIVE_COUNT = 3
+DB_TCP_USER_TIMEOUT_S = DB_KEEPALIVE_IDLE_S + DB_KEEPALIVE_COUNT * DB_KEEPALIVE_INTERVAL_S
 # Seconds between looks for due rows when idle (``poll_interval``'s default). New rows are
 # found by the probe (below) within milliseconds; the poll finds the rest: rows due again
 # after a back-off, and a row that committed after a later one (``relay.db.probe``).

@@ -237,7 +237,7 @@ async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:
 async def _retention(settings: Settings) -> None:
     """Delete sent rows older than the retention period, every purge interval; a failed
     purge is logged and tried again at the next interval (it never stops the relay)."""
-    purger = OutboxAdmin(settings.database_url)
+    purger = OutboxAdmin(settings.database_url, relay_session=True)
     stopped = threading.Event()
     try:
         while True:

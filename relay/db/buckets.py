@@ -40,35 +40,26 @@ def refresh(
 ) -> frozenset[int]:
     """One turn for ``owner`` holding the rows ``held``, able to publish or not
     (``active``); returns the buckets to claim from. Run it in a transaction, at least once
-    every third of a lease."""
+    every third of a lease.
+
+    It never waits on another relay's turn: every row it changes that another relay may
+    hold locked (a relay gone, a bucket of its own being taken) is locked with SKIP LOCKED,
+    and a row skipped is left for the next turn. A relay frozen inside its turn would
+    otherwise stall every other relay's turns, and so their claims, until the database
+    ended its transaction."""
     _present(conn, owner, lease, active)
     live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
     relays = int(conn.execute(live).scalar_one())
-    mine = outbox_buckets.c.owner == owner
-    owned = _update_returning(conn, mine, lease)
+    mine = sa.select(outbox_buckets.c.bucket).where(outbox_buckets.c.owner == owner)
+    owned = _lease(conn, mine, lease)
     plan = turn(owned, relays, held, active)
     taken: set[int] = set()
     if plan.take:
         free = sa.or_(
             outbox_buckets.c.owner.is_(None), outbox_buckets.c.lease_until <= database_time()
         )
-        take = (
-            sa.select(outbox_buckets.c.bucket)
-            .where(free)
-            .order_by(outbox_buckets.c.bucket)
-            .limit(plan.take)
-        )
-        if conn.dialect.name != "sqlite":  # SQLite has one writer at a time anyway
-            take = take.with_for_update(skip_locked=True)
-        if conn.dialect.update_returning:
-            taking = outbox_buckets.c.bucket.in_(take.scalar_subquery())
-            taken = _update_returning(conn, taking, lease, owner)
-        else:
-            # MySQL: no UPDATE ... RETURNING, and no UPDATE of a table its own subquery reads.
-            # The SELECT ... FOR UPDATE has locked what it read: the UPDATE needs no other.
-            taken = set(conn.scalars(take))
-            if taken:
-                conn.execute(_lease(outbox_buckets.c.bucket.in_(taken), lease, owner))
+        take = sa.select(outbox_buckets.c.bucket).where(free)
+        taken = _lease(conn, take.order_by(outbox_buckets.c.bucket).limit(plan.take), lease, owner)
     if plan.release:
         conn.execute(
             sa.update(outbox_buckets)
@@ -78,31 +69,31 @@ def refresh(
     return plan.claim_from | taken
 
 
-def _update_returning(
-    conn: sa.Connection, which: sa.ColumnElement[bool], lease: float, owner: str | None = None
+def _locked(conn: sa.Connection, keys: sa.Select[Any]) -> set[Any]:
+    """The keys ``keys`` selects, their rows locked now by this transaction, less those
+    another transaction holds locked (``SELECT ... FOR UPDATE SKIP LOCKED``; SQLite has one
+    writer at a time, and no locks to skip)."""
+    return set(conn.scalars(keys.with_for_update(skip_locked=True)))
+
+
+def _lease(
+    conn: sa.Connection, buckets: sa.Select[tuple[int]], lease: float, owner: str | None = None
 ) -> set[int]:
-    """Lease the buckets ``which`` (``_lease``); returns them. Where UPDATE cannot return
-    rows (MySQL), the same transaction locks and reads them first."""
-    update = _lease(which, lease, owner)
-    if conn.dialect.update_returning:
-        return set(conn.scalars(update.returning(outbox_buckets.c.bucket)))
-    locked = sa.select(outbox_buckets.c.bucket).where(which).with_for_update()
-    buckets = set(conn.scalars(locked))
-    conn.execute(update)
-    return buckets
-
-
-def _lease(which: sa.ColumnElement[bool], lease: float, owner: str | None) -> sa.Update:
-    """The buckets ``which`` leased (to ``owner``, when given) for ``lease`` seconds."""
-    values: dict[str, Any] = {"lease_until": database_time(lease)}
-    if owner is not None:
-        values["owner"] = owner
-    return sa.update(outbox_buckets).where(which).values(values)
+    """Lease the buckets ``buckets`` selects (to ``owner``, when given) for ``lease``
+    seconds, skipping those another relay holds locked; returns them."""
+    chosen = _locked(conn, buckets)
+    if chosen:
+        values: dict[str, Any] = {"lease_until": database_time(lease)}
+        if owner is not None:
+            values["owner"] = owner
+        which = outbox_buckets.c.bucket.in_(chosen)
+        conn.execute(sa.update(outbox_buckets).where(which).values(values))
+    return chosen
 
 
 def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> None:
     """``owner`` counts among the relays for one more lease, or no more; relays gone for a
-    lease are forgotten."""
+    lease are forgotten (those another relay is forgetting now skipped)."""
     if active:
         alive = {"owner": owner, "alive_until": database_time(lease)}
         if conn.dialect.name == "mysql":
@@ -119,6 +110,8 @@ def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> Non
             )
     else:
         conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
-    conn.execute(
-        sa.delete(outbox_relays).where(outbox_relays.c.alive_until < database_time(-lease))
+    gone = sa.select(outbox_relays.c.owner).where(
+        outbox_relays.c.alive_until < database_time(-lease)
     )
+    if owners := _locked(conn, gone):
+        conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner.in_(owners)))

@@ -2,11 +2,14 @@
 
 Two kinds of session, by what their writes must survive:
 
-- ``relay_session=True`` (the relay's claims and settles): ``synchronous_commit=off`` on
-  PostgreSQL, ``synchronous=NORMAL`` on SQLite (in WAL mode: no fsync at commit, only at
-  checkpoints). A claim or settle lost in a database or machine crash only makes rows due
-  again, so they are published twice, never lost; not waiting for the flush takes a disk
-  flush off every batch.
+- ``relay_session=True`` (the relay's claims, settles, turns, probe and purges):
+  ``synchronous_commit=off`` on PostgreSQL, ``synchronous=NORMAL`` on SQLite (in WAL mode:
+  no fsync at commit, only at checkpoints). A claim or settle lost in a database or machine
+  crash only makes rows due again, so they are published twice, never lost; not waiting for
+  the flush takes a disk flush off every batch. And bounded, so that a relay that froze or
+  vanished holds nothing for long: the server ends a statement that runs, or waits for a
+  lock, too long, and a transaction left idle (``DB_*`` in ``relay.constants``); TCP
+  keepalives on both ends find a silent peer in seconds.
 - the default (writers, operators, migrations, the Spark writer's merge): plain, durable
   commits. A message a writer was told is in the outbox must be there after a crash.
 
@@ -22,7 +25,9 @@ has no per-session setting), so relay sessions there commit durably too.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -34,7 +39,13 @@ from sqlalchemy.dialects import postgresql
 
 from relay.constants import (
     DB_CONNECT_TIMEOUT_S,
+    DB_IDLE_IN_TRANSACTION_S,
+    DB_KEEPALIVE_COUNT,
+    DB_KEEPALIVE_IDLE_S,
+    DB_KEEPALIVE_INTERVAL_S,
+    DB_LOCK_TIMEOUT_MS,
     DB_STATEMENT_TIMEOUT_MS,
+    DB_TCP_USER_TIMEOUT_S,
     MARIADB_MIN_VERSION,
     MYSQL_MIN_VERSION,
     SQLITE_BUSY_TIMEOUT_MS,
@@ -44,8 +55,13 @@ from relay.redact import redact_url
 
 # The relay's own PostgreSQL session settings (``relay_session=True``), each for a reason:
 RELAY_SESSION_SETTINGS = {
-    # A claim must not wait forever behind a lock: it fails and is retried after a back-off.
+    # Bounded: see the module docstring and the constants.
     "statement_timeout": str(DB_STATEMENT_TIMEOUT_MS),
+    "lock_timeout": str(DB_LOCK_TIMEOUT_MS),
+    "idle_in_transaction_session_timeout": str(DB_IDLE_IN_TRANSACTION_S * 1000),
+    "tcp_keepalives_idle": str(DB_KEEPALIVE_IDLE_S),
+    "tcp_keepalives_interval": str(DB_KEEPALIVE_INTERVAL_S),
+    "tcp_keepalives_count": str(DB_KEEPALIVE_COUNT),
     # Right after a bulk load (a Spark job's million rows) the table's statistics still say
     # "few pending rows", and the planner then picks a bitmap scan of *every* due row plus a
     # sort for each claim of 500 (measured: 50 ms instead of 9 ms at 60k due rows). Without
@@ -73,16 +89,24 @@ SQLITE_PRAGMAS = ("journal_mode=WAL", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 SQLITE_RELAY_PRAGMAS = ("synchronous=NORMAL",)
 # Every MySQL session: UTC, and strict for every table (a session may start non-strict).
 MYSQL_SESSION = "SET time_zone = '+00:00', sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')"
-# The relay's own sessions: no wait behind a lock, and no statement, for longer than the
-# statement timeout. MariaDB counts seconds for both; MySQL names its statement limit
-# otherwise, in milliseconds.
-_LOCK_WAIT_S = DB_STATEMENT_TIMEOUT_MS // 1000
+# The relay's own sessions, bounded (see the module docstring): row and table locks waited for
+# in seconds; MariaDB counts its statement limit in seconds and ends idle transactions, MySQL
+# counts its statement limit in milliseconds (of SELECTs only) and has no idle limit.
+_LOCK_WAIT_S = DB_LOCK_TIMEOUT_MS // 1000
+_LOCK_WAITS = f"innodb_lock_wait_timeout = {_LOCK_WAIT_S}, lock_wait_timeout = {_LOCK_WAIT_S}"
 MARIADB_RELAY_SESSION = (
-    f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, max_statement_time = {_LOCK_WAIT_S}"
+    f"SET {_LOCK_WAITS}, max_statement_time = {DB_STATEMENT_TIMEOUT_MS // 1000}, "
+    f"idle_transaction_timeout = {DB_IDLE_IN_TRANSACTION_S}"
 )
-MYSQL_RELAY_SESSION = (
-    f"SET innodb_lock_wait_timeout = {_LOCK_WAIT_S}, max_execution_time = {DB_STATEMENT_TIMEOUT_MS}"
-)
+MYSQL_RELAY_SESSION = f"SET {_LOCK_WAITS}, max_execution_time = {DB_STATEMENT_TIMEOUT_MS}"
+# libpq's keepalives and its timeout for unacknowledged data (see the module docstring).
+PG_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": DB_KEEPALIVE_IDLE_S,
+    "keepalives_interval": DB_KEEPALIVE_INTERVAL_S,
+    "keepalives_count": DB_KEEPALIVE_COUNT,
+    "tcp_user_timeout": DB_TCP_USER_TIMEOUT_S * 1000,
+}
 MYSQL_BACKENDS = ("mysql", "mariadb")
 
 
@@ -100,6 +124,7 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
     if parsed.get_backend_name() == "postgresql":
         connect_args: dict[str, Any] = {"connect_timeout": DB_CONNECT_TIMEOUT_S}
         if relay_session:
+            connect_args.update(PG_KEEPALIVES)
             connect_args["application_name"] = APPLICATION_NAME
             connect_args["options"] = " ".join(
                 f"-c {name}={value}" for name, value in RELAY_SESSION_SETTINGS.items()
@@ -144,7 +169,22 @@ def _mysql_session(relay_session: bool, dbapi_connection: Any, _record: Any) -> 
     if relay_session:
         mariadb = "mariadb" in server.lower()
         cursor.execute(MARIADB_RELAY_SESSION if mariadb else MYSQL_RELAY_SESSION)
+        keep_alive(dbapi_connection.fileno())
     cursor.close()
+
+
+def keep_alive(fd: int) -> None:
+    """TCP keepalives and a timeout for unacknowledged data on the socket ``fd`` (a unix
+    socket is left as it is): what libpq sets from its parameters, set here where the driver
+    (mysqlclient) has no parameter for it."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, DB_KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, DB_KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, DB_KEEPALIVE_COUNT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DB_TCP_USER_TIMEOUT_S * 1000)
 
 
 def server_version_problem(server: str) -> str | None:

@@ -79,10 +79,10 @@ class OutboxWriter:
 
 class OutboxAdmin:
     """The operator's reads and writes (``relay status``, ``replay``, ``purge``, and the
-    relay's retention)."""
+    relay's retention, which runs in a relay's bounded sessions: ``relay_session``)."""
 
-    def __init__(self, url: str) -> None:
-        self.engine = create_engine(url)
+    def __init__(self, url: str, *, relay_session: bool = False) -> None:
+        self.engine = create_engine(url, relay_session=relay_session)
         self._where = redact_url(url)
 
     def status(self, reasons: int = 10) -> OutboxStatus:

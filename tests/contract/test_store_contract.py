@@ -14,7 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from relay.constants import BACKLOG_EXACT_ROWS
+from relay.db.buckets import refresh
 from relay.db.claims import ClaimStore
+from relay.db.clock import database_time
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox, outbox_buckets, outbox_relays, outbox_sent
 from relay.records import (
@@ -244,6 +246,29 @@ def test_a_dead_relays_buckets_are_taken_over_when_their_lease_ends(
     advance(a, SLACK)
     b.turn()
     assert len(b.claim(10, NO_BYTE_LIMIT)) == 2, "a dead relay's rows return"
+
+
+def test_a_turn_never_waits_on_another_relays_turn_left_open(make_store: StoreFactory) -> None:
+    """Relay a froze inside its turn, its presence and its buckets locked (they had run out
+    meanwhile): b's turn neither waits for a's locks nor forgets a or takes its buckets
+    under them; it takes the free ones."""
+    a, b = make_store("a"), make_store("b")
+    if not isinstance(a, SqlStore) or a.engine.dialect.name == "sqlite":
+        pytest.skip("one writer at a time: no row locks to skip")
+    with a.writer.engine.begin() as conn:  # a's presence and its buckets' leases ran out
+        past = database_time(-3 * LEASE)
+        gone = sa.update(outbox_relays).where(outbox_relays.c.owner == "a")
+        conn.execute(gone.values(alive_until=past))
+        conn.execute(sa.update(outbox_buckets).values(lease_until=past))
+    with a.engine.begin() as frozen:
+        refresh(frozen, "a", LEASE, [], True)  # locks a's row and every bucket
+        b.turn()  # waits for no lock (it would fail at the lock timeout)
+        assert b.claim(10, NO_BYTE_LIMIT) == []
+    with a.engine.connect() as conn:
+        relays = set(conn.scalars(sa.select(outbox_relays.c.owner)))
+        owners = set(conn.scalars(sa.select(outbox_buckets.c.owner)))
+    assert relays == {"a", "b"}, "b forgot a under a's lock"
+    assert owners <= {"a", None}, "b took a bucket under a's lock"
 
 
 def test_buckets_are_shared_out_and_handed_over_only_when_idle(make_store: StoreFactory) -> None:
