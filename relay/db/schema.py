@@ -199,6 +199,9 @@ outbox = sa.Table(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="outbox_status_valid"
     ),
     sa.UniqueConstraint("message_id", name="outbox_message_id_key"),
+    # SQLite: an id is never given again, even after the highest row was deleted (migration
+    # 0008 says why). PostgreSQL's sequence and InnoDB's counter never go back.
+    sqlite_autoincrement=True,
 )
 
 
@@ -271,9 +274,10 @@ outbox_sent = sa.Table(
     sa.Column("sent_at", UTCDateTime(), nullable=False),
 )
 
-# Sent times grow with the log's physical order: a BRIN index is a few pages for millions of
-# rows and costs an insert next to nothing (SQLite has a B-tree).
-sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at, postgresql_using="brin")
+# The purge and ``relay status`` find entries by their sent time. A B-tree: a BRIN index
+# assumed the log's physical order was its time order, which the purge undoes (migration
+# 0008). New entries go to its right edge.
+sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at)
 
 # Owned buckets (``relay.buckets``): the relays alive, each until its presence runs out, and
 # which relay owns each bucket of the outbox until when. Both tables stay tiny (a row per

@@ -200,3 +200,50 @@ def test_upgrade_to_the_suspect_column_keeps_the_suspects_marked_in_last_error(
         with store.engine.connect() as conn:
             parked = sa.select(outbox.c.suspect).where(outbox.c.message_id == "parked suspect")
             assert conn.execute(parked).scalar_one() is False
+
+
+def _highest_acked_then_one_more(store: ClaimStore, writer: OutboxWriter) -> tuple[int, int]:
+    """Ack (and so delete) the highest row, then write one more: (the acked id, the new id)."""
+    highest = max(store.claim(10, 2**62), key=lambda r: r.id)
+    store.settle(SettleBatch(sent=(highest.id,)))
+    writer.enqueue([NewMessage(b"x", message_id="next")])
+    (new,) = (r for r in store.claim(10, 2**62) if r.message_id == "next")
+    return highest.id, new.id
+
+
+def test_a_deleted_highest_id_is_never_handed_out_again(database_url: str) -> None:
+    """An ack deletes its row: were its id given to the next row, a stale ack (or a settle
+    retried after a commit the relay did not see) would delete that row unpublished."""
+    store = ClaimStore(database_url, "relay", 60.0)
+    writer = OutboxWriter(database_url)
+    try:
+        store.turn()
+        writer.enqueue([NewMessage(b"x") for _ in range(3)])
+        acked, new = _highest_acked_then_one_more(store, writer)
+        assert new > acked
+    finally:
+        store.close()
+        writer.close()
+
+
+def test_upgrade_to_ids_never_reused_starts_above_every_id_seen(database_url: str) -> None:
+    """0007 -> 0008 (SQLite's outbox copied into an AUTOINCREMENT table): the next id is above
+    the outbox's and the sent log's, though the highest row was already deleted."""
+    migrate(database_url, "base", downgrade=True)
+    migrate(database_url, "0007")
+    store = ClaimStore(database_url, "old-relay", 60.0)
+    writer = OutboxWriter(database_url)
+    try:
+        store.turn()
+        writer.enqueue([NewMessage(b"x") for _ in range(3)])
+        acked = [r.id for r in store.claim(10, 2**62)]
+        store.settle(SettleBatch(sent=tuple(acked)))  # logged, and deleted
+    finally:
+        store.close()
+    try:
+        with upgraded(database_url) as upgraded_store:
+            writer.enqueue([NewMessage(b"x", message_id="after")])
+            (after,) = upgraded_store.claim(10, 2**62)
+            assert after.id > max(acked)
+    finally:
+        writer.close()
