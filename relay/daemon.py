@@ -18,7 +18,6 @@ from relay.broker.connection import connection_parameters
 from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
-    CONFIRM_CEILING_FACTOR,
     PURGE_CHUNK,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
@@ -55,9 +54,9 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
     reconnect = Backoff(
         min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
     )
-    # No row is published once its bucket's lease has less left than a publish may wait for
-    # its confirm (``relay.lease``); nor is one claimed from such a bucket.
-    lease = Lease(CONFIRM_CEILING_FACTOR * settings.confirm_timeout, time.monotonic)
+    # No row is published once its bucket's lease has less left than the confirm timeout
+    # (``relay.lease``); nor is one claimed from such a bucket.
+    lease = Lease(settings.confirm_timeout, time.monotonic)
     store = ClaimStore(
         settings.database_url,
         settings.name,

@@ -12,9 +12,16 @@ it claimed, unpublished, when it has not.
 The lease's end is carried from the database's clock to this host's monotonic clock (which
 neither NTP nor a skewed wall clock moves): each turn leases the buckets for ``seconds`` from
 its statement, which ran after the turn was asked for, so the lease ends no sooner than
-``seconds`` after that moment on the monotonic clock. The margin is the longest a publish
-waits for its confirm (``CONFIRM_CEILING_FACTOR`` times the confirm timeout): a row
-published in time is answered, or given up, before another relay may take it.
+``seconds`` after that moment on the monotonic clock.
+
+The margin is the confirm timeout: a row published in time is answered, or given up if the
+broker falls quiet, before another relay may take it. (Twice that, the longest a row waits
+while others are answered, left a relay in the fault suite, lease 5 s and confirm timeout
+2 s, one second to renew in: under load its turns came later, and it paused five times in
+20 s. With one timeout it has three: ``RELAY_LEASE`` must be more than twice the timeout.)
+What keeps a key's rows in order is the check itself, made before every send: a row
+published as a lease ends can only be published again by the next owner, never after a
+later row of its key, which is claimed only once that row is settled.
 """
 
 from __future__ import annotations

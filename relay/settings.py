@@ -277,8 +277,8 @@ class Settings:
         _positive_float,
         "Seconds a relay's buckets of the outbox stay its own without a renewal (it renews "
         "them every few seconds); a dead relay's rows are another relay's after it. A relay "
-        "claims and publishes only while more than twice RELAY_CONFIRM_TIMEOUT of its lease "
-        "is left: one that froze or cannot renew stops before another may take over.",
+        "claims and publishes only while more than RELAY_CONFIRM_TIMEOUT of its lease is "
+        "left: one that froze or cannot renew stops before another may take over.",
         see="how-it-works.md#a-relay-that-froze",
     )
     backoff_initial: float = _setting(
