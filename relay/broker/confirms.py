@@ -194,13 +194,15 @@ class ConfirmWindow:
     ``ConfirmTracker``, and what the loop takes from it. Real and fake publishers share it;
     each says when it is connected and can publish."""
 
-    connected: bool
-
     def __init__(self, window: int, confirm_timeout: float) -> None:
         self.window = window
         self.tracker = ConfirmTracker(confirm_timeout)
         self._sent: list[OutboxRow] = []  # published since the last take
         self._recovered: list[str] = []  # exchanges found again since the last take
+
+    @property
+    def connected(self) -> bool:
+        raise NotImplementedError
 
     @property
     def can_publish(self) -> bool:

@@ -281,10 +281,18 @@ class ScriptedPublisher(ConfirmWindow):
         self.respond = respond
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
-        self.connected = True
+        self._connected = True
         self._quarantine = Quarantine()
         self._wake: Callable[[], None] = lambda: None
         self._closed = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @connected.setter
+    def connected(self, value: bool) -> None:
+        self._connected = value
 
     @property
     def can_publish(self) -> bool:
