@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -107,20 +107,27 @@ def relay(
 
 
 class RelayProcess:
-    """One `relay run` subprocess; its stderr goes to ``log_path`` (or is inherited)."""
+    """One `relay run` subprocess; its stderr goes to ``log_path`` (or is inherited).
+    ``command``: what runs it (`relay run` itself, or a test's wrapper around it)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path | None = None,
+        command: Sequence[str] = (*RELAY, "run"),
+    ) -> None:
         self.env = env
         self.log_path = log_path
+        self.command = list(command)
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False
 
     def start(self) -> Self:
         if self.log_path is None:
-            self.proc = subprocess.Popen([*RELAY, "run"], env=self.env)
+            self.proc = subprocess.Popen(self.command, env=self.env)
         else:
             with self.log_path.open("ab") as log:
-                self.proc = subprocess.Popen([*RELAY, "run"], env=self.env, stderr=log)
+                self.proc = subprocess.Popen(self.command, env=self.env, stderr=log)
         return self
 
     @property

@@ -14,10 +14,11 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +29,8 @@ import sqlalchemy as sa
 
 from devtools.broker import write_topology
 from devtools.outbox import fates, sent_logged, statuses
-from devtools.relayproc import RelayProcess, relay_env
-from devtools.scrape import http_get
+from devtools.relayproc import RELAY, RelayProcess, relay_env
+from devtools.scrape import http_get, metric
 from devtools.servers import free_port, wait_until
 from relay.broker.topology import Binding, Exchange, Queue, Topology
 from relay.db.schema import outbox
@@ -38,7 +39,8 @@ from relay.records import PENDING
 EXCHANGE = "faults"
 QUEUE = "faults.all"
 WINDOW = 200
-KEYS = 20  # ordering keys the writers spread their rows over
+LEASE = 5.0  # seconds
+KEYS = 100  # ordering keys each writer spreads its rows over (each advances a row per round trip)
 
 
 UNBOUND = "faults.nowhere"  # an exchange with no binding: everything sent there returns
@@ -53,7 +55,8 @@ def topology(queue_arguments: Mapping[str, object] | None = None) -> Topology:
 
 
 class FaultRelay(RelayProcess):
-    """One `relay run` subprocess with settings fast enough for a bounded test."""
+    """One `relay run` subprocess with settings fast enough for a bounded test; ``command``
+    runs it otherwise (``tests/faults/frozen_turn.py``)."""
 
     def __init__(
         self,
@@ -61,7 +64,9 @@ class FaultRelay(RelayProcess):
         directory: Path,
         database_url: str,
         amqp_url: str,
+        *,
         queue_arguments: Mapping[str, object] | None = None,
+        command: Sequence[str] = (*RELAY, "run"),
         **settings: str,
     ) -> None:
         self.name = name
@@ -74,7 +79,7 @@ class FaultRelay(RelayProcess):
             RELAY_TOPOLOGY_FILE=str(topology_path),
             RELAY_WINDOW=str(WINDOW),
             RELAY_CONFIRM_TIMEOUT="2",
-            RELAY_LEASE="5",
+            RELAY_LEASE=str(LEASE),
             RELAY_BACKOFF_INITIAL="0.1",
             RELAY_BACKOFF_MAX="1",
             RELAY_RECONNECT_MAX="1",
@@ -87,7 +92,21 @@ class FaultRelay(RelayProcess):
             RELAY_LOG_FORMAT="json",
         )
         env.update({f"RELAY_{k.upper()}": v for k, v in settings.items()})
-        super().__init__(env, directory / f"{name}.log")
+        super().__init__(env, directory / f"{name}.log", command)
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def published(self) -> float:
+        """Rows this relay has published (its counter)."""
+        return metric(metrics_text(self), "relay_published_total")
+
+    def stopped(self) -> bool:
+        """Frozen: the kernel reports it stopped (SIGSTOP)."""
+        assert self.proc is not None
+        state = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "T"
 
 
 class Writers:
@@ -297,6 +316,18 @@ def finish(
     return outcome
 
 
+def out_of_key_order(consumer: Consumer) -> dict[str, list[int]]:
+    """The keys whose deliveries (every one, duplicates included, but for the broker's own
+    redeliveries to the consumer) went back in the key's order: a row after a later row of
+    its key (A, B, A). A duplicate right after its first (A, A, B) is in order."""
+    delivered: dict[str, list[int]] = collections.defaultdict(list)
+    for message_id, redelivered in list(consumer.deliveries):
+        if not redelivered:
+            writer, number = message_id.split(".", 1)[1][1:].split("-")
+            delivered[f"key-{int(number) % KEYS}-{writer}"].append(int(number))
+    return {key: numbers for key, numbers in delivered.items() if numbers != sorted(numbers)}
+
+
 def order_by_key(consumer: Consumer) -> dict[str, list[int]]:
     """Per writer and ordering key, the sequence numbers in the order first delivered."""
     firsts: dict[str, list[int]] = collections.defaultdict(list)
@@ -327,26 +358,41 @@ def scenario(
     parked: dict[str, str] | None = None,
     after: Callable[[], None] | None = None,
     queue_arguments: Mapping[str, object] | None = None,
+    duplicates: int | None = None,
+    first_command: Sequence[str] = (*RELAY, "run"),
+    recovery_within: float = 60.0,
     **settings: str,
 ) -> tuple[Consumer, list[FaultRelay]]:
     """Relays on the outbox at ``url`` and ``broker_url`` (one node, or several as
     ``RELAY_AMQP_URL`` takes them; ``relay_url`` instead for the relays only), writers and a
     consumer; ``fault`` while they run, the time until every row written before it returned
-    is sent, then ``after`` (while the writers still write), then the check."""
+    is sent (at most ``recovery_within`` seconds), then ``after`` (while the writers still
+    write), then the check. Duplicates are
+    bounded by ``duplicates``, by default a window per fault and relay; ``first_command``
+    runs the first relay. The first relay connects before the others start: it owns every
+    bucket first, and keeps the lowest, where the writers' first rows lie."""
+    commands = [first_command, *[(*RELAY, "run")] * (relays - 1)]
     running = [
         FaultRelay(
-            f"{name}-{n}", tmp, url, relay_url or broker_url, queue_arguments, **settings
-        ).start()
-        for n in range(relays)
+            f"{name}-{n}",
+            tmp,
+            url,
+            relay_url or broker_url,
+            queue_arguments=queue_arguments,
+            command=command,
+            **settings,
+        )
+        for n, command in enumerate(commands)
     ]
     try:
         for relay in running:
+            relay.start()
             wait_until(functools.partial(connected, relay), 60, f"{relay.name} connected")
         with Consumer(broker_url, consumer_delay) as consumer:
             with Writers(url):
                 time.sleep(1)  # rows flowing
                 restored = fault(running)
-                recovery = recovered_at(url, restored, restored)
+                recovery = recovered_at(url, restored, restored, recovery_within)
                 if after is not None:
                     after()
                 time.sleep(0.5)  # and still flowing after
@@ -355,7 +401,7 @@ def scenario(
                 url,
                 consumer,
                 running,
-                bound=faults * relays * WINDOW,
+                bound=faults * relays * WINDOW if duplicates is None else duplicates,
                 recovery=recovery,
                 parked=parked,
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,21 +24,41 @@ import sqlalchemy as sa
 
 from devtools.outbox import fates, insert
 from devtools.procfs import rss_mb
+from devtools.scrape import metric
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerError, wait_until
+from relay.db.schema import outbox_buckets
 from tests.faults.harness import (
+    LEASE,
     QUEUE,
     UNBOUND,
     WINDOW,
     FaultRelay,
     metrics_text,
     order_by_key,
+    out_of_key_order,
     scenario,
 )
 from tests.faults.proxy import TcpProxy
+from tests.faults.silence import Silenced, port_of
+from tests.faults.silence import unavailable as silence_unavailable
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS, rabbit_node
 
 pytestmark = pytest.mark.timeout(180)
 MAX_MESSAGE = 1024 * 1024  # the fault node's max_message_size
+# A relay freezes itself (tests/faults/frozen.py) this long after it started, while the rows
+# flow (they do a second after the relays connected): in its next claim that finds rows (test
+# 15) or its next turn (test 16).
+FREEZE_AFTER_S = 6.0
+# Test 6c: the rows written before the database's connections went silent are sent within
+# this: the keepalives' and the unacknowledged data's limits (DB_TCP_USER_TIMEOUT_S, 11 s), a
+# reconnect, and the backlog of those seconds. Without them, the relay waited for hours.
+SILENT_RECOVERY_S = 30.0
+
+
+def frozen(point: str) -> list[str]:
+    """The command of a relay that freezes itself at ``point`` (tests/faults/frozen.py)."""
+    return [sys.executable, "-m", "tests.faults.frozen", point, str(FREEZE_AFTER_S)]
+
 
 # Scenarios whose fault is in the database or in the relays, with the broker a bystander:
 # on one version only (the suite's time budget); the broker's own faults run on both.
@@ -280,6 +301,37 @@ def test_6b_mariadb_killed_locked_and_its_connections_killed(
 
 
 @broker_bystander
+@pytest.mark.databases("postgresql", "mariadb")
+def test_6c_connections_to_a_vanished_database_host_are_found_dead_in_seconds(
+    database_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """Every connection the relay has to the database goes silent, for good: its packets are
+    dropped both ways (tests/faults/silence.py), as when the database's host vanishes without
+    a reset or a failover moves its address; new connections get through. TCP keepalives
+    and the timeout for unacknowledged data find them dead in seconds, not the kernel's
+    hours: the calls under way fail, are retried on new connections, and the rows written
+    before the fault are sent within ``SILENT_RECOVERY_S``."""
+    if (why := silence_unavailable()) is not None:
+        pytest.skip(why)
+    port = port_of(database_url)
+    with contextlib.ExitStack() as silenced:
+
+        def go_silent(relays: list[FaultRelay]) -> float:
+            silenced.enter_context(Silenced(relays[0].pid, port))
+            return time.time()
+
+        scenario(
+            "6c-database-silent",
+            database_url,
+            fresh_broker.url,
+            tmp_path,
+            go_silent,
+            after=silenced.close,
+            recovery_within=SILENT_RECOVERY_S,
+        )
+
+
+@broker_bystander
 def test_10_three_relays_share_the_outbox_without_publishing_a_row_twice(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
 ) -> None:
@@ -504,3 +556,92 @@ def test_14_poison_rows_of_every_kind_while_three_relays_run(
     first = [m for m, redelivered in consumer.deliveries if not redelivered]
     duplicates = len(first) - len(set(first))
     assert duplicates <= 2 * WINDOW, f"{duplicates} duplicates for two channel-closing rows"
+
+
+@broker_bystander
+@pytest.mark.databases("postgresql", "mariadb")
+def test_15_a_relay_frozen_three_leases_mid_stream_publishes_nothing_out_of_key_order(
+    database_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """Three relays, ordering on; one frozen (SIGSTOP) for three leases mid-stream, then
+    resumed. The others take its buckets and publish its rows; on waking it publishes none of
+    the rows it had claimed (their buckets are the others' now): no row of a key arrives
+    after a later row of that key, and duplicates stay within one window (the rows it had in
+    flight, published again by the others). It freezes itself right after a claim found rows
+    (tests/faults/frozen.py), so that it holds rows claimed and not yet published, as a
+    busy relay does at any moment."""
+
+    def freeze(relays: list[FaultRelay]) -> float:
+        wait_until(relays[0].stopped, 60, "the relay frozen after a claim")
+        time.sleep(3 * LEASE)
+        relays[0].signal(signal.SIGCONT)
+        return time.time()
+
+    consumer, _ = scenario(
+        "15-relay-frozen",
+        database_url,
+        fresh_broker.url,
+        tmp_path,
+        freeze,
+        relays=3,
+        duplicates=WINDOW,
+        first_command=frozen("claim"),
+        ordering="true",
+    )
+    assert out_of_key_order(consumer) == {}
+
+
+@broker_bystander
+@pytest.mark.databases("postgresql", "mariadb")
+def test_16_a_relay_frozen_inside_its_turn_stalls_no_other_and_loses_its_buckets(
+    database_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """Three relays; one freezes itself inside a turn (tests/faults/frozen_turn.py), its
+    presence and its buckets locked by an open transaction. The database ends that
+    transaction (idle too long); the others' turns wait for none of its locks, their rate
+    during the freeze is at least half the three relays' rate before it, and they take its
+    buckets within two leases. It resumes, rejoins, and nothing is lost."""
+    engine = sa.create_engine(database_url)
+    seen: dict[str, float] = {}
+
+    def frozen_turn(relays: list[FaultRelay]) -> float:
+        frozen, others = relays[0], relays[1:]
+        counts: list[tuple[float, float]] = []  # (monotonic time, rows all three published)
+        while not frozen.stopped():
+            sampled, text = time.monotonic(), metrics_text(frozen)
+            assert not counts or sampled - counts[0][0] < 60, "the relay never froze in its turn"
+            if text:  # else it froze meanwhile
+                mine = metric(text, "relay_published_total")
+                counts.append((sampled, mine + sum(r.published() for r in others)))
+            time.sleep(0.2)
+        frozen_at = time.monotonic()
+        before = [(t, n) for t, n in counts if t >= frozen_at - 3]
+        assert before[-1][0] - before[0][0] >= 2, "too short a time flowing before the freeze"
+        seen["rate_before"] = (before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
+        published_at_freeze = sum(r.published() for r in others)
+        owned = sa.select(sa.func.count()).where(outbox_buckets.c.owner == frozen.name)
+        while time.monotonic() - frozen_at < 2 * LEASE:
+            with engine.connect() as conn:
+                if conn.execute(owned).scalar_one() == 0 and "taken_s" not in seen:
+                    seen["taken_s"] = time.monotonic() - frozen_at
+            time.sleep(0.2)
+        during = sum(r.published() for r in others) - published_at_freeze
+        seen["rate_during"] = during / (time.monotonic() - frozen_at)
+        frozen.signal(signal.SIGCONT)
+        return time.time()
+
+    try:
+        scenario(
+            "16-frozen-in-turn",
+            database_url,
+            fresh_broker.url,
+            tmp_path,
+            frozen_turn,
+            relays=3,
+            first_command=frozen("turn"),
+        )
+    finally:
+        engine.dispose()
+    print(json.dumps({"scenario": "16-frozen-in-turn", **seen}))
+    assert "taken_s" in seen, f"its buckets were not taken over within {2 * LEASE:g} s"
+    assert seen["rate_during"] >= 0.5 * seen["rate_before"], seen
