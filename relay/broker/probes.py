@@ -141,7 +141,9 @@ class Probes:
         else:
             sent = self._send(channel, row, judge)
             if sent:
-                await asyncio.wait({answered, closed}, timeout=self._timeout)
+                await asyncio.wait(
+                    {answered, closed}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+                )
                 refusal = _unanswered(judge, row, closed, loop.time())
         if channel is not None and channel.is_open:
             channel.close()
