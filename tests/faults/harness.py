@@ -359,7 +359,7 @@ def scenario(
     after: Callable[[], None] | None = None,
     queue_arguments: Mapping[str, object] | None = None,
     duplicates: int | None = None,
-    first_command: Sequence[str] = (*RELAY, "run"),
+    first_command: Sequence[str] | None = None,
     recovery_within: float = 60.0,
     **settings: str,
 ) -> tuple[Consumer, list[FaultRelay]]:
@@ -368,10 +368,11 @@ def scenario(
     consumer; ``fault`` while they run, the time until every row written before it returned
     is sent (at most ``recovery_within`` seconds), then ``after`` (while the writers still
     write), then the check. Duplicates are
-    bounded by ``duplicates``, by default a window per fault and relay; ``first_command``
-    runs the first relay. The first relay connects before the others start: it owns every
-    bucket first, and keeps the lowest, where the writers' first rows lie."""
-    commands = [first_command, *[(*RELAY, "run")] * (relays - 1)]
+    bounded by ``duplicates``, by default a window per fault and relay. ``first_command`` runs
+    the first relay, the one under test: it then connects before the others start, so that it
+    owns every bucket first and keeps the lowest, where the writers' first rows lie."""
+    plain = (*RELAY, "run")
+    commands = [first_command or plain, *[plain] * (relays - 1)]
     running = [
         FaultRelay(
             f"{name}-{n}",
@@ -385,8 +386,13 @@ def scenario(
         for n, command in enumerate(commands)
     ]
     try:
+        if first_command is not None:
+            running[0].start()
+            wait_until(functools.partial(connected, running[0]), 60, "the relay under test")
         for relay in running:
-            relay.start()
+            if not relay.running:
+                relay.start()
+        for relay in running:
             wait_until(functools.partial(connected, relay), 60, f"{relay.name} connected")
         with Consumer(broker_url, consumer_delay) as consumer:
             with Writers(url):

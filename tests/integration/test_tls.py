@@ -167,7 +167,9 @@ def test_a_broker_that_fails_the_checks_gets_nothing_and_the_log_says_why(
     with caplog.at_level("WARNING"):
         asyncio.run(scenario())
     retries = [r.getMessage() for r in caplog.records if getattr(r, "action", "") == "broker_retry"]
-    assert retries and reason in retries[0], retries[:1]
+    # TLS 1.3 sends a missing certificate's alert after the client's handshake is done, and
+    # the close can overtake it (an EOF): the reason is in the log once the alert is read.
+    assert any(reason in m for m in retries), retries
     assert all("guest:guest" not in m for m in retries)
 
 
