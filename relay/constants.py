@@ -76,6 +76,23 @@ PURGE_CHUNK = 5000
 # max_message_size. A larger row is parked unread: fetching it could exhaust the relay's memory.
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 
+# --- Inbox ---------------------------------------------------------------------------------
+# The inbox's defaults (``relay.inbox``). Attempts: enough for a handler's passing failure (a
+# deadlock, a restart of a service it calls), few enough that a poison message reaches the
+# dead-letter queue within seconds.
+INBOX_MAX_ATTEMPTS = 5
+# Deliveries on their way while one is handled: a round trip's worth at thousands a second,
+# and few enough that a consumer that dies returns few to the queue.
+INBOX_PREFETCH = 50
+# Ids kept twice the relay's default retention (7 days), so that a replay of anything the
+# relay still remembers is a duplicate here.
+INBOX_DEDUPE_WINDOW_S = 14 * 24 * 3600.0
+# Ids deleted per transaction by the inbox's purge: short transactions beside the handlers'.
+INBOX_PURGE_CHUNK = 1000
+# Seconds between the consumer's looks at its periodic work (the purge, a stop) while
+# deliveries come or not.
+INBOX_TICK_S = 1.0
+
 # --- Broker --------------------------------------------------------------------------------
 # pika's own connect timeout (``stack_timeout``) when the URL sets none.
 PIKA_DEFAULT_CONNECT_TIMEOUT_S = 15.0

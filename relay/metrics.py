@@ -155,6 +155,51 @@ class Metrics:
         self.parked.inc(parked)
 
 
+# A handler's transaction: milliseconds for a row or two, seconds when it calls out.
+HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+INBOX_FAILURES = ("retried", "dead_lettered")
+
+
+class InboxMetrics:
+    """An inbox consumer's metrics (``relay.inbox``), labelled with the consumer's name."""
+
+    def __init__(self, consumer: str, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.processed = Counter(
+            "inbox_processed_total",
+            "Deliveries whose handler ran and committed.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
+        self.duplicates = Counter(
+            "inbox_duplicates_total",
+            "Deliveries of a message processed before (its id in the inbox): acked, not handled.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
+        failures = Counter(
+            "inbox_failures_total",
+            "Deliveries whose handler (or its commit) failed, by what became of them: retried "
+            "(requeued), dead_lettered (rejected after the last attempt, or without an id).",
+            ["consumer", "outcome"],
+            registry=r,
+        )
+        self.retried, self.dead_lettered = (failures.labels(consumer, o) for o in INBOX_FAILURES)
+        self.handler_seconds = Histogram(
+            "inbox_handler_seconds",
+            "Seconds from a delivery's key insert to its commit, for those that committed.",
+            ["consumer"],
+            buckets=HANDLER_BUCKETS,
+            registry=r,
+        ).labels(consumer)
+        self.database_errors = Counter(
+            "inbox_database_errors_total",
+            "Deliveries requeued unhandled because the inbox's own statements failed.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
+
+
 class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
 

@@ -153,3 +153,34 @@ class NewMessage:
 class BacklogStats:
     due: int
     oldest_due_age: float  # seconds the longest-waiting due row has been due; 0 when none
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message as an inbox consumer's handler receives it (``relay.inbox``). ``headers``
+    are pika's decoding of the AMQP table: long strings as ``str``."""
+
+    message_id: str | None  # the AMQP property; the inbox keys on it, or on ``ce-id``
+    body: bytes
+    exchange: str
+    routing_key: str
+    content_type: str | None
+    headers: dict[str, object]
+    redelivered: bool
+
+    @property
+    def key(self) -> str | None:
+        """The id the inbox remembers the message by: its message id, else its CloudEvents
+        ``ce-id`` header (a CloudEvents producer that sets no message id)."""
+        if self.message_id:
+            return self.message_id
+        ce_id = self.headers.get("ce-id")
+        return ce_id if isinstance(ce_id, str) and ce_id else None
+
+
+class Verdict(enum.Enum):
+    """What a consumer answers the broker for one delivery."""
+
+    ACK = "ack"  # processed now, or before (a duplicate)
+    RETRY = "retry"  # rejected with requeue: delivered again
+    DEAD_LETTER = "dead_letter"  # rejected without requeue: to the queue's dead-letter exchange

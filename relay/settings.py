@@ -23,10 +23,13 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from relay.constants import (
+    INBOX_DEDUPE_WINDOW_S,
+    INBOX_MAX_ATTEMPTS,
+    INBOX_PREFETCH,
     MAX_MESSAGE_SIZE,
     POLL_INTERVAL_S,
     PROBE_IDLE_BACKOFF,
@@ -203,8 +206,36 @@ def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+class _FromEnvironment:
+    """Loading from the environment, an env file and options, for a settings dataclass."""
+
+    @classmethod
+    def load(
+        cls,
+        environ: Mapping[str, str],
+        overrides: Mapping[str, str] | None = None,
+        env_file: Path | None = None,
+    ) -> Self:
+        """Build settings from an env file, the environment and option overrides (as text).
+        Every ``RELAY_*`` variable must be a setting of the relay's or of the inbox's."""
+        raw: dict[str, str] = {}
+        if env_file is not None:
+            raw.update(_read_env_file(env_file))
+        raw.update({k: v for k, v in environ.items() if k.startswith(ENV_PREFIX)})
+        _reject_unknown(raw)
+        for name, text in (overrides or {}).items():
+            raw[env_name(name)] = text
+        _read_secret_files(raw)
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key = env_name(f.name)
+            if key in raw:
+                kwargs[f.name] = _parse(f, raw[key])
+        return cls(**kwargs)
+
+
 @dataclass(frozen=True)
-class Settings:
+class Settings(_FromEnvironment):
     database_url: str = _setting(
         "sqlite:///outbox.db",
         _url("sqlite", "postgresql", "mysql", "mariadb"),
@@ -385,29 +416,6 @@ class Settings:
         if not self.name:
             object.__setattr__(self, "name", default_name())
 
-    @classmethod
-    def load(
-        cls,
-        environ: Mapping[str, str],
-        overrides: Mapping[str, str] | None = None,
-        env_file: Path | None = None,
-    ) -> Settings:
-        """Build settings from an env file, the environment and option overrides (as text)."""
-        raw: dict[str, str] = {}
-        if env_file is not None:
-            raw.update(_read_env_file(env_file))
-        raw.update({k: v for k, v in environ.items() if k.startswith(ENV_PREFIX)})
-        _reject_unknown(raw)
-        for name, text in (overrides or {}).items():
-            raw[env_name(name)] = text
-        _read_secret_files(raw)
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            key = env_name(f.name)
-            if key in raw:
-                kwargs[f.name] = _parse(f, raw[key])
-        return cls(**kwargs)
-
     @property
     def amqp_urls(self) -> tuple[str, ...]:
         """The broker's nodes, in the order the relay tries them."""
@@ -433,12 +441,60 @@ class Settings:
         return out
 
 
+@dataclass(frozen=True)
+class InboxSettings(_FromEnvironment):
+    """An inbox consumer's own settings (``relay.inbox``); its database, broker and TLS are
+    the relay's settings of the same names (``RELAY_DATABASE_URL``, ``RELAY_AMQP_URL``, ...)."""
+
+    inbox_queue: str = _setting(
+        "", str, "Queue the inbox consumer consumes (it must exist: declare it in the topology)."
+    )
+    inbox_consumer: str = _setting(
+        "",
+        str,
+        "Name of the consumer, part of every key it keeps: consumers that share a database "
+        "each process every message once under their own name (default: the queue's name).",
+    )
+    inbox_max_attempts: int = _setting(
+        INBOX_MAX_ATTEMPTS,
+        _positive_int,
+        "Failed attempts at a message (its handler raised, or its consumer died while "
+        "handling it) after which it is rejected without requeue, to the queue's dead-letter "
+        "exchange.",
+    )
+    inbox_prefetch: int = _setting(
+        INBOX_PREFETCH,
+        _positive_int,
+        "Deliveries the broker sends ahead of the one being handled (basic.qos).",
+    )
+    inbox_dedupe_window: float = _setting(
+        INBOX_DEDUPE_WINDOW_S,
+        _seconds_or_zero,
+        "Seconds a processed message's id is kept: a copy that comes within it is acked "
+        "unprocessed, one that comes later is processed again. It must outlast every way a "
+        "message can come again: the relay's RELAY_RETENTION (replays), and the broker's "
+        "longest queueing (0 keeps ids forever).",
+        shown="1209600 (14 days)",
+        see="inbox.md#the-dedupe-window",
+    )
+    inbox_purge_interval: float = _setting(
+        600.0, _positive_float, "Seconds between the consumer's purges of expired ids."
+    )
+
+    def __post_init__(self) -> None:
+        if not self.inbox_queue:
+            raise ConfigError(f"{env_name('inbox_queue')} must name the queue to consume")
+        if not self.inbox_consumer:
+            object.__setattr__(self, "inbox_consumer", self.inbox_queue)
+
+
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
 def known_env_names() -> list[str]:
-    names = [env_name(f.name) for f in dataclasses.fields(Settings)] + [ENV_FILE_VAR]
+    declared = [*dataclasses.fields(Settings), *dataclasses.fields(InboxSettings)]
+    names = [env_name(f.name) for f in declared] + [ENV_FILE_VAR]
     return names + [n for f in _secret_fields() for n in _secret_file_vars(f.name)]
 
 
@@ -570,10 +626,10 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return out
 
 
-def describe() -> list[SettingDoc]:
-    """Every setting, for --help and the docs."""
+def describe(settings: type[Settings] | type[InboxSettings] = Settings) -> list[SettingDoc]:
+    """Every setting of the relay's (or of ``settings``), for --help and the docs."""
     rows = []
-    for f in dataclasses.fields(Settings):
+    for f in dataclasses.fields(settings):
         default = f.default
         shown = f.metadata["shown"] or ("" if default in (None, "") else str(default))
         text = f.metadata["help"]

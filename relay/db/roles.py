@@ -5,6 +5,8 @@
   schema runs with them: the outbox has no triggers, functions or procedures.
 - **relay**: ``relay run`` (claims, settles, turns, retention) and ``relay status``.
 - **writer**: plain SQL writers and ``relay enqueue``: INSERT on the outbox, nothing else.
+- **consumer**: an inbox consumer (``relay.inbox``): its keys and attempts, nothing of the
+  outbox's (and what its handler writes, which is the user's to grant).
 
 The docs (Operations, least privilege) print these statements, and the tests run each role
 with them and no more.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 RELAY = "relay"
 WRITER = "writer"
+CONSUMER = "consumer"
 
 # Privileges per role, per table.
 PRIVILEGES: dict[str, dict[str, str]] = {
@@ -25,6 +28,10 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_counters": "SELECT, UPDATE",
     },
     WRITER: {"outbox": "INSERT"},
+    CONSUMER: {
+        "inbox_received": "SELECT, INSERT, DELETE",
+        "inbox_attempts": "SELECT, INSERT, UPDATE, DELETE",
+    },
 }
 # PostgreSQL: an INSERT that takes its id from the outbox's sequence needs to use it.
 _PG_SEQUENCE = "GRANT USAGE ON SEQUENCE outbox_id_seq TO {grantee}"

@@ -1,0 +1,192 @@
+"""The inbox: effectively-once processing for a RabbitMQ consumer.
+
+The relay delivers at least once: a message can come twice (a relay killed between the
+broker's ack and its settle, a replay). The inbox makes processing once per message and
+consumer: each delivery's id (its message id, or its CloudEvents ``ce-id``) is inserted
+first in the transaction the handler writes in, so that the id and the handler's writes
+commit together or not at all; a delivery whose id is there is acked without running the
+handler. A handler that raises rolls back, its attempt is counted in a short transaction of
+its own, and the delivery is requeued, or after ``RELAY_INBOX_MAX_ATTEMPTS`` rejected
+without requeue, to the queue's dead-letter exchange.
+
+    def handle(delivery: Delivery, tx: Transaction) -> None:
+        tx.execute(insert_order, {...})   # commits with the message's id
+
+    Inbox(Settings.load(os.environ), InboxSettings.load(os.environ)).run(handle, stop)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from relay.backoff import Backoff
+from relay.broker.consumer import Consumer
+from relay.constants import INBOX_PURGE_CHUNK, INBOX_TICK_S
+from relay.db.inbox import InboxStore, Transaction
+from relay.errors import StoreError
+from relay.inbox.policy import after_failure, key_problem, too_many_before, window_problem
+from relay.metrics import InboxMetrics
+from relay.records import Delivery, Verdict
+from relay.settings import InboxSettings, Settings
+
+__all__ = ["Delivery", "Handler", "Inbox", "InboxSettings", "Settings", "Transaction"]
+
+log = logging.getLogger(__name__)
+
+# A message's processing: its writes go through ``tx``, the transaction that holds its id.
+Handler = Callable[[Delivery, Transaction], None]
+
+
+class Inbox:
+    """A consumer of one queue that processes each message once under its name."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        inbox: InboxSettings,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.inbox = inbox
+        self.store = InboxStore(settings.database_url, inbox.inbox_consumer)
+        self.metrics = InboxMetrics(inbox.inbox_consumer, registry)
+        self._backoff = Backoff(settings.backoff_initial, settings.reconnect_max)
+        self._db_failures = 0
+        self._next_purge = 0.0
+        self._stop = threading.Event()
+
+    def run(self, handler: Handler, stop: threading.Event | None = None) -> None:
+        """Consume until ``stop`` (or ``self.stop()``) is set; returns after the delivery under
+        way is answered. Deliveries not answered yet go back to the queue."""
+        stop = stop or self._stop
+        problem = window_problem(self.inbox.inbox_dedupe_window, self.settings.retention)
+        if problem is not None:
+            log.warning(problem, extra={"action": "inbox_window_short"})
+        consumer = Consumer(
+            self.settings.amqp_urls,
+            self.settings.name,
+            self.settings.amqp_tls,
+            queue=self.inbox.inbox_queue,
+            prefetch=self.inbox.inbox_prefetch,
+            handle=lambda delivery: self.process(handler, delivery, stop),
+            idle=lambda: self._purge_when_due(stop),
+            tick=INBOX_TICK_S,
+            backoff=self._backoff,
+        )
+        try:
+            consumer.run(stop)
+        finally:
+            self.store.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def process(self, handler: Handler, delivery: Delivery, stop: threading.Event) -> Verdict:
+        """One delivery through the inbox: the verdict the broker is answered with."""
+        problem = key_problem(delivery)
+        if problem is not None:
+            log.error(
+                "dead-lettered a delivery from %r: %s",
+                delivery.exchange,
+                problem,
+                extra={"action": "inbox_unkeyed"},
+            )
+            self.metrics.dead_lettered.inc()
+            return Verdict.DEAD_LETTER
+        key = delivery.key
+        assert key is not None  # key_problem says so
+        failure: Exception | None = None
+        try:
+            # A delivery that comes again may follow an attempt whose consumer died before it
+            # could count it: counted before it runs, outside the transaction (SQLite has one
+            # writer, and the transaction holds it).
+            counted = 0
+            if delivery.redelivered:
+                counted = self.store.count_attempt(key, "delivered again")
+            with self.store.receive(key) as tx:
+                if tx is None:
+                    self.metrics.duplicates.inc()
+                    self._db_failures = 0
+                    return Verdict.ACK
+                if too_many_before(counted, self.inbox.inbox_max_attempts):
+                    tx.rollback()
+                    return self._dead_letter(key, "its earlier attempts used up the allowance")
+                started = time.perf_counter()
+                try:
+                    handler(delivery, tx)
+                except Exception as exc:
+                    tx.rollback()
+                    failure = exc
+            if failure is not None:
+                return self._failed(key, failure, counted)
+        except StoreError as exc:
+            return self._store_failed(key, exc, stop)
+        self.metrics.handler_seconds.observe(time.perf_counter() - started)
+        self.metrics.processed.inc()
+        self._db_failures = 0
+        return Verdict.ACK
+
+    def _failed(self, key: str, exc: Exception, counted: int) -> Verdict:
+        error = f"{type(exc).__name__}: {exc}"
+        attempts = counted or self.store.count_attempt(key, error)
+        verdict = after_failure(attempts, self.inbox.inbox_max_attempts)
+        if verdict is Verdict.DEAD_LETTER:
+            return self._dead_letter(key, error)
+        log.warning(
+            "message %s failed (attempt %d of %d), requeued: %s",
+            key,
+            attempts,
+            self.inbox.inbox_max_attempts,
+            error,
+            extra={"action": "inbox_retry", "message_id": key},
+        )
+        self.metrics.retried.inc()
+        return verdict
+
+    def _dead_letter(self, key: str, why: str) -> Verdict:
+        log.error(
+            "message %s dead-lettered after %d attempts: %s",
+            key,
+            self.inbox.inbox_max_attempts,
+            why,
+            extra={"action": "inbox_dead_letter", "message_id": key},
+        )
+        self.metrics.dead_lettered.inc()
+        return Verdict.DEAD_LETTER
+
+    def _store_failed(self, key: str, exc: StoreError, stop: threading.Event) -> Verdict:
+        """The inbox's own statements failed (the database is away): the delivery goes back,
+        uncounted, and the consumer waits before the next."""
+        self._db_failures += 1
+        delay = self._backoff.delay(self._db_failures)
+        log.warning(
+            "message %s requeued unhandled (database failure %d), next in %.1fs: %s",
+            key,
+            self._db_failures,
+            delay,
+            exc,
+            extra={"action": "inbox_database_retry", "message_id": key},
+        )
+        self.metrics.database_errors.inc()
+        stop.wait(delay)
+        return Verdict.RETRY
+
+    def _purge_when_due(self, stop: threading.Event) -> None:
+        window = self.inbox.inbox_dedupe_window
+        if window == 0 or time.monotonic() < self._next_purge:
+            return
+        self._next_purge = time.monotonic() + self.inbox.inbox_purge_interval
+        try:
+            deleted = self.store.purge(window, INBOX_PURGE_CHUNK, stop)
+        except StoreError as exc:
+            log.warning("inbox purge failed: %s", exc, extra={"action": "inbox_purge_failed"})
+            return
+        if deleted:
+            log.info(
+                "purged %d expired ids", deleted, extra={"action": "inbox_purged", "rows": deleted}
+            )

@@ -1,0 +1,208 @@
+"""The inbox (``relay.inbox``) in-process against the real broker and real databases: every
+message processed once however often it comes, a poison message dead-lettered after its
+attempts, a message without an id dead-lettered unprocessed, consumers of one database each
+processing every message once under their own names."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import pika
+import pytest
+import sqlalchemy as sa
+
+from devtools.broker import drain
+from devtools.servers import RabbitNode, wait_until
+from relay.db.engine import create_engine
+from relay.db.inbox import Transaction
+from relay.inbox import Delivery, Inbox, InboxSettings
+from tests.support.inprocess import settings
+from tests.support.metrics import sample_value
+
+effects = sa.Table(
+    "effects",
+    sa.MetaData(),
+    sa.Column("consumer", sa.String(64)),
+    sa.Column("message_id", sa.String(255)),
+)
+
+
+def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
+    """(exchange, its queues, their dead-letter queue): a fanout exchange, ``queues`` queues
+    bound to it, each dead-lettering to one queue."""
+    suffix = uuid.uuid4().hex[:8]
+    exchange, dead = f"inbox.x.{suffix}", f"inbox.dead.{suffix}"
+    names = [f"inbox.q{n}.{suffix}" for n in range(queues)]
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = conn.channel()
+    channel.exchange_declare(exchange, "fanout", durable=True)
+    channel.exchange_declare(dead, "fanout", durable=True)
+    channel.queue_declare(dead, durable=True)
+    channel.queue_bind(dead, dead)
+    for queue in names:
+        channel.queue_declare(queue, durable=True, arguments={"x-dead-letter-exchange": dead})
+        channel.queue_bind(queue, exchange)
+    conn.close()
+    return exchange, names, dead
+
+
+def publish(
+    url: str, exchange: str, messages: Sequence[tuple[str | None, Mapping[str, str]]]
+) -> None:
+    """(message id, headers) pairs, each published as it is, with confirms."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = conn.channel()
+    channel.confirm_delivery()
+    for message_id, headers in messages:
+        properties = pika.BasicProperties(
+            message_id=message_id, headers=dict(headers), delivery_mode=2
+        )
+        channel.basic_publish(exchange, "", b"{}", properties)
+    conn.close()
+
+
+def recording(
+    consumer: str, fail: Callable[[Delivery], bool] = lambda _d: False
+) -> tuple[Callable[[Delivery, Transaction], None], collections.Counter[str]]:
+    """A handler that writes an effect row per message (in the inbox's transaction) and
+    raises for the deliveries ``fail`` picks; and the count of its calls per key."""
+    calls: collections.Counter[str] = collections.Counter()
+
+    def handle(delivery: Delivery, tx: Transaction) -> None:
+        assert delivery.key is not None
+        calls[delivery.key] += 1
+        tx.execute(effects.insert(), {"consumer": consumer, "message_id": delivery.key})
+        if fail(delivery):
+            raise ValueError("cannot process this one")
+
+    return handle, calls
+
+
+@contextmanager
+def consuming(
+    database_url: str,
+    amqp_url: str,
+    queue: str,
+    handler: Callable[[Delivery, Transaction], None],
+    **inbox: str,
+) -> Iterator[Inbox]:
+    config = InboxSettings.load({}, {"inbox_queue": queue, **inbox})
+    consumer = Inbox(settings(database_url, amqp_url, backoff_initial=0.05), config)
+    stop = threading.Event()
+    thread = threading.Thread(target=consumer.run, args=(handler, stop))
+    thread.start()
+    try:
+        yield consumer
+    finally:
+        stop.set()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def processed(database_url: str) -> collections.Counter[tuple[str, str]]:
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return collections.Counter(
+                (row.consumer, row.message_id) for row in conn.execute(sa.select(effects))
+            )
+    finally:
+        engine.dispose()
+
+
+def copies(consumer: Inbox, expected: int) -> bool:
+    return value(consumer, "inbox_duplicates_total") == expected
+
+
+def value(consumer: Inbox, name: str, **labels: str) -> float:
+    return sample_value(consumer.metrics, name, consumer=consumer.inbox.inbox_consumer, **labels)
+
+
+@pytest.fixture
+def with_effects(database_url: str) -> str:
+    engine = create_engine(database_url)
+    effects.create(engine)
+    engine.dispose()
+    return database_url
+
+
+def test_every_message_is_processed_once_however_often_it_comes(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    exchange, (queue,), _dead = topology(rabbit.url)
+    ids = [f"m-{n}" for n in range(50)]
+    # Each twice, and a CloudEvent keyed by its ce-id, three times.
+    keyed: list[str | None] = [*ids, *ids]
+    headers: list[dict[str, str]] = [{}] * len(keyed) + [{"ce-id": "event-1"}] * 3
+    messages = list(zip([*keyed, None, None, None], headers, strict=True))
+    handler, calls = recording(queue)
+    with consuming(with_effects, rabbit.url, queue, handler) as consumer:
+        publish(rabbit.url, exchange, messages)
+        wait_until(lambda: value(consumer, "inbox_duplicates_total") >= 52, 30, "duplicates")
+    expected = {(queue, key): 1 for key in [*ids, "event-1"]}
+    assert processed(with_effects) == expected
+    assert set(calls.values()) == {1}
+    assert value(consumer, "inbox_processed_total") == 51
+    assert drain(rabbit.url, queue, 0, timeout=1) == []  # every delivery was acked
+
+
+@pytest.mark.databases("postgresql", "sqlite")
+def test_a_poison_message_is_dead_lettered_after_its_attempts_and_the_rest_flow(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    exchange, (queue,), dead = topology(rabbit.url)
+    ids = [f"m-{n}" for n in range(20)]
+    handler, calls = recording(queue, fail=lambda d: d.key == "poison")
+    with consuming(with_effects, rabbit.url, queue, handler, inbox_max_attempts="3") as consumer:
+        publish(rabbit.url, exchange, [(i, {}) for i in ids[:10]])
+        publish(rabbit.url, exchange, [("poison", {})])
+        publish(rabbit.url, exchange, [(i, {}) for i in ids[10:]])
+        dead_lettered = drain(rabbit.url, dead, 1, timeout=30)
+        wait_until(lambda: value(consumer, "inbox_processed_total") == 20, 30, "the others")
+        assert consumer.store.attempts("poison") == 3
+    assert [d.message_id for d in dead_lettered] == ["poison"]
+    assert calls["poison"] == 3
+    assert processed(with_effects) == {(queue, i): 1 for i in ids}  # its writes rolled back
+    assert value(consumer, "inbox_failures_total", outcome="retried") == 2
+    assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 1
+
+
+@pytest.mark.databases("postgresql")
+def test_a_message_without_an_id_is_dead_lettered_unprocessed(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler, calls = recording(queue)
+    with consuming(with_effects, rabbit.url, queue, handler):
+        publish(rabbit.url, exchange, [(None, {"tenant": "a"}), ("m-1", {})])
+        dead_lettered = drain(rabbit.url, dead, 1, timeout=30)
+        wait_until(lambda: calls["m-1"] == 1, 30, "the message with an id")
+    (delivered,) = dead_lettered
+    assert delivered.message_id is None and delivered.headers is not None
+    assert delivered.headers["tenant"] == "a"
+    assert delivered.headers["x-first-death-reason"] == "rejected"
+    assert processed(with_effects) == {(queue, "m-1"): 1}
+
+
+@pytest.mark.databases("postgresql", "mariadb")
+def test_consumers_of_one_database_each_process_every_message_once(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    exchange, queues, _dead = topology(rabbit.url, queues=2)
+    ids = [f"m-{n}" for n in range(30)]
+    billing, billing_calls = recording("billing")
+    audit, audit_calls = recording("audit")
+    with (
+        consuming(with_effects, rabbit.url, queues[0], billing, inbox_consumer="billing") as one,
+        consuming(with_effects, rabbit.url, queues[1], audit, inbox_consumer="audit") as other,
+    ):
+        publish(rabbit.url, exchange, [(i, {}) for i in ids] * 2)
+        for consumer in (one, other):
+            wait_until(functools.partial(copies, consumer, 30), 30, "every copy")
+    assert processed(with_effects) == {(c, i): 1 for c in ("billing", "audit") for i in ids}
+    assert set(billing_calls.values()) == set(audit_calls.values()) == {1}
