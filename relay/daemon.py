@@ -78,6 +78,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         on_destination=metrics.destination,
         tls=settings.amqp_tls,
         tracing=tracing,
+        cloudevents_source=settings.cloudevents_source if settings.cloudevents else None,
     )
     relay = Relay(
         store,

@@ -39,7 +39,7 @@ import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -59,6 +59,8 @@ PERSISTENT = 2  # delivery_mode: the broker writes the message to disk
 _CONTENT_TYPE, _HEADERS, _DELIVERY_MODE, _MESSAGE_ID, _TIMESTAMP = (
     1 << b for b in (15, 13, 12, 7, 6)
 )
+# CloudEvents in binary mode (``cloudevent``): the specification's version the relay writes.
+CLOUDEVENTS_SPEC_VERSION = "1.0"
 _I32 = range(-(2**31), 2**31)
 _I64 = range(-(2**63), 2**63)
 _DECIMAL_MANTISSA = _I32  # an AMQP decimal's mantissa is a signed 32-bit integer
@@ -87,10 +89,15 @@ class Message:
 
 
 def build(
-    row: OutboxRow, limits: Limits = Limits(), trace: Mapping[str, str] | None = None
+    row: OutboxRow,
+    limits: Limits = Limits(),
+    trace: Mapping[str, str] | None = None,
+    cloudevents_source: str | None = None,
 ) -> Message:
     """The message for ``row``; raises Unpublishable naming the column and the limit.
-    ``trace``: headers set in place of the row's own (the relay's publish span's context)."""
+    ``trace``: headers set in place of the row's own (the relay's publish span's context).
+    ``cloudevents_source``: the message as a CloudEvent in binary mode (``cloudevent``), with
+    this source unless the row's headers name one."""
     if row.unreadable is not None:
         raise Unpublishable(row.unreadable)
     short_string("exchange", row.exchange)
@@ -102,7 +109,10 @@ def build(
         )
     flags = _CONTENT_TYPE | _DELIVERY_MODE | _MESSAGE_ID | _TIMESTAMP
     pieces = [short_string("content_type", row.content_type)]
-    if row.headers is not None or trace:
+    if cloudevents_source is not None:
+        flags |= _HEADERS
+        pieces.append(_table(cloudevent(row, cloudevents_source, trace), "", 1))
+    elif row.headers is not None or trace:
         flags |= _HEADERS
         pieces.append(encode_headers(row.headers or "{}", trace))
     pieces += [
@@ -118,6 +128,37 @@ def build(
             f"{CONTENT_HEADER_OVERHEAD} of them overhead)"
         )
     return Message(row.exchange, row.routing_key, row.payload, properties)
+
+
+def cloudevent(
+    row: OutboxRow, source: str, trace: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The row's headers with the CloudEvents attributes of binary mode as ``ce-`` headers,
+    as the AMQP 0-9-1 convention of Knative's RabbitMQ broker has them (the data content
+    type is the message's content type): ``ce-id`` is the message id, ``ce-time`` its row's
+    creation; ``ce-source`` and ``ce-type`` are the row's own headers of those names, else
+    ``source`` and the routing key."""
+    headers = _parsed(row.headers or "{}")
+    headers.setdefault("ce-source", source)
+    headers.setdefault("ce-type", row.routing_key)
+    for attribute, fallback in (
+        ("ce-source", "RELAY_CLOUDEVENTS_SOURCE"),
+        ("ce-type", "the routing key"),
+    ):
+        if not isinstance(headers[attribute], str) or not headers[attribute]:
+            raise Unpublishable(
+                f"a CloudEvent needs a {attribute} of text: the row's {attribute} header, "
+                f"else {fallback}"
+            )
+    headers.update(
+        {
+            "ce-id": row.message_id,
+            "ce-specversion": CLOUDEVENTS_SPEC_VERSION,
+            "ce-time": row.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        }
+    )
+    headers.update(trace or {})
+    return headers
 
 
 def too_large_to_read(size: int, max_message_size: int) -> str:
@@ -153,6 +194,14 @@ def _timestamp(created_at: datetime) -> int:
 def encode_headers(text: str, replace: Mapping[str, str] | None = None) -> bytes:
     """The JSON object ``text`` as an encoded AMQP field table (see the module docstring),
     with the keys of ``replace`` set to its values."""
+    parsed = _parsed(text)
+    if replace:
+        parsed.update(replace)
+    return _table(parsed, "", 1)
+
+
+def _parsed(text: str) -> dict[str, Any]:
+    """The headers' JSON text as a dict; raises Unpublishable when it is not an object."""
     try:
         parsed = json.loads(text, parse_float=Decimal, parse_int=int, parse_constant=_constant)
     except RecursionError:
@@ -163,9 +212,7 @@ def encode_headers(text: str, replace: Mapping[str, str] | None = None) -> bytes
         raise Unpublishable(f"headers are not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise Unpublishable("headers must be a JSON object")
-    if replace:
-        parsed.update(replace)
-    return _table(parsed, "", 1)
+    return parsed
 
 
 def _constant(name: str) -> Any:

@@ -297,6 +297,20 @@ class Settings(_FromEnvironment):
         "Publish rows that share an ordering key one at a time, in id order (rows without a "
         "key are not held back).",
     )
+    cloudevents: bool = _setting(
+        False,
+        _flag,
+        "Publish every message as a CloudEvent in binary mode: ce-id (the message id), "
+        "ce-source, ce-type, ce-specversion and ce-time headers, the data's content type as "
+        "the message's content type.",
+        see="inbox.md#cloudevents-on-the-wire",
+    )
+    cloudevents_source: str = _setting(
+        "/outbox-relay",
+        str,
+        "The ce-source of a CloudEvent whose row has no ce-source header (a URI-reference "
+        "naming the producer). A row's ce-type header is its type, else its routing key.",
+    )
     confirm_timeout: float = _setting(
         30.0,
         _positive_float,
@@ -413,6 +427,8 @@ class Settings(_FromEnvironment):
                         f"{env_name(name)} is set but {env_name('amqp_url')} is not an "
                         "amqps:// URL: TLS settings would be ignored"
                     )
+        if self.cloudevents and not self.cloudevents_source:
+            raise ConfigError(f"{env_name('cloudevents_source')} must not be empty")
         if not self.name:
             object.__setattr__(self, "name", default_name())
 

@@ -90,8 +90,10 @@ class PikaPublisher(ConfirmWindow):
         on_destination: Callable[[str, int | None], None] = lambda _exchange, _held: None,
         tls: TlsOptions | None = None,
         tracing: Tracing | None = None,
+        cloudevents_source: str | None = None,
     ) -> None:
         super().__init__(window, confirm_timeout)
+        self._cloudevents_source = cloudevents_source
         self._lease = lease
         self._tracing = tracing or NoTracing()
         self._on_state = on_state
@@ -175,7 +177,7 @@ class PikaPublisher(ConfirmWindow):
             return False
         try:
             trace = self._tracing.start(row, self._session.address)
-            message = build(row, self._limits, trace)
+            message = build(row, self._limits, trace, self._cloudevents_source)
             channel.basic_publish(
                 message.exchange,
                 message.routing_key,

@@ -182,3 +182,45 @@ def test_the_relays_trace_headers_replace_the_rows_own(
 ) -> None:
     message = build(row(1, headers=stored), trace={"traceparent": "relay's"})
     assert pika_decoded(message.properties).headers == published
+
+
+CE = {"ce-id": "m-1", "ce-specversion": "1.0", "ce-time": "2026-01-01T00:00:00.250000Z"}
+# (the row's routing key, its stored headers) -> the published headers, or a part of why not
+CLOUDEVENTS = {
+    "source from the setting, type from the routing key": (
+        ("order.paid", None),
+        {"ce-source": "/shop", "ce-type": "order.paid", **CE},
+    ),
+    "the row's own source and type win": (
+        ("order.paid", '{"ce-source": "/billing", "ce-type": "com.shop.paid", "a": 1}'),
+        {"ce-source": "/billing", "ce-type": "com.shop.paid", "a": 1, **CE},
+    ),
+    "the row's ce-id is the message id, whatever it wrote": (
+        ("k", '{"ce-id": "other", "ce-time": "then"}'),
+        {"ce-source": "/shop", "ce-type": "k", **CE},
+    ),
+    "no routing key and no ce-type: unpublishable": (("", None), "needs a ce-type"),
+    "a ce-source that is not text: unpublishable": (("k", '{"ce-source": 7}'), "ce-source of text"),
+}
+
+
+@pytest.mark.parametrize(("given", "expected"), CLOUDEVENTS.values(), ids=list(CLOUDEVENTS))
+def test_a_cloudevent_carries_its_attributes_as_ce_headers(
+    given: tuple[str, str | None], expected: dict[str, object] | str
+) -> None:
+    routing_key, headers = given
+    created = datetime(2026, 1, 1, 0, 0, 0, 250000, tzinfo=UTC)
+    stored = row(1, routing_key=routing_key, headers=headers, created_at=created)
+    if isinstance(expected, str):
+        with pytest.raises(Unpublishable, match=expected):
+            build(stored, cloudevents_source="/shop")
+        return
+    decoded = pika_decoded(build(stored, cloudevents_source="/shop").properties)
+    assert decoded.headers == expected
+    assert decoded.content_type == "text/plain"  # the data's content type
+
+
+def test_trace_headers_go_with_a_cloudevents_attributes() -> None:
+    message = build(row(1), trace={"traceparent": "relay's"}, cloudevents_source="/shop")
+    headers = pika_decoded(message.properties).headers
+    assert headers["traceparent"] == "relay's" and headers["ce-id"] == "m-1"
