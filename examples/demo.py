@@ -5,7 +5,10 @@ Steps, each done the way an operator would:
 2. ``relay migrate`` creates the outbox in .demo/outbox.db.
 3. A Spark job (examples/order_events_job.py) writes order events with format("outbox").
 4. ``relay run`` publishes them with confirms and marks each row sent after its basic.ack.
-5. A consumer drains the queue; the rows and the messages are printed side by side.
+5. An inbox consumer (examples/inbox_consumer.py) processes the queue into order totals; the
+   rows and the messages are printed side by side.
+6. Every message is delivered again, as after a relay killed before its settle: the inbox
+   acks each copy without processing it, and the totals stay as they were.
 
 Run it with ``scripts/demo`` (or ``.venv/bin/python -m examples.demo [ORDERS]``).
 """
@@ -15,13 +18,20 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
-from devtools.broker import drain, simple_topology, write_topology
+import pika
+import sqlalchemy as sa
+
+from devtools.broker import simple_topology, write_topology
 from devtools.outbox import fates, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env
 from devtools.servers import RabbitNode, free_port, port_open, wait_until
+from examples import inbox_consumer
+from relay.db.engine import create_engine
+from relay.inbox import Delivery, Inbox, InboxSettings, Settings, Transaction
 from relay.records import SENT
 from relay.spark import LOCAL_MODE_ENV
 
@@ -116,9 +126,16 @@ def run_demo(amqp_url: str, count: int, work: Path = WORK) -> int:
 
     # Acked rows are deleted (RELAY_KEEP_SENT=ids): their message ids are in the sent log.
     sent = statuses(database_url).get(SENT, 0)
-    messages = [(d.message_id, d.routing_key, d.body) for d in drain(amqp_url, QUEUE, sent)]
+    print("==> an inbox consumer processes them into order totals (examples/inbox_consumer.py)")
+    with InboxConsumer(database_url, amqp_url) as consumer:
+        consumer.wait("inbox_processed_total", sent)
+        delivered = list(consumer.seen)
+        print("==> every message delivered again: the inbox acks each copy unprocessed")
+        again(amqp_url, delivered)
+        consumer.wait("inbox_duplicates_total", sent)
+    messages = [(d.message_id or "", d.routing_key, d.body) for d in delivered]
     fate = fates(database_url, [m[0] for m in messages])
-    print(f"\n==> consumed {len(messages)} messages from queue {QUEUE!r}:\n")
+    print(f"\n==> processed {len(messages)} messages from queue {QUEUE!r}:\n")
     print(f"{'message_id':<15} {'routing key':<15} {'in the outbox':<14} body")
     for message_id, routing_key, body in sorted(messages, key=lambda m: m[2]):
         status = fate.get(message_id, "NOT FOUND")
@@ -132,12 +149,75 @@ def run_demo(amqp_url: str, count: int, work: Path = WORK) -> int:
     for line in metrics.splitlines():
         if line.split(" ")[0] in wanted:
             print("   ", line)
+    print("\n==> order totals, each event counted once though delivered twice:\n")
+    totals = order_totals(database_url)
+    for order_id, events, paid_cents in totals:
+        print(f"    order {order_id}: {events} events, paid {paid_cents / 100:.2f}")
     consumed = {m[0] for m in messages}
     if len(consumed) != sent or any(fate.get(m) != SENT for m in consumed):
         print(f"\n{sent} messages sent, {len(consumed)} consumed: they differ", file=sys.stderr)
         return 1
-    print(f"\nAll {sent} messages were confirmed by the broker, marked sent, and consumed.")
+    if sum(events for _order, events, _paid in totals) != sent:
+        print(f"\nthe totals count other than {sent} events", file=sys.stderr)
+        return 1
+    print(f"\nAll {sent} messages were confirmed by the broker, marked sent, and consumed once.")
     return 0
+
+
+class InboxConsumer:
+    """``examples.inbox_consumer.handle`` through the inbox, on a thread of its own, keeping
+    what it processed (``seen``)."""
+
+    def __init__(self, database_url: str, amqp_url: str) -> None:
+        engine = create_engine(database_url)
+        inbox_consumer.metadata.create_all(engine)
+        engine.dispose()
+        settings = Settings.load({}, {"database_url": database_url, "amqp_url": amqp_url})
+        self.inbox = Inbox(settings, InboxSettings.load({}, {"inbox_queue": QUEUE}))
+        self.seen: list[Delivery] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.inbox.run, args=(self.handle, self.stop))
+
+    def handle(self, delivery: Delivery, tx: Transaction) -> None:
+        inbox_consumer.handle(delivery, tx)
+        self.seen.append(delivery)
+
+    def wait(self, metric: str, count: int) -> None:
+        labels = {"consumer": QUEUE}
+        registry = self.inbox.metrics.registry
+        wait_until(lambda: registry.get_sample_value(metric, labels) == count, 60, metric)
+
+    def __enter__(self) -> InboxConsumer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def again(amqp_url: str, deliveries: list[Delivery]) -> None:
+    """Each delivery published again as it came (its message id, body and routing key)."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = conn.channel()
+    channel.confirm_delivery()
+    for d in deliveries:
+        properties = pika.BasicProperties(
+            message_id=d.message_id, content_type=d.content_type, headers=d.headers
+        )
+        channel.basic_publish(d.exchange, d.routing_key, d.body, properties)
+    conn.close()
+
+
+def order_totals(database_url: str) -> list[tuple[int, int, int]]:
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            table = inbox_consumer.order_totals
+            rows = conn.execute(sa.select(table).order_by(table.c.order_id))
+            return [(r.order_id, r.events, r.paid_cents) for r in rows]
+    finally:
+        engine.dispose()
 
 
 if __name__ == "__main__":

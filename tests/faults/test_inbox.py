@@ -1,0 +1,149 @@
+"""The inbox against the relay's own faults: a relay SIGKILLed mid-stream and restarted, an
+inbox consumer SIGKILLed inside its handler and restarted, and every message replayed
+(``relay replay --sent``): the consumer's effects are exactly once per message.
+
+The consumer is examples/inbox_consumer.py (order events into per-order totals) as a
+subprocess (tests/faults/inbox_consumer.py), which also records each message it processes
+in a table without a unique key, where a message processed twice would show twice."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import threading
+from pathlib import Path
+
+import pika
+import pytest
+import sqlalchemy as sa
+
+from devtools.outbox import insert, statuses
+from devtools.relayproc import RelayProcess, relay, relay_env
+from devtools.scrape import http_get
+from devtools.servers import RabbitNode, free_port, wait_until
+from relay.db.engine import create_engine
+from relay.records import SENT
+from tests.faults.harness import EXCHANGE, QUEUE, FaultRelay, connected
+
+pytestmark = pytest.mark.timeout(240)
+ORDERS = 1000
+EVENTS = ("created", "paid", "shipped")
+MESSAGES = ORDERS * len(EVENTS)
+HOLD = "order-500-paid"  # the consumer is killed inside its handler of this one
+ORDERS_PER_WRITE = 10  # a writer's transaction: 30 rows, every WRITE_PAUSE_S
+WRITE_PAUSE_S = 0.03
+
+
+def order_events(first: int, last: int) -> list[dict[str, object]]:
+    return [
+        {
+            "message_id": f"order-{order}-{event}",
+            "exchange": EXCHANGE,
+            "routing_key": f"order.{event}",
+            "content_type": "application/json",
+            "payload": f'{{"order_id": {order}, "event": "{event}", "amount_cents": {order}}}',
+        }
+        for order in range(first, last)
+        for event in EVENTS
+    ]
+
+
+def write_orders(url: str, stop: threading.Event) -> None:
+    engine = create_engine(url)
+    try:
+        for first in range(0, ORDERS, ORDERS_PER_WRITE):
+            insert(engine, order_events(first, first + ORDERS_PER_WRITE))
+            if stop.wait(WRITE_PAUSE_S):
+                return
+    finally:
+        engine.dispose()
+
+
+def consumer_metric(port: int, name: str) -> float:
+    """An inbox metric of the running consumer (0 while it is not serving yet)."""
+    try:
+        text = http_get(f"http://127.0.0.1:{port}/metrics")[1]
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def sent(url: str) -> int:
+    return statuses(url).get(SENT, 0)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql", "mariadb"], indirect=True)
+def test_every_message_is_processed_once_whoever_is_killed(
+    database_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    conn.channel().queue_delete(QUEUE)
+    conn.close()
+    relays = [
+        FaultRelay(f"inbox-relay-{n}", tmp_path, database_url, rabbit.url, keep_sent="messages")
+        for n in range(2)
+    ]
+    port = free_port()
+    env = relay_env(
+        RELAY_DATABASE_URL=database_url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_INBOX_QUEUE=QUEUE,
+        RELAY_METRICS_HOST="127.0.0.1",
+        RELAY_METRICS_PORT=str(port),
+        RELAY_BACKOFF_INITIAL="0.1",
+        RELAY_RECONNECT_MAX="1",
+        RELAY_LOG_FORMAT="json",
+    )
+    marker = tmp_path / "held"
+    command = [sys.executable, "-m", "tests.faults.inbox_consumer", HOLD, str(marker)]
+    consumers = [RelayProcess(env, tmp_path / f"consumer-{n}.log", command) for n in range(2)]
+    stop = threading.Event()
+    writer = threading.Thread(target=write_orders, args=(database_url, stop))
+    try:
+        relays[0].start()
+        wait_until(functools.partial(connected, relays[0]), 60, "the relay connected")
+        consumers[0].start()
+        writer.start()
+        # The relay killed with rows published and not settled: its successor publishes them
+        # again once the lease of the dead one's buckets has run out.
+        wait_until(lambda: sent(database_url) >= MESSAGES // 3, 60, "a third of the rows sent")
+        relays[0].kill()
+        relays[1].start()
+        # The consumer killed inside its handler: the transaction rolls back, the broker
+        # delivers the message again to its successor.
+        wait_until(marker.exists, 120, "the consumer holding its message")
+        consumers[0].kill()
+        consumers[1].start()
+        writer.join(60)
+        wait_until(lambda: sent(database_url) == MESSAGES, 120, "every row sent")
+        replayed = relay("replay", "--sent", "--all", env=relays[1].env)
+        assert replayed.returncode == 0, replayed.stderr
+        wait_until(
+            lambda: consumer_metric(port, "inbox_duplicates_total") >= MESSAGES,
+            120,
+            "every replayed copy acked as a duplicate",
+        )
+        duplicates = consumer_metric(port, "inbox_duplicates_total")
+    finally:
+        stop.set()
+        for process in [*relays, *consumers]:
+            if process.running:
+                process.kill()
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as db:
+            processed = collections.Counter(db.scalars(sa.text("SELECT message_id FROM processed")))
+            totals = db.execute(sa.text("SELECT order_id, events, paid_cents FROM order_totals"))
+            totals_by_order = {row.order_id: (row.events, row.paid_cents) for row in totals}
+    finally:
+        engine.dispose()
+    expected = [str(e["message_id"]) for e in order_events(0, ORDERS)]
+    assert sorted(processed) == sorted(expected)
+    assert [m for m, n in processed.items() if n != 1] == []
+    assert totals_by_order == {order: (3, order) for order in range(ORDERS)}
+    assert [p.tracebacks() for p in [*relays, *consumers]] == [[]] * 4
+    print(f"inbox: {MESSAGES} messages, each processed once; duplicates acked: {duplicates:.0f}")
