@@ -101,13 +101,15 @@ class Consumer:
                 if method is None or time.monotonic() - last_idle >= self._tick:
                     last_idle = time.monotonic()
                     self._idle()
-                if method is None:
-                    continue
-                verdict = self._handle(_delivery(method, properties, body))
-                if verdict is Verdict.ACK:
-                    channel.basic_ack(method.delivery_tag)
-                else:
-                    channel.basic_reject(method.delivery_tag, requeue=verdict is Verdict.RETRY)
+                if method is not None:
+                    verdict = self._handle(_delivery(method, properties, body))
+                    if verdict is Verdict.ACK:
+                        channel.basic_ack(method.delivery_tag)
+                    else:
+                        requeue = verdict is Verdict.RETRY
+                        channel.basic_reject(method.delivery_tag, requeue=requeue)
+                if stop.is_set():  # now, not after the next delivery or tick
+                    break
             # Unacked deliveries go back to the queue with the connection.
         finally:
             if connection.is_open:

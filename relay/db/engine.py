@@ -10,8 +10,15 @@ Two kinds of session, by what their writes must survive:
   vanished holds nothing for long: the server ends a statement that runs, or waits for a
   lock, too long, and a transaction left idle (``DB_*`` in ``relay.constants``); TCP
   keepalives on both ends find a silent peer in seconds.
-- the default (writers, operators, migrations, the Spark writer's merge): plain, durable
-  commits. A message a writer was told is in the outbox must be there after a crash.
+- the default (writers, operators, migrations, the Spark writer's merge, the inbox):
+  plain, durable commits. A message a writer was told is in the outbox must be there after
+  a crash, and a message an inbox acked must stay processed.
+
+Writers' and operators' engines test a pooled connection before using it (``pre_ping``):
+they make a call now and then, and a connection the database dropped meanwhile would fail
+it. The relay's and the inbox's do not: their connections are busy, a dropped one fails one
+call, which is retried (SQLAlchemy then discards every pooled connection of that age), and a
+test query per call was a round trip on every claim, settle and delivery.
 
 MySQL and MariaDB (URLs ``mysql://``, ``mariadb://``; the driver is mysqlclient, the C
 client SQLAlchemy also defaults to): every session runs in UTC (``relay.db.clock``) and in
@@ -110,9 +117,11 @@ PG_KEEPALIVES = {
 MYSQL_BACKENDS = ("mysql", "mariadb")
 
 
-def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
+def create_engine(url: str, *, relay_session: bool = False, pre_ping: bool = True) -> sa.Engine:
     """An engine for ``url`` with durable sessions; with ``relay_session``, with the session
-    settings the relay's own claims and settles want (see the module docstring)."""
+    settings the relay's own claims and settles want; ``pre_ping``, testing a pooled
+    connection before each use, where ``relay_session`` is off (see the module docstring)."""
+    pre_ping = pre_ping and not relay_session
     try:
         parsed = sa.make_url(url)
     except sa.exc.ArgumentError as exc:
@@ -120,7 +129,7 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() in MYSQL_BACKENDS:
-        return _mysql_engine(parsed, relay_session)
+        return _mysql_engine(parsed, relay_session, pre_ping)
     if parsed.get_backend_name() == "postgresql":
         connect_args: dict[str, Any] = {"connect_timeout": DB_CONNECT_TIMEOUT_S}
         if relay_session:
@@ -129,13 +138,7 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
             connect_args["options"] = " ".join(
                 f"-c {name}={value}" for name, value in RELAY_SESSION_SETTINGS.items()
             )
-        # Writers' and operators' engines test a pooled connection before using it. The relay's
-        # do not: a connection the database dropped fails one claim or settle, which is retried
-        # (SQLAlchemy then discards every pooled connection of that age); a test query per
-        # call was a round trip on every claim and settle.
-        engine = sa.create_engine(
-            parsed, pool_pre_ping=not relay_session, connect_args=connect_args
-        )
+        engine = sa.create_engine(parsed, pool_pre_ping=pre_ping, connect_args=connect_args)
         sa.event.listen(engine, "before_cursor_execute", _binary_results)
         return engine
     engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
@@ -144,7 +147,7 @@ def create_engine(url: str, *, relay_session: bool = False) -> sa.Engine:
     return engine
 
 
-def _mysql_engine(url: sa.URL, relay_session: bool) -> sa.Engine:
+def _mysql_engine(url: sa.URL, relay_session: bool, pre_ping: bool) -> sa.Engine:
     """MySQL and MariaDB: one dialect name (``mysql``) whichever the URL says, utf8mb4."""
     url = url.set(drivername=f"mysql+{url.get_driver_name() or 'mysqldb'}")
     url = url.update_query_dict({"charset": "utf8mb4"})
@@ -152,9 +155,7 @@ def _mysql_engine(url: sa.URL, relay_session: bool) -> sa.Engine:
     # rows it changed, so an insert that skips message ids already there counts what it added.
     connect_args: dict[str, Any] = {"connect_timeout": DB_CONNECT_TIMEOUT_S, "client_flag": 0}
     options: dict[str, Any] = {"isolation_level": "READ COMMITTED"} if relay_session else {}
-    engine = sa.create_engine(
-        url, pool_pre_ping=not relay_session, connect_args=connect_args, **options
-    )
+    engine = sa.create_engine(url, pool_pre_ping=pre_ping, connect_args=connect_args, **options)
     sa.event.listen(engine, "connect", functools.partial(_mysql_session, relay_session))
     return engine
 
