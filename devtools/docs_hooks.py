@@ -8,17 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relay.settings import describe
+from relay.settings import InboxSettings, Settings, describe
 
 MARKER = "<!-- settings -->"
+INBOX_MARKER = "<!-- inbox-settings -->"
 README_MARKER = "<!-- readme -->"
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def settings_table() -> str:
+def settings_table(settings: type[Settings] | type[InboxSettings] = Settings) -> str:
     """Every setting as a Markdown table: variable, default, meaning."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for _name, env, default, text, see in describe():
+    for _name, env, default, text, see in describe(settings):
         shown = f"`{default.lower() if default in ('True', 'False') else default}`"
         more = f" [More]({see})." if see else ""
         rows.append(
@@ -32,4 +33,8 @@ def home_page() -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    return markdown.replace(MARKER, settings_table()).replace(README_MARKER, home_page())
+    return (
+        markdown.replace(MARKER, settings_table())
+        .replace(INBOX_MARKER, settings_table(InboxSettings))
+        .replace(README_MARKER, home_page())
+    )

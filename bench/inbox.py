@@ -1,0 +1,174 @@
+"""Benchmark: a consumer through the inbox against a plain consumer that makes the same write.
+
+    .venv/bin/python -m bench.inbox [--messages 5000] [--rounds 5] [--prefetch 50]
+
+Starts a private RabbitMQ node and PostgreSQL (default durability). In interleaved rounds,
+``--messages`` persistent 200-byte messages are published to a fresh queue, then consumed
+by one of two consumers in this process until the queue is drained:
+
+- **plain**: pika's blocking consumer; per message, one transaction that inserts a row
+  into the consumer's own table, then the ack (at-least-once, no dedupe);
+- **inbox**: ``relay.inbox.Inbox`` with a handler that inserts the same row, in the
+  transaction that holds the message's key (effectively once).
+
+Both use the same prefetch and the same database engine (the inbox's: durable commits, no
+test query before each use). Reported per consumer: messages
+per second (drain time), this process's CPU per message and the database server's (every
+PostgreSQL process, from /proc); medians, the inbox's ratios to plain, and last one JSON
+line. By hand only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pika
+import sqlalchemy as sa
+
+from devtools.broker import fresh_queue
+from devtools.procfs import tree_cpu_seconds
+from devtools.servers import PostgresServer, RabbitNode
+from relay.db.engine import create_engine, migrate
+from relay.db.inbox import InboxStore
+from relay.inbox import Delivery, Inbox, InboxSettings, Settings, Transaction
+
+QUEUE = "bench.inbox"
+BODY = b"x" * 200
+effects = sa.Table(
+    "effects",
+    sa.MetaData(),
+    sa.Column("message_id", sa.Text(), nullable=False),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+)
+
+
+def fill(amqp_url: str, messages: int, run: str) -> None:
+    fresh_queue(amqp_url, QUEUE)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = conn.channel()
+    channel.confirm_delivery()
+    for n in range(messages):
+        properties = pika.BasicProperties(message_id=f"{run}-{n}", delivery_mode=2)
+        channel.basic_publish("", QUEUE, BODY, properties)
+    conn.close()
+
+
+def plain(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
+    engine = create_engine(database_url, pre_ping=False)  # as the inbox's
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = conn.channel()
+    channel.basic_qos(prefetch_count=prefetch)
+    for done, (method, properties, body) in enumerate(channel.consume(QUEUE), start=1):
+        with engine.begin() as db:
+            db.execute(effects.insert(), {"message_id": properties.message_id, "body": body})
+        channel.basic_ack(method.delivery_tag)
+        if done == messages:
+            break
+    channel.cancel()
+    conn.close()
+    engine.dispose()
+
+
+def plain_with_key(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
+    """The plain consumer with the inbox's key insert (the same statement) before its
+    write, and nothing else of the inbox: what the second statement costs by itself."""
+    engine = create_engine(database_url, pre_ping=False)
+    key = InboxStore(database_url, "bench")._insert_key
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = conn.channel()
+    channel.basic_qos(prefetch_count=prefetch)
+    for done, (method, properties, body) in enumerate(channel.consume(QUEUE), start=1):
+        with engine.begin() as db:
+            db.execute(key, {"consumer": "bench", "message_id": properties.message_id})
+            db.execute(effects.insert(), {"message_id": properties.message_id, "body": body})
+        channel.basic_ack(method.delivery_tag)
+        if done == messages:
+            break
+    channel.cancel()
+    conn.close()
+    engine.dispose()
+
+
+def through_inbox(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
+    settings = Settings.load({}, {"database_url": database_url, "amqp_url": amqp_url})
+    config = InboxSettings.load({}, {"inbox_queue": QUEUE, "inbox_prefetch": str(prefetch)})
+    inbox = Inbox(settings, config)
+    stop = threading.Event()
+    done = 0
+
+    def handle(delivery: Delivery, tx: Transaction) -> None:
+        nonlocal done
+        tx.execute(effects.insert(), {"message_id": delivery.message_id, "body": delivery.body})
+        done += 1
+        if done == messages:
+            stop.set()  # answered, then the consumer returns
+
+    inbox.run(handle, stop)
+
+
+CONSUMERS: dict[str, Callable[[str, str, int, int], None]] = {
+    "plain": plain,
+    "plain+key": plain_with_key,
+    "inbox": through_inbox,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prefetch", type=int, default=50)
+    args = parser.parse_args()
+    figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in CONSUMERS}
+    with tempfile.TemporaryDirectory() as tmp:
+        node = RabbitNode(Path(tmp) / "rabbit", name="relay-bench-inbox")
+        server = PostgresServer(Path(tmp) / "pg")
+        node.start()
+        server.start()
+        try:
+            database_url = server.url()
+            migrate(database_url)
+            engine = create_engine(database_url)
+            effects.create(engine)
+            for round_ in range(args.rounds):
+                for name, consume in CONSUMERS.items():
+                    fill(node.url, args.messages, f"{round_}-{name}")
+                    with engine.begin() as conn:  # each round from empty tables
+                        conn.execute(sa.text("TRUNCATE effects, inbox_received"))
+                    database_cpu = tree_cpu_seconds(server.pid())
+                    cpu, started = time.process_time(), time.perf_counter()
+                    consume(database_url, node.url, args.messages, args.prefetch)
+                    wall = time.perf_counter() - started
+                    own = (time.process_time() - cpu) / args.messages * 1e6
+                    db = (tree_cpu_seconds(server.pid()) - database_cpu) / args.messages * 1e6
+                    figures[name].append((args.messages / wall, own, db))
+                    print(
+                        f"round {round_ + 1} {name:>9}: {args.messages / wall:7.0f} msg/s, "
+                        f"consumer {own:5.0f} us/msg, database {db:5.0f} us/msg",
+                        flush=True,
+                    )
+            engine.dispose()
+        finally:
+            server.stop()
+            node.stop()
+    medians = {
+        name: [statistics.median(f[i] for f in rows) for i in range(3)]
+        for name, rows in figures.items()
+    }
+    for name, (rate, own, db) in medians.items():
+        print(f"median {name:>9}: {rate:7.0f} msg/s, consumer {own:5.0f} us, database {db:5.0f} us")
+    ratios = {name: medians[name][0] / medians["plain"][0] for name in ("plain+key", "inbox")}
+    for name, ratio in ratios.items():
+        print(f"{name}/plain rate: {ratio:.2f}")
+    print(json.dumps({"medians": medians, "rate_over_plain": ratios}))
+
+
+if __name__ == "__main__":
+    main()
