@@ -66,7 +66,7 @@ class Inbox:
         stop = stop or self._stop
         problem = window_problem(self.inbox.inbox_dedupe_window, self.settings.retention)
         if problem is not None:
-            log.warning(problem, extra={"action": "inbox_window_short"})
+            log.warning("%s", problem, extra={"action": "inbox_window_short"})
         consumer = Consumer(
             self.settings.amqp_urls,
             self.settings.name,
