@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from relay.inbox import Inbox, InboxSettings, Settings
 from relay.inbox.policy import after_failure, key_problem, too_many_before, window_problem
 from relay.records import Delivery, Verdict
 
@@ -81,3 +84,17 @@ def test_a_dedupe_window_shorter_than_the_relays_memory_is_warned_of(
         assert expected in (problem or "")
     else:
         assert problem is None
+
+
+def test_a_consumer_whose_window_is_too_short_says_so_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings.load({}, {"database_url": f"sqlite:///{tmp_path / 'x.db'}"})
+    short = InboxSettings.load({}, {"inbox_queue": "q", "inbox_dedupe_window": "3600"})
+    stopped = threading.Event()
+    stopped.set()  # run returns before it connects anywhere
+    with caplog.at_level("WARNING"):
+        Inbox(settings, short).run(lambda _d, _tx: None, stopped)
+    warned = [r for r in caplog.records if getattr(r, "action", "") == "inbox_window_short"]
+    assert len(warned) == 1
+    assert "RELAY_RETENTION=604800" in warned[0].getMessage()
