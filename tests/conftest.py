@@ -21,6 +21,7 @@ Each test's layer is its folder's (``LAYERS``), so that every layer runs alone
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,13 +91,16 @@ def rabbit4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
-    server = PostgresServer(tmp_path_factory.mktemp("postgres"), tuned_for_tests=True)
-    server.start()
-    server.psql("CREATE DATABASE outbox_template")
-    migrate(server.url("outbox_template"))
-    yield server
-    server.stop("immediate")
+def postgres() -> Iterator[PostgresServer]:
+    # Not under pytest's base temp: any other pytest session started on this machine makes
+    # that private to root again, and the server, which runs as postgres, loses its files.
+    with tempfile.TemporaryDirectory(prefix="relay-tests-postgres-") as base:
+        server = PostgresServer(Path(base), tuned_for_tests=True)
+        server.start()
+        server.psql("CREATE DATABASE outbox_template")
+        migrate(server.url("outbox_template"))
+        yield server
+        server.stop("immediate")
 
 
 @pytest.fixture
