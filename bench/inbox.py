@@ -21,6 +21,7 @@ line. By hand only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -60,39 +61,28 @@ def fill(amqp_url: str, messages: int, run: str) -> None:
     conn.close()
 
 
-def plain(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
+def plain(
+    database_url: str, amqp_url: str, messages: int, prefetch: int, *, with_key: bool = False
+) -> None:
+    """Per message: the write, commit, ack. ``with_key``: the inbox's key insert (its very
+    statement) before the write, and nothing else of the inbox: what that costs by itself."""
     engine = create_engine(database_url, pre_ping=False)  # as the inbox's
+    store = InboxStore(database_url, "bench")
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
     channel = conn.channel()
     channel.basic_qos(prefetch_count=prefetch)
     for done, (method, properties, body) in enumerate(channel.consume(QUEUE), start=1):
+        message_id = properties.message_id
         with engine.begin() as db:
-            db.execute(effects.insert(), {"message_id": properties.message_id, "body": body})
+            if with_key:
+                db.execute(store.insert_key, {"consumer": "bench", "message_id": message_id})
+            db.execute(effects.insert(), {"message_id": message_id, "body": body})
         channel.basic_ack(method.delivery_tag)
         if done == messages:
             break
     channel.cancel()
     conn.close()
-    engine.dispose()
-
-
-def plain_with_key(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
-    """The plain consumer with the inbox's key insert (the same statement) before its
-    write, and nothing else of the inbox: what the second statement costs by itself."""
-    engine = create_engine(database_url, pre_ping=False)
-    key = InboxStore(database_url, "bench")._insert_key
-    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    channel = conn.channel()
-    channel.basic_qos(prefetch_count=prefetch)
-    for done, (method, properties, body) in enumerate(channel.consume(QUEUE), start=1):
-        with engine.begin() as db:
-            db.execute(key, {"consumer": "bench", "message_id": properties.message_id})
-            db.execute(effects.insert(), {"message_id": properties.message_id, "body": body})
-        channel.basic_ack(method.delivery_tag)
-        if done == messages:
-            break
-    channel.cancel()
-    conn.close()
+    store.close()
     engine.dispose()
 
 
@@ -115,7 +105,7 @@ def through_inbox(database_url: str, amqp_url: str, messages: int, prefetch: int
 
 CONSUMERS: dict[str, Callable[[str, str, int, int], None]] = {
     "plain": plain,
-    "plain+key": plain_with_key,
+    "plain+key": functools.partial(plain, with_key=True),
     "inbox": through_inbox,
 }
 
