@@ -1,6 +1,7 @@
 """The inbox against the relay's own faults: a relay SIGKILLed mid-stream and restarted, an
-inbox consumer SIGKILLed inside its handler and restarted, and every message replayed
-(``relay replay --sent``): the consumer's effects are exactly once per message.
+inbox consumer SIGKILLed inside its handler and restarted, every connection closed by the
+broker, and every message replayed (``relay replay --sent``): the consumer's effects are
+exactly once per message.
 
 The consumer is examples/inbox_consumer.py (order events into per-order totals) as a
 subprocess (tests/faults/inbox_consumer.py), which also records each message it processes
@@ -118,6 +119,12 @@ def test_every_message_is_processed_once_whoever_is_killed(
         wait_until(marker.exists, 120, "the consumer holding its message")
         consumers[0].kill()
         consumers[1].start()
+        # Every connection closed by the broker while its successor works: its unacked
+        # deliveries (and the relay's unconfirmed rows) come again.
+        wait_until(
+            lambda: consumer_metric(port, "inbox_processed_total") >= 100, 60, "consuming again"
+        )
+        rabbit.ctl("close_all_connections", "inbox fault test")
         writer.join(60)
         wait_until(lambda: sent(database_url) == MESSAGES, 120, "every row sent")
         replayed = relay("replay", "--sent", "--all", env=relays[1].env)
