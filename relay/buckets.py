@@ -2,8 +2,10 @@
 publishing a row twice. Pure: the database side is ``relay.db.buckets``.
 
 Every row lies in one bucket (``bucket_of``: runs of ``BUCKET_SPAN_ROWS`` consecutive ids,
-dealt round the ``OUTBOX_BUCKETS`` buckets). A relay owns buckets under a lease it renews, and
-claims only from its own: two relays never hold the same row, with no row written to say so.
+each run ``BUCKET_STRIDE`` buckets on from the one before, round the ``OUTBOX_BUCKETS``
+buckets: a stream of new ids is spread over every relay within a second). A relay owns
+buckets under a lease it renews, and claims only from its own: two relays never hold the
+same row, with no row written to say so.
 Each turn (``turn``) a relay learns how many relays are alive and aims at its fair share. A
 relay with fewer takes free buckets; one with more stops claiming from its highest ones and
 gives each up once none of its rows is still held (claimed, not yet settled), so the next
@@ -19,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
+from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
 
 
 def bucket_of(row_id: int) -> int:
     """The bucket of the row with this id (the same expression as the claim's SQL)."""
-    return (row_id // BUCKET_SPAN_ROWS) % OUTBOX_BUCKETS
+    return (row_id // BUCKET_SPAN_ROWS * BUCKET_STRIDE) % OUTBOX_BUCKETS
 
 
 def fair_share(relays: int) -> int:

@@ -189,8 +189,18 @@ SPARK_SAVEPOINTS_MAX = 48
 # is one short array parameter.
 OUTBOX_BUCKETS = 64
 # Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
-# (hashing each id apart had a 500-row claim read 290 buffers instead of 12).
-BUCKET_SPAN_ROWS = 1024
+# (hashing each id apart had a 500-row claim read 290 buffers instead of 12 with runs of 1,024).
+# Short enough that a steady stream's new ids move on to another bucket every fraction of a
+# second (128 rows: 0.4 s at 300 rows/s), and so to another relay (BUCKET_STRIDE): with runs
+# of 1,024, one relay published a whole stream of 300 rows/s while the others idled.
+BUCKET_SPAN_ROWS = 128
+# Consecutive runs go to buckets this far apart (run * stride, modulo OUTBOX_BUCKETS): 39 is
+# about OUTBOX_BUCKETS over the golden ratio, so that any few consecutive runs land spread
+# over all the buckets, and so over the relays, which own contiguous ranges of them (a
+# relay takes the lowest free buckets). Odd: every bucket gets runs. Simulated over every
+# window of 23 consecutive runs (10 s of a 300 rows/s stream): with 2 relays each gets 0.48
+# to 0.52 of them, with 3 relays 0.30 to 0.35, with 4 relays 0.22 to 0.30.
+BUCKET_STRIDE = 39
 # A relay renews its buckets this many times a lease (``relay.relay``'s turns): a turn that
 # failed or came late still leaves two more before the lease runs out.
 TURNS_PER_LEASE = 3

@@ -25,7 +25,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
+from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
 from relay.records import PARKED, PENDING, SENT, STATUSES
 
 metadata = sa.MetaData()
@@ -314,7 +314,7 @@ COUNTERS = (DUPLICATES,)
 def bucket_column(row_id: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
     """The bucket of a row, in SQL (``relay.buckets.bucket_of``): integer division on both
     databases."""
-    return (row_id // BUCKET_SPAN_ROWS) % OUTBOX_BUCKETS
+    return (row_id // BUCKET_SPAN_ROWS * BUCKET_STRIDE) % OUTBOX_BUCKETS
 
 
 # What a claimed row carries to the publisher (``relay.records.OutboxRow``'s fields).

@@ -23,7 +23,6 @@ from devtools.outbox import insert, owners, statuses
 from devtools.relayproc import RelayProcess, relay_on_new_queue, skew_unavailable, skewed
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
-from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
 from relay.db.clock import database_time, seconds_between
 from relay.db.schema import outbox
 
@@ -115,16 +114,6 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
             wait_until(functools.partial(answers_ok, ready), 60, "a relay ready")
         shared = lambda: sorted(owners(setup.database_url).values()) == [32, 32]  # noqa: E731
         wait_until(shared, 60, "the buckets shared out")
-        # Ids from the last bucket of the lower half on: a quarter of the rows in one relay's
-        # buckets, the rest in the other's (a fresh sequence would fill bucket 0 only).
-        first_id = (OUTBOX_BUCKETS // 2 - 1) * BUCKET_SPAN_ROWS + 1
-        engine = sa.create_engine(setup.database_url)
-        with engine.begin() as conn:
-            if conn.dialect.name == "mysql":
-                conn.execute(sa.text(f"ALTER TABLE outbox AUTO_INCREMENT = {first_id}"))
-            else:
-                conn.execute(sa.text(f"ALTER SEQUENCE outbox_id_seq RESTART WITH {first_id}"))
-        engine.dispose()
         writers = [
             threading.Thread(
                 target=write,

@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 
 from relay.buckets import Turn, bucket_of, fair_share, turn
-from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
+from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
 
 ALL = frozenset(range(OUTBOX_BUCKETS))
 SPAN = BUCKET_SPAN_ROWS
+
+
+def in_bucket(bucket: int) -> int:
+    """The first id of the first run that goes to ``bucket``."""
+    return bucket * pow(BUCKET_STRIDE, -1, OUTBOX_BUCKETS) % OUTBOX_BUCKETS * SPAN
 
 
 @pytest.mark.parametrize(
@@ -16,14 +21,36 @@ SPAN = BUCKET_SPAN_ROWS
     [
         (0, 0),
         (SPAN - 1, 0),
-        (SPAN, 1),
-        (SPAN * OUTBOX_BUCKETS - 1, OUTBOX_BUCKETS - 1),
+        (SPAN, BUCKET_STRIDE),  # the next run, a stride on
+        (2 * SPAN, 2 * BUCKET_STRIDE - OUTBOX_BUCKETS),
         (SPAN * OUTBOX_BUCKETS, 0),  # dealt round again
-        (SPAN * (OUTBOX_BUCKETS + 3) + 5, 3),
+        (in_bucket(63) + SPAN - 1, 63),
+        (in_bucket(1) + SPAN * OUTBOX_BUCKETS, 1),
     ],
 )
 def test_consecutive_ids_share_a_bucket_in_runs(row_id: int, bucket: int) -> None:
     assert bucket_of(row_id) == bucket
+
+
+def test_every_bucket_gets_one_run_of_each_round() -> None:
+    runs = [bucket_of(run * SPAN) for run in range(OUTBOX_BUCKETS)]
+    assert sorted(runs) == list(range(OUTBOX_BUCKETS))
+
+
+# 23 runs of 128 ids: 10 s of a stream of 300 rows/s.
+WINDOW_RUNS = 23
+
+
+@pytest.mark.parametrize("relays", [2, 3, 4])
+def test_a_stream_of_new_ids_is_spread_over_relays_owning_contiguous_buckets(relays: int) -> None:
+    """Relays own the lowest free buckets, a fair share each: contiguous ranges. Any 23
+    consecutive runs of new ids give each relay between 0.8 and 1.2 of its fair part."""
+    share = fair_share(relays)
+    owner = {bucket: min(bucket // share, relays - 1) for bucket in range(OUTBOX_BUCKETS)}
+    for first in range(OUTBOX_BUCKETS):
+        window = [owner[bucket_of((first + n) * SPAN)] for n in range(WINDOW_RUNS)]
+        parts = [window.count(relay) / WINDOW_RUNS for relay in range(relays)]
+        assert all(0.8 / relays <= part <= 1.2 / relays for part in parts), (first, parts)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +67,7 @@ TURNS = {
     "a second relay came: give up the upper half, held rows first": (
         ALL,
         2,
-        [32 * SPAN, 63 * SPAN + 1],  # rows of buckets 32 and 63 still held
+        [in_bucket(32), in_bucket(63) + 1],  # rows of buckets 32 and 63 still held
         Turn(0, frozenset(range(32)), frozenset(range(33, 63))),
     ),
     "the newcomer owning nothing takes its share": (
@@ -58,7 +85,7 @@ TURNS = {
     "a held row of a kept bucket keeps nothing from being released": (
         set(range(40)),
         2,
-        [0, 39 * SPAN],
+        [0, in_bucket(39)],
         Turn(0, frozenset(range(32)), frozenset(range(32, 39))),
     ),
 }
@@ -74,7 +101,7 @@ INACTIVE = {
     "idle: gives up every bucket": ({1, 2, 3}, [], Turn(0, frozenset(), frozenset({1, 2, 3}))),
     "keeps the buckets of its held rows, claims from none": (
         {1, 2, 3},
-        [2 * SPAN + 7],
+        [in_bucket(2) + 7],
         Turn(0, frozenset(), frozenset({1, 3})),
     ),
 }
