@@ -35,14 +35,15 @@ import functools
 import os
 import re
 import socket
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 
 from relay.constants import (
     DB_CONNECT_TIMEOUT_S,
@@ -252,6 +253,67 @@ def transaction(engine: sa.Engine, what: str, where: str) -> Iterator[sa.Connect
     (the database as the user wrote it, password redacted)."""
     with db_errors(what, where), engine.begin() as conn:
         yield conn
+
+
+def in_chunks(
+    engine: sa.Engine,
+    one_chunk: Callable[[sa.Connection], int],
+    *,
+    chunk: int,
+    what: str,
+    where: str,
+    stop: threading.Event | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """``one_chunk`` (which deletes at most ``chunk`` rows, and says how many) in a
+    transaction of its own, again and again until it deletes fewer; returns how many in all.
+    ``progress`` is told the total after each full chunk; a set ``stop`` ends it after the
+    chunk under way."""
+    deleted = 0
+    while stop is None or not stop.is_set():
+        with transaction(engine, what, where) as conn:
+            count = one_chunk(conn)
+        deleted += count
+        if count < chunk:
+            break
+        if progress is not None:
+            progress(deleted)
+    return deleted
+
+
+def run_delete(delete: sa.Delete, conn: sa.Connection) -> int:
+    """``delete`` on ``conn``; the rows it deleted (a chunk for ``in_chunks``)."""
+    return int(conn.execute(delete).rowcount)
+
+
+def delete_chunk(
+    table: sa.Table,
+    key: sa.Column[Any],
+    rows: sa.ColumnElement[bool],
+    *,
+    chunk: int,
+    dialect: sa.Dialect,
+    first: sa.ColumnElement[Any] | None = None,
+) -> sa.Delete:
+    """A DELETE of at most ``chunk`` of the rows of ``table`` that ``rows`` selects (by
+    ``key``, and in ``first`` order when given): MySQL limits a DELETE itself, and takes no
+    LIMIT in an IN subquery."""
+    if dialect.name == "mysql":
+        return sa.delete(table).where(rows).with_dialect_options(mysql_limit=chunk)
+    keys = sa.select(key).where(rows).limit(chunk)
+    if first is not None:
+        keys = keys.order_by(first)
+    return sa.delete(table).where(key.in_(keys.scalar_subquery()), rows)
+
+
+def insert_or_ignore(table: sa.Table, dialect: sa.Dialect) -> sa.Insert:
+    """An INSERT into ``table`` that skips a row whose key is there already, with the
+    database's own: ``INSERT IGNORE`` on MySQL (which would also truncate a value too long for
+    its column: the callers insert none), ``ON CONFLICT DO NOTHING`` elsewhere. Its row count
+    is the rows it added."""
+    if dialect.name == "mysql":
+        return mysql.insert(table).prefix_with("IGNORE")
+    return postgresql.insert(table).on_conflict_do_nothing()
 
 
 def in_list(

@@ -11,10 +11,10 @@ column; ``relay.inbox`` refuses such ids before they get here.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.mysql import insert as mysql_insert
@@ -23,7 +23,15 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import LAST_ERROR_MAX_CHARS
 from relay.db.clock import database_time
-from relay.db.engine import create_engine, db_errors, transaction
+from relay.db.engine import (
+    create_engine,
+    db_errors,
+    delete_chunk,
+    in_chunks,
+    insert_or_ignore,
+    run_delete,
+    transaction,
+)
 from relay.db.schema import inbox_attempts, inbox_received
 from relay.redact import redact_url
 
@@ -40,19 +48,10 @@ class InboxStore:
         self.consumer = consumer
         self.where = redact_url(url)
         dialect = self.engine.dialect.name
-        values: dict[str, Any] = {
-            "consumer": sa.bindparam("consumer"),
-            "message_id": sa.bindparam("message_id"),
-        }
-        if dialect == "postgresql":
-            # The key's insert; public for bench.inbox, which measures it alone.
-            self.insert_key: sa.Insert = (
-                pg_insert(inbox_received).values(values).on_conflict_do_nothing()
-            )
-        elif dialect == "mysql":
-            self.insert_key = mysql_insert(inbox_received).values(values).prefix_with("IGNORE")
-        else:
-            self.insert_key = sqlite_insert(inbox_received).values(values).on_conflict_do_nothing()
+        # The key's insert; public for bench.inbox, which measures it alone.
+        self.insert_key = insert_or_ignore(inbox_received, self.engine.dialect).values(
+            consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id")
+        )
         self._count_attempt = _upsert_attempt(dialect)
 
     @contextmanager
@@ -100,21 +99,17 @@ class InboxStore:
             (inbox_attempts, inbox_attempts.c.updated_at),
         ):
             old = sa.and_(table.c.consumer == self.consumer, time < database_time(-older_than))
-            if self.engine.dialect.name == "mysql":
-                # MySQL limits a DELETE itself, and takes no LIMIT in an IN subquery.
-                delete = sa.delete(table).where(old).with_dialect_options(mysql_limit=chunk)
-            else:
-                keys = sa.select(table.c.message_id).where(old).order_by(time).limit(chunk)
-                delete = sa.delete(table).where(
-                    table.c.consumer == self.consumer,
-                    table.c.message_id.in_(keys.scalar_subquery()),
-                )
-            while stop is None or not stop.is_set():
-                with transaction(self.engine, "purging the inbox", self.where) as conn:
-                    count = int(conn.execute(delete).rowcount)
-                deleted += count
-                if count < chunk:
-                    break
+            delete = delete_chunk(
+                table, table.c.message_id, old, chunk=chunk, dialect=self.engine.dialect, first=time
+            )
+            deleted += in_chunks(
+                self.engine,
+                functools.partial(run_delete, delete),
+                chunk=chunk,
+                what="purging the inbox",
+                where=self.where,
+                stop=stop,
+            )
         return deleted
 
     def close(self) -> None:

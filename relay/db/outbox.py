@@ -11,6 +11,7 @@ in SQL, whatever this host's clock says.
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -22,7 +23,16 @@ from relay.admin.records import OutboxStatus, RecentSent, Selection
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
 from relay.db.clock import database_time, seconds_between
 from relay.db.due import due_backlog
-from relay.db.engine import bounded_count, create_engine, db_errors, id_in, transaction
+from relay.db.engine import (
+    bounded_count,
+    create_engine,
+    db_errors,
+    delete_chunk,
+    id_in,
+    in_chunks,
+    run_delete,
+    transaction,
+)
 from relay.db.schema import (
     DUPLICATES,
     ROW_COLUMNS,
@@ -223,16 +233,9 @@ class OutboxAdmin:
             id_in(outbox.c.id, self.engine.dialect), outbox.c.status == SENT
         )
         old = outbox_sent.c.sent_at < cutoff
-        if self.engine.dialect.name == "mysql":
-            # MySQL limits a DELETE itself, and takes no LIMIT in an IN subquery.
-            delete_logged = (
-                sa.delete(outbox_sent).where(old).with_dialect_options(mysql_limit=chunk)
-            )
-        else:
-            logged = sa.select(outbox_sent.c.key).where(old).limit(chunk)
-            delete_logged = sa.delete(outbox_sent).where(
-                outbox_sent.c.key.in_(logged.scalar_subquery()), old
-            )
+        delete_logged = delete_chunk(
+            outbox_sent, outbox_sent.c.key, old, chunk=chunk, dialect=self.engine.dialect
+        )
 
         def rows_chunk(conn: sa.Connection) -> int:
             batch = list(conn.scalars(sent_rows))
@@ -240,19 +243,23 @@ class OutboxAdmin:
                 conn.execute(delete_rows, {"ids": batch})
             return len(batch)
 
-        def log_chunk(conn: sa.Connection) -> int:
-            return int(conn.execute(delete_logged).rowcount)
-
         deleted = 0
-        for one_chunk in (rows_chunk, log_chunk):
-            while stop is None or not stop.is_set():
-                with transaction(self.engine, "purge", self._where) as conn:
-                    count = one_chunk(conn)
-                deleted += count
-                if count < chunk:
-                    break
+        for one_chunk in (rows_chunk, functools.partial(run_delete, delete_logged)):
+            before = deleted  # ``progress`` is told the total of both parts
+
+            def so_far(count: int, before: int = before) -> None:
                 if progress is not None:
-                    progress(deleted)
+                    progress(before + count)
+
+            deleted += in_chunks(
+                self.engine,
+                one_chunk,
+                chunk=chunk,
+                what="purge",
+                where=self._where,
+                stop=stop,
+                progress=so_far,
+            )
         return deleted
 
     def close(self) -> None:

@@ -7,13 +7,12 @@ keeps of an acked row) and writes a ``SettleBatch`` with them in one transaction
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import IDS_PER_STATEMENT, LAST_ERROR_MAX_CHARS
 from relay.db.buckets import owned_by
 from relay.db.clock import database_time
 from relay.db.due import one_of
-from relay.db.engine import changes_parameters, changes_table, id_in
+from relay.db.engine import changes_parameters, changes_table, id_in, insert_or_ignore
 from relay.db.schema import (
     DUPLICATES,
     bucket_column,
@@ -139,15 +138,10 @@ class Settles:
         logged = sa.select(
             sent_key(outbox.c.message_id), outbox.c.id, outbox.c.created_at, database_time()
         ).where(pending)
-        log_once: sa.Insert
-        if self._dialect.name == "mysql":
-            # IGNORE, not ON DUPLICATE KEY UPDATE, which needs UPDATE on the log (the relay
-            # role has none): IGNORE also lets a value too long for its column in truncated,
-            # and none of these can be (a 16-byte key, an id, two times).
-            log_once = sa.insert(outbox_sent).from_select(columns, logged).prefix_with("IGNORE")
-        else:
-            log_once = sqlite_insert(outbox_sent).from_select(columns, logged)
-            log_once = log_once.on_conflict_do_nothing()
+        # On MySQL IGNORE, not ON DUPLICATE KEY UPDATE, which needs UPDATE on the log (the
+        # relay role has none); none of these values can be too long for its column (a
+        # 16-byte key, an id, two times).
+        log_once = insert_or_ignore(outbox_sent, self._dialect).from_select(columns, logged)
         return [log_once, sa.delete(outbox).where(pending)]
 
 
