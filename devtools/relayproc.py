@@ -3,6 +3,7 @@ the RELAY_* settings given (none inherited from the caller's environment)."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import signal
@@ -15,7 +16,11 @@ from types import TracebackType
 from typing import Self
 
 from devtools.broker import names, simple_topology, write_topology
+from devtools.outbox import owners
+from devtools.scrape import answers_ok
 from devtools.servers import wait_until
+from relay.buckets import fair_share
+from relay.constants import OUTBOX_BUCKETS
 from relay.settings import ENV_PREFIX
 
 RELAY = [sys.executable, "-m", "relay"]
@@ -175,6 +180,18 @@ class RelayProcess:
         """Whatever happened in the block, no relay is left running."""
         if self.running:
             self.kill()
+
+
+def wait_sharing(database_url: str, ports: Sequence[int], timeout: float = 60) -> None:
+    """Until the relays serving /metrics on ``ports`` (on 127.0.0.1) are ready and share the
+    outbox's buckets out, a fair share each: before that, the first one up may hold them all."""
+    for port in ports:
+        ready = f"http://127.0.0.1:{port}/readyz"
+        wait_until(functools.partial(answers_ok, ready), timeout, "a relay ready")
+    share = fair_share(len(ports))
+    fair = sorted([share] * (len(ports) - 1) + [OUTBOX_BUCKETS - share * (len(ports) - 1)])
+    shared = lambda: sorted(owners(database_url).values()) == fair  # noqa: E731
+    wait_until(shared, timeout, "the buckets shared out")
 
 
 def run_relay_until(

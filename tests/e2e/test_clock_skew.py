@@ -8,7 +8,6 @@ counts what reached the queue."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import Counter
@@ -19,9 +18,15 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.broker import drain
-from devtools.outbox import insert, owners, statuses
-from devtools.relayproc import RelayProcess, relay_on_new_queue, skew_unavailable, skewed
-from devtools.scrape import answers_ok, http_get, metric
+from devtools.outbox import insert, statuses
+from devtools.relayproc import (
+    RelayProcess,
+    relay_on_new_queue,
+    skew_unavailable,
+    skewed,
+    wait_sharing,
+)
+from devtools.scrape import http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
 from relay.db.clock import database_time, seconds_between
 from relay.db.schema import outbox
@@ -108,12 +113,7 @@ def test_two_relays_ten_minutes_apart_publish_every_row_once(
     try:
         for proc in relays:
             proc.start()
-        # Both at work before the first row: otherwise the first one up may take them all.
-        for port in ports:
-            ready = f"http://127.0.0.1:{port}/readyz"
-            wait_until(functools.partial(answers_ok, ready), 60, "a relay ready")
-        shared = lambda: sorted(owners(setup.database_url).values()) == [32, 32]  # noqa: E731
-        wait_until(shared, 60, "the buckets shared out")
+        wait_sharing(setup.database_url, ports)
         writers = [
             threading.Thread(
                 target=write,

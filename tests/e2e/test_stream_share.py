@@ -8,17 +8,15 @@ ranges of buckets, one relay published the whole stream while the others idled
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
 import pytest
 
-from devtools.outbox import insert, owners, statuses
-from devtools.relayproc import RelayProcess, relay_on_new_queue
-from devtools.scrape import answers_ok, http_get, metric
+from devtools.outbox import insert, statuses
+from devtools.relayproc import RelayProcess, relay_on_new_queue, wait_sharing
+from devtools.scrape import http_get, metric
 from devtools.servers import RabbitNode, free_port, wait_until
-from relay.constants import OUTBOX_BUCKETS
 from relay.records import SENT
 
 pytestmark = pytest.mark.databases("postgresql")
@@ -60,16 +58,10 @@ def test_each_relay_publishes_its_part_of_a_live_stream(
         )
         for n, port in enumerate(ports)
     ]
-    share = -(-OUTBOX_BUCKETS // relays)
-    fair = sorted([share] * (relays - 1) + [OUTBOX_BUCKETS - share * (relays - 1)])
     try:
         for process in processes:
             process.start()
-        for port in ports:
-            ready = f"http://127.0.0.1:{port}/readyz"
-            wait_until(functools.partial(answers_ok, ready), 60, "a relay ready")
-        shared = lambda: sorted(owners(database_url).values()) == fair  # noqa: E731
-        wait_until(shared, 60, "the buckets shared out")
+        wait_sharing(database_url, ports)
         before = [published(port) for port in ports]
         written = stream(database_url, exchange)
         wait_until(lambda: statuses(database_url).get(SENT, 0) == written, 60, "the rows sent")
