@@ -58,12 +58,10 @@ class Inbox:
         self._backoff = Backoff(settings.backoff_initial, settings.reconnect_max)
         self._db_failures = 0
         self._next_purge = 0.0
-        self._stop = threading.Event()
 
-    def run(self, handler: Handler, stop: threading.Event | None = None) -> None:
-        """Consume until ``stop`` (or ``self.stop()``) is set; returns after the delivery under
-        way is answered. Deliveries not answered yet go back to the queue."""
-        stop = stop or self._stop
+    def run(self, handler: Handler, stop: threading.Event) -> None:
+        """Consume until ``stop`` is set (a signal handler's, another thread's); returns after
+        the delivery under way is answered. Deliveries not answered yet go back to the queue."""
         problem = window_problem(self.inbox.inbox_dedupe_window, self.settings.retention)
         if problem is not None:
             log.warning("%s", problem, extra={"action": "inbox_window_short"})
@@ -82,9 +80,6 @@ class Inbox:
             consumer.run(stop)
         finally:
             self.store.close()
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def process(self, handler: Handler, delivery: Delivery, stop: threading.Event) -> Verdict:
         """One delivery through the inbox: the verdict the broker is answered with."""
