@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, NamedTuple
 
 from relay.records import OutboxRow
 
@@ -78,9 +78,9 @@ class Limits:
     max_message_size: int = 0  # bytes of body; learned from the broker's 406 close
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A row as it goes on the wire: every field checked against the protocol's limits."""
+class Message(NamedTuple):
+    """A row as it goes on the wire: every field checked against the protocol's limits. A
+    named tuple, as ``OutboxRow`` is, and for the same reason: one per row published."""
 
     exchange: str
     routing_key: str

@@ -39,14 +39,22 @@ class Admitted:
     reason: str = ""  # HOLD's and LOSE's outcome detail
 
 
+# The decisions that carry no reason of their row's, made once: one is made per row published,
+# and a new frozen dataclass each time was a tenth of the publisher's own CPU.
+_SEND = Admitted(Decision.SEND)
+_ALONE = Admitted(Decision.ALONE)
+_TRIAL = Admitted(Decision.TRIAL)
+_NO_CHANNEL = Admitted(Decision.LOSE, NO_CHANNEL)
+
+
 def admit(row: OutboxRow, channel_open: bool, destinations: Destinations, now: float) -> Admitted:
     if not channel_open:
-        return Admitted(Decision.LOSE, NO_CHANNEL)
+        return _NO_CHANNEL
     destination = destinations.admit(row.exchange, now)
     if destination is Admission.HOLD:
         return Admitted(Decision.HOLD, destinations.held_reason(row.exchange))
     if destination is Admission.TRIAL:
-        return Admitted(Decision.TRIAL)
+        return _TRIAL
     if row.suspect:
-        return Admitted(Decision.ALONE)
-    return Admitted(Decision.SEND)
+        return _ALONE
+    return _SEND

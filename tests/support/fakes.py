@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from relay.broker.confirms import ConfirmWindow
@@ -172,11 +172,11 @@ class InMemoryStore:
 
     def _claimed(self, s: _Stored) -> OutboxRow:
         """The row as a claim returns it: an oversized one unread (``relay.db.due``)."""
-        row = replace(s.row, sent_before=s.row.message_id in self.sent_log)
+        row = s.row._replace(sent_before=s.row.message_id in self.sent_log)
         if (size := self._oversize(s)) is None:
             return row
         reason = too_large_to_read(size, self.max_message_size)
-        return replace(row, payload=b"", headers=None, unreadable=reason)
+        return row._replace(payload=b"", headers=None, unreadable=reason)
 
     def settle(self, batch: SettleBatch) -> None:
         self._check()
@@ -190,8 +190,8 @@ class InMemoryStore:
             if s.status == PENDING and self._owns(c.id, leased=False):
                 s.status = c.status
                 s.next_attempt_at = now + timedelta(seconds=c.delay)
-                s.row = replace(
-                    s.row, attempts=c.attempts, last_error=c.last_error, suspect=c.suspect
+                s.row = s.row._replace(
+                    attempts=c.attempts, last_error=c.last_error, suspect=c.suspect
                 )
         for id in batch.duplicates:
             if id in self.rows and self.rows[id].status == PENDING:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +24,7 @@ def row(id: int, **fields: Any) -> OutboxRow:
         created_at=datetime(2026, 1, 1, tzinfo=UTC),
         attempts=0,
     )
-    return dataclasses.replace(plain, **fields)
+    return plain._replace(**fields)
 
 
 def sink_chunk(message_ids: list[str]) -> Chunk:
