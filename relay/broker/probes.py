@@ -11,7 +11,7 @@ of the session, so that whatever it does cannot close the confirm channel:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
@@ -25,8 +25,8 @@ from relay.broker.session import Session, returned
 from relay.errors import BrokerError
 from relay.records import OutboxRow, Outcome, Settlement
 
-# Sends a row on a channel, recording what became of it in a tracker; True when it went out.
-Send = Callable[[Any, OutboxRow, ConfirmTracker], bool]
+# Sends rows on a channel, recording what became of each in a tracker; those that went out.
+Send = Callable[[Any, Sequence[OutboxRow], ConfirmTracker], list[OutboxRow]]
 
 
 class Probes:
@@ -139,7 +139,7 @@ class Probes:
             why = f": {exc}" if str(exc) else ""
             judge.lose([row], f"no channel for a trial{why}")
         else:
-            sent = self._send(channel, row, judge)
+            sent = bool(self._send(channel, [row], judge))
             if sent:
                 await asyncio.wait(
                     {answered, closed}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED

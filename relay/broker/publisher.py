@@ -31,6 +31,7 @@ from relay.broker.blame import CLOSED_BY_BROKER
 from relay.broker.confirms import RELEASED, ConfirmTracker, ConfirmWindow
 from relay.broker.connection import Connector
 from relay.broker.destinations import Destinations, display
+from relay.broker.frames import PublishFrames
 from relay.broker.probes import Probes
 from relay.broker.quarantine import Quarantine
 from relay.broker.session import Session
@@ -45,18 +46,6 @@ from relay.tracing import NoTracing, Tracing
 log = logging.getLogger(__name__)
 
 _HELD_SUSPECT = f"not published again yet: a suspect since a {CLOSED_BY_BROKER}"
-
-
-class _EncodedProperties(pika.BasicProperties):  # type: ignore[misc]
-    """Basic properties already encoded by ``relay.message`` (pika 1.3 cannot encode a double
-    in a header table). pika asks a content header's properties only for ``encode()``."""
-
-    def __init__(self, encoded: bytes) -> None:
-        super().__init__()
-        self._encoded = encoded
-
-    def encode(self) -> list[bytes]:
-        return [self._encoded]
 
 
 class PikaPublisher(ConfirmWindow):
@@ -101,6 +90,7 @@ class PikaPublisher(ConfirmWindow):
         connector = Connector(urls, name, tls, confirm_timeout, reconnect)
         self._session = Session(connector, topology, self)
         self._limits = Limits()
+        self._frames = PublishFrames()
         self._quarantine = Quarantine()
         probe = Backoff(DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S)
         self._destinations = Destinations(probe.delay)
@@ -143,12 +133,12 @@ class PikaPublisher(ConfirmWindow):
     def publish(self, rows: Sequence[OutboxRow]) -> None:
         held: set[str] = set()
         now = time.monotonic()
+        channel_open = self._session.connected and self._session.channel_open
+        sending = []
         for row in rows:
-            channel_open = self._session.connected and self._session.channel_open
             admitted = admit(row, channel_open, self._destinations, now)
             if admitted.decision is Decision.SEND:
-                if self._send(self._session.channel, row, self.tracker):
-                    self._sent.append(row)
+                sending.append(row)
             elif admitted.decision is Decision.ALONE:
                 self._quarantine.admit(row)
             elif admitted.decision is Decision.TRIAL:
@@ -159,6 +149,7 @@ class PikaPublisher(ConfirmWindow):
                 held.add(row.exchange)
             else:
                 self._lose(row, admitted.reason)
+        self._sent += self._send(self._session.channel, sending, self.tracker)
         if held:
             broken = self._destinations.broken()
             for exchange in held:
@@ -167,46 +158,64 @@ class PikaPublisher(ConfirmWindow):
         if self.tracker.answered:  # rows settled at once (rejected, held, lost)
             self._wake()
 
-    def _send(self, channel: Any, row: OutboxRow, tracker: ConfirmTracker) -> bool:
-        """Publish one row on ``channel``, recording it, or what became of it instead, in
-        ``tracker``: the one place a row goes on the wire. True when it went out. Nothing goes
-        out once the relay's lease runs short (``relay.lease``): not even a row that waited
-        here since it was handed over (a suspect, a trial)."""
+    def _send(
+        self, channel: Any, rows: Sequence[OutboxRow], tracker: ConfirmTracker
+    ) -> list[OutboxRow]:
+        """Publish ``rows`` on ``channel``, in order, recording each, or what became of it
+        instead, in ``tracker``: the one place rows go on the wire. Returns those that went
+        out. Nothing goes out once the relay's lease runs short (``relay.lease``): not even a
+        row that waited here since it was handed over (a suspect, a trial).
+
+        The rows' frames are encoded here (``relay.broker.frames``) and handed to pika in one
+        call: nothing runs between them, so the channel that is open for the first is open
+        for the last."""
+        if not rows:
+            return []
         if not self._lease.holds():
-            tracker.lose([row], LEASE_SHORT)  # a suspect stays one (``relay.settle``)
-            return False
-        try:
-            trace = self._tracing.start(row, self._session.address)
-            message = build(row, self._limits, trace, self._cloudevents_source)
-            channel.basic_publish(
-                message.exchange,
-                message.routing_key,
-                # pika slices the body into frames: slices of a view copy nothing.
-                memoryview(message.body),
-                _EncodedProperties(message.properties),
-                mandatory=True,
-            )
-        except Unpublishable as exc:
-            tracker.reject(row, str(exc))
-            return False
-        except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
-            tracker.lose([row], _lost_reason(row, "the channel closed as the row was published"))
-            return False
-        except Exception as exc:  # whatever one row does, the others go on
-            log.warning(
-                "row %d could not be published: %r",
-                row.id,
-                exc,
-                extra={
-                    "action": "publish_failed",
-                    "row_id": row.id,
-                    **self._tracing.log_fields(row),
-                },
-            )
-            tracker.fail(row, f"publish failed: {exc!r}")
-            return False
-        tracker.published(row, time.monotonic())
-        return True
+            tracker.lose(rows, LEASE_SHORT)  # a suspect stays one (``relay.settle``)
+            return []
+        frames, going = [], []
+        number = channel.channel_number
+        for row in rows:
+            try:
+                trace = self._tracing.start(row, self._session.address)
+                message = build(row, self._limits, trace, self._cloudevents_source)
+                frame = self._frames.encode(
+                    number,
+                    message.exchange,
+                    message.routing_key,
+                    message.properties,
+                    message.body,
+                    mandatory=True,
+                    frame_max=self._limits.frame_max,
+                )
+            except Unpublishable as exc:
+                tracker.reject(row, str(exc))
+                continue
+            except Exception as exc:  # whatever one row does, the others go on
+                log.warning(
+                    "row %d could not be published: %r",
+                    row.id,
+                    exc,
+                    extra={
+                        "action": "publish_failed",
+                        "row_id": row.id,
+                        **self._tracing.log_fields(row),
+                    },
+                )
+                tracker.fail(row, f"publish failed: {exc!r}")
+                continue
+            frames.append(frame)
+            going.append(row)
+        if not self._session.send(channel, frames):
+            closed = "the channel closed as the row was published"
+            for row in going:
+                tracker.lose([row], _lost_reason(row, closed))
+            return []
+        now = time.monotonic()
+        for row in going:
+            tracker.published(row, now)
+        return going
 
     def _lose(self, row: OutboxRow, reason: str) -> None:
         """Due again at once; a suspect stays one (a LOST outcome keeps the mark, see
@@ -216,8 +225,8 @@ class PikaPublisher(ConfirmWindow):
     def _release_suspect(self) -> None:
         """Publish the next suspect if nothing else is in flight."""
         while self.can_publish and (row := self._quarantine.next_alone(self.tracker.in_flight)):
-            if self._send(self._session.channel, row, self.tracker):
-                self._sent.append(row)
+            if sent := self._send(self._session.channel, [row], self.tracker):
+                self._sent += sent
                 return
             self._quarantine.answered()  # not sent: its outcome is recorded
 

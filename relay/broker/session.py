@@ -199,6 +199,17 @@ class Session:
             return
         self._events.channel_reopened()
 
+    def send(self, channel: Any, frames: list[bytes]) -> bool:
+        """Write publishes encoded by ``relay.broker.frames`` on ``channel``, after whatever
+        pika wrote before; False, writing nothing, when the channel is not open (pika's
+        ``basic_publish`` would raise)."""
+        connection = self._connection
+        if connection is None or connection.is_closed or not channel.is_open:
+            return False
+        if frames:
+            connection.send_frames(frames)
+        return True
+
     async def rpc(
         self, method: Callable[..., Any], callback_name: str, *args: Any, **kwargs: Any
     ) -> Any:
