@@ -80,7 +80,7 @@ from devtools import debian13
 from devtools.broker import fresh_queue
 from devtools.otlp import OtlpReceiver
 from devtools.outbox import empty, owners
-from devtools.procfs import peak_rss_mb, tree_cpu_seconds
+from devtools.procfs import peak_rss_mb, thread_cpu_seconds, tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import (
@@ -399,19 +399,36 @@ def this_relay(
         profiler = Profiler(procs[0].pid, profile) if profile is not None else None
         relay_cpu = lambda: sum(tree_cpu_seconds(p.pid) for p in procs)  # noqa: E731
         committed = fill(engine, count, sampled_every, body)
+        threads_before = thread_cpu_seconds(procs[0].pid)
         with metered(servers, relay_cpu, count) as cpu:
             while not drained(engine):
                 if not all(p.running for p in procs):
                     raise RuntimeError("a relay exited")
                 time.sleep(0.1)
+        threads = {
+            tid: (seconds - threads_before.get(tid, 0.0)) * 1000 / count
+            for tid, seconds in thread_cpu_seconds(procs[0].pid).items()
+        }
         with engine.connect() as conn:
             # Acked rows leave the outbox for the sent log (RELAY_KEEP_SENT=ids).
             last = conn.execute(sa.select(sa.func.max(outbox_sent.c.sent_at))).scalar_one()
+            # The rows one settle statement acks share its time (the statement's, to the
+            # microsecond): about how many settles there were.
+            settle_times = sa.select(sa.func.count(sa.distinct(outbox_sent.c.sent_at)))
+            settles = conn.execute(settle_times).scalar_one()
         republished = sum(
             metric(http_get(f"http://127.0.0.1:{port}/metrics")[1], "relay_republished_total")
             for port in ports
         )
-        extra = {"peak_rss_mb": peak_rss_mb(procs[0].pid), "republished": republished}
+        extra = {
+            "peak_rss_mb": peak_rss_mb(procs[0].pid),
+            "republished": republished,
+            # The first relay's CPU s per 1,000 rows: its event loop's thread (the publisher,
+            # the loop) and the others (the database calls' worker threads, the metrics).
+            "loop_cpu": threads.pop(procs[0].pid, 0.0),
+            "other_threads_cpu": sum(threads.values()),
+            "rows_per_settle": count / max(1, settles),
+        }
         if profiler is not None:
             print(f"\nrelay profile (py-spy, {profile}): % of samples on top / anywhere")
             for function, top, anywhere in profiler.stop():
@@ -596,7 +613,7 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
             "mb_per_s": round(mb_per_s, 2),
             "rows_per_s_each_round": [round(c.rate, 1) for c in measured[name]],
             "cpu_s_per_1k_rows": {k: round(v, 4) for k, v in cpu.items()},
-            **{k: round(v, 1) for k, v in case.extra.items()},
+            **{k: round(v, 4 if k.endswith("_cpu") else 1) for k, v in case.extra.items()},
         }
         if relay:
             entry.update(
@@ -605,6 +622,14 @@ def report(measured: dict[str, list[Case]], args: argparse.Namespace) -> None:
                 over_naive=round(case.rate / b, 1),
             )
         summary[name] = entry
+    for name, case in results.items():
+        if "loop_cpu" in case.extra:
+            loop, others = case.extra["loop_cpu"], case.extra["other_threads_cpu"]
+            print(
+                f"{name}: CPU s per 1k rows in its event loop's thread {loop:.3f}, "
+                f"in its other threads {others:.3f} (the first relay's); "
+                f"{case.extra['rows_per_settle']:.0f} rows per settle"
+            )
     print(
         f"(medians of {args.rounds} round(s); window {WINDOW}; {args.payload_bytes}-byte "
         "persistent "

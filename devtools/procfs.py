@@ -28,6 +28,23 @@ def cpu_seconds(pid: int) -> float:
     return 0.0 if fields is None else _ticks(fields, _UTIME, _STIME)
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User and system CPU time each living thread of process ``pid`` has used so far, by
+    thread id (the main thread's is ``pid``)."""
+    try:
+        tids = [int(entry.name) for entry in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return {}
+    seconds = {}
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        seconds[tid] = _ticks(fields, _UTIME, _STIME)
+    return seconds
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU time of ``pid`` and every descendant, living or already reaped: a server that
     forks a process per connection (PostgreSQL) or runs helpers (RabbitMQ's Erlang VM) is
