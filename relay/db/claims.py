@@ -34,9 +34,9 @@ from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
 from relay.db.decode import decode_row
-from relay.db.due import claim_statement, due_backlog
+from relay.db.due import claim_statement, due_backlog, within_budget
 from relay.db.engine import BINARY_RESULTS, create_engine, db_errors
-from relay.db.schema import outbox
+from relay.db.schema import ROW_COLUMNS, outbox
 from relay.db.settles import Settles
 from relay.errors import StoreError
 from relay.held import HeldRows
@@ -44,6 +44,10 @@ from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, BacklogStats, Outbox
 from relay.redact import redact_url
 
 log = logging.getLogger(__name__)
+
+# A claimed row's columns (``relay.db.due.claim_statement``): those ``decode_row`` reads (the
+# row's, whether it was sent before, its size if oversized), then its due time.
+_DECODED = len(ROW_COLUMNS) + 2
 
 
 class ClaimStore:
@@ -88,6 +92,8 @@ class ClaimStore:
         self.max_message_size = max_message_size
         self._where = redact_url(url)
         self._settles = Settles(dialect, owner, keep_sent)
+        # SQLite's claims are cut to the byte budget as their rows are read (``claim_statement``).
+        self._cut_here = dialect.name == "sqlite"
         self._claims = {
             keyset: claim_statement(dialect, owner, margin, ordered=ordered, keyset=keyset)
             for keyset in (False, True)
@@ -144,9 +150,14 @@ class ClaimStore:
             statement = self._claims[after is not None]
             with self._session("claim", statements=1) as conn:
                 result = conn.execute(statement, params, execution_options={BINARY_RESULTS: True})
-                found = result.all()
-            taken = self.held.claimed([(r[-1], r[0]) for r in found], len(found) == limit)
-        rows = [decode_row(r[:-1], self.max_message_size) for r in found if r[0] in taken]
+                found: Sequence[Any] = (
+                    within_budget(result, max_bytes, first_always)
+                    if self._cut_here
+                    else result.all()
+                )
+            due = _DECODED  # each row's due time follows the columns decoded
+            taken = self.held.claimed([(r[due], r[0]) for r in found], len(found) == limit)
+        rows = [decode_row(r[:due], self.max_message_size) for r in found if r[0] in taken]
         rows.sort(key=lambda r: r.id)
         return rows
 

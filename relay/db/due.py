@@ -9,6 +9,7 @@ nothing from a bucket it may be about to lose. What a claim returns is read row 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -95,7 +96,16 @@ def claim_statement(
     payload and headers, with its size, to be parked unread; it counts nothing against
     ``max_bytes``.
 
-    Columns: ``ROW_COLUMNS``, ``sent_before``, ``oversize``, ``due_at``."""
+    On SQLite the statement does not cut the rows at ``max_bytes``: it returns every
+    candidate in due order, with what each counts against the budget (``counted``), and
+    the caller stops reading once they no longer fit (``within_budget``). SQLite reads a row
+    only when it is asked for the next, so no more payload is read than with the cut in SQL;
+    and the window functions that cut takes cost SQLite, in the relay's own process, more
+    than the rest of the claim: 500-row claims took 11 to 13 us of CPU per row with them, 7
+    to 8.6 us without.
+
+    Columns: ``ROW_COLUMNS``, ``sent_before``, ``oversize``, ``due_at``, and on SQLite
+    ``counted``."""
     mine = owned_now(owner, margin).where(
         in_list(outbox_buckets.c.bucket, "buckets", sa.SmallInteger(), dialect)
     )
@@ -139,6 +149,14 @@ def claim_statement(
                 ),
             )
         )
+    if dialect.name == "sqlite":
+        return candidates.with_only_columns(
+            *carried,
+            _sent_before(outbox.c.message_id),
+            sa.case((oversize, message_size)).label("oversize"),
+            _DUE_AT,
+            sa.case((oversize, 0), else_=size).label("counted"),
+        )
     c = candidates.subquery("candidate")
     order = (c.c.due_at, c.c.id)
     read = sa.case((c.c.over, 0), else_=c.c.size)
@@ -160,19 +178,37 @@ def claim_statement(
     else:
         source = sized
         columns = [sized.c[col.name] for col in ROW_COLUMNS]
-    # The dedupe: one probe of the sent log's primary key per row claimed, by the relay's own
-    # statement, so that no writer pays for it and no writer's snapshot decides it. A scalar
-    # subquery, not EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log.
     message_id = outbox.c.message_id if lean else sized.c.message_id
-    logged = sa.select(sa.true()).where(outbox_sent.c.key == sent_key(message_id))
-    sent_before = logged.scalar_subquery().is_not(None).label("sent_before")
     too_large = sa.case((sized.c.over, sized.c.message_size)).label("oversize")
     return (
-        sa.select(*columns, sent_before, too_large, sized.c.due_at)
+        sa.select(*columns, _sent_before(message_id), too_large, sized.c.due_at)
         .select_from(source)
         .where(fits)
         .order_by(sized.c.place)
     )
+
+
+def within_budget(rows: Iterable[Sequence[Any]], max_bytes: int, first_always: bool) -> list[Any]:
+    """The first of ``rows`` (a SQLite claim's, as they are read: ``claim_statement``) whose
+    ``counted`` bytes, their last column, add up to at most ``max_bytes``, the first row
+    whatever its size with ``first_always``: what the statement's cut returns elsewhere.
+    Stops reading at the first row that does not fit (the sum only grows)."""
+    taken: list[Any] = []
+    upto = 0
+    for row in rows:
+        upto += row[-1]
+        if upto > max_bytes and not (first_always and not taken):
+            break
+        taken.append(row)
+    return taken
+
+
+def _sent_before(message_id: sa.ColumnElement[str]) -> sa.Label[bool]:
+    """The dedupe: one probe of the sent log's primary key per row claimed, by the relay's
+    own statement, so that no writer pays for it and no writer's snapshot decides it. A
+    scalar subquery, not EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log."""
+    logged = sa.select(sa.true()).where(outbox_sent.c.key == sent_key(message_id))
+    return logged.scalar_subquery().is_not(None).label("sent_before")
 
 
 def _unless_oversize(
