@@ -6,15 +6,20 @@ counters and nothing lives in module globals.
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import logging
 import socketserver
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from relay.broker.destinations import display
 from relay.constants import BACKLOG_EXACT_ROWS
@@ -117,10 +122,10 @@ class Metrics:
             "Database calls that failed (and were retried).",
             registry=r,
         )
-        self.confirm_latency = Histogram(
+        self.confirm_latency = BatchHistogram(
             "relay_confirm_latency_seconds",
             "Seconds from publish to basic.ack.",
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
             registry=r,
         )
 
@@ -143,16 +148,49 @@ class Metrics:
         self.destination_broken.labels(name).set(1)
         self.destination_held.labels(name).set(held)
 
-    def settled(self, settlements: Iterable[Settlement], parked: int) -> None:
+    def settled(self, settlements: Sequence[Settlement], parked: int) -> None:
+        self.confirm_latency.observe_all([s.latency for s in settlements if s.latency is not None])
         # Counted per outcome first: a label lookup per row cost 1.4% of the relay's CPU.
-        counts: collections.Counter[Outcome] = collections.Counter()
-        for s in settlements:
-            counts[s.outcome] += 1
-            if s.latency is not None:
-                self.confirm_latency.observe(s.latency)
-        for outcome, count in counts.items():
+        for outcome, count in collections.Counter(s.outcome for s in settlements).items():
             self.outcomes.labels(outcome.value).inc(count)
         self.parked.inc(parked)
+
+
+class BatchHistogram(Collector):
+    """A histogram observed a batch at a time (a settle's confirm latencies): prometheus_client's
+    ``Histogram.observe`` takes a lock and walks the buckets for each value, 0.7 us a row
+    published; here a batch takes the lock once and each value is one bisection. Exposed as
+    ``Histogram`` exposes it (``_bucket``, ``_count``, ``_sum``), without ``_created``."""
+
+    def __init__(
+        self, name: str, documentation: str, bounds: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = sorted(bounds)
+        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_all(self, values: Sequence[float]) -> None:
+        bounds, counts = self._bounds, self._counts
+        with self._lock:
+            for value in values:
+                counts[bisect.bisect_left(bounds, value)] += 1  # le: value <= bound
+                self._sum += value
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative = list(itertools.accumulate(counts))
+        bounds = [*map(floatToGoString, self._bounds), "+Inf"]
+        yield HistogramMetricFamily(
+            self._name,
+            self._documentation,
+            buckets=list(zip(bounds, cumulative, strict=True)),
+            sum_value=total,
+        )
 
 
 # A handler's transaction: milliseconds for a row or two, seconds when it calls out.
