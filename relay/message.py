@@ -61,6 +61,9 @@ _CONTENT_TYPE, _HEADERS, _DELIVERY_MODE, _MESSAGE_ID, _TIMESTAMP = (
 )
 # CloudEvents in binary mode (``cloudevent``): the specification's version the relay writes.
 CLOUDEVENTS_SPEC_VERSION = "1.0"
+_PERSISTENT = bytes([PERSISTENT])
+_FLAGS_FIELD = struct.Struct(">H")
+_TIMESTAMP_FIELD = struct.Struct(">Q")
 _I32 = range(-(2**31), 2**31)
 _I64 = range(-(2**63), 2**63)
 _DECIMAL_MANTISSA = _I32  # an AMQP decimal's mantissa is a signed 32-bit integer
@@ -100,8 +103,9 @@ def build(
     this source unless the row's headers name one."""
     if row.unreadable is not None:
         raise Unpublishable(row.unreadable)
-    short_string("exchange", row.exchange)
-    short_string("routing_key", row.routing_key)
+    # Encoded where they go on the wire (``relay.broker.frames``); here only checked.
+    _check_short("exchange", row.exchange)
+    _check_short("routing_key", row.routing_key)
     if limits.max_message_size and len(row.payload) > limits.max_message_size:
         raise Unpublishable(
             f"payload is {len(row.payload)} bytes, larger than configured max size "
@@ -116,11 +120,11 @@ def build(
         flags |= _HEADERS
         pieces.append(encode_headers(row.headers or "{}", trace))
     pieces += [
-        struct.pack("B", PERSISTENT),
+        _PERSISTENT,
         short_string("message_id", row.message_id),
-        struct.pack(">Q", _timestamp(row.created_at)),
+        _TIMESTAMP_FIELD.pack(_timestamp(row.created_at)),
     ]
-    properties = struct.pack(">H", flags) + b"".join(pieces)
+    properties = _FLAGS_FIELD.pack(flags) + b"".join(pieces)
     if limits.frame_max and len(properties) + CONTENT_HEADER_OVERHEAD > limits.frame_max:
         raise Unpublishable(
             f"the message properties (mostly headers) encode to {len(properties)} bytes; they "
@@ -168,6 +172,13 @@ def too_large_to_read(size: int, max_message_size: int) -> str:
         f"row not read: its payload and headers are {size} bytes, more than the largest "
         f"message the relay reads ({max_message_size} bytes, RELAY_MAX_MESSAGE_SIZE)"
     )
+
+
+def _check_short(column: str, value: str) -> None:
+    """Raise unless ``value`` fits an AMQP short string; without encoding it when it is too
+    short to be too long (UTF-8 takes at most 4 bytes a character)."""
+    if len(value) > SHORT_STRING_MAX // 4:
+        short_string(column, value)
 
 
 def short_string(column: str, value: str) -> bytes:
