@@ -23,6 +23,7 @@ still agree on every lease.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 # A claimed row's columns (``relay.db.due.claim_statement``): those ``decode_row`` reads (the
 # row's, whether it was sent before, its size if oversized), then its due time.
 _DECODED = len(ROW_COLUMNS) + 2
+_ID = operator.attrgetter("id")
 
 
 class ClaimStore:
@@ -158,7 +160,7 @@ class ClaimStore:
             due = _DECODED  # each row's due time follows the columns decoded
             taken = self.held.claimed([(r[due], r[0]) for r in found], len(found) == limit)
         rows = [decode_row(r[:due], self.max_message_size) for r in found if r[0] in taken]
-        rows.sort(key=lambda r: r.id)
+        rows.sort(key=_ID)
         return rows
 
     def settle(self, batch: SettleBatch) -> None:

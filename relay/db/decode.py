@@ -9,6 +9,7 @@ is parked (``relay.message``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,9 @@ from relay.records import OutboxRow
 _OR_NULL = (str, type(None))
 _PLAIN: tuple[type | tuple[type, ...], ...]
 _PLAIN = (int, str, str, str, bytes, str, _OR_NULL, object, int, _OR_NULL, int, object, type(None))
+# An ``OutboxRow`` of all its fields in order, without the keyword handling of its
+# constructor: one per row claimed.
+_row = functools.partial(tuple.__new__, OutboxRow)
 # The claim's columns: the row's, whether its message id is in the sent log, and its size
 # when it is over the largest message the relay reads (its payload and headers then NULL).
 _NAMES = (*(c.name for c in ROW_COLUMNS), "sent_before", "oversize")
@@ -55,20 +59,22 @@ def decode_row(values: Sequence[Any], max_message_size: int) -> OutboxRow:
                 _,
             ) = values
             created = _time(at)
-            return OutboxRow(
-                rid,
-                message_id,
-                exchange,
-                key,
-                payload,
-                content,
-                headers,
-                created,
-                tries,
-                error,
-                bool(sus),
-                None,
-                bool(again),
+            return _row(
+                (
+                    rid,
+                    message_id,
+                    exchange,
+                    key,
+                    payload,
+                    content,
+                    headers,
+                    created,
+                    tries,
+                    error,
+                    bool(sus),
+                    None,
+                    bool(again),
+                )
             )
         raw = dict(zip(_NAMES, values, strict=True))
         if raw["oversize"] is not None:
