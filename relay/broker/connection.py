@@ -136,8 +136,7 @@ class GatheringConnection(AsyncioConnection):  # type: ignore[misc]
     produced them ends (``call_soon``), in the order pika produced them.
 
     ``_adapter_emit_data`` is the method pika's adapters implement to write (pika's own
-    ``BaseConnection`` is one such adapter), and ``_output_marshaled_frames`` the one its
-    connection writes every frame through; pika is pinned to 1.3.x for them.
+    ``BaseConnection`` is one such adapter); pika is pinned to 1.3.x for it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -150,9 +149,13 @@ class GatheringConnection(AsyncioConnection):  # type: ignore[misc]
         self._gathered.append(data)
 
     def send_frames(self, frames: list[bytes]) -> None:
-        """Write frames encoded elsewhere (``relay.broker.frames``) as pika writes its own:
-        through its output, which counts the bytes its heartbeat checker watches."""
-        self._output_marshaled_frames(frames)
+        """Write frames encoded elsewhere (``relay.broker.frames``), gathered with pika's own,
+        counted as pika's output counts them (its heartbeat checker watches ``bytes_sent``)."""
+        self.bytes_sent += sum(map(len, frames))
+        self.frames_sent += len(frames)
+        if not self._gathered:
+            asyncio.get_running_loop().call_soon(self._emit_gathered)
+        self._gathered += frames
 
     def _emit_gathered(self) -> None:
         pieces, self._gathered = self._gathered, []

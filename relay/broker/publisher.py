@@ -175,10 +175,10 @@ class PikaPublisher(ConfirmWindow):
             tracker.lose(rows, LEASE_SHORT)  # a suspect stays one (``relay.settle``)
             return []
         frames, going = [], []
-        number = channel.channel_number
+        number, address = channel.channel_number, self._session.address
         for row in rows:
             try:
-                trace = self._tracing.start(row, self._session.address)
+                trace = self._tracing.start(row, address)
                 message = build(row, self._limits, trace, self._cloudevents_source)
                 frame = self._frames.encode(
                     number,
