@@ -150,8 +150,12 @@ class ClaimStore:
             if after is not None:
                 params["after_at"], params["after_id"] = after
             statement = self._claims[after is not None]
-            with self._session("claim", statements=1) as conn:
-                result = conn.execute(statement, params, execution_options={BINARY_RESULTS: True})
+            options = {BINARY_RESULTS: True}
+            # Closed when read: a SQLite statement left unread holds its snapshot open.
+            with (
+                self._session("claim", statements=1) as conn,
+                conn.execute(statement, params, execution_options=options) as result,
+            ):
                 found: Sequence[Any] = (
                     within_budget(result, max_bytes, first_always)
                     if self._cut_here
