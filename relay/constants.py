@@ -118,6 +118,11 @@ DESTINATION_PROBE_MAX_S = 10.0
 # the row while this one still waits for its confirm.
 CONFIRM_CEILING_FACTOR = 2
 
+# Distinct (channel, exchange, routing key, mandatory) publish method frames the relay keeps
+# encoded (``relay.broker.frames``); beyond, they are built again (a relay publishing to more
+# destinations than this pays about 1 us a message more).
+METHOD_FRAMES_KEPT = 1024
+
 # --- Memory --------------------------------------------------------------------------------
 # Allocations this large are mmapped, and so returned when freed (relay.memory): above any
 # claim or write of small messages (500 rows of 200 bytes are 100 KB), below a big message.

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import struct
 
+from relay.constants import METHOD_FRAMES_KEPT
+
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY = 1, 2, 3
 FRAME_END = b"\xce"
 # A frame's type, channel and size (7 bytes), and its frame-end octet.
@@ -27,9 +29,6 @@ FRAME_OVERHEAD = 8
 FRAME_MIN_SIZE = 4096
 BASIC_CLASS = 60
 PUBLISH_METHOD = 40
-# Distinct (channel, exchange, routing key, mandatory) method frames kept; beyond, they are
-# built again (a relay publishing to more destinations than this pays 1 us a message more).
-METHOD_FRAMES_KEPT = 1024
 
 _FRAME = struct.Struct(">BHI")
 # The content header frame up to its properties: frame header, class, weight (0), body size.

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from devtools.pikawire import PikaWire
-from relay.broker.frames import FRAME_MIN_SIZE, METHOD_FRAMES_KEPT, PublishFrames
+from relay.broker.frames import FRAME_MIN_SIZE, PublishFrames
+from relay.constants import METHOD_FRAMES_KEPT
 from relay.message import Limits, Message, build
 from tests.support.rows import row
 
