@@ -48,15 +48,7 @@ def by_pika(batch: list[Message]) -> None:
 def by_relay(batch: list[Message]) -> None:
     frames = PublishFrames()
     for m in batch:
-        frames.encode(
-            CHANNEL,
-            m.exchange,
-            m.routing_key,
-            m.properties,
-            m.body,
-            mandatory=True,
-            frame_max=FRAME_MAX,
-        )
+        frames.encode(CHANNEL, m, mandatory=True, frame_max=FRAME_MAX)
 
 
 def per_message_us(encode: Callable[[list[Message]], None], batch: list[Message]) -> float:

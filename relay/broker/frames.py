@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 
 from relay.constants import METHOD_FRAMES_KEPT
+from relay.message import Message
 
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY = 1, 2, 3
 FRAME_END = b"\xce"
@@ -44,30 +45,20 @@ class PublishFrames:
     def __init__(self) -> None:
         self._methods: dict[tuple[int, str, str, bool], bytes] = {}
 
-    def encode(
-        self,
-        channel: int,
-        exchange: str,
-        routing_key: str,
-        properties: bytes,
-        body: bytes,
-        *,
-        mandatory: bool,
-        frame_max: int,
-    ) -> bytes:
-        """The frames of one publish of ``body`` with ``properties`` (the content header's
-        property flags and list, encoded) on ``channel``, whose connection negotiated
-        ``frame_max``: the body is cut into frames of at most ``frame_max - 8`` bytes, none
-        when it is empty."""
+    def encode(self, channel: int, message: Message, *, mandatory: bool, frame_max: int) -> bytes:
+        """The frames of one publish of ``message`` (its properties encoded already) on
+        ``channel``, whose connection negotiated ``frame_max``: the body is cut into frames
+        of at most ``frame_max - 8`` bytes, none when it is empty."""
         if frame_max < FRAME_MIN_SIZE:
             raise ValueError(f"frame_max {frame_max} is below AMQP's minimum {FRAME_MIN_SIZE}")
-        key = (channel, exchange, routing_key, mandatory)
+        key = (channel, message.exchange, message.routing_key, mandatory)
         method = self._methods.get(key)
         if method is None:
             method = _method_frame(*key)
             if len(self._methods) >= METHOD_FRAMES_KEPT:
                 self._methods.clear()
             self._methods[key] = method
+        body, properties = message.body, message.properties
         size = len(body)
         header = _HEADER.pack(
             FRAME_HEADER, channel, _HEADER_FIXED + len(properties), BASIC_CLASS, 0, size

@@ -181,13 +181,7 @@ class PikaPublisher(ConfirmWindow):
                 trace = self._tracing.start(row, address)
                 message = build(row, self._limits, trace, self._cloudevents_source)
                 frame = self._frames.encode(
-                    number,
-                    message.exchange,
-                    message.routing_key,
-                    message.properties,
-                    message.body,
-                    mandatory=True,
-                    frame_max=self._limits.frame_max,
+                    number, message, mandatory=True, frame_max=self._limits.frame_max
                 )
             except Unpublishable as exc:
                 tracker.reject(row, str(exc))

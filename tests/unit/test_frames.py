@@ -23,15 +23,7 @@ def pikas(message: Message, *, channel: int, frame_max: int, mandatory: bool = T
 
 
 def ours(message: Message, *, channel: int, frame_max: int, mandatory: bool = True) -> bytes:
-    return PublishFrames().encode(
-        channel,
-        message.exchange,
-        message.routing_key,
-        message.properties,
-        message.body,
-        mandatory=mandatory,
-        frame_max=frame_max,
-    )
+    return PublishFrames().encode(channel, message, mandatory=mandatory, frame_max=frame_max)
 
 
 EVERY_HEADER_TYPE = {
@@ -92,15 +84,8 @@ def test_method_frames_kept_are_per_channel_and_bounded() -> None:
     message = build(row(1))
 
     def encode(channel: int, routing_key: str) -> bytes:
-        return frames.encode(
-            channel,
-            message.exchange,
-            routing_key,
-            message.properties,
-            message.body,
-            mandatory=True,
-            frame_max=FRAME_MAX,
-        )
+        to = message._replace(routing_key=routing_key)
+        return frames.encode(channel, to, mandatory=True, frame_max=FRAME_MAX)
 
     first = encode(1, "rk")
     assert encode(2, "rk") != first  # another channel's frame, not the one kept
@@ -119,4 +104,5 @@ def test_method_frames_kept_are_per_channel_and_bounded() -> None:
 )
 def test_what_pika_refuses_is_refused(exchange: str, frame_max: int, complaint: str) -> None:
     with pytest.raises(ValueError, match=complaint):
-        PublishFrames().encode(1, exchange, "rk", b"", b"", mandatory=True, frame_max=frame_max)
+        message = Message(exchange, "rk", b"", b"")
+        PublishFrames().encode(1, message, mandatory=True, frame_max=frame_max)
