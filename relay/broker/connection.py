@@ -144,18 +144,20 @@ class GatheringConnection(AsyncioConnection):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
 
     def _adapter_emit_data(self, data: bytes) -> None:
-        if not self._gathered:
-            asyncio.get_running_loop().call_soon(self._emit_gathered)
-        self._gathered.append(data)
+        self._gather([data])
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Write frames encoded elsewhere (``relay.broker.frames``), gathered with pika's own,
         counted as pika's output counts them (its heartbeat checker watches ``bytes_sent``)."""
         self.bytes_sent += sum(map(len, frames))
         self.frames_sent += len(frames)
+        self._gather(frames)
+
+    def _gather(self, pieces: list[bytes]) -> None:
+        """Keep ``pieces`` to write when this loop turn ends, after what it wrote before."""
         if not self._gathered:
             asyncio.get_running_loop().call_soon(self._emit_gathered)
-        self._gathered += frames
+        self._gathered += pieces
 
     def _emit_gathered(self) -> None:
         pieces, self._gathered = self._gathered, []
