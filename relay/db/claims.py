@@ -35,7 +35,7 @@ from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
 from relay.db.decode import decode_row
-from relay.db.due import claim_statement, due_backlog, within_budget
+from relay.db.due import budget_cut_as_read, claim_statement, due_backlog, within_budget
 from relay.db.engine import BINARY_RESULTS, create_engine, db_errors
 from relay.db.schema import ROW_COLUMNS, outbox
 from relay.db.settles import Settles
@@ -95,7 +95,7 @@ class ClaimStore:
         self._where = redact_url(url)
         self._settles = Settles(dialect, owner, keep_sent)
         # SQLite's claims are cut to the byte budget as their rows are read (``claim_statement``).
-        self._cut_here = dialect.name == "sqlite"
+        self._cut_here = budget_cut_as_read(dialect)
         self._claims = {
             keyset: claim_statement(dialect, owner, margin, ordered=ordered, keyset=keyset)
             for keyset in (False, True)
