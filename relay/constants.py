@@ -41,6 +41,15 @@ POLL_INTERVAL_S = 0.5
 # for it. At 1,000 rows/s: p99 commit-to-ack 26.4 ms with 5 ms, 28.4 ms with 10 ms
 # (bench.latency; NOTIFY gave 26.3 ms).
 PROBE_INTERVAL_S = 0.005
+# Seconds a relay gathers before a claim that follows a short one, and before a settle of
+# fewer than a batch of outcomes (``linger``'s default, ``relay.relay``): each claim and each
+# settle costs the database and the relay a round trip, a wake-up of a backend and of a
+# worker thread, and a plan, whatever its size. Chasing every new row of a steady stream
+# (2,000 rows/s over two relays) took about 900 of those a second, of 5 to 10 rows each: 10
+# times the relays' CPU per row of a backlog drain, and 4 times the database's CPU of the
+# writers' INSERTs. 50 ms caps them at 20 claims and 20 settles a second a relay, whatever
+# the rate, and adds at most that to a row's commit-to-ack time (bench.soak).
+LINGER_S = 0.05
 # While the newest id stays the same, the probe's interval doubles up to this many times
 # ``probe_interval``: each look wakes a database backend (about 150 us of PostgreSQL's CPU
 # here, whatever the query), so looking every 5 ms cost an idle database 1.5% of a core,

@@ -90,6 +90,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         max_inflight_bytes=settings.max_inflight_bytes,
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
+        linger=settings.linger,
         turn_interval=turn_interval(settings.lease, lease.margin),
         retry=reconnect,
         tracing=tracing,
@@ -204,7 +205,8 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
 async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:
     """Wake the relay when the outbox's newest id changes (``relay.db.probe``), so that a row
     is published when it commits rather than at the next poll; polling stays as the
-    fallback, and covers the probe's outages."""
+    fallback, and covers the probe's outages. The probe looks only while the relay is idle
+    (``Relay.idle``): while a stream flows, the relay's own claims look for it."""
     loop = asyncio.get_running_loop()
     probe = NewRowsProbe(settings.database_url)
     stopped = threading.Event()
@@ -216,11 +218,18 @@ async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:
         failures = 0
         loop.call_soon_threadsafe(relay.wake)
 
-    watch = functools.partial(probe.watch, changed, settings.probe_interval, stopped)
+    watch = functools.partial(
+        probe.watch, changed, settings.probe_interval, stopped, relay.idle, settings.linger
+    )
+
+    def stop() -> None:
+        stopped.set()
+        relay.idle.set()  # a probe paused while the relay streamed sees the stop
+
     try:
         while True:
             try:
-                await in_thread(watch, stopped.set)
+                await in_thread(watch, stop)
             except RelayError as exc:
                 failures += 1
                 if failures == 1:

@@ -69,9 +69,13 @@ class Publisher(Protocol):
         """What went out, what became of rows, and which exchanges are back, since the last
         call."""
 
-    async def run(self, wake: Callable[[], None]) -> None:
+    async def run(
+        self, wake: Callable[[], None], answered: Callable[[], None] | None = None
+    ) -> None:
         """Connect, keep reconnecting with back-off, until ``close``; call ``wake`` whenever
-        there is something to take, or the state changed (a connect, an unblock)."""
+        there is something to take, or the state changed (a connect, an unblock), but for
+        the broker's confirms, which call ``answered`` (``wake`` if none is given): the caller
+        may leave those to take later."""
 
     async def close(self) -> None:
         """Close the connection; rows still awaiting an answer are lost (due again)."""

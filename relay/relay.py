@@ -10,10 +10,11 @@ batched updates, beside the claims.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from relay.backoff import Backoff
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
@@ -22,12 +23,23 @@ from relay.lease import LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
-from relay.records import PARKED, OutboxRow, Outcome, Settlement
+from relay.records import PARKED, OutboxRow, Outcome, RowChange, SettleBatch, Settlement
 from relay.retrying import RetryingStore
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
+from relay.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
+
+
+class _Settling(NamedTuple):
+    """Outcomes on their way to the store: the settlements, the batch they write, the rows it
+    parks and their log fields."""
+
+    pending: list[Settlement]
+    batch: SettleBatch
+    parked: list[RowChange]
+    traced: dict[int, dict[str, str]]
 
 
 class Relay:
@@ -43,6 +55,7 @@ class Relay:
         max_inflight_bytes: int,
         poll_interval: float,
         drain_timeout: float,
+        linger: float = 0.0,
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
@@ -64,18 +77,28 @@ class Relay:
         # what the byte budget bounds. Every claimed row is settled exactly once.
         self._holding = 0
         self.poll_interval = poll_interval
+        self.linger = linger
+        # Once the relay has caught up (a claim came back short), the next claim waits until
+        # ``linger`` after that one began, however soon it is woken: a steady stream is claimed
+        # a few times a second, not once per new row. While claims find rows, the next is made
+        # then unwoken (the stream goes on); once one finds none, the probe and the poll wake it.
+        self._claim_not_before = clock()
+        # Set while the last claim found nothing: only then does the probe of new rows
+        # (``relay.db.probe``) look; while a stream flows, the claims themselves look for it.
+        self.idle = threading.Event()
+        self.idle.set()
         self.drain_timeout = drain_timeout
         self.turn_interval = turn_interval
         # Whether the store's last turn said this relay can publish; a change asks for a turn.
         self._turned_active = False
-        self._turn_wanted = asyncio.Event()
+        self._turn_wanted = Wakeup()
         self.tracing = tracing or NoTracing()
         self._min_claim = max(1, batch_size // 4)
         # Rows claimed beyond what the window takes: one batch, never more than a window
         # (with a small window, a batch ahead would be most of what a channel loss loses).
         self._ahead = min(batch_size, self.publisher.window)
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
-        self._claim_wanted = asyncio.Event()
+        self._claim_wanted = Wakeup()
         # The last claim was full: other rows wait, and rows of broken exchanges (which are
         # only charged an attempt) are left for later. See ``_skipped``.
         self._backlog = False
@@ -83,11 +106,15 @@ class Relay:
         self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
         self._next_poll = clock()
         self._unsettled: list[Settlement] = []
+        # When the outcomes waiting in ``_unsettled`` are to be settled: ``linger`` after the
+        # first of them, by the first claim after that (``_riding``), else by the settle task
+        # a linger later; sooner when ``_settle_due`` says so.
+        self._settle_at = clock()
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
-        self._settle_wanted = asyncio.Event()
+        self._settle_wanted = Wakeup()
         # Set by whatever the loop waits for: the broker's answers and connects (through
         # the publisher), new rows (NOTIFY), settles done, stop.
-        self._woken = asyncio.Event()
+        self._woken = Wakeup()
         self._finished = False
         self._stopping = asyncio.Event()
         self._last_beat = clock()
@@ -95,7 +122,9 @@ class Relay:
 
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
-        publishing = asyncio.create_task(self.publisher.run(self._answered), name="publisher")
+        publishing = asyncio.create_task(
+            self.publisher.run(self._answered, self._confirmed), name="publisher"
+        )
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
         turning = asyncio.create_task(self._turn_forever(), name="turn")
@@ -137,13 +166,25 @@ class Relay:
         (thousands in a drain's last seconds)."""
         self._woken.set()
 
+    def _confirmed(self) -> None:
+        """The broker's confirms came in. Worth a turn of the loop only when it waits on them:
+        rows wait for room in the window, no outcome waits to be settled yet (the first one
+        sets the settle's time), or the relay stops. Otherwise they wait in the publisher
+        until the loop's next turn, or the settle's, within a linger: at a steady stream a
+        turn per confirm frame was most of the loop's turns."""
+        if self._ready or not self._unsettled or self._stopping.is_set() or not self.linger:
+            self._woken.set()
+
     def _may_be_due(self) -> bool:
-        return self._maybe_due or self._clock() >= self._next_poll
+        now = self._clock()
+        return now >= self._claim_not_before and (self._maybe_due or now >= self._next_poll)
 
     def _until_poll(self) -> float:
-        """Seconds to the next poll; a whole interval once it is past (while claiming
-        cannot go on, the loop must not spin: answers still wake it)."""
-        left = self._next_poll - self._clock()
+        """Seconds to the next claim that may find rows; a whole interval once it is past
+        (while claiming cannot go on, the loop must not spin: answers still wake it)."""
+        now = self._clock()
+        due = max(self._claim_not_before, now if self._maybe_due else self._next_poll)
+        left = due - now
         return left if 0 < left < self.poll_interval else self.poll_interval
 
     def stop(self) -> None:
@@ -168,24 +209,43 @@ class Relay:
         claimed ahead)."""
         while not self._stopping.is_set():
             await self._claim_wanted.wait()
-            self._claim_wanted.clear()
-            while (wanted := self._wanted()) and not self._stopping.is_set():
+            # Asked for, maybe, while the last claim ran: the linger after it holds still.
+            while self._may_be_due() and (wanted := self._wanted()) and not self._stopping.is_set():
                 # Consumed before the claim: a notification during it sets it again.
                 self._maybe_due = False
-                self._next_poll = self._clock() + self.poll_interval
+                began = self._clock()
+                self._next_poll = began + self.poll_interval
                 room = self.max_bytes - self._holding
-                rows = await self.store.claim(wanted, room, not self._holding, self._skipped())
+                riding = self._settling(self._riding())
+                try:
+                    rows = await self.store.claim(
+                        wanted, room, not self._holding, self._skipped(), riding.batch
+                    )
+                except StoreError:
+                    self._unsettled[:0] = riding.pending  # only when stopping past the deadline
+                    raise
+                self._settled(riding)
                 self._backlog = len(rows) == wanted
                 claimed = sum(r.size for r in rows)
                 self._hold(claimed)
                 self._ready += self._without_duplicates(rows)
                 self._answered()
+                if rows:
+                    self.idle.clear()
+                else:
+                    self.idle.set()
                 if len(rows) < wanted:
-                    # No more due now (the next notification or poll asks again), unless
-                    # the byte budget cut the claim short: then settles that free room do.
-                    # (Set, never cleared: a notification during the claim stands.)
+                    # No more due now, unless the byte budget cut the claim short: then
+                    # settles that free room ask again. (Set, never cleared: a notification
+                    # during the claim stands.) Otherwise the relay has caught up: the next
+                    # claim gathers for ``linger``, and while claims find rows, it comes
+                    # then unasked; else the next notification or poll asks.
                     if self._cut_by_bytes(len(rows), claimed, room):
                         self._maybe_due = True
+                    else:
+                        self._claim_not_before = began + self.linger
+                        if rows:
+                            self._next_poll = self._claim_not_before
                     break
                 self._maybe_due = True
 
@@ -194,8 +254,7 @@ class Relay:
         those go straight to the settle, never to the broker."""
         if not any(r.sent_before for r in rows):
             return rows
-        self._unsettled += [Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before]
-        self._settle_wanted.set()
+        self._to_settle([Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before])
         return [r for r in rows if not r.sent_before]
 
     def _wanted(self) -> int:
@@ -246,6 +305,8 @@ class Relay:
     def _hold(self, size: int) -> None:
         self._holding += size
         self.metrics.held_bytes.set(self._holding)
+        if size > 0 and self._holding >= self.max_bytes and self._unsettled:
+            self._settle_wanted.set()  # claims wait for the room a settle frees
 
     def _publish_ready(self) -> None:
         """Hand the publisher what its window takes now (nothing too: it may have rows it
@@ -272,49 +333,102 @@ class Relay:
         self.metrics.published.inc(len(answers.published))
         self.metrics.republished.inc(sum(1 for r in answers.published if r.republish))
         if answers.settled or answers.recovered:
-            self._unsettled.extend(answers.settled)
-            self._recovered.extend(answers.recovered)
-            self._settle_wanted.set()
+            self._to_settle(answers.settled)
+            if answers.recovered:
+                self._recovered.extend(answers.recovered)
+                self._settle_wanted.set()
         in_flight = self.publisher.state().in_flight
         self.metrics.in_flight.set(in_flight)
         return in_flight
 
+    def _to_settle(self, settlements: list[Settlement]) -> None:
+        """Outcomes to settle: the first of them sets when, at the latest (the settle task
+        is woken to wait for that), and any that makes the settle due wakes it at once."""
+        if not settlements:
+            return
+        first = not self._unsettled
+        if first:
+            self._settle_at = self._clock() + self.linger
+        self._unsettled.extend(settlements)
+        if first or self._settle_due():
+            self._settle_wanted.set()
+
+    def _settle_due(self) -> bool:
+        """Whether the settle task settles what was collected now: a batch's worth of
+        outcomes came, the loop waits on the settle (claims pause while a window's worth is
+        unsettled or the byte budget is spent; the relay stops), or no claim took them along
+        (``_riding``) within a linger of their settle time: the relay stopped claiming."""
+        count = len(self._unsettled)
+        return bool(count) and (
+            count >= min(self.batch_size, self.publisher.window)
+            or self._clock() >= self._settle_at + self.linger
+            or self._holding >= self.max_bytes
+            or self._stopping.is_set()
+        )
+
+    def _until_settle(self) -> float:
+        if not self._unsettled:
+            return PARKED_LOG_INTERVAL_S / 4
+        return max(0.0, self._settle_at + self.linger - self._clock())
+
     async def _settle_until_finished(self) -> None:
-        """Settle what was collected; and log the parked rows that waited to be logged
-        together (``relay.parked``), even while nothing else is settled."""
+        """Settle what was collected, gathered for up to ``linger`` (``_settle_due``); and
+        log the parked rows that waited to be logged together (``relay.parked``), even
+        while nothing else is settled."""
         while not (self._finished and not self._unsettled):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._settle_wanted.wait(), PARKED_LOG_INTERVAL_S / 4)
-            self._settle_wanted.clear()
-            await self._settle_collected()
+            await self._settle_wanted.wait(self._until_settle())
+            self._collect()  # confirms the loop was not woken for (``_confirmed``)
+            if self._settle_due():
+                await self._settle_collected()
             await self._hasten_recovered()
             self._parked_log.flush()
             if self._unsettled and self._clock() >= self.store.deadline:
                 return  # the database stayed down through the drain; reported by _drain
 
+    def _riding(self) -> list[Settlement]:
+        """The outcomes the next claim records first, in its own call to the store (one
+        worker-thread hop, not two): at a steady stream, every other claim takes along what
+        was answered since the one before it (those whose settle time has come). Not in a
+        backlog, where settles run beside the claims, their round trips overlapping."""
+        if self._backlog or not self._unsettled or self._clock() < self._settle_at:
+            return []
+        pending, self._unsettled = self._unsettled, []
+        return pending
+
     async def _settle_collected(self) -> None:
         pending, self._unsettled = self._unsettled, []
         if not pending:
             return
+        settling = self._settling(pending)
+        try:
+            await self.store.settle(settling.batch)
+        except StoreError:
+            self._unsettled[:0] = pending  # only when stopping past the drain deadline
+            return
+        self._settled(settling)
+
+    def _settling(self, pending: list[Settlement]) -> _Settling:
+        """What ``pending`` writes, and what its settle reports once recorded."""
         batch = self.policy.batch(pending)
         parked = [c for c in batch.changes if c.status == PARKED]
         # Taken before the spans end: a parked row's log line names its last publish span.
         rows = {s.row.id: s.row for s in pending} if parked else {}
         traced = {c.id: self.tracing.log_fields(rows[c.id]) for c in parked}
         self.tracing.finish(pending, batch)
-        try:
-            await self.store.settle(batch)
-        except StoreError:
-            self._unsettled[:0] = pending  # only when stopping past the drain deadline
+        return _Settling(pending, batch, parked, traced)
+
+    def _settled(self, settling: _Settling) -> None:
+        """``settling``'s outcomes are recorded."""
+        if not settling.pending:
             return
-        self._hold(-sum(s.row.size for s in pending))
+        self._hold(-sum(s.row.size for s in settling.pending))
         # Claiming may have paused for this settle; rows it made due again are for a claim.
-        if batch.changes:
+        if settling.batch.changes:
             self.wake()
         else:
             self._answered()
-        self.metrics.settled(pending, len(parked))
-        self._parked_log.parked(parked, traced)
+        self.metrics.settled(settling.pending, len(settling.parked))
+        self._parked_log.parked(settling.parked, settling.traced)
 
     async def _hasten_recovered(self) -> None:
         """Rows of exchanges found again are due now, not when their back-off ends."""
@@ -352,10 +466,7 @@ class Relay:
 
     async def _wait(self, timeout: float) -> None:
         """Until ``wake`` was called (since the last wait returned) or ``timeout`` seconds."""
-        if not self._woken.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), timeout)
-        self._woken.clear()
+        await self._woken.wait(timeout)
 
     def _lease_holds(self) -> bool:
         holds = self.lease.holds()
@@ -381,5 +492,4 @@ class Relay:
             self.lease.renewed(await self.store.turn(active))
             self._turned_active = active
             self.wake()  # buckets taken may hold due rows
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._turn_wanted.wait(), self.turn_interval)
+            await self._turn_wanted.wait(self.turn_interval)

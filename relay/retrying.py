@@ -67,10 +67,24 @@ class RetryingStore:
         self.ok = False  # the last call worked
 
     async def claim(
-        self, limit: int, max_bytes: int, first_always: bool, skip: Collection[str]
+        self,
+        limit: int,
+        max_bytes: int,
+        first_always: bool,
+        skip: Collection[str],
+        settle_first: SettleBatch | None = None,
     ) -> list[OutboxRow]:
-        claim = self._store.claim
-        return await self._call(functools.partial(claim, limit, max_bytes, first_always, skip))
+        """The store's claim; with ``settle_first``, those outcomes are recorded before it, in
+        the same call to the worker thread (a retry records them again: a settle written
+        twice changes nothing more)."""
+        store = self._store
+
+        def call() -> list[OutboxRow]:
+            if settle_first:
+                store.settle(settle_first)
+            return store.claim(limit, max_bytes, first_always, skip)
+
+        return await self._call(call)
 
     async def settle(self, batch: SettleBatch) -> None:
         await self._call(functools.partial(self._store.settle, batch))

@@ -30,6 +30,7 @@ from relay.constants import (
     INBOX_DEDUPE_WINDOW_S,
     INBOX_MAX_ATTEMPTS,
     INBOX_PREFETCH,
+    LINGER_S,
     MAX_MESSAGE_SIZE,
     POLL_INTERVAL_S,
     PROBE_IDLE_BACKOFF,
@@ -355,6 +356,15 @@ class Settings(_FromEnvironment):
         f"slow down to one every {PROBE_IDLE_BACKOFF} intervals. 0 turns the probe off, and "
         "new rows then wait for the poll.",
         see="how-it-works.md#finding-new-rows",
+    )
+    linger: float = _setting(
+        LINGER_S,
+        _seconds_or_zero,
+        "Seconds a relay waits to gather rows into one claim, and outcomes into one settle, "
+        "once it has caught up: a steady stream is then claimed and settled a few times a "
+        "second whatever its rate, for at most this much more commit-to-ack time. A backlog "
+        "is claimed and settled without waiting. 0 claims every new row at once.",
+        see="how-it-works.md#a-live-stream",
     )
     drain_timeout: float = _setting(
         20.0,

@@ -102,7 +102,9 @@ class PikaPublisher(ConfirmWindow):
             record=self.tracker.record,
             back=self._back,
         )
-        self._wake: Callable[[], None] = lambda: None  # the loop's, while ``run`` runs
+        # The loop's, while ``run`` runs: ``_wake`` for news, ``_answered`` for confirms.
+        self._wake: Callable[[], None] = lambda: None
+        self._answered: Callable[[], None] = lambda: None
 
     @property
     def connected(self) -> bool:
@@ -224,8 +226,11 @@ class PikaPublisher(ConfirmWindow):
                 return
             self._quarantine.answered()  # not sent: its outcome is recorded
 
-    async def run(self, wake: Callable[[], None]) -> None:
+    async def run(
+        self, wake: Callable[[], None], answered: Callable[[], None] | None = None
+    ) -> None:
         self._wake = wake
+        self._answered = answered or wake
         watch = asyncio.create_task(self._watch_forever())
         try:
             await self._session.run()
@@ -296,7 +301,7 @@ class PikaPublisher(ConfirmWindow):
             # The next suspect goes out now, not a loop turn later: while suspects are
             # tried one by one, nothing else flows, so every round trip saved counts.
             self._release_suspect()
-        self._wake()
+        self._answered()
 
     def returned(self, message_id: str | None, reason: str) -> None:
         self.tracker.on_return(message_id, reason)

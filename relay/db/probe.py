@@ -14,6 +14,12 @@ times ``probe_interval``, and is back at ``probe_interval`` at the first change:
 stream is looked for every few milliseconds, an idle outbox about 25 times a second. The
 first row after a quiet spell waits up to that longer interval.
 
+While a stream flows, the relay's own claims, one every ``linger`` (``relay.relay``), find
+its new rows: the probe looks only while the relay is idle (its last claim found nothing),
+and is paused meanwhile; and once it saw a change, it looks again a linger later (the relay
+claims no sooner). At 2,000 rows/s over two relays it looked 340 times a second, waking a
+backend and the relay each time, for rows the next claim would have found anyway.
+
 The newest id says that rows committed, not which: a row whose transaction took its id
 early and committed after a later one's does not change it. Such a row is claimed with the
 next rows that do, or at the next poll (``poll_interval``), whichever comes first; never
@@ -43,24 +49,39 @@ class NewRowsProbe:
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._where = redact_url(url)
 
-    def watch(self, wake: Callable[[], None], interval: float, stopped: threading.Event) -> None:
+    def watch(
+        self,
+        wake: Callable[[], None],
+        interval: float,
+        stopped: threading.Event,
+        listening: threading.Event,
+        linger: float = 0.0,
+    ) -> None:
         """Call ``wake`` whenever the newest id changed (and once at the start: rows may have
         come while no one looked), looking every ``interval`` seconds, less often while
-        nothing changes (see the module docstring), until ``stopped`` is set.
-        Blocks: run it in a thread. A lost connection raises StoreError; the caller
-        reconnects, and the relay's polling covers the gap."""
+        nothing changes (see the module docstring), while ``listening`` is set (the relay is
+        idle: see the module docstring), until ``stopped`` is set (set ``listening`` too, to
+        end a pause); after a change, not before ``linger`` (the relay's: it claims no
+        sooner than that after its last claim). Blocks: run it in a thread. A lost
+        connection raises StoreError; the caller reconnects, and the relay's polling covers
+        the gap."""
         seen: object = object()  # nothing read yet: the first answer differs
         wait = interval
         with db_errors("probe for new rows", self._where), self._autocommit.connect() as conn:
             while not stopped.is_set():
+                if not listening.is_set():
+                    listening.wait()
+                    wait = interval
+                    continue
                 newest = conn.execute(_NEWEST).scalar()
                 if newest != seen:
                     seen = newest
                     wake()
                     wait = interval
+                    pause = max(interval, linger)
                 else:
-                    wait = min(wait * 2, interval * PROBE_IDLE_BACKOFF)
-                stopped.wait(wait)
+                    pause = wait = min(wait * 2, interval * PROBE_IDLE_BACKOFF)
+                stopped.wait(pause)
 
     def close(self) -> None:
         self.engine.dispose()

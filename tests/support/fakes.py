@@ -284,6 +284,7 @@ class ScriptedPublisher(ConfirmWindow):
         self._connected = True
         self._quarantine = Quarantine()
         self._wake: Callable[[], None] = lambda: None
+        self._answered: Callable[[], None] = lambda: None
         self._closed = asyncio.Event()
 
     @property
@@ -339,10 +340,13 @@ class ScriptedPublisher(ConfirmWindow):
             self._quarantine.answered()
             if alone := self._quarantine.next_alone(0):
                 self._send(alone)
-        self._wake()
+        self._answered()
 
-    async def run(self, wake: Callable[[], None]) -> None:
+    async def run(
+        self, wake: Callable[[], None], answered: Callable[[], None] | None = None
+    ) -> None:
         self._wake = wake
+        self._answered = answered or wake
         while not self._closed.is_set():
             await asyncio.sleep(0.01)
             if self.tracker.expire(asyncio.get_running_loop().time()):

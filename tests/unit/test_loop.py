@@ -4,6 +4,7 @@ controlled clock (``tests.support.clock``): its polls, back-offs and timeouts ta
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Collection, Sequence
 
 from relay.backoff import Backoff
@@ -12,7 +13,7 @@ from relay.constants import HELD_CHARGE_INTERVAL_S
 from relay.errors import StoreError
 from relay.lease import LEASE_SHORT, Lease
 from relay.metrics import Metrics
-from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow
+from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow, SettleBatch
 from relay.relay import Relay
 from relay.settle import SettlePolicy
 from tests.support.clock import VirtualTimeLoop, loop_time, run
@@ -28,6 +29,7 @@ def make(
     max_inflight_bytes: int = 2**30,
     *,
     lease_margin: float = 1.0,
+    linger: float = 0.0,
 ) -> Relay:
     """A relay on ``store`` and ``publisher``, which checks the relay's lease as the real
     publisher does (``relay.lease``)."""
@@ -42,6 +44,7 @@ def make(
         max_inflight_bytes=max_inflight_bytes,
         poll_interval=0.01,
         drain_timeout=1.0,
+        linger=linger,
         turn_interval=0.05,
         retry=Backoff(0.01, 0.05),
         clock=loop_time,
@@ -373,3 +376,119 @@ def test_claims_leave_a_broken_exchange_for_last_while_other_rows_wait() -> None
     unskipped = [at for at, skip, _ in while_waiting[1:] if not skip]
     assert len(unskipped) <= (while_waiting[-1][0] - started) / HELD_CHARGE_INTERVAL_S + 1
     assert {s.row.exchange for s in store.rows.values() if s.status == PARKED} == {"gone"}
+
+
+class Watched(InMemoryStore):
+    """A store that records when (on ``loop``'s clock: its calls run in worker threads)
+    each claim and settle ran, and how many rows each took."""
+
+    def __init__(self, loop: VirtualTimeLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.claims: list[tuple[float, int]] = []
+        self.settles: list[tuple[float, int]] = []
+
+    def claim(
+        self, limit: int, max_bytes: int, first_always: bool = False, skip: Collection[str] = ()
+    ) -> list[OutboxRow]:
+        rows = super().claim(limit, max_bytes, first_always, skip)
+        self.claims.append((self.loop.time(), len(rows)))
+        return rows
+
+    def settle(self, batch: SettleBatch) -> None:
+        super().settle(batch)
+        self.settles.append((self.loop.time(), len(batch.sent) + len(batch.changes)))
+
+
+def stream(linger: float, every: float, seconds: float) -> tuple[Watched, dict[int, float]]:
+    """A row every ``every`` seconds for ``seconds``, each announced at once (as the probe of
+    new rows would, wake for wake), relayed with ``linger``; the store, and each row's delay
+    from its commit to its publish."""
+    loop = VirtualTimeLoop()
+    store = Watched(loop)
+    publisher = ScriptedPublisher(lambda row: "ack", window=1000)
+    relay = make(store, publisher, batch_size=500, linger=linger)
+    committed: dict[int, float] = {}
+    published: dict[int, float] = {}
+    publish = publisher.publish
+
+    def watched(rows: Sequence[OutboxRow]) -> None:
+        published.update({r.id: loop_time() for r in rows if r.id not in published})
+        publish(rows)
+
+    publisher.publish = watched  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        for _ in range(round(seconds / every)):
+            fill(store, 1)
+            committed[max(store.rows)] = loop_time()
+            relay.wake()
+            await asyncio.sleep(every)
+        await wait(lambda: set(statuses(store).values()) == {SENT})
+        relay.stop()
+        assert await task
+
+    run(scenario(), loop)
+    return store, {i: published[i] - committed[i] for i in committed}
+
+
+def test_a_steady_stream_is_claimed_and_settled_once_a_linger_however_fast_it_comes() -> None:
+    """Rows every 2 ms for 2 s, each announced: with a 50 ms linger, no claim follows a
+    short one sooner than 50 ms after it began, settles gather as long, and no row waits more
+    than a linger for its claim. Without it, each announcement was a claim of a row or two."""
+    store, delays = stream(linger=0.05, every=0.002, seconds=2.0)
+    starts = [at for at, _ in store.claims]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.05 - 1e-9, "a claim came sooner than the linger after a short one"
+    assert len(store.claims) <= 2.0 / 0.05 + 3
+    assert len(store.settles) <= 2.0 / 0.05 + 3
+    assert max(delays.values()) <= 0.05 + 0.002, "a row waited longer than a linger"
+    eager, _ = stream(linger=0.0, every=0.002, seconds=2.0)
+    assert len(eager.claims) > 5 * len(store.claims)
+
+
+def test_a_backlog_is_claimed_and_settled_without_lingering() -> None:
+    """Full claims follow each other at once, and a batch's worth of outcomes is settled at
+    once: a 1,000-row backlog drains in no (virtual) time, not a linger per batch."""
+    loop = VirtualTimeLoop()
+    store = Watched(loop)
+    fill(store, 1000)
+    relay = make(store, ScriptedPublisher(lambda row: "ack", window=100), batch_size=50)
+    relay.linger = 0.5
+
+    async def scenario() -> float:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: set(statuses(store).values()) == {SENT})
+        drained = loop_time()
+        relay.stop()
+        assert await task
+        return drained
+
+    assert run(scenario(), loop) < 0.5
+    assert all(n == 50 for _, n in store.claims[:20]), "the backlog's claims were not full"
+    assert max(n for _, n in store.settles) >= 50
+
+
+def test_the_probe_listens_only_while_the_relay_is_idle() -> None:
+    """``idle`` is set while the last claim found nothing (the probe of new rows looks only
+    then), and cleared while claims find rows (they look for the stream themselves)."""
+    store = InMemoryStore()
+    relay = make(store, ScriptedPublisher(lambda row: "ack"), linger=0.05)
+    seen: list[bool] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: bool(store.held) or relay.idle.is_set())
+        seen.append(relay.idle.is_set())
+        fill(store, 5)
+        relay.wake()
+        await wait(lambda: not relay.idle.is_set())
+        seen.append(relay.idle.is_set())
+        await wait(relay.idle.is_set)  # the next claim, a linger later, finds none
+        seen.append(relay.idle.is_set())
+        relay.stop()
+        assert await task
+
+    run(scenario())
+    assert seen == [True, False, True]
