@@ -108,7 +108,7 @@ class Relay:
         self._unsettled: list[Settlement] = []
         # When the outcomes waiting in ``_unsettled`` are to be settled: ``linger`` after the
         # first of them, by the first claim after that (``_riding``), else by the settle task
-        # a linger later; sooner when ``_settle_due`` says so.
+        # two lingers later; sooner when ``_settle_due`` says so.
         self._settle_at = clock()
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
         self._settle_wanted = Wakeup()
@@ -155,8 +155,10 @@ class Relay:
 
     def wake(self) -> None:
         """Rows may be due that no claim has looked for (new rows were announced, or rows
-        were settled due again): turn the loop and claim now, not at the next poll."""
+        were settled due again): claim now (or once the linger after the last claim is
+        over), not at the next poll."""
         self._maybe_due = True
+        self._claim_wanted.set()
         self._woken.set()
 
     def _answered(self) -> None:
@@ -208,7 +210,8 @@ class Relay:
         then delays no publish (confirms that free the window are answered from rows
         claimed ahead)."""
         while not self._stopping.is_set():
-            await self._claim_wanted.wait()
+            # Asked for by the loop (rows may be due, room freed), or the next claim's time.
+            await self._claim_wanted.wait(self._until_poll())
             # Asked for, maybe, while the last claim ran: the linger after it holds still.
             while self._may_be_due() and (wanted := self._wanted()) and not self._stopping.is_set():
                 # Consumed before the claim: a notification during it sets it again.
@@ -229,7 +232,7 @@ class Relay:
                 claimed = sum(r.size for r in rows)
                 self._hold(claimed)
                 self._ready += self._without_duplicates(rows)
-                self._answered()
+                self._publish_ready()  # here, not a turn of the loop later
                 if rows:
                     self.idle.clear()
                 else:
@@ -357,11 +360,12 @@ class Relay:
         """Whether the settle task settles what was collected now: a batch's worth of
         outcomes came, the loop waits on the settle (claims pause while a window's worth is
         unsettled or the byte budget is spent; the relay stops), or no claim took them along
-        (``_riding``) within a linger of their settle time: the relay stopped claiming."""
+        (``_riding``) within two lingers of their settle time (claims come a linger apart,
+        and a little later): the relay stopped claiming."""
         count = len(self._unsettled)
         return bool(count) and (
             count >= min(self.batch_size, self.publisher.window)
-            or self._clock() >= self._settle_at + self.linger
+            or self._clock() >= self._settle_at + 2 * self.linger
             or self._holding >= self.max_bytes
             or self._stopping.is_set()
         )
@@ -369,7 +373,7 @@ class Relay:
     def _until_settle(self) -> float:
         if not self._unsettled:
             return PARKED_LOG_INTERVAL_S / 4
-        return max(0.0, self._settle_at + self.linger - self._clock())
+        return max(0.0, self._settle_at + 2 * self.linger - self._clock())
 
     async def _settle_until_finished(self) -> None:
         """Settle what was collected, gathered for up to ``linger`` (``_settle_due``); and

@@ -22,6 +22,7 @@ still agree on every lease.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import threading
@@ -101,6 +102,10 @@ class ClaimStore:
             for keyset in (False, True)
         }
         self.held = HeldRows()
+        # The claims and the settles of one statement each keep a connection of their own
+        # (``_Lane``); turns, hastes and the rest take one from the pool.
+        self._claiming = _Lane(self._autocommit)
+        self._settling = _Lane(self._autocommit)
         # The buckets to claim from. Claims and turns take ``_owning``: a bucket is never
         # given up while a claim that saw it as ours runs.
         self._claim_from: frozenset[int] = frozenset()
@@ -153,7 +158,7 @@ class ClaimStore:
             options = {BINARY_RESULTS: True}
             # Closed when read: a SQLite statement left unread holds its snapshot open.
             with (
-                self._session("claim", statements=1) as conn,
+                self._session("claim", statements=1, lane=self._claiming) as conn,
                 conn.execute(statement, params, execution_options=options) as result,
             ):
                 found: Sequence[Any] = (
@@ -171,7 +176,8 @@ class ClaimStore:
         if not batch:
             return
         statements = self._settles.statements(batch)
-        with self._session("settle", statements=statements) as conn:
+        lane = self._settling if statements == 1 else None
+        with self._session("settle", statements=statements, lane=lane) as conn:
             self._settles.write(conn, batch)
         # Only once committed: a claim that left these rows out saw them still held.
         self.held.settled((*batch.sent, *(c.id for c in batch.changes), *batch.duplicates))
@@ -196,15 +202,23 @@ class ClaimStore:
             return conn.execute(stmt).rowcount
 
     @contextmanager
-    def _session(self, what: str, *, statements: int) -> Iterator[sa.Connection]:
+    def _session(
+        self, what: str, *, statements: int, lane: _Lane | None = None
+    ) -> Iterator[sa.Connection]:
         """A connection for ``statements`` writes: in autocommit mode for one, in a
-        transaction for more (a settle's sent ids and its other outcomes commit together).
-        On PostgreSQL a claim in a transaction was BEGIN, UPDATE and COMMIT: three round
-        trips, each a wake-up of the database backend and of the relay's worker thread on a
-        busy machine; alone it is one."""
-        engine = self._autocommit if statements == 1 else self.engine
-        with db_errors(what, self._where), self._writing, engine.begin() as conn:
-            yield conn
+        transaction for more (a settle's sent ids and its other outcomes commit together);
+        ``lane``'s own if given (for one statement only). On PostgreSQL a claim in a
+        transaction was BEGIN, UPDATE and COMMIT: three round trips, each a wake-up of the
+        database backend and of the relay's worker thread on a busy machine; alone it is
+        one."""
+        with db_errors(what, self._where), self._writing:
+            if lane is not None:
+                with lane.connection() as conn:
+                    yield conn
+                return
+            engine = self._autocommit if statements == 1 else self.engine
+            with engine.begin() as conn:
+                yield conn
 
     def backlog(self) -> BacklogStats:
         with db_errors("backlog", self._where), self._autocommit.connect() as conn:
@@ -219,4 +233,42 @@ class ClaimStore:
         except StoreError as exc:
             log.warning("buckets left to run out: %s", exc, extra={"action": "leave_failed"})
         finally:
+            self._claiming.close()
+            self._settling.close()
             self.engine.dispose()
+
+
+class _Lane:
+    """A connection kept for one kind of call that the relay makes one at a time (its claims,
+    its settles): each call then skips the pool's checkout and return. At a live stream,
+    where a relay calls a few times a second and each call runs with cold caches, those were
+    about a third of a small claim's CPU in the relay (a 50-row claim: 1.0 against 0.76 ms).
+    A call that fails leaves its connection behind: the next one takes a new one."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._conn: sa.Connection | None = None
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def connection(self) -> Iterator[sa.Connection]:
+        """The lane's connection, in a transaction of its own (in autocommit mode, none)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._engine.connect()
+            try:
+                with self._conn.begin():
+                    yield self._conn
+            except BaseException:
+                self._drop()
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                conn.close()
