@@ -32,6 +32,12 @@ DB_KEEPALIVE_IDLE_S = 5
 DB_KEEPALIVE_INTERVAL_S = 2
 DB_KEEPALIVE_COUNT = 3
 DB_TCP_USER_TIMEOUT_S = DB_KEEPALIVE_IDLE_S + DB_KEEPALIVE_COUNT * DB_KEEPALIVE_INTERVAL_S
+# While every claim comes back full (a sustained backlog), claims read on from where the last
+# one stopped (``relay.held``); at least this often (seconds) one reads from the start again
+# instead, for a row that committed behind that place (its transaction began before the rows
+# the claims passed). A claim from the start steps over the rows in flight again: once a
+# second, among dozens of claims, costs little.
+READ_ON_MAX_S = 1.0
 # Seconds between looks for due rows when idle (``poll_interval``'s default). New rows are
 # found by the probe (below) within milliseconds; the poll finds the rest: rows due again
 # after a back-off, and a row that committed after a later one (``relay.db.probe``).

@@ -21,8 +21,16 @@ must still leave them out, since its snapshot may predate the settle. So between
 and the forgetting, a row the settle made due again at once is, in the database, due and
 beyond the position, and not among the rows a claim reading on leaves out: that claim finds
 it. It is still held here, so ``claimed`` drops it (taking it again would hold it twice, and
-the settle's forgetting would then lose track of the second hold); a claim from the start
-takes it once it is forgotten.
+the settle's forgetting would then lose track of the second hold), and sends the next claim
+back to the start, which takes it once it is forgotten. A full claim reading on would
+otherwise set the position past it, and under a sustained backlog (every claim full) the row
+would wait until the backlog ended: a row made due again starved behind new rows.
+
+Nor does a claim read on where the rows it passes may become due behind it: with per-key
+ordering (``read_on=False``) a row whose key has an earlier row pending is left out, and once
+that row is settled it lies behind the position. The claim store also sends a claim back to
+the start at least every ``READ_ON_MAX_S`` (``relay.db.claims``), for a row that committed
+late behind the position.
 """
 
 from __future__ import annotations
@@ -36,9 +44,11 @@ Position = tuple[Any, int]
 
 
 class HeldRows:
-    """Thread-safe between one claim (or turn) at a time and the settles."""
+    """Thread-safe between one claim (or turn) at a time and the settles. ``read_on``: full
+    claims read on from where they stopped (else every claim reads from the start)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_on: bool = True) -> None:
+        self._read_on = read_on
         self._lock = threading.Lock()
         self._held: dict[int, Any] = {}  # id -> its due time when claimed
         self._beyond: dict[int, Any] = {}  # held rows beyond the position when it was set
@@ -66,9 +76,11 @@ class HeldRows:
         """A claim found the rows ``found`` (their positions, in due order); ``full``: it
         took as many as it asked for, so the next one reads on after the last. Returns the
         ids now held: those found less any still held (see the module docstring)."""
-        position = found[-1] if full and found else None
+        position = found[-1] if full and found and self._read_on else None
         with self._lock:
             taken = {i for _, i in found if i not in self._held}
+            if len(taken) < len(found):
+                position = None  # a row due again, still held: the next claim takes it
             for at, i in found:
                 if i in taken:
                     self._held[i] = at

@@ -56,6 +56,7 @@ class Relay:
         poll_interval: float,
         drain_timeout: float,
         linger: float = 0.0,
+        settle_linger: float | None = None,
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
@@ -78,15 +79,23 @@ class Relay:
         self._holding = 0
         self.poll_interval = poll_interval
         self.linger = linger
+        # How long outcomes wait for a claim to take them along (``_riding``): a linger, but
+        # with per-key ordering none, since a key's next row is claimed only once its last is
+        # settled (lingering there too, a key advanced a row per two or three lingers).
+        self.settle_linger = linger if settle_linger is None else settle_linger
         # Once the relay has caught up (a claim came back short), the next claim waits until
         # ``linger`` after that one began, however soon it is woken: a steady stream is claimed
         # a few times a second, not once per new row. While claims find rows, the next is made
         # then unwoken (the stream goes on); once one finds none, the probe and the poll wake it.
         self._claim_not_before = clock()
-        # Set while the last claim found nothing: only then does the probe of new rows
-        # (``relay.db.probe``) look; while a stream flows, the claims themselves look for it.
+        # Set once claims found nothing for a poll interval: only then does the probe of new
+        # rows (``relay.db.probe``) look; while a stream flows, the claims themselves look for
+        # it, a linger apart. Not at the first claim that finds nothing: with several relays,
+        # a stream's runs of ids reach each relay's buckets with gaps longer than a linger,
+        # and probing in each gap cost more than the claims it saved.
         self.idle = threading.Event()
         self.idle.set()
+        self._found_at = float("-inf")  # when a claim last found rows
         self.drain_timeout = drain_timeout
         self.turn_interval = turn_interval
         # Whether the store's last turn said this relay can publish; a change asks for a turn.
@@ -106,9 +115,9 @@ class Relay:
         self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
         self._next_poll = clock()
         self._unsettled: list[Settlement] = []
-        # When the outcomes waiting in ``_unsettled`` are to be settled: ``linger`` after the
-        # first of them, by the first claim after that (``_riding``), else by the settle task
-        # two lingers later; sooner when ``_settle_due`` says so.
+        # When the outcomes waiting in ``_unsettled`` are to be settled: ``settle_linger``
+        # after the first of them, by the first claim after that (``_riding``), else by the
+        # settle task two lingers later; sooner when ``_settle_due`` says so.
         self._settle_at = clock()
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
         self._settle_wanted = Wakeup()
@@ -234,6 +243,9 @@ class Relay:
                 self._ready += self._without_duplicates(rows)
                 self._publish_ready()  # here, not a turn of the loop later
                 if rows:
+                    self._found_at = began
+                streaming = began - self._found_at < self.poll_interval
+                if streaming:
                     self.idle.clear()
                 else:
                     self.idle.set()
@@ -241,13 +253,14 @@ class Relay:
                     # No more due now, unless the byte budget cut the claim short: then
                     # settles that free room ask again. (Set, never cleared: a notification
                     # during the claim stands.) Otherwise the relay has caught up: the next
-                    # claim gathers for ``linger``, and while claims find rows, it comes
-                    # then unasked; else the next notification or poll asks.
+                    # claim gathers for ``linger``, and while claims found rows within a
+                    # poll interval, it comes then unasked; else the next notification or
+                    # poll asks.
                     if self._cut_by_bytes(len(rows), claimed, room):
                         self._maybe_due = True
                     else:
                         self._claim_not_before = began + self.linger
-                        if rows:
+                        if streaming:
                             self._next_poll = self._claim_not_before
                     break
                 self._maybe_due = True
@@ -351,7 +364,7 @@ class Relay:
             return
         first = not self._unsettled
         if first:
-            self._settle_at = self._clock() + self.linger
+            self._settle_at = self._clock() + self.settle_linger
         self._unsettled.extend(settlements)
         if first or self._settle_due():
             self._settle_wanted.set()

@@ -26,13 +26,14 @@ import contextlib
 import logging
 import operator
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import sqlalchemy as sa
 
-from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE
+from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE, READ_ON_MAX_S
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
 from relay.db.decode import decode_row
@@ -101,7 +102,10 @@ class ClaimStore:
             keyset: claim_statement(dialect, owner, margin, ordered=ordered, keyset=keyset)
             for keyset in (False, True)
         }
-        self.held = HeldRows()
+        # With ordering, a claim reading on would pass the rows of keys with an earlier row
+        # pending, which lie behind it once that row is settled (``relay.held``).
+        self.held = HeldRows(read_on=not ordered)
+        self._from_start_at = time.monotonic()
         # The claims and the settles of one statement each keep a connection of their own
         # (``_Lane``); turns, hastes and the rest take one from the pool.
         self._claiming = _Lane(self._autocommit)
@@ -142,7 +146,11 @@ class ClaimStore:
         caller holds nothing else: it goes out alone). Rows for the exchanges in ``skip``
         are left (they are due for a claim without it)."""
         with self._owning:
+            if time.monotonic() - self._from_start_at >= READ_ON_MAX_S:
+                self.held.restart()
             after = self.held.after
+            if after is None:
+                self._from_start_at = time.monotonic()
             params: dict[str, Any] = {
                 "skip": list(skip),
                 "held": self.held.left_out(),

@@ -15,7 +15,8 @@ stream is looked for every few milliseconds, an idle outbox about 25 times a sec
 first row after a quiet spell waits up to that longer interval.
 
 While a stream flows, the relay's own claims, one every ``linger`` (``relay.relay``), find
-its new rows: the probe looks only while the relay is idle (its last claim found nothing),
+its new rows: the probe looks only while the relay is idle (its claims found nothing for a
+poll interval),
 and is paused meanwhile; and once it saw a change, it looks again a linger later (the relay
 claims no sooner). At 2,000 rows/s over two relays it looked 340 times a second, waking a
 backend and the relay each time, for rows the next claim would have found anyway.

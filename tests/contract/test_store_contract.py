@@ -7,6 +7,7 @@ tests move it with ``advance``, which the real stores play by moving every store
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -378,6 +379,54 @@ def test_a_big_backlog_is_counted_up_to_a_bound_and_estimated_beyond(
 
 def keyed(*keys: str | None) -> list[NewMessage]:
     return [NewMessage(f"{k}-{i}".encode(), "ex", ordering_key=k) for i, k in enumerate(keys)]
+
+
+def test_a_row_due_again_as_full_claims_read_on_is_taken_by_the_next_claim(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sustained backlog: every claim comes back full. A claim reading on as a settle
+    commits finds a row the settle made due again, still held, and leaves it; the claim after
+    it takes the row, rather than reading on past it until the backlog ends (a claim came
+    back short): the row starved behind new rows."""
+    store = make_store("a")
+    if isinstance(store, InMemoryStore):
+        pytest.skip("the fake's settle is atomic: no claim runs inside it")
+    # Not this rule's: a claim from the start at least every READ_ON_MAX_S.
+    monkeypatch.setattr("relay.db.claims.READ_ON_MAX_S", 3600.0)
+    store.enqueue(msgs(3))
+    first, _second = store.claim(2, NO_BYTE_LIMIT)  # full: the next claim reads on after it
+    raced: list[int] = []
+    forget = store.held.settled
+
+    def a_full_claim_before_forgetting(ids: Any) -> None:
+        # Written after the settle: due after the row it made due again (SQLite's default
+        # times are whole seconds: they must be in a later one).
+        if store.engine.dialect.name == "sqlite":
+            time.sleep(1.0)
+        store.enqueue([NewMessage(f"new {i}".encode(), "ex") for i in range(5)])
+        # Full: the third row, and the first, due again and still held.
+        raced.extend(r.id for r in store.claim(2, NO_BYTE_LIMIT))
+        forget(ids)
+
+    monkeypatch.setattr(store.held, "settled", a_full_claim_before_forgetting)
+    store.settle(SettleBatch(changes=(RowChange(first.id, PENDING, 0, 0.0, "lost: x"),)))
+    monkeypatch.setattr(store.held, "settled", forget)
+    assert len(raced) == 1 and first.id not in raced
+    assert first.id in [r.id for r in store.claim(2, NO_BYTE_LIMIT)], "passed by, held back"
+
+
+def test_with_ordering_a_keys_next_row_is_taken_once_its_last_is_settled(
+    make_store: StoreFactory,
+) -> None:
+    """A key's second row is left out while its first is pending, and a full claim takes
+    rows after it; once the first is settled, the next claim takes the second (claims with
+    ordering never read on past the rows they left out)."""
+    a = make_store("a", ordered=True)
+    a.enqueue(keyed("k", "k", None, None, None, None))
+    first = a.claim(3, NO_BYTE_LIMIT)
+    assert [r.payload for r in first] == [b"k-0", b"None-2", b"None-3"]
+    a.settle(SettleBatch(sent=(first[0].id,)))
+    assert [r.payload for r in a.claim(3, NO_BYTE_LIMIT)] == [b"k-1", b"None-4", b"None-5"]
 
 
 def test_ordered_claims_take_each_keys_earliest_pending_row_only(

@@ -275,8 +275,11 @@ class ScriptedPublisher(ConfirmWindow):
         window: int = 100,
         confirm_timeout: float = 5.0,
         lease: Lease | None = None,
+        answer_after: float = 0.0,
     ):
+        """``answer_after``: seconds the broker takes to answer each publish."""
         super().__init__(window, confirm_timeout)
+        self.answer_after = answer_after
         self.lease = lease or lasting_lease()
         self.respond = respond
         self.published: list[OutboxRow] = []
@@ -327,7 +330,8 @@ class ScriptedPublisher(ConfirmWindow):
         self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
         answer = self.respond(row)
         if answer is not None:
-            asyncio.get_running_loop().call_soon(self._answer, seq, row, answer)
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.answer_after, self._answer, seq, row, answer)
 
     def _answer(self, seq: int, row: OutboxRow, answer: str) -> None:
         if answer == "return":

@@ -33,6 +33,12 @@ CASES: dict[str, list[tuple[Any, ...]]] = {
         ("settle", [1]),
         ("claim", [(9, 1)], False, [2, 3], {1}),
     ],
+    "a full claim that met a row still held sends the next one back to the start": [
+        ("claim", [(1, 1), (1, 2)], True, [], {1, 2}),
+        ("claim", [(2, 3), (9, 1), (10, 4)], True, [], {3, 4}),  # row 1 due again, held
+        ("settle", [1]),
+        ("claim", [(9, 1)], True, [2, 3, 4], {1}),  # from the start: not passed by
+    ],
     "settled rows are left out no more": [
         ("claim", [(1, 1), (1, 2)], False, [], {1, 2}),
         ("settle", [1, 2]),
@@ -41,9 +47,27 @@ CASES: dict[str, list[tuple[Any, ...]]] = {
 }
 
 
+# Cases where claims never read on (per-key ordering): a full claim leaves the next at the
+# start too.
+FROM_THE_START: dict[str, list[tuple[Any, ...]]] = {
+    "a full claim does not set a position": [
+        ("claim", [(1, 1), (1, 2)], True, [], {1, 2}),
+        ("claim", [(1, 3)], True, [1, 2], {3}),
+    ],
+}
+
+
 @pytest.mark.parametrize("steps", CASES.values(), ids=list(CASES))
 def test_held_rows(steps: list[tuple[Any, ...]]) -> None:
-    held = HeldRows()
+    play(HeldRows(), steps)
+
+
+@pytest.mark.parametrize("steps", FROM_THE_START.values(), ids=list(FROM_THE_START))
+def test_held_rows_never_read_on(steps: list[tuple[Any, ...]]) -> None:
+    play(HeldRows(read_on=False), steps)
+
+
+def play(held: HeldRows, steps: list[tuple[Any, ...]]) -> None:
     for step in steps:
         if step[0] == "settle":
             held.settled(step[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Callable, Collection, Sequence
 
 from relay.backoff import Backoff
@@ -30,6 +31,7 @@ def make(
     *,
     lease_margin: float = 1.0,
     linger: float = 0.0,
+    settle_linger: float | None = None,
 ) -> Relay:
     """A relay on ``store`` and ``publisher``, which checks the relay's lease as the real
     publisher does (``relay.lease``)."""
@@ -45,6 +47,7 @@ def make(
         poll_interval=0.01,
         drain_timeout=1.0,
         linger=linger,
+        settle_linger=settle_linger,
         turn_interval=0.05,
         retry=Backoff(0.01, 0.05),
         clock=loop_time,
@@ -380,27 +383,39 @@ def test_claims_leave_a_broken_exchange_for_last_while_other_rows_wait() -> None
 
 class Watched(InMemoryStore):
     """A store that records when (on ``loop``'s clock: its calls run in worker threads)
-    each claim and settle ran, and how many rows each took."""
+    each claim and settle ran, and how many rows each took; and that rows can be enqueued
+    into while the relay runs (its calls and the test's take turns)."""
 
     def __init__(self, loop: VirtualTimeLoop) -> None:
         super().__init__()
         self.loop = loop
         self.claims: list[tuple[float, int]] = []
         self.settles: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
 
     def claim(
         self, limit: int, max_bytes: int, first_always: bool = False, skip: Collection[str] = ()
     ) -> list[OutboxRow]:
-        rows = super().claim(limit, max_bytes, first_always, skip)
+        with self.lock:
+            rows = super().claim(limit, max_bytes, first_always, skip)
         self.claims.append((self.loop.time(), len(rows)))
         return rows
 
     def settle(self, batch: SettleBatch) -> None:
-        super().settle(batch)
+        with self.lock:
+            super().settle(batch)
         self.settles.append((self.loop.time(), len(batch.sent) + len(batch.changes)))
 
+    def enqueue(self, messages: Sequence[NewMessage]) -> list[str]:
+        with self.lock:
+            return super().enqueue(messages)
 
-def stream(linger: float, every: float, seconds: float) -> tuple[Watched, dict[int, float]]:
+    def all_sent(self) -> bool:
+        with self.lock:
+            return set(statuses(self).values()) == {SENT}
+
+
+def stream(linger: float, every: float, seconds: float) -> tuple[Watched, dict[str, float]]:
     """A row every ``every`` seconds for ``seconds``, each announced at once (as the probe of
     new rows would, wake for wake), relayed with ``linger``; the store, and each row's delay
     from its commit to its publish."""
@@ -408,12 +423,12 @@ def stream(linger: float, every: float, seconds: float) -> tuple[Watched, dict[i
     store = Watched(loop)
     publisher = ScriptedPublisher(lambda row: "ack", window=1000)
     relay = make(store, publisher, batch_size=500, linger=linger)
-    committed: dict[int, float] = {}
-    published: dict[int, float] = {}
+    committed: dict[str, float] = {}
+    published: dict[str, float] = {}
     publish = publisher.publish
 
     def watched(rows: Sequence[OutboxRow]) -> None:
-        published.update({r.id: loop_time() for r in rows if r.id not in published})
+        published.update({r.message_id: loop_time() for r in rows if r.message_id not in published})
         publish(rows)
 
     publisher.publish = watched  # type: ignore[method-assign]
@@ -421,11 +436,11 @@ def stream(linger: float, every: float, seconds: float) -> tuple[Watched, dict[i
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
         for _ in range(round(seconds / every)):
-            fill(store, 1)
-            committed[max(store.rows)] = loop_time()
+            (message_id,) = store.enqueue([NewMessage(b"x", "ex", "rk")])
+            committed[message_id] = loop_time()
             relay.wake()
             await asyncio.sleep(every)
-        await wait(lambda: set(statuses(store).values()) == {SENT})
+        await wait(store.all_sent)
         relay.stop()
         assert await task
 
@@ -492,3 +507,30 @@ def test_the_probe_listens_only_while_the_relay_is_idle() -> None:
 
     run(scenario())
     assert seen == [True, False, True]
+
+
+def one_keys_rows_sent_after(settle_linger: float | None) -> float:
+    """Seconds (virtual) until 20 rows of one ordering key are sent with a 50 ms linger, the
+    broker answering each in 10 ms."""
+    store = InMemoryStore(ordered=True)
+    store.enqueue([NewMessage(b"x", "ex", ordering_key="k") for _ in range(20)])
+    publisher = ScriptedPublisher(lambda row: "ack", answer_after=0.01)
+    relay = make(store, publisher, linger=0.05, settle_linger=settle_linger)
+
+    async def scenario() -> float:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: set(statuses(store).values()) == {SENT}, 60)
+        done = loop_time()
+        relay.stop()
+        assert await task
+        return done
+
+    return run(scenario())
+
+
+def test_with_ordering_a_keys_rows_advance_one_a_claim_not_one_per_settle_linger() -> None:
+    """A key's next row is claimed once its last is settled: with outcomes taken along by the
+    very next claim, a key advances a row per linger (20 rows in about a second)."""
+    ordered = one_keys_rows_sent_after(settle_linger=0.0)
+    assert ordered <= 21 * 0.05 + 0.01
+    assert one_keys_rows_sent_after(settle_linger=None) > 1.5 * ordered
