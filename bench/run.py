@@ -5,6 +5,7 @@ and where each row's CPU time goes.
                                   [--scaling] [--rounds 1] [--profile DIR]
                                   [--broker 3.10|4.0|4.0-cluster] [--quorum] [--tracing]
                                   [--payload-bytes 200] [--database postgresql|mariadb]
+                                  [--also CHECKOUT ...]
 
 Starts a private RabbitMQ node and a private PostgreSQL, or with --database mariadb a private
 MariaDB (default durability settings either way), and
@@ -37,6 +38,10 @@ The broker is Debian 12's RabbitMQ 3.10 unless --broker says 4.0 (one node) or 4
 both run from the Debian 13 root the tests build (``devtools.debian13``, root only).
 --quorum makes the queue a quorum queue (three replicas on the cluster). The broker's CPU is
 every node's.
+
+--also CHECKOUT (repeatable) adds the PostgreSQL relay case run from another checkout (a git
+worktree of an earlier commit, say) to the same interleaved rounds: a change's effect, measured
+against its base in one run.
 
 --payload-bytes sets the messages' size (200 by default). Every relay case then reports MB/s,
 its peak RSS (VmHWM) and the rows it published more than once (``relay_republished_total``:
@@ -78,7 +83,7 @@ from devtools.otlp import OtlpReceiver
 from devtools.outbox import empty, owners
 from devtools.procfs import peak_rss_mb, thread_cpu_seconds, tree_cpu_seconds
 from devtools.profiling import Profiler
-from devtools.relayproc import RelayProcess, relay_env
+from devtools.relayproc import RELAY, RelayProcess, relay_env
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import (
     MariaDBServer,
@@ -321,9 +326,11 @@ def this_relay(
     sampled_every: int = 0,
     body: bytes = BODY,
     budget: int | None = None,
+    tree: Path | None = None,
 ) -> Case:
     """(c) ``relay run`` as ``relays`` subprocesses, from the backlog's commit to its last
-    row's ``sent_at``; with the first relay's peak RSS and the rows republished."""
+    row's ``sent_at``; with the first relay's peak RSS and the rows republished. ``tree``:
+    the relay of that checkout instead of this one (``--also``)."""
     engine = create_engine(database_url)
     empty(engine)
     ports = [free_port() for _ in range(relays)]
@@ -335,8 +342,12 @@ def this_relay(
         **({"RELAY_MAX_INFLIGHT_BYTES": str(budget)} if budget else {}),
         **(tracing or {}),
     )
+    command = (*RELAY, "run") if tree is None else relay_from(tree)
     procs = [
-        RelayProcess({**env, "RELAY_NAME": f"bench-{n}", "RELAY_METRICS_PORT": str(port)}).start()
+        RelayProcess(
+            {**env, "RELAY_NAME": f"bench-{n}", "RELAY_METRICS_PORT": str(port)},
+            command=command,
+        ).start()
         for n, port in enumerate(ports)
     ]
     try:
@@ -389,6 +400,13 @@ def this_relay(
     return Case(count, (last - committed).total_seconds(), cpu, extra)
 
 
+def relay_from(tree: Path) -> list[str]:
+    """`relay run` of the checkout ``tree``, on this environment's packages: its ``relay``
+    package first on the path, before this one's (installed editable)."""
+    start = f"import sys; sys.path.insert(0, {str(tree.resolve())!r}); from relay.cli import main"
+    return [sys.executable, "-c", f"{start}; sys.exit(main())", "run"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -424,6 +442,14 @@ def main() -> int:
         type=int,
         help="the relays' RELAY_MAX_INFLIGHT_BYTES, and the bare publishers' byte window",
     )
+    parser.add_argument(
+        "--also",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CHECKOUT",
+        help="also the relay of that checkout (a git worktree), in the same interleaved rounds",
+    )
     args = parser.parse_args()
     if args.tracing and args.database != "postgresql":
         parser.error("--tracing measures the PostgreSQL relay only")
@@ -455,6 +481,10 @@ def main() -> int:
                 f"relay_{db}": lambda: this_relay(servers, db_url, args.rows, **load),
                 "relay_sqlite": lambda: this_relay(servers, sqlite_url, args.rows, **load),
             }
+            for tree in args.also:
+                cases[f"relay_{db}@{tree.name}"] = functools.partial(
+                    this_relay, servers, db_url, args.rows, tree=tree, **load
+                )
             if args.tracing:
                 cases = tracing_cases(servers, db_url, args.rows, stack)
             for relays in (2, 3) if args.scaling else ():

@@ -33,9 +33,10 @@ sets the live regime's figures beside the backlog's and the INSERT's; nothing lo
 duplicate beyond those the relays report republishing.
 
 ``--retention`` sets ``RELAY_RETENTION`` (and a purge every tenth of it) so that a soak
-longer than the retention runs the purge at steady state; ``--set`` passes any other
-setting to every relay. By hand only: these machines are shared and noisy, so compare
-figures within one run.
+longer than the retention runs the purge at steady state; ``--sent-log-entries`` starts with
+a sent log that large (as after days of relaying: what its key index then costs each ack);
+``--set`` passes any other setting to every relay. By hand only: these machines are shared
+and noisy, so compare figures within one run.
 """
 
 from __future__ import annotations
@@ -424,6 +425,20 @@ def insert_phase(bench: Bench, dsn: str, url: str, args: argparse.Namespace) -> 
     return result
 
 
+def age_sent_log(db: Postgres, entries: int) -> None:
+    """``entries`` sent log entries of other message ids, logged over the last few minutes:
+    the log as it is after the relays ran for days (its key index that large), without
+    waiting days. A checkpoint follows, as one would have since."""
+    db.one(
+        "INSERT INTO outbox_sent (key, id, created_at, sent_at) "
+        "SELECT md5('aged-' || i)::uuid, -i, now() - interval '5 minutes', now() "
+        "FROM generate_series(1, %s) AS i",
+        entries,
+    )
+    db.one("VACUUM ANALYZE outbox_sent")
+    db.one("CHECKPOINT")
+
+
 def backlog_phase(bench: Bench, url: str, rows: int) -> dict[str, Any]:
     """``rows`` rows committed at once, due a moment later (so that the reading is taken
     between the commit and the first claim), drained by the relays."""
@@ -560,6 +575,12 @@ def main() -> int:
     parser.add_argument("--insert-seconds", type=float, default=30)
     parser.add_argument("--multi-rows", type=int, default=50)
     parser.add_argument("--multi-share", type=float, default=0.8)
+    parser.add_argument(
+        "--sent-log-entries",
+        type=int,
+        default=0,
+        help="start with this many entries in the sent log (as after days of relaying)",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="RELAY_X=VALUE")
     parser.add_argument("--log", type=Path, help="where the JSON samples go (default: stdout)")
     parser.add_argument(
@@ -595,6 +616,9 @@ def main() -> int:
         bench = Bench(Postgres(pg, "soak"), node)
         print(f"insert: the writers alone for {args.insert_seconds:g} s", flush=True)
         insert = insert_phase(bench, dsn, url, args)
+        if args.sent_log_entries:
+            print(f"an aged sent log: {args.sent_log_entries} entries", flush=True)
+            age_sent_log(bench.db, args.sent_log_entries)
         print(json.dumps({"insert": insert}), file=log, flush=True)
         consumer = bench.consumer = Consumer(node.url)
         consumer.start()
