@@ -81,10 +81,6 @@ BACKLOG_EXACT_ROWS = 10_000
 # `relay status` reports the latency (created to sent) of the messages sent in this many last
 # seconds: a window short enough that reading its rows stays cheap at any rate.
 RECENT_SENT_S = 10.0
-# The longest the sent log's rotation (``relay.db.sentlog``, PostgreSQL) waits for a lock
-# (milliseconds): TRUNCATE waits for the claims reading the partition, and claims wait behind
-# it; one that cannot have it soon is tried again at the next purge instead.
-SENT_ROTATE_LOCK_MS = 1000
 # Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000

@@ -36,13 +36,11 @@ from relay.db.engine import (
 from relay.db.schema import (
     DUPLICATES,
     ROW_COLUMNS,
-    SENT_SLOTS,
     outbox,
     outbox_buckets,
     outbox_counters,
     outbox_sent,
 )
-from relay.db.sentlog import rotate
 from relay.records import (
     PARKED,
     PENDING,
@@ -223,9 +221,7 @@ class OutboxAdmin:
         one at most).
 
         Sent rows are found in their sent-time index, oldest first; the sent log's entries
-        are in the order they were sent, so its old ones are its first pages. On PostgreSQL
-        the sent log is emptied a partition at a time instead (``relay.db.sentlog``): its
-        entries are kept from ``older_than`` to twice that."""
+        are in the order they were sent, so its old ones are its first pages."""
         cutoff = database_time(-older_than)
         sent_rows = (
             sa.select(outbox.c.id)
@@ -240,15 +236,6 @@ class OutboxAdmin:
         delete_logged = delete_chunk(
             outbox_sent, outbox_sent.c.key, old, chunk=chunk, dialect=self.engine.dialect
         )
-        def rotated(conn: sa.Connection) -> int:
-            """Each partition in turn: one may be made current, the other emptied."""
-            return sum(rotate(conn, older_than) for _ in range(SENT_SLOTS))
-
-        logged_chunk: Callable[[sa.Connection], int] = (
-            rotated
-            if self.engine.dialect.name == "postgresql"
-            else functools.partial(run_delete, delete_logged)
-        )
 
         def rows_chunk(conn: sa.Connection) -> int:
             batch = list(conn.scalars(sent_rows))
@@ -257,7 +244,7 @@ class OutboxAdmin:
             return len(batch)
 
         deleted = 0
-        for one_chunk in (rows_chunk, logged_chunk):
+        for one_chunk in (rows_chunk, functools.partial(run_delete, delete_logged)):
             before = deleted  # ``progress`` is told the total of both parts
 
             def so_far(count: int, before: int = before) -> None:

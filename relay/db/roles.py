@@ -14,8 +14,6 @@ with them and no more.
 
 from __future__ import annotations
 
-from relay.db.schema import SENT_PARTITIONS
-
 RELAY = "relay"
 WRITER = "writer"
 CONSUMER = "consumer"
@@ -37,9 +35,6 @@ PRIVILEGES: dict[str, dict[str, str]] = {
 }
 # PostgreSQL: an INSERT that takes its id from the outbox's sequence needs to use it.
 _PG_SEQUENCE = "GRANT USAGE ON SEQUENCE outbox_id_seq TO {grantee}"
-# PostgreSQL: the relay's retention empties the sent log's partitions (relay.db.sentlog), whose
-# own privileges TRUNCATE checks, not the log's.
-_PG_SENT_PARTITIONS = "GRANT TRUNCATE ON " + ", ".join(SENT_PARTITIONS) + " TO {grantee}"
 
 
 def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[str]:
@@ -57,6 +52,4 @@ def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[st
     ]
     if role == WRITER:
         statements.append(_PG_SEQUENCE.format(grantee=grantee))
-    if role == RELAY:
-        statements.append(_PG_SENT_PARTITIONS.format(grantee=grantee))
     return statements

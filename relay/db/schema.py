@@ -265,22 +265,13 @@ _partial_index(
 # horizon (the retention): a relay's claim probes it for every row it claims and drops,
 # unpublished, a row whose message id is here (``relay.db.claims``), whoever the writer
 # was. Its times serve ``relay status`` (sent counts, latency) and the purge.
-#
-# On PostgreSQL it is two partitions, by ``slot`` (``relay.db.sentlog``): acks go to the
-# current one, and the retention empties the other whole (TRUNCATE) once every entry in it
-# is older than the retention, and makes it the current one. Elsewhere every entry is in slot
-# 0 and the retention deletes old entries in chunks.
-SENT_SLOTS = 2
-SENT_PARTITIONS = tuple(f"outbox_sent_{slot}" for slot in range(SENT_SLOTS))
 outbox_sent = sa.Table(
     "outbox_sent",
     metadata,
     sa.Column("key", SENT_KEY, primary_key=True),
-    sa.Column("slot", sa.SmallInteger(), primary_key=True, autoincrement=False, server_default="0"),
     sa.Column("id", ROW_ID, nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("sent_at", UTCDateTime(), nullable=False),
-    postgresql_partition_by="LIST (slot)",
 )
 
 # The purge and ``relay status`` find entries by their sent time. A B-tree: a BRIN index
@@ -318,8 +309,6 @@ outbox_counters = sa.Table(
 )
 DUPLICATES = "duplicates"
 COUNTERS = (DUPLICATES,)
-# The slot of the sent log that acks go to (``relay.db.sentlog``), since 0010.
-SENT_SLOT = "sent_slot"
 
 
 def bucket_column(row_id: sa.ColumnElement[int]) -> sa.ColumnElement[int]:

@@ -21,7 +21,6 @@ from relay.db.schema import (
     outbox_sent,
     sent_key,
 )
-from relay.db.sentlog import current_slot
 from relay.records import KEEP_MESSAGES, PARKED, SENT, SettleBatch
 
 # "The row is still pending" for the settle, which finds its rows by primary key: said so that
@@ -108,8 +107,7 @@ class Settles:
 
         ``keep_sent = messages``: the row is marked sent. ``ids``: the row is deleted and its
         message id's key, id and times go to the sent log; on PostgreSQL in one statement
-        (a data-modifying CTE), into its current partition (``relay.db.sentlog``), on SQLite
-        and MySQL in two of one transaction. A key already
+        (a data-modifying CTE), on SQLite and MySQL in two of one transaction. A key already
         logged (a message sent again) keeps its first entry.
 
         On PostgreSQL that test is a probe of the log's key, not ``ON CONFLICT DO NOTHING``:
@@ -133,10 +131,10 @@ class Settles:
             )
             key = sent_key(gone.c.message_id)
             known = sa.select(outbox_sent.c.key).where(outbox_sent.c.key == key)
-            logged = sa.select(
-                key, gone.c.id, gone.c.created_at, database_time(), current_slot()
-            ).where(known.scalar_subquery().is_(None))
-            return [sa.insert(outbox_sent).from_select([*columns, "slot"], logged)]
+            logged = sa.select(key, gone.c.id, gone.c.created_at, database_time()).where(
+                known.scalar_subquery().is_(None)
+            )
+            return [sa.insert(outbox_sent).from_select(columns, logged)]
         logged = sa.select(
             sent_key(outbox.c.message_id), outbox.c.id, outbox.c.created_at, database_time()
         ).where(pending)

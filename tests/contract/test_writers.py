@@ -330,32 +330,3 @@ def test_the_relays_store_works_with_the_relay_roles_grants_only(
         store.close()
         admin.close()
         writer.close()
-
-
-def test_a_postgresql_relay_with_its_grants_only_empties_the_sent_log_in_turn(
-    postgres: PostgresServer, pg_url: str
-) -> None:
-    """The relay role's retention rotates the sent log's partitions (relay.db.sentlog):
-    TRUNCATE on each partition is in its grants, and nothing more is needed."""
-    relay_url = _login(postgres, pg_url, RELAY)
-    owner = create_engine(pg_url)
-    store = ClaimStore(relay_url, "relay-1", 60.0)
-    admin = OutboxAdmin(relay_url, relay_session=True)
-    sent = sa.table("outbox_sent", sa.column("sent_at"))
-    aged = sa.update(sent).values(sent_at=sa.func.now() - sa.text("interval '8 days'"))
-    try:
-        with owner.begin() as conn:
-            conn.execute(sa.insert(outbox).values(rows("a")))
-        store.turn()
-        ack_all(store)
-        with owner.begin() as conn:
-            conn.execute(aged)
-        week = 7 * 24 * 3600.0
-        # The other partition (empty) made current, and the first one, all old, emptied.
-        assert admin.purge(week) == 1
-        with owner.connect() as conn:
-            assert conn.execute(sa.select(sa.func.count()).select_from(sent)).scalar_one() == 0
-    finally:
-        admin.close()
-        store.close()
-        owner.dispose()
