@@ -83,7 +83,7 @@ from devtools.otlp import OtlpReceiver
 from devtools.outbox import empty, owners
 from devtools.procfs import peak_rss_mb, thread_cpu_seconds, tree_cpu_seconds
 from devtools.profiling import Profiler
-from devtools.relayproc import RELAY, RelayProcess, relay_env
+from devtools.relayproc import RELAY, RelayProcess, relay_env, relay_from
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import (
     MariaDBServer,
@@ -398,13 +398,6 @@ def this_relay(
             proc.stop()
         engine.dispose()
     return Case(count, (last - committed).total_seconds(), cpu, extra)
-
-
-def relay_from(tree: Path) -> list[str]:
-    """`relay run` of the checkout ``tree``, on this environment's packages: its ``relay``
-    package first on the path, before this one's (installed editable)."""
-    start = f"import sys; sys.path.insert(0, {str(tree.resolve())!r}); from relay.cli import main"
-    return [sys.executable, "-c", f"{start}; sys.exit(main())", "run"]
 
 
 def main() -> int:

@@ -35,7 +35,8 @@ duplicate beyond those the relays report republishing.
 ``--retention`` sets ``RELAY_RETENTION`` (and a purge every tenth of it) so that a soak
 longer than the retention runs the purge at steady state; ``--sent-log-entries`` starts with
 a sent log that large (as after days of relaying: what its key index then costs each ack);
-``--set`` passes any other setting to every relay. By hand only: these machines are shared
+``--set`` passes any other setting to every relay, and ``--checkout`` runs the relays of
+another checkout (a git worktree: the code before a change). By hand only: these machines are shared
 and noisy, so compare figures within one run.
 """
 
@@ -64,7 +65,7 @@ from devtools.broker import fresh_queue
 from devtools.outbox import empty
 from devtools.procfs import cpu_seconds, tree_cpu_seconds
 from devtools.profiling import Profiler
-from devtools.relayproc import RelayProcess, relay_env, wait_sharing
+from devtools.relayproc import RELAY, RelayProcess, relay_env, relay_from, wait_sharing
 from devtools.scrape import http_get, metric
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine, migrate
@@ -429,14 +430,14 @@ def age_sent_log(db: Postgres, entries: int) -> None:
     """``entries`` sent log entries of other message ids, logged over the last few minutes:
     the log as it is after the relays ran for days (its key index that large), without
     waiting days. A checkpoint follows, as one would have since."""
-    db.one(
+    db.conn.execute(
         "INSERT INTO outbox_sent (key, id, created_at, sent_at) "
         "SELECT md5('aged-' || i)::uuid, -i, now() - interval '5 minutes', now() "
         "FROM generate_series(1, %s) AS i",
-        entries,
+        (entries,),
     )
-    db.one("VACUUM ANALYZE outbox_sent")
-    db.one("CHECKPOINT")
+    db.conn.execute("VACUUM ANALYZE outbox_sent")
+    db.conn.execute("CHECKPOINT")
 
 
 def backlog_phase(bench: Bench, url: str, rows: int) -> dict[str, Any]:
@@ -576,6 +577,9 @@ def main() -> int:
     parser.add_argument("--multi-rows", type=int, default=50)
     parser.add_argument("--multi-share", type=float, default=0.8)
     parser.add_argument(
+        "--checkout", type=Path, help="run the relays of that checkout (a git worktree)"
+    )
+    parser.add_argument(
         "--sent-log-entries",
         type=int,
         default=0,
@@ -633,7 +637,8 @@ def main() -> int:
                 RELAY_LOG_LEVEL="warning",
                 **settings,
             )
-            proc = RelayProcess(env, tmp / f"relay-{i}.log").start()
+            command = relay_from(args.checkout) if args.checkout else (*RELAY, "run")
+            proc = RelayProcess(env, tmp / f"relay-{i}.log", command).start()
             stack.callback(proc.stop)
             bench.relays.append(proc)
         wait_sharing(url, bench.ports)

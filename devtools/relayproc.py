@@ -96,6 +96,15 @@ def _faketime_library() -> str | None:
     return found[0] if found else None
 
 
+def relay_from(checkout: Path) -> list[str]:
+    """`relay run` of another checkout (a git worktree), on this environment's packages: its
+    ``relay`` package first on the path, before this one's (installed editable)."""
+    start = (
+        f"import sys; sys.path.insert(0, {str(checkout.resolve())!r}); from relay.cli import main"
+    )
+    return [sys.executable, "-c", f"{start}; sys.exit(main())", "run"]
+
+
 def relay(
     *args: str, env: dict[str, str], input: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
