@@ -276,7 +276,11 @@ class _Lane:
             self._drop()
 
     def _drop(self) -> None:
+        # Closed without the pool's reset: a kept connection may have been killed while it
+        # waited (a server restart, KILL CONNECTION), and the reset's ROLLBACK on it would log
+        # a traceback for nothing. The server rolls back whatever it had open.
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(sa.exc.SQLAlchemyError):
+                conn.invalidate()
                 conn.close()

@@ -407,7 +407,7 @@ def test_7_nack_storm_from_a_full_queue_delivers_every_row_and_parks_none(
         fresh_broker.url,
         tmp_path,
         storm,
-        consumer_delay=0.0005,
+        consumer_delay=0.001,  # about 1,000 a second: the writers write about 1,400
         queue_arguments={"x-max-length": 100, "x-overflow": "reject-publish"},
         max_attempts="50",
     )
