@@ -96,8 +96,10 @@ class ClaimStore:
         self.max_message_size = max_message_size
         self._where = redact_url(url)
         self._settles = Settles(dialect, owner, keep_sent)
-        # SQLite's claims are cut to the byte budget as their rows are read (``claim_statement``).
+        # SQLite's claims are cut to the byte budget as their rows are read (``claim_statement``),
+        # and its text values are read leniently, to be checked row by row (``decode_row``).
         self._cut_here = budget_cut_as_read(dialect)
+        self._unchecked_text = dialect.name == "sqlite"
         self._claims = {
             keyset: claim_statement(dialect, owner, margin, ordered=ordered, keyset=keyset)
             for keyset in (False, True)
@@ -175,8 +177,15 @@ class ClaimStore:
                     else result.all()
                 )
             due = _DECODED  # each row's due time follows the columns decoded
-            taken = self.held.claimed([(r[due], r[0]) for r in found], len(found) == limit)
-        rows = [decode_row(r[:due], self.max_message_size) for r in found if r[0] in taken]
+            # Read on from the last row only if its due time can be bound back: on SQLite a
+            # writer's garbage time comes as text that is not UTF-8 (relay.db.engine).
+            last_at = found[-1][due] if found else None
+            full = len(found) == limit and not (isinstance(last_at, str) and not last_at.isascii())
+            taken = self.held.claimed([(r[due], r[0]) for r in found], full)
+        unchecked = self._unchecked_text
+        rows = [
+            decode_row(r[:due], self.max_message_size, unchecked) for r in found if r[0] in taken
+        ]
         rows.sort(key=_ID)
         return rows
 

@@ -10,6 +10,7 @@ is parked (``relay.message``).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -29,9 +30,18 @@ _row = functools.partial(tuple.__new__, OutboxRow)
 # The claim's columns: the row's, whether its message id is in the sent log, and its size
 # when it is over the largest message the relay reads (its payload and headers then NULL).
 _NAMES = (*(c.name for c in ROW_COLUMNS), "sent_before", "oversize")
+# The text columns, and what stands in a text for a byte that was not UTF-8 (Python's
+# ``surrogateescape``: U+DC80 to U+DCFF).
+_TEXT_AT = tuple(
+    _NAMES.index(c)
+    for c in ("message_id", "exchange", "routing_key", "content_type", "headers", "last_error")
+)
+_SURROGATE = re.compile("[\udc80-\udcff]")
 
 
-def decode_row(values: Sequence[Any], max_message_size: int) -> OutboxRow:
+def decode_row(
+    values: Sequence[Any], max_message_size: int, unchecked_text: bool = False
+) -> OutboxRow:
     """A claimed row from the driver's values, in ``ROW_COLUMNS`` order, then whether its
     message id is in the sent log (``sent_before``; a bool, or 0/1), then its size if it is
     larger than ``max_message_size`` (``oversize``; NULL otherwise). A row that cannot be
@@ -40,9 +50,15 @@ def decode_row(values: Sequence[Any], max_message_size: int) -> OutboxRow:
 
     A row whose values all have their column's type is taken as it is, its time read:
     checking and converting each value one by one cost 3.3 us per row (``bench.run
-    --profile``), a quarter of what the bare publisher spends on a whole message."""
+    --profile``), a quarter of what the bare publisher spends on a whole message.
+
+    ``unchecked_text``: the driver returned text it did not check is UTF-8 (SQLite's, read
+    leniently by ``relay.db.engine``: bytes that are not UTF-8 come as lone surrogates), so
+    each text value is checked here, and a row with one is parked naming its column."""
     try:
-        if all(map(isinstance, values, _PLAIN)):
+        if all(map(isinstance, values, _PLAIN)) and not (
+            unchecked_text and _not_utf8(values) is not None
+        ):
             (
                 rid,
                 message_id,
@@ -89,7 +105,7 @@ def decode_row(values: Sequence[Any], max_message_size: int) -> OutboxRow:
             headers=None if raw["headers"] is None else _text(raw, "headers"),
             created_at=_time(raw["created_at"]),
             attempts=_attempts(raw["attempts"]),
-            last_error=None if raw["last_error"] is None else str(raw["last_error"]),
+            last_error=None if raw["last_error"] is None else readable_text(str(raw["last_error"])),
             suspect=bool(raw["suspect"]),
             sent_before=bool(raw["sent_before"]),
         )
@@ -100,7 +116,7 @@ def decode_row(values: Sequence[Any], max_message_size: int) -> OutboxRow:
 def _unread(raw: Mapping[str, Any], reason: str) -> OutboxRow:
     """A row that carries only its id (and what of its message id and attempts can be read),
     to be parked for ``reason``."""
-    message_id = raw["message_id"] if isinstance(raw["message_id"], str) else ""
+    message_id = readable_text(raw["message_id"]) if isinstance(raw["message_id"], str) else ""
     attempts = raw["attempts"] if isinstance(raw["attempts"], int) else 0
     return OutboxRow(
         id=raw["id"],
@@ -130,7 +146,27 @@ def _text(raw: Mapping[Any, Any], column: str) -> str:
     value = raw[column]
     if not isinstance(value, str):
         raise _Unreadable(f"{column} is {_stored(value)}, not text")
+    if not value.isascii() and (bad := _SURROGATE.search(value)) is not None:
+        byte = ord(bad[0]) - 0xDC00
+        raise _Unreadable(f"{column} is not UTF-8 text (byte 0x{byte:02x} at {bad.start()})")
     return value
+
+
+def readable_text(value: str) -> str:
+    """``value`` with any byte that was not UTF-8 as U+FFFD: for what the relay only shows
+    or writes back (a row's last error, a parked row's message id)."""
+    if value.isascii() or _SURROGATE.search(value) is None:
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _not_utf8(values: Sequence[Any]) -> str | None:
+    """The first text column of a row whose value has bytes that were not UTF-8, or None."""
+    for i in _TEXT_AT:
+        value = values[i]
+        if type(value) is str and not value.isascii() and _SURROGATE.search(value):
+            return _NAMES[i]
+    return None
 
 
 def _payload(value: Any) -> bytes:

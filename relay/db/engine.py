@@ -230,10 +230,20 @@ def _binary_results(
 
 
 def _sqlite_pragmas(pragmas: tuple[str, ...], dbapi_connection: Any, _record: Any) -> None:
+    # SQLite keeps whatever bytes a writer put in a TEXT value, and Python's sqlite3 fails the
+    # whole fetch on one that is not UTF-8 (a routing key written by a C program, or
+    # CAST(X'FF41' AS TEXT)): one such row stopped every claim. Read leniently instead, the
+    # bytes that are not UTF-8 kept as lone surrogates, for the row's decoder to refuse by
+    # name (``relay.db.decode``).
+    dbapi_connection.text_factory = _lenient_text
     cursor = dbapi_connection.cursor()
     for pragma in pragmas:
         cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
+
+
+def _lenient_text(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
 
 
 @contextmanager

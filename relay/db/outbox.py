@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from relay.admin.records import OutboxStatus, RecentSent, Selection
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
 from relay.db.clock import database_time, seconds_between
+from relay.db.decode import readable_text
 from relay.db.due import due_backlog
 from relay.db.engine import (
     bounded_count,
@@ -142,8 +143,14 @@ class OutboxAdmin:
             counts = {s: sum(map(count, counted[s])) for s in STATUSES}
             backlog = due_backlog(conn, BACKLOG_EXACT_ROWS)
             relays = {r.owner: int(r.buckets) for r in conn.execute(owners)}
-            parked = [(r.last_error or "", int(r.rows)) for r in conn.execute(by_reason)]
-            again = [(r.exchange, r.last_error or "", int(r.rows)) for r in conn.execute(retrying)]
+            # Shown as they are stored, but for bytes that are not UTF-8 (SQLite keeps any).
+            parked = [
+                (readable_text(r.last_error or ""), int(r.rows)) for r in conn.execute(by_reason)
+            ]
+            again = [
+                (readable_text(r.exchange), readable_text(r.last_error or ""), int(r.rows))
+                for r in conn.execute(retrying)
+            ]
             sums = [conn.execute(q).one() for q in recent]
             duplicates = conn.execute(dropped).scalar_one_or_none() or 0
         messages = sum(int(n) for n, _, _ in sums)

@@ -172,6 +172,45 @@ def test_on_sqlite_a_value_of_another_storage_class_parks_its_row_only(
     assert len({d.message_id for d in drain(rabbit.url, queue, expect=2 * GOOD)}) == 2 * GOOD
 
 
+# (An ordering key is never read by the relay, only compared by the database: such a row is
+# published like any other.)
+@pytest.mark.parametrize("column", ["routing_key", "headers", "content_type", "message_id"])
+def test_on_sqlite_text_that_is_not_utf8_parks_its_row_only(
+    sqlite_url: str, rabbit: RabbitNode, column: str
+) -> None:
+    """A C or Go writer's bytes in a TEXT column (here ``CAST(X'FF41' AS TEXT)``): Python's
+    sqlite3 raised on them while fetching, so one such row failed every claim around it."""
+    exchange, queue = names("utf8")
+    running = Running(settings(sqlite_url, rabbit.url), simple_topology(exchange, queue))
+    engine = sa.create_engine(sqlite_url)
+    values = {"message_id": "'bad'", "exchange": ":exchange", "payload": "X'00'"}
+    values[column] = "CAST(X'FF41' AS TEXT)"
+
+    async def scenario() -> None:
+        async with running as parts:
+            enqueue(parts, around(exchange, "before"))
+            with engine.begin() as conn:
+                names_, given = ", ".join(values), ", ".join(values.values())
+                query = sa.text(f"INSERT INTO outbox ({names_}) VALUES ({given})")
+                conn.execute(query.bindparams(exchange=exchange))
+            enqueue(parts, around(exchange, "after"))
+            await wait_for(
+                lambda: statuses(sqlite_url) == {"sent": 2 * GOOD, "parked": 1},
+                60,
+                "good rows sent, the bad one parked",
+            )
+            assert parts.relay.ready()
+
+    asyncio.run(scenario())
+    assert running.drained is True
+    with engine.connect() as conn:
+        query = sa.text("SELECT last_error FROM outbox WHERE status = 'parked'")
+        last_error = conn.execute(query).scalar_one()
+    engine.dispose()
+    assert f"{column} is not UTF-8 text (byte 0xff at 0)" in last_error, last_error
+    assert len({d.message_id for d in drain(rabbit.url, queue, expect=2 * GOOD)}) == 2 * GOOD
+
+
 def test_on_sqlite_an_epoch_created_at_is_read_as_unix_seconds(
     sqlite_url: str, rabbit: RabbitNode
 ) -> None:

@@ -109,3 +109,39 @@ def test_a_row_too_large_to_read_carries_its_id_its_message_id_and_its_size() ->
     assert row.unreadable is not None
     assert "5000 bytes" in row.unreadable and "1000 bytes" in row.unreadable
     assert "RELAY_MAX_MESSAGE_SIZE" in row.unreadable
+
+
+def lenient(raw: bytes) -> str:
+    """Text as SQLite's connections read it (relay.db.engine): bytes that are not UTF-8 kept
+    as lone surrogates."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+NOT_UTF8 = {
+    "message id": ("message_id", "message_id is not UTF-8 text (byte 0xff at 0)"),
+    "exchange": ("exchange", "exchange is not UTF-8 text (byte 0xff at 0)"),
+    "routing key": ("routing_key", "routing_key is not UTF-8 text (byte 0xff at 0)"),
+    "content type": ("content_type", "content_type is not UTF-8 text (byte 0xff at 0)"),
+    "headers": ("headers", "headers is not UTF-8 text (byte 0xff at 0)"),
+}
+
+
+@pytest.mark.parametrize(("column", "reason"), NOT_UTF8.values(), ids=list(NOT_UTF8))
+def test_text_that_is_not_utf8_makes_its_row_unreadable_naming_the_column(
+    column: str, reason: str
+) -> None:
+    row = decode_row(_row(column, lenient(b"\xffA")), MAX_MESSAGE, unchecked_text=True)
+    assert row.id == 7 and row.unreadable == f"unreadable row: {reason}"
+    assert row.message_id.encode()  # shown and logged: UTF-8 whatever was stored
+
+
+def test_a_last_error_that_is_not_utf8_is_kept_readable_and_the_row_goes_out() -> None:
+    """The last error is the operators' and is written back by the relay: its bytes that
+    were not UTF-8 become U+FFFD, and the row is published."""
+    row = decode_row(_row("last_error", lenient(b"nack \xfe")), MAX_MESSAGE, unchecked_text=True)
+    assert row.unreadable is None and row.last_error == "nack \ufffd"
+
+
+def test_valid_text_beyond_ascii_is_read_as_it_is() -> None:
+    row = decode_row(_row("routing_key", "clé.€"), MAX_MESSAGE, unchecked_text=True)
+    assert row.unreadable is None and row.routing_key == "clé.€"
