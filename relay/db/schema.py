@@ -6,10 +6,11 @@ relay parses them and parks a row whose headers are not a JSON object.
 
 MySQL and MariaDB (dialect ``mysql``; InnoDB, utf8mb4) index no TEXT column without a length,
 so the AMQP short strings (message id, exchange, routing key, content type; at most 255
-bytes on the wire) and the ordering key are ``VARCHAR(255)``, compared byte by byte
-(``utf8mb4_bin``: the server's default collation would call ``a`` and ``A`` one message
-id). Payloads are ``LONGBLOB``, times ``DATETIME(6)`` in UTC. They have no partial indexes:
-each of the outbox's indexes there starts with the status instead, which keeps the claim's
+bytes on the wire) and the ordering key are ``VARCHAR(255)``, compared byte by byte and
+trailing spaces included (``no_pad_collation``: the server's default collation would call
+``a`` and ``A`` one message id, ``utf8mb4_bin`` ``a`` and ``a ``). Payloads are
+``LONGBLOB``, times ``DATETIME(6)`` in UTC. They have no partial indexes: each of the
+outbox's indexes there starts with the status instead, which keeps the claim's
 walk to the pending rows.
 """
 
@@ -31,8 +32,29 @@ from relay.records import PARKED, PENDING, SENT, STATUSES
 metadata = sa.MetaData()
 
 
+def no_pad_collation(dialect: sa.Dialect) -> str:
+    """MySQL's and MariaDB's byte-by-byte collation that tells trailing spaces apart (NO PAD).
+    ``utf8mb4_bin`` is PAD SPACE: ``'k-1'`` and ``'k-1 '`` are one value to it, so two message
+    ids (or inbox keys, or exchanges) differing by trailing spaces collided in a unique index,
+    and a lookup of one found the other (migration 0010)."""
+    return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+
+
+class _ShortText(sa.TypeDecorator[str]):
+    """``SHORT_TEXT``: TEXT, and on MySQL and MariaDB a ``VARCHAR(255)`` in the server's NO PAD
+    binary collation (``no_pad_collation``: the two name it differently)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name == "mysql":
+            return dialect.type_descriptor(mysql.VARCHAR(255, collation=no_pad_collation(dialect)))
+        return dialect.type_descriptor(sa.Text())
+
+
 # Text of the AMQP short strings' size, and the ordering key (see the module docstring).
-SHORT_TEXT = sa.Text().with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin"), "mysql")
+SHORT_TEXT = _ShortText()
 # The status: one of ``relay.records.STATUSES``.
 STATUS_TEXT = sa.Text().with_variant(mysql.VARCHAR(16), "mysql")
 # Texts with no bound (headers): MySQL's TEXT holds 64 KiB.

@@ -247,3 +247,49 @@ def test_upgrade_to_ids_never_reused_starts_above_every_id_seen(database_url: st
             assert after.id > max(acked)
     finally:
         writer.close()
+
+
+def test_upgrade_to_no_pad_keys_tells_ids_differing_by_trailing_spaces_apart(
+    database_url: str,
+) -> None:
+    """0009 -> 0010 on a live outbox (MySQL and MariaDB's keys were PAD SPACE, where ``'k-1'``
+    and ``'k-1 '`` are one value): the pending row and the sent log's entry stay, and an id
+    that differs from either by a trailing space is a message of its own, as is an inbox key.
+    The earlier migrations build with today's column types: the downgrade from 0010 is what
+    puts back the collation that 0009 left."""
+    migrate(database_url, "0009", downgrade=True)
+    store = ClaimStore(database_url, "old-relay", 60.0)
+    writer = OutboxWriter(database_url)
+    try:
+        store.turn()
+        writer.enqueue([NewMessage(b"x", message_id="sent-1")])
+        store.settle(SettleBatch(sent=tuple(r.id for r in store.claim(10, 2**62))))
+        writer.enqueue([NewMessage(b"x", message_id="k-1")])
+        if database_url.startswith("mysql"):
+            with pytest.raises(StoreError):  # PAD SPACE: one value to the unique index
+                writer.enqueue([NewMessage(b"y", message_id="k-1 ")])
+    finally:
+        store.close()
+    try:
+        with upgraded(database_url) as new_store:
+            writer.enqueue(
+                [NewMessage(b"y", message_id="k-1 "), NewMessage(b"y", message_id="sent-1 ")]
+            )
+            claimed = {(r.message_id, r.sent_before) for r in new_store.claim(10, 2**62)}
+            assert claimed == {("k-1", False), ("k-1 ", False), ("sent-1 ", False)}
+            engine = sa.create_engine(database_url)
+            with engine.begin() as conn:
+                for key in ("m", "m "):
+                    conn.execute(
+                        sa.text(
+                            "INSERT INTO inbox_received (consumer, message_id) VALUES ('c', :m)"
+                        ),
+                        {"m": key},
+                    )
+                found = conn.execute(
+                    sa.text("SELECT message_id FROM inbox_received WHERE message_id = 'm '")
+                ).scalars()
+                assert list(found) == ["m "]
+            engine.dispose()
+    finally:
+        writer.close()
