@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,10 +140,32 @@ def cloudevent(
 ) -> dict[str, Any]:
     """The row's headers with the CloudEvents attributes of binary mode as ``ce-`` headers,
     as the AMQP 0-9-1 convention of Knative's RabbitMQ broker has them (the data content
-    type is the message's content type): ``ce-id`` is the message id, ``ce-time`` its row's
-    creation; ``ce-source`` and ``ce-type`` are the row's own headers of those names, else
-    ``source`` and the routing key."""
-    headers = _parsed(row.headers or "{}")
+    type is the message's content type), and every attribute as the CloudEvents SDK's reader
+    takes it; raises Unpublishable naming the header otherwise.
+
+    A header is an attribute whatever the case of its ``ce-`` prefix and name (the SDK reads
+    them lower-cased), and is written lower-cased. ``ce-id`` is the message id and
+    ``ce-specversion`` 1.0: a row may repeat them, not change them. ``ce-source``, ``ce-type``
+    and ``ce-time`` are the row's own if it has them (the time an RFC 3339 time with its
+    offset), else ``source``, the routing key and the row's creation. ``ce-subject`` and
+    ``ce-dataschema``, if present, are text that is not empty. An extension's name is
+    lower-case letters and digits; ``data`` and ``datacontenttype`` are not the row's to
+    set (the data content type is its ``content_type``)."""
+    headers: dict[str, Any] = {}
+    named: dict[str, str] = {}  # lower-cased attribute header -> the row's spelling
+    for name, value in _parsed(row.headers or "{}").items():
+        lowered = name.lower()
+        if not lowered.startswith(_CE):
+            headers[name] = value
+            continue
+        if lowered in named:
+            raise Unpublishable(
+                f"headers {named[lowered]!r} and {name!r} name one CloudEvents attribute"
+            )
+        named[lowered] = name
+        headers[lowered] = _attribute(lowered[len(_CE) :], name, value, row)
+    if not row.content_type:
+        raise Unpublishable("a CloudEvent's data content type (content_type) must not be empty")
     headers.setdefault("ce-source", source)
     headers.setdefault("ce-type", row.routing_key)
     for attribute, fallback in (
@@ -154,15 +177,62 @@ def cloudevent(
                 f"a CloudEvent needs a {attribute} of text: the row's {attribute} header, "
                 f"else {fallback}"
             )
-    headers.update(
-        {
-            "ce-id": row.message_id,
-            "ce-specversion": CLOUDEVENTS_SPEC_VERSION,
-            "ce-time": row.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        }
-    )
+    headers.setdefault("ce-time", row.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"))
+    headers.update({"ce-id": row.message_id, "ce-specversion": CLOUDEVENTS_SPEC_VERSION})
     headers.update(trace or {})
     return headers
+
+
+_CE = "ce-"
+_ATTRIBUTE_NAME = re.compile("[a-z0-9]+")
+# Attributes a row's headers may not set: the relay's own, or the message's.
+_NOT_THE_ROWS = {
+    "data": "is reserved by CloudEvents",
+    "datacontenttype": "is the row's content_type: set that instead",
+}
+
+
+def _attribute(attribute: str, header: str, value: Any, row: OutboxRow) -> Any:
+    """A row's CloudEvents attribute header's value, checked (``cloudevent``)."""
+    if not _ATTRIBUTE_NAME.fullmatch(attribute):
+        raise Unpublishable(
+            f"header {_shown(header)}: a CloudEvents attribute's name is lower-case letters "
+            "and digits only"
+        )
+    if attribute in _NOT_THE_ROWS:
+        raise Unpublishable(f"header {_shown(header)}: {attribute} {_NOT_THE_ROWS[attribute]}")
+    if attribute == "id" and value != row.message_id:
+        raise Unpublishable(
+            f"header {_shown(header)}: a CloudEvent's id is the row's message_id; set "
+            "message_id to it"
+        )
+    if attribute == "specversion" and value != CLOUDEVENTS_SPEC_VERSION:
+        raise Unpublishable(
+            f"header {_shown(header)}: the relay writes CloudEvents "
+            f"{CLOUDEVENTS_SPEC_VERSION}, not {value!r}"
+        )
+    if attribute == "time" and not _rfc3339(value):
+        raise Unpublishable(
+            f"header {_shown(header)}: a CloudEvent's time is an RFC 3339 time with its "
+            "offset (2026-01-01T00:00:00Z)"
+        )
+    if attribute in ("source", "type", "subject", "dataschema") and (
+        not isinstance(value, str) or not value
+    ):
+        raise Unpublishable(
+            f"header {_shown(header)}: a CloudEvent's {attribute} is text, not empty"
+        )
+    return value
+
+
+def _rfc3339(value: Any) -> bool:
+    if not isinstance(value, str) or "T" not in value.upper():
+        return False
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return parsed.tzinfo is not None
 
 
 def too_large_to_read(size: int, max_message_size: int) -> str:

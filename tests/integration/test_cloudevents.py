@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from cloudevents.core.bindings.rabbitmq import RabbitMQMessage, from_binary
@@ -13,8 +14,8 @@ from cloudevents.core.formats.json import JSONFormat
 
 from devtools.broker import drain, names, simple_topology
 from devtools.servers import RabbitNode
-from relay.records import SENT, NewMessage
-from tests.support.inprocess import Running, enqueue, rows_by_status, settings, wait_for
+from relay.records import PARKED, SENT, NewMessage
+from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -59,3 +60,56 @@ def test_the_cloudevents_sdk_reads_what_the_relay_sends(
         assert event.get_data() == {"order": n}
         time = event.get_time()
         assert time is not None and before.replace(microsecond=0) <= time <= datetime.now(UTC)
+
+
+# A row's headers -> a part of the reason it is parked, or None: published, and read by the SDK.
+ROWS = {
+    "ce-order_id": ('{"ce-order_id": 7}', "lower-case letters and digits"),
+    "empty-subject": ('{"ce-subject": ""}', "subject is text, not empty"),
+    "two-sources": ('{"ce-source": "/a", "CE-Source": "/b"}', "name one CloudEvents attribute"),
+    "local-time": ('{"ce-time": "2026-01-01T00:00:00"}', "RFC 3339"),
+    "own-source": ('{"CE-Source": "/billing", "ce-Subject": "order-7"}', None),
+    "own-time": ('{"ce-time": "2025-12-31T23:00:00+01:00"}', None),
+    "extension": ('{"ce-tenant": "a", "plain": "b"}', None),
+}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_row_the_sdk_would_refuse_is_parked_naming_its_header_and_no_other(
+    database_url: str, rabbit: RabbitNode
+) -> None:
+    """With CloudEvents on, every message that reaches the broker is one the SDK reads; the
+    rows whose headers make a message it refuses are parked before they are sent."""
+    exchange, queue = names("cloudevents")
+    config = settings(database_url, rabbit.url, cloudevents="true", max_attempts=3)
+    messages = [
+        NewMessage(b"{}", exchange, "k", "application/json", headers, message_id=name)
+        for name, (headers, _) in ROWS.items()
+    ]
+    messages.append(NewMessage(b"{}", exchange, "k", "", message_id="empty-content-type"))
+    refused = {n: reason for n, (_, reason) in ROWS.items() if reason} | {
+        "empty-content-type": "content_type"
+    }
+    sent = len(messages) - len(refused)
+
+    async def scenario() -> list[Any]:
+        async with Running(config, simple_topology(exchange, queue)) as parts:
+            enqueue(parts, messages)
+            want = {SENT: sent, PARKED: len(refused)}
+            await wait_for(lambda: rows_by_status(parts) == want, 30, "every row settled")
+            return table(parts)
+
+    ended = {row.message_id: row for row in asyncio.run(scenario())}
+    for message_id, reason in refused.items():
+        assert ended[message_id].status == PARKED
+        assert reason in (ended[message_id].last_error or ""), ended[message_id].last_error
+    events = {}
+    for delivered in drain(rabbit.url, queue, sent):
+        assert delivered.headers is not None
+        message = RabbitMQMessage(delivered.headers, delivered.content_type, delivered.body)
+        events[delivered.message_id] = from_binary(message, JSONFormat())
+    assert sorted(events) == sorted(set(ROWS) - set(refused))
+    assert events["own-source"].get_source() == "/billing"
+    assert events["own-source"].get_subject() == "order-7"
+    assert events["own-time"].get_time() == datetime(2025, 12, 31, 22, tzinfo=UTC)
+    assert events["extension"].get_extension("tenant") == "a"

@@ -9,6 +9,8 @@ from decimal import Decimal
 
 import pika
 import pytest
+from cloudevents.core.bindings.rabbitmq import RabbitMQMessage, from_binary
+from cloudevents.core.formats.json import JSONFormat
 
 from relay.message import MAX_HEADER_DEPTH, Limits, Unpublishable, build, encode_headers
 from tests.support.rows import row
@@ -195,12 +197,44 @@ CLOUDEVENTS = {
         ("order.paid", '{"ce-source": "/billing", "ce-type": "com.shop.paid", "a": 1}'),
         {"ce-source": "/billing", "ce-type": "com.shop.paid", "a": 1, **CE},
     ),
-    "the row's ce-id is the message id, whatever it wrote": (
-        ("k", '{"ce-id": "other", "ce-time": "then"}'),
+    "the row may repeat its ce-id and the spec version": (
+        ("k", '{"ce-id": "m-1", "ce-specversion": "1.0"}'),
         {"ce-source": "/shop", "ce-type": "k", **CE},
     ),
+    "the row's own time wins": (
+        ("k", '{"ce-time": "2025-12-31T23:00:00+01:00"}'),
+        {"ce-source": "/shop", "ce-type": "k", **CE, "ce-time": "2025-12-31T23:00:00+01:00"},
+    ),
+    "attribute headers in any case are attributes, written lower-cased": (
+        ("k", '{"CE-Source": "/billing", "ce-Subject": "order-7", "ce-traceid": "t"}'),
+        {"ce-source": "/billing", "ce-subject": "order-7", "ce-traceid": "t", "ce-type": "k", **CE},
+    ),
     "no routing key and no ce-type: unpublishable": (("", None), "needs a ce-type"),
-    "a ce-source that is not text: unpublishable": (("k", '{"ce-source": 7}'), "ce-source of text"),
+    "a ce-source that is not text: unpublishable": (
+        ("k", '{"ce-source": 7}'),
+        "is text, not empty",
+    ),
+    "another ce-id: unpublishable": (("k", '{"ce-id": "other"}'), "id is the row's message_id"),
+    "a time that is not RFC 3339: unpublishable": (("k", '{"ce-time": "then"}'), "RFC 3339"),
+    "a time without its offset: unpublishable": (
+        ("k", '{"ce-time": "2026-01-01T00:00:00"}'),
+        "RFC 3339",
+    ),
+    "another spec version: unpublishable": (("k", '{"ce-specversion": "0.3"}'), "not '0.3'"),
+    "an attribute name that is not lower-case letters and digits: unpublishable": (
+        ("k", '{"ce-order_id": 7}'),
+        "lower-case letters and digits",
+    ),
+    "an empty subject: unpublishable": (("k", '{"ce-subject": ""}'), "subject is text, not"),
+    "a data content type of the row's: unpublishable": (
+        ("k", '{"ce-datacontenttype": "a/b"}'),
+        "set that instead",
+    ),
+    "the reserved data attribute: unpublishable": (("k", '{"ce-data": 1}'), "reserved"),
+    "two headers of one attribute: unpublishable": (
+        ("k", '{"ce-source": "/a", "CE-SOURCE": "/b"}'),
+        "name one CloudEvents attribute",
+    ),
 }
 
 
@@ -218,6 +252,27 @@ def test_a_cloudevent_carries_its_attributes_as_ce_headers(
     decoded = pika_decoded(build(stored, cloudevents_source="/shop").properties)
     assert decoded.headers == expected
     assert decoded.content_type == "text/plain"  # the data's content type
+
+
+@pytest.mark.parametrize(("given", "expected"), CLOUDEVENTS.values(), ids=list(CLOUDEVENTS))
+def test_every_cloudevent_the_relay_publishes_the_sdk_reads(
+    given: tuple[str, str | None], expected: dict[str, object] | str
+) -> None:
+    """The CloudEvents SDK's RabbitMQ binding reads each message the relay builds; the rows
+    it would refuse are the ones parked (an empty content type among them)."""
+    routing_key, headers = given
+    for content_type in ("text/plain", ""):
+        stored = row(1, routing_key=routing_key, headers=headers, content_type=content_type)
+        try:
+            message = build(stored, cloudevents_source="/shop")
+        except Unpublishable:
+            assert isinstance(expected, str) or content_type == ""
+            continue
+        decoded = pika_decoded(message.properties)
+        event = from_binary(
+            RabbitMQMessage(decoded.headers, decoded.content_type, message.body), JSONFormat()
+        )
+        assert event.get_id() == "m-1" and event.get_type() == decoded.headers["ce-type"]
 
 
 def test_trace_headers_go_with_a_cloudevents_attributes() -> None:
