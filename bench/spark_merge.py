@@ -27,7 +27,8 @@ import sqlalchemy as sa
 from devtools.servers import PostgresServer
 from relay.constants import MERGE_WORK_MEM
 from relay.db.engine import create_engine, migrate
-from relay.db.sink import WRITTEN_COLUMNS, OutboxSink
+from relay.db.schema import WRITTEN_COLUMNS
+from relay.db.sink import OutboxSink
 
 COLUMNS = ", ".join(WRITTEN_COLUMNS)
 FILL = (

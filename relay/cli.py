@@ -97,7 +97,12 @@ def _parser() -> argparse.ArgumentParser:
         description=_migrate.__doc__,
     )
     _add_settings(mig, _DB_ONLY)
-    mig.add_argument("--revision", default="head", help="Alembic revision to upgrade to")
+    mig.add_argument("--revision", default="head", help="Alembic revision to move to")
+    mig.add_argument(
+        "--downgrade",
+        action="store_true",
+        help="move down to --revision (stop every relay and consumer first)",
+    )
     mig.set_defaults(command="migrate", handler=_migrate)
 
     enq = sub.add_parser(
@@ -150,8 +155,9 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
-    """Create or upgrade the outbox table to the newest schema (Alembic upgrade)."""
-    migrate(settings.database_url, args.revision)
+    """Create or upgrade the outbox table to the newest schema (Alembic upgrade), or with
+    --downgrade move it down to --revision."""
+    migrate(settings.database_url, args.revision, downgrade=args.downgrade)
     print(f"outbox schema is at revision {args.revision}")
     return EXIT_OK
 

@@ -4,7 +4,10 @@
   on the database (MariaDB, MySQL). Nothing else needs its rights, and nothing in the
   schema runs with them: the outbox has no triggers, functions or procedures.
 - **relay**: ``relay run`` (claims, settles, turns, retention) and ``relay status``.
-- **writer**: plain SQL writers and ``relay enqueue``: INSERT on the outbox, nothing else.
+- **writer**: plain SQL writers, ``relay enqueue`` and the Spark writer: INSERT on the
+  outbox's message columns (``WRITER_COLUMNS``), nothing else: not its id (one ahead of the
+  sequence would fail later writers' INSERTs), status, attempts or due time (a row written
+  as sent would never be published).
 - **consumer**: an inbox consumer (``relay.inbox``): its keys and attempts, nothing of the
   outbox's (and what its handler writes, which is the user's to grant).
 
@@ -13,6 +16,8 @@ with them and no more.
 """
 
 from __future__ import annotations
+
+from relay.db.schema import WRITER_COLUMNS
 
 RELAY = "relay"
 WRITER = "writer"
@@ -27,7 +32,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_counters": "SELECT, UPDATE",
     },
-    WRITER: {"outbox": "INSERT"},
+    WRITER: {"outbox": f"INSERT ({', '.join(WRITER_COLUMNS)})"},
     CONSUMER: {
         "inbox_received": "SELECT, INSERT, DELETE",
         "inbox_attempts": "SELECT, INSERT, UPDATE, DELETE",

@@ -340,6 +340,21 @@ def bucket_column(row_id: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
 
 
 # What a claimed row carries to the publisher (``relay.records.OutboxRow``'s fields).
+# The columns a writer fills (the Spark writer, ``relay enqueue``; a plain-SQL writer may also
+# give ``created_at``); the database fills in the rest. A writer's role may insert these
+# and no others (``relay.db.roles``): an id ahead of the sequence, or a row written as sent
+# or with attempts spent, is not a writer's to make.
+WRITTEN_COLUMNS = (
+    "message_id",
+    "exchange",
+    "routing_key",
+    "payload",
+    "content_type",
+    "headers",
+    "ordering_key",
+)
+WRITER_COLUMNS = (*WRITTEN_COLUMNS, "created_at")
+
 ROW_COLUMNS = (
     outbox.c.id,
     outbox.c.message_id,

@@ -53,20 +53,10 @@ from relay.constants import (
 )
 from relay.db.clock import epoch_seconds
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
-from relay.db.schema import outbox
+from relay.db.schema import WRITTEN_COLUMNS, outbox
 from relay.errors import StoreError
 from relay.redact import redact_url
 
-# The columns a writer fills; the database fills in the rest.
-WRITTEN_COLUMNS = (
-    "message_id",
-    "exchange",
-    "routing_key",
-    "payload",
-    "content_type",
-    "headers",
-    "ordering_key",
-)
 # Staged beside them, not inserted: the row's place in the DataFrame (partition, row).
 POSITION = "position"
 STAGE_PREFIX = "outbox_stage_"

@@ -12,6 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from devtools.outbox import statuses
+from relay.cli import main
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time, seconds_between
 from relay.db.engine import migrate
@@ -293,3 +294,36 @@ def test_upgrade_to_no_pad_keys_tells_ids_differing_by_trailing_spaces_apart(
             engine.dispose()
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_no_revision_up_or_down_leaves_code_that_runs_with_its_owners_rights(
+    database_url: str,
+) -> None:
+    """Down from the head one revision at a time by ``relay migrate --revision R --downgrade``,
+    then up again one at a time: no step leaves a ``SECURITY DEFINER`` function (0004's
+    dedupe function was one, and a downgrade below 0007 made it again)."""
+    revisions = [f"{n:04d}" for n in range(1, 11)]
+    environ = {"RELAY_DATABASE_URL": database_url}
+
+    def definers() -> int:
+        engine = sa.create_engine(database_url)
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                    " WHERE p.prosecdef AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+                )
+            ).scalar_one()
+        engine.dispose()
+        return int(found)
+
+    walked = []
+    for revision in [*reversed(revisions[:-1]), "base"]:
+        assert main(["migrate", "--revision", revision, "--downgrade"], environ) == 0
+        walked.append((revision, definers()))
+    for revision in revisions:
+        migrate(database_url, revision)
+        walked.append((revision, definers()))
+    assert walked == [(revision, 0) for revision, _ in walked]
+    assert differences(database_url) == []

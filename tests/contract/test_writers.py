@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,26 @@ def pg_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=[f"mariadb-{made}" for made in MADE])
 def maria_url(request: pytest.FixtureRequest) -> str:
     return new_database(request, "mariadb", str(request.param).split("-")[1])
+
+
+# Columns a writer's role may not give (relay.db.roles): an id ahead of the sequence would
+# fail later writers' INSERTs, a row written as sent would never be published.
+WHEN = datetime(2026, 1, 1, tzinfo=UTC)
+NOT_A_WRITERS: dict[str, object] = {
+    "id": 10**9,
+    "status": "sent",
+    "attempts": 7,
+    "next_attempt_at": WHEN,
+    "last_error": "x",
+    "suspect": True,
+}
+
+
+def insert_with(column: str, value: object) -> tuple[sa.TextClause, dict[str, object]]:
+    """A plain INSERT of one row giving ``column`` too (as SQL: SQLAlchemy's would read the
+    new id back, which a writer may not)."""
+    statement = f"INSERT INTO outbox (message_id, payload, {column}) VALUES ('w', 'x', :value)"
+    return sa.text(statement), {"value": value}
 
 
 def rows(*message_ids: str) -> list[dict[str, object]]:
@@ -261,6 +282,14 @@ def test_a_postgresql_writer_with_insert_only_writes_and_borrows_no_rights(
             writer.begin() as conn,
         ):
             conn.execute(sa.text("SELECT id FROM public.outbox"))
+        for column, value in NOT_A_WRITERS.items():
+            with (
+                pytest.raises(sa.exc.ProgrammingError, match="permission denied"),
+                writer.begin() as conn,
+            ):
+                conn.execute(*insert_with(column, value))
+        with writer.begin() as conn:  # its own time it may give
+            conn.execute(*insert_with("created_at", WHEN))
     finally:
         owner.dispose()
         writer.dispose()
@@ -286,6 +315,11 @@ def test_a_mariadb_writer_with_insert_only_writes_and_the_schema_has_no_code(
             assert written.rowcount == 2
         with pytest.raises(sa.exc.OperationalError, match="denied"), writer.begin() as conn:
             conn.execute(sa.text("CREATE TEMPORARY TABLE outbox_sent (k int)"))
+        for column, value in NOT_A_WRITERS.items():
+            with pytest.raises(sa.exc.OperationalError, match="denied"), writer.begin() as conn:
+                conn.execute(*insert_with(column, value))
+        with writer.begin() as conn:
+            conn.execute(*insert_with("created_at", WHEN))
         code = (
             f"SELECT (SELECT count(*) FROM information_schema.TRIGGERS"
             f" WHERE EVENT_OBJECT_SCHEMA = '{database}')"

@@ -60,11 +60,13 @@ _PARTIAL_INDEXES = (
 # row; a join could be planned as a scan of the whole log, or of the outbox, per statement),
 # and the outbox is touched only when a row was sent before (a re-run). The rows it drops are
 # added up in a setting of the transaction, for writers that report how many rows they added
-# (``relay.db.sink``): COPY counts the rows it wrote. It runs with its owner's rights, so that
-# a writer needs no more than INSERT on the outbox.
+# (``relay.db.sink``): COPY counts the rows it wrote. It runs with the writer's rights (a
+# writer then needs SELECT on the sent log and DELETE on the outbox): this release first made
+# it SECURITY DEFINER, which ran code a writer could steer (its temporary schema) with the
+# owner's rights; a downgrade from 0007 must not bring that back. Its search path is pinned.
 _PG_DEDUPE = """
 CREATE FUNCTION outbox_dedupe() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path FROM CURRENT AS $$
+SECURITY INVOKER SET search_path FROM CURRENT AS $$
 DECLARE
   again bigint[] := ARRAY(
     SELECT n.id FROM new_rows n
