@@ -119,6 +119,10 @@ SHORT_SESSION_S = 5.0
 # After a close on a half-open link, how long to wait for the broker's close-ok before the
 # socket is dropped (no longer than the confirm timeout).
 HALF_OPEN_CLOSE_S = 5.0
+# The publisher looks for overdue confirms every quarter of the confirm timeout, at least
+# this often (seconds): part of what a lease must have left for a row to go out
+# (``relay.lease.margin_for``).
+WATCH_PERIOD_MAX_S = 1.0
 
 # A broken destination (relay.broker.destinations) is probed this long after it broke, and the delay
 # doubles with every failed probe up to the maximum: a probe costs a channel of its own and
@@ -129,8 +133,8 @@ DESTINATION_PROBE_MAX_S = 10.0
 
 # A confirm tag times out when the channel answered nothing for the confirm timeout, or when
 # it waited this many confirm timeouts while others were answered (relay.broker.confirms): less than
-# a lease (RELAY_LEASE must be more than twice the confirm timeout), so no other relay takes
-# the row while this one still waits for its confirm.
+# a lease (RELAY_LEASE must be more than twice the lease margin, relay.lease.margin_for), so no
+# other relay takes the row while this one still waits for its confirm.
 CONFIRM_CEILING_FACTOR = 2
 
 # Distinct (channel, exchange, routing key, mandatory) publish method frames the relay keeps

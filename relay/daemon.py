@@ -10,7 +10,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
@@ -27,7 +26,7 @@ from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.db.probe import NewRowsProbe
 from relay.errors import ConfigError, RelayError, StoreError
-from relay.lease import Lease
+from relay.lease import Lease, margin_for
 from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
 from relay.relay import Relay
@@ -54,9 +53,9 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
     reconnect = Backoff(
         min(settings.backoff_initial, settings.reconnect_max), settings.reconnect_max
     )
-    # No row is published once its bucket's lease has less left than the confirm timeout
+    # No row is published once its bucket's lease has less left than a publish may take
     # (``relay.lease``); nor is one claimed from such a bucket.
-    lease = Lease(settings.confirm_timeout, time.monotonic)
+    lease = Lease(margin_for(settings.confirm_timeout))
     store = ClaimStore(
         settings.database_url,
         settings.name,

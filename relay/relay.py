@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 from relay.backoff import Backoff
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import StoreError
-from relay.lease import LEASE_SHORT, Lease
+from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
@@ -60,9 +58,11 @@ class Relay:
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        # The event loop's clock (time.monotonic, as asyncio's), or the tests' controlled one.
+        # The lease's clock (``relay.lease.lease_clock``, or the tests' controlled one): the
+        # turns that renew it read it through the store (``RetryingStore.turn``), and every
+        # time the loop keeps is a duration on it.
+        clock = lease.clock
         self._clock = clock
         self.store = RetryingStore(store, retry, metrics, self._beat, clock)
         self.publisher = publisher
@@ -107,6 +107,7 @@ class Relay:
         # (with a small window, a batch ahead would be most of what a channel loss loses).
         self._ahead = min(batch_size, self.publisher.window)
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
+        self._ready_epoch = lease.epoch  # the lease they were claimed under
         self._claim_wanted = Wakeup()
         # The last claim was full: other rows wait, and rows of broken exchanges (which are
         # only charged an attempt) are left for later. See ``_skipped``.
@@ -228,6 +229,7 @@ class Relay:
                 began = self._clock()
                 self._next_poll = began + self.poll_interval
                 room = self.max_bytes - self._holding
+                epoch = self.lease.epoch
                 riding = self._settling(self._riding())
                 try:
                     rows = await self.store.claim(
@@ -240,6 +242,12 @@ class Relay:
                 self._backlog = len(rows) == wanted
                 claimed = sum(r.size for r in rows)
                 self._hold(claimed)
+                if self.lease.epoch != epoch:  # claimed under a lease that lapsed since
+                    self.publisher.release(rows, LEASE_LAPSED)
+                    rows = []
+                if self._ready_epoch != self.lease.epoch:
+                    self._release_ready(LEASE_LAPSED)
+                self._ready_epoch = self.lease.epoch
                 self._ready += self._without_duplicates(rows)
                 self._publish_ready()  # here, not a turn of the loop later
                 if rows:
@@ -337,10 +345,15 @@ class Relay:
             # Another relay may take these rows' buckets soon, or has (this relay froze, or
             # its turns fail): they are its to publish now, and publishing them here could
             # put a row after a later row of its key (``relay.lease``).
-            self.publisher.release(self._ready, LEASE_SHORT)
-            self._ready = []
+            self._release_ready(LEASE_SHORT)
+        if self._ready and self._ready_epoch != self.lease.epoch:
+            self._release_ready(LEASE_LAPSED)  # it lapsed and was renewed since their claim
         offered, self._ready = self._ready[: state.capacity], self._ready[state.capacity :]
         self.publisher.publish(offered)
+
+    def _release_ready(self, reason: str) -> None:
+        self.publisher.release(self._ready, reason)
+        self._ready = []
 
     def _collect(self) -> int:
         """Hand the publisher's answers to the settle task (which runs beside the claims, so

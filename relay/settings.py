@@ -37,6 +37,7 @@ from relay.constants import (
     PROBE_INTERVAL_S,
 )
 from relay.errors import ConfigError
+from relay.lease import margin_for
 from relay.records import KEEP_IDS, KEEP_MESSAGES
 from relay.redact import redact_url
 
@@ -323,8 +324,9 @@ class Settings(_FromEnvironment):
         _positive_float,
         "Seconds a relay's buckets of the outbox stay its own without a renewal (it renews "
         "them every few seconds); a dead relay's rows are another relay's after it. A relay "
-        "claims and publishes only while more than RELAY_CONFIRM_TIMEOUT of its lease is "
-        "left: one that froze or cannot renew stops before another may take over.",
+        "claims and publishes only while more of its lease is left than a publish may take "
+        "(RELAY_CONFIRM_TIMEOUT and a few seconds more): one that froze, was suspended or "
+        "cannot renew stops before another may take over. Must be more than twice that.",
         see="how-it-works.md#a-relay-that-froze",
     )
     backoff_initial: float = _setting(
@@ -415,11 +417,14 @@ class Settings(_FromEnvironment):
     )
 
     def __post_init__(self) -> None:
-        if self.lease <= 2 * self.confirm_timeout:
+        margin = margin_for(self.confirm_timeout)
+        if self.lease <= 2 * margin:
             raise ConfigError(
-                f"{env_name('lease')}={self.lease:g} must be more than twice "
-                f"{env_name('confirm_timeout')}={self.confirm_timeout:g}: a row's lease must "
-                "outlive its confirm wait, or another relay could publish it meanwhile"
+                f"{env_name('lease')}={self.lease:g} must be more than {2 * margin:g}: twice "
+                f"what a publish may take with {env_name('confirm_timeout')}="
+                f"{self.confirm_timeout:g} (the timeout, the watcher's look, the connection's "
+                "close): a row's lease must outlive its confirm wait, or another relay could "
+                "publish it meanwhile"
             )
         if self.backoff_max < self.backoff_initial:
             raise ConfigError(

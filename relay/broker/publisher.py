@@ -37,7 +37,7 @@ from relay.broker.quarantine import Quarantine
 from relay.broker.session import Session
 from relay.broker.topology import Topology
 from relay.constants import DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S
-from relay.lease import LEASE_SHORT, Lease
+from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease, Waiting, watch_period
 from relay.message import Limits, Unpublishable, build
 from relay.records import BrokerNode, OutboxRow
 from relay.settings import TlsOptions
@@ -92,6 +92,8 @@ class PikaPublisher(ConfirmWindow):
         self._limits = Limits()
         self._frames = PublishFrames()
         self._quarantine = Quarantine()
+        # Rows that wait to go out (suspects, trials): a lease that lapses meanwhile drops them.
+        self._waiting = Waiting(lease)
         probe = Backoff(DESTINATION_PROBE_INITIAL_S, DESTINATION_PROBE_MAX_S)
         self._destinations = Destinations(probe.delay)
         self._probes = Probes(
@@ -142,8 +144,10 @@ class PikaPublisher(ConfirmWindow):
             if admitted.decision is Decision.SEND:
                 sending.append(row)
             elif admitted.decision is Decision.ALONE:
+                self._waiting.wait(row)
                 self._quarantine.admit(row)
             elif admitted.decision is Decision.TRIAL:
+                self._waiting.wait(row)
                 self._probes.trial(row)
                 self._sent.append(row)
             elif admitted.decision is Decision.HOLD:
@@ -176,6 +180,9 @@ class PikaPublisher(ConfirmWindow):
         if not self._lease.holds():
             tracker.lose(rows, LEASE_SHORT)  # a suspect stays one (``relay.settle``)
             return []
+        rows, lapsed = self._waiting.lapsed(rows)
+        if lapsed:
+            tracker.lose(lapsed, LEASE_LAPSED)
         frames, going = [], []
         number, address = channel.channel_number, self._session.address
         for row in rows:
@@ -250,6 +257,7 @@ class PikaPublisher(ConfirmWindow):
         self._wake()
 
     def lost(self, reason: str, was_connected: bool) -> None:
+        self._waiting.forget_all()  # the suspects are requeued and the trials lost, below
         if was_connected:
             self._on_state(None)
         self.tracker.channel_lost(reason)
@@ -342,11 +350,13 @@ class PikaPublisher(ConfirmWindow):
 
     def _requeue_suspects(self) -> None:
         """Suspects that never went out: due again, and still suspects."""
-        self.tracker.lose(self._quarantine.release(), _HELD_SUSPECT)
+        released = self._quarantine.release()
+        self._waiting.forget(released)
+        self.tracker.lose(released, _HELD_SUSPECT)
 
     async def _watch_forever(self) -> None:
         """Time out overdue confirms; declare missing exchanges whose probe is due."""
-        period = min(1.0, self.tracker.confirm_timeout / 4)
+        period = watch_period(self.tracker.confirm_timeout)
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()

@@ -39,7 +39,11 @@ from relay.records import PENDING
 EXCHANGE = "faults"
 QUEUE = "faults.all"
 WINDOW = 200
-LEASE = 5.0  # seconds
+# Seconds: more than twice what a publish may take with the confirm timeout below
+# (relay.lease.margin_for(1.5): 3.4 s), and short, since relays dead or frozen hold their
+# buckets for a lease.
+LEASE = 8.0
+CONFIRM_TIMEOUT = 1.5
 KEYS = 100  # ordering keys each writer spreads its rows over (each advances a row per round trip)
 
 
@@ -78,7 +82,7 @@ class FaultRelay(RelayProcess):
             RELAY_NAME=name,
             RELAY_TOPOLOGY_FILE=str(topology_path),
             RELAY_WINDOW=str(WINDOW),
-            RELAY_CONFIRM_TIMEOUT="2",
+            RELAY_CONFIRM_TIMEOUT=str(CONFIRM_TIMEOUT),
             RELAY_LEASE=str(LEASE),
             RELAY_BACKOFF_INITIAL="0.1",
             RELAY_BACKOFF_MAX="1",

@@ -18,7 +18,7 @@ from relay.broker.quarantine import Quarantine
 from relay.buckets import bucket_of, turn
 from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS
 from relay.errors import StoreError
-from relay.lease import LEASE_SHORT, Lease
+from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease, Waiting
 from relay.message import Unpublishable, build, too_large_to_read
 from relay.records import (
     PENDING,
@@ -280,7 +280,7 @@ class ScriptedPublisher(ConfirmWindow):
         """``answer_after``: seconds the broker takes to answer each publish."""
         super().__init__(window, confirm_timeout)
         self.answer_after = answer_after
-        self.lease = lease or lasting_lease()
+        self.lease = lease or lasting_lease()  # suspects wait under it, as the real one's
         self.respond = respond
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
@@ -305,26 +305,48 @@ class ScriptedPublisher(ConfirmWindow):
     def capacity(self) -> int:
         return 0 if self._quarantine.closed else super().capacity()
 
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    @lease.setter
+    def lease(self, lease: Lease) -> None:
+        self._lease = lease
+        self._waiting = Waiting(lease)
+
     def publish(self, rows: Sequence[OutboxRow]) -> None:
         for row in rows:
             if not self.connected:
                 self.tracker.lose([row], "no channel to publish on")
             elif self._quarantine.admit(row):
                 self._send(row)
-        if alone := self._quarantine.next_alone(self.tracker.in_flight):
-            self._send(alone)
+            else:
+                self._waiting.wait(row)
+        self._release_alone()
         if self.tracker.answered:
             self._wake()
 
-    def _send(self, row: OutboxRow) -> None:
+    def _release_alone(self) -> None:
+        """The next suspect out alone, if nothing is in flight (one that cannot go out is
+        settled at once, and the next one tried), as the real publisher does."""
+        while alone := self._quarantine.next_alone(self.tracker.in_flight):
+            if self._send(alone):
+                return
+            self._quarantine.answered()
+
+    def _send(self, row: OutboxRow) -> bool:
+        """Publish ``row``; False if it was settled at once instead."""
         if not self.lease.holds():
             self.tracker.lose([row], LEASE_SHORT)
-            return
+            return False
+        if self._waiting.lapsed([row])[1]:
+            self.tracker.lose([row], LEASE_LAPSED)
+            return False
         try:
             build(row)  # what the real publisher refuses to send, this one refuses too
         except Unpublishable as exc:
             self.tracker.reject(row, str(exc))
-            return
+            return False
         seq = self.sent(row, asyncio.get_running_loop().time())
         self.published.append(row)
         self.max_in_flight = max(self.max_in_flight, self.tracker.in_flight)
@@ -332,6 +354,7 @@ class ScriptedPublisher(ConfirmWindow):
         if answer is not None:
             loop = asyncio.get_running_loop()
             loop.call_later(self.answer_after, self._answer, seq, row, answer)
+        return True
 
     def _answer(self, seq: int, row: OutboxRow, answer: str) -> None:
         if answer == "return":
@@ -342,8 +365,7 @@ class ScriptedPublisher(ConfirmWindow):
             self.tracker.on_ack(seq, False, asyncio.get_running_loop().time())
         if not self.tracker.in_flight:
             self._quarantine.answered()
-            if alone := self._quarantine.next_alone(0):
-                self._send(alone)
+            self._release_alone()
         self._answered()
 
     async def run(
@@ -359,4 +381,5 @@ class ScriptedPublisher(ConfirmWindow):
     async def close(self) -> None:
         self._closed.set()
         self.tracker.channel_lost("publisher closed")
+        self._waiting.forget_all()
         self.tracker.lose(self._quarantine.release(), "publisher closed")

@@ -18,7 +18,7 @@ from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow, SettleBa
 from relay.relay import Relay
 from relay.settle import SettlePolicy
 from tests.support.clock import VirtualTimeLoop, loop_time, run
-from tests.support.fakes import InMemoryStore, ScriptedPublisher
+from tests.support.fakes import DatabaseClock, InMemoryStore, ScriptedPublisher
 from tests.support.metrics import sample_value
 
 
@@ -32,10 +32,11 @@ def make(
     lease_margin: float = 1.0,
     linger: float = 0.0,
     settle_linger: float | None = None,
+    clock: Callable[[], float] = loop_time,
 ) -> Relay:
     """A relay on ``store`` and ``publisher``, which checks the relay's lease as the real
-    publisher does (``relay.lease``)."""
-    publisher.lease = Lease(lease_margin, loop_time)
+    publisher does (``relay.lease``), the lease carried on ``clock``."""
+    publisher.lease = Lease(lease_margin, clock)
     return Relay(
         store,
         publisher,
@@ -50,7 +51,6 @@ def make(
         settle_linger=settle_linger,
         turn_interval=0.05,
         retry=Backoff(0.01, 0.05),
-        clock=loop_time,
     )
 
 
@@ -534,3 +534,39 @@ def test_with_ordering_a_keys_rows_advance_one_a_claim_not_one_per_settle_linger
     ordered = one_keys_rows_sent_after(settle_linger=0.0)
     assert ordered <= 21 * 0.05 + 0.01
     assert one_keys_rows_sent_after(settle_linger=None) > 1.5 * ordered
+
+
+def test_a_relay_woken_from_a_suspend_past_its_lease_publishes_nothing_it_held() -> None:
+    """The lease is carried on a clock that runs on while the machine is suspended
+    (``relay.lease.lease_clock``); here the loop's own time stands still through the suspend
+    and the lease's jumps. Relay a holds rows in each state that waits: in flight, claimed
+    ahead for a full window, and a suspect waiting to go out alone. It sleeps past its
+    lease; relay b takes every bucket and claims those rows. Awake, a renews a lease (of no
+    bucket), and publishes none of them: the rows claimed ahead go back at once, and the
+    suspect, which goes out once the rows in flight are answered, is dropped as claimed under
+    a lease that lapsed."""
+    db = DatabaseClock()
+    a, b = InMemoryStore("a", lease=10.0, clock=db), InMemoryStore("b", lease=10.0, clock=db)
+    b.rows, b.buckets, b.relays = a.rows, a.buckets, a.relays
+    fill(a, 30)
+    a.rows[3].row = a.rows[3].row._replace(suspect=True)
+    publisher = ScriptedPublisher(lambda row: "ack", window=10, answer_after=20.0)
+    slept = [0.0]
+    relay = make(a, publisher, batch_size=5, clock=lambda: loop_time() + slept[0])
+
+    async def scenario() -> tuple[set[int], list[int]]:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: len(a.held) == 10 and publisher.tracker.in_flight == 4)
+        published = len(publisher.published)
+        slept[0] += 60.0  # suspended: the lease's clock and the database's move on
+        db.advance(60.0)
+        b.turn()
+        taken = {r.id for r in b.claim(100, 2**30)}
+        await asyncio.sleep(30)  # the answers come, the suspect's turn to go out passes
+        relay.stop()
+        await task
+        return taken, [r.id for r in publisher.published[published:]]
+
+    taken, published_after = run(scenario())
+    assert 3 in taken and len(taken) == 30  # rows 1, 2, 4 and 5 went out before the sleep
+    assert set(published_after) & taken == set(), "published a row of a lapsed lease"

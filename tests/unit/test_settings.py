@@ -81,7 +81,7 @@ def test_environment_env_file_and_options_in_order_of_precedence(tmp_path: Path)
         ),
         (
             {"RELAY_LEASE": "50", "RELAY_CONFIRM_TIMEOUT": "30"},
-            "RELAY_LEASE=50 must be more than twice",
+            "RELAY_LEASE=50 must be more than 72: twice what a publish may take",
         ),
         ({"RELAY_BACKOFF_MAX": "0.5"}, "RELAY_BACKOFF_MAX must not be less than"),
         (
