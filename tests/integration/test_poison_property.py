@@ -2,10 +2,13 @@
 parked only if it truly cannot be published, and the relay never dies.
 
 Rows with arbitrary values in every column (lengths around and past every limit, any text,
-any bytes, arbitrary JSON headers with deep nesting, huge and tiny numbers, doubles, nulls;
-on SQLite also values of other storage classes) are written by plain SQL and relayed by a
-`relay run` subprocess through the real broker. The oracle is independent of the relay's
-code: it knows which values the generator made past which documented limit.
+any bytes, arbitrary JSON headers with deep nesting, huge and tiny numbers, doubles, nulls,
+trailing spaces; on SQLite also values of other storage classes and text that is not UTF-8)
+are written by plain SQL on each database and relayed by a `relay run` subprocess through
+the real broker. The oracle is independent of the relay's code: it knows which values the
+generator made past which documented limit. What a database refuses to store (MariaDB's
+strict mode and a text over 255 characters) its writer learns at once: such a row never
+exists, and the oracle says which do not.
 
 Bounded for CI (a few dozen examples); set POISON_EXAMPLES for a longer run.
 """
@@ -27,7 +30,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools.outbox import fates, insert
+from devtools.outbox import fates
 from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, wait_until
 
@@ -45,10 +48,17 @@ def utf8(text: str) -> int:
 
 
 def around_limit(min_size: int = 0) -> st.SearchStrategy[str]:
-    """Text whose UTF-8 length is often near 255 bytes; never NUL (PostgreSQL refuses it)."""
+    """Text whose UTF-8 length is often near 255 bytes, or with trailing spaces (one value to
+    a PAD SPACE collation); never NUL (PostgreSQL refuses it)."""
     alphabet = st.characters(exclude_categories=SURROGATES, exclude_characters="\x00")
     near = st.integers(240, 270).flatmap(lambda n: st.just("é" * (n // 2) + "x" * (n % 2)))
-    return st.one_of(st.text(alphabet, min_size=min_size, max_size=20), near)
+    spaced = st.text(alphabet, max_size=5).map(lambda t: t + "  ")
+    return st.one_of(st.text(alphabet, min_size=min_size, max_size=20), near, spaced)
+
+
+class AsText(bytes):
+    """Bytes a writer stores as SQLite TEXT (``CAST(... AS TEXT)``): not UTF-8, as a C or Go
+    program may write them."""
 
 
 def json_values(depth: int) -> st.SearchStrategy[Any]:
@@ -127,6 +137,24 @@ class Row:
         return message_id, {**self.values, "message_id": message_id}, ok
 
 
+def stored(values: dict[str, Any], database: str) -> bool:
+    """Whether ``database`` (a backend's name) stores the row: MariaDB's short texts are
+    VARCHAR(255) in strict mode, which refuses a longer value."""
+    if database != "mysql":
+        return True
+    short = ("message_id", "exchange", "routing_key", "content_type")
+    return all(len(values[c]) <= SHORT for c in short)
+
+
+def write(engine: sa.Engine, values: dict[str, Any]) -> None:
+    """One row by plain SQL (``devtools.outbox.insert``'s way), an ``AsText`` value cast."""
+    given = [f"CAST(:{c} AS TEXT)" if type(v) is AsText else f":{c}" for c, v in values.items()]
+    statement = f"INSERT INTO outbox ({', '.join(values)}) VALUES ({', '.join(given)})"
+    plain = {c: bytes(v) if type(v) is AsText else v for c, v in values.items()}
+    with engine.begin() as conn:
+        conn.execute(sa.text(statement), plain)
+
+
 @st.composite
 def rows(draw: st.DrawFn, exchange: str, sqlite: bool) -> Row:
     tail = draw(around_limit())
@@ -144,7 +172,9 @@ def rows(draw: st.DrawFn, exchange: str, sqlite: bool) -> Row:
     }
     readable = True
     if sqlite:  # SQLite stores any value in any column
-        odd = draw(st.sampled_from(["none", "text payload", "integer payload", "epoch", "junk"]))
+        kinds = ["none", "text payload", "integer payload", "epoch", "junk", "blob", "not utf-8"]
+        odd = draw(st.sampled_from(kinds))
+        texts = ["routing_key", "content_type", "headers"]
         if odd == "text payload":
             values["payload"] = draw(st.text(max_size=20))
         elif odd == "integer payload":
@@ -153,12 +183,25 @@ def rows(draw: st.DrawFn, exchange: str, sqlite: bool) -> Row:
             values["created_at"] = draw(st.integers(0, 2**33))
         elif odd == "junk":
             values["created_at"], readable = "no time at all", False
-    strings = (use_exchange, routing_key, content_type)
+        elif odd == "blob":  # a BLOB where text belongs
+            values[draw(st.sampled_from(texts))], readable = draw(st.binary(max_size=8)), False
+        elif odd == "not utf-8":
+            bad = draw(st.binary(min_size=1, max_size=8).filter(not_utf8))
+            values[draw(st.sampled_from(texts))], readable = AsText(bad), False
+    strings = [v for v in (use_exchange, routing_key, content_type) if type(v) is str]
     publishable = readable and header.publishable and all(utf8(s) <= SHORT for s in strings)
     return Row(tail, values, publishable)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+def not_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
 def relayed(
     request: pytest.FixtureRequest, rabbit: RabbitNode, tmp_path: Path
 ) -> Iterator[tuple[str, str, str, RelayProcess]]:
@@ -191,7 +234,8 @@ def test_every_row_ends_sent_or_parked_and_parked_only_if_it_cannot_be_published
     engine = sa.create_engine(url)
     consumer = pika.BlockingConnection(pika.URLParameters(rabbit.url))
     channel = consumer.channel()
-    sqlite = url.startswith("sqlite")
+    database = sa.make_url(url).get_backend_name()
+    sqlite = database == "sqlite"
     numbers = itertools.count()
 
     @settings(
@@ -204,7 +248,12 @@ def test_every_row_ends_sent_or_parked_and_parked_only_if_it_cannot_be_published
     def example(batch: list[Row]) -> None:
         made = [row.with_id(f"p{next(numbers)}") for row in batch]  # unique in the outbox
         for _, values, _ in made:  # rows name different columns: one statement each
-            insert(engine, [values])
+            if stored(values, database):
+                write(engine, values)
+            else:
+                with pytest.raises(sa.exc.DataError, match="Data too long"):
+                    write(engine, values)
+        made = [(m, values, ok) for m, values, ok in made if stored(values, database)]
         ids = [message_id for message_id, _, _ in made]
         ended: dict[str, str] = {}
 
