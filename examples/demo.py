@@ -133,7 +133,7 @@ def run_demo(amqp_url: str, count: int, work: Path = WORK) -> int:
         print("==> every message delivered again: the inbox acks each copy unprocessed")
         again(amqp_url, delivered)
         consumer.wait("inbox_duplicates_total", sent)
-    messages = [(d.message_id or "", d.routing_key, d.body) for d in delivered]
+    messages = [(d.key or "", d.routing_key, d.body) for d in delivered]
     fate = fates(database_url, [m[0] for m in messages])
     print(f"\n==> processed {len(messages)} messages from queue {QUEUE!r}:\n")
     print(f"{'message_id':<15} {'routing key':<15} {'in the outbox':<14} body")

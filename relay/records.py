@@ -164,7 +164,9 @@ class Delivery:
     """A message as an inbox consumer's handler receives it (``relay.inbox``). ``headers``
     are pika's decoding of the AMQP table: long strings as ``str``."""
 
-    message_id: str | None  # the AMQP property; the inbox keys on it, or on ``ce-id``
+    # The AMQP property; the inbox keys on it, or on ``ce-id``. Bytes when the broker
+    # carried bytes that are not UTF-8 (pika's decoding); such a message has no key.
+    message_id: str | bytes | None
     body: bytes
     exchange: str
     routing_key: str
@@ -176,10 +178,13 @@ class Delivery:
     def key(self) -> str | None:
         """The id the inbox remembers the message by: its message id, else its CloudEvents
         ``ce-id`` header (a CloudEvents producer that sets no message id)."""
-        if self.message_id:
-            return self.message_id
-        ce_id = self.headers.get("ce-id")
-        return ce_id if isinstance(ce_id, str) and ce_id else None
+        raw = self.message_id or self.headers.get("ce-id")
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        return raw if isinstance(raw, str) and raw else None
 
 
 class Verdict(enum.Enum):

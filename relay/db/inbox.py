@@ -12,11 +12,15 @@ column; ``relay.inbox`` refuses such ids before they get here.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -33,10 +37,77 @@ from relay.db.engine import (
     transaction,
 )
 from relay.db.schema import inbox_attempts, inbox_received
+from relay.errors import StoreError
 from relay.redact import redact_url
 
-# What a handler writes with: the open transaction its message's key went into.
-Transaction = sa.Connection
+# Statements that would end or split the inbox's transaction, sent as SQL text.
+_TRANSACTION_CONTROL = re.compile(
+    r"\s*(COMMIT|ROLLBACK|ABORT|END|BEGIN|START\s+TRANSACTION|SAVEPOINT|RELEASE|SET\s+"
+    r"(SESSION\s+)?(TRANSACTION|AUTOCOMMIT)|XA\s)",
+    re.IGNORECASE,
+)
+
+
+# The reason counted for a run that died inside its handler.
+CRASHED = "the consumer stopped inside the handler"
+
+
+class Failures(NamedTuple):
+    """What the inbox counted against a message: for its dead letter's headers."""
+
+    attempts: int
+    last_error: str | None
+    first_failed_at: datetime | None
+    last_failed_at: datetime | None
+
+
+class TransactionEnded(StoreError):
+    """A handler tried to end the inbox's transaction: a failed attempt, never a commit."""
+
+
+class Transaction:
+    """What a handler writes with: the open transaction its message's key went into, which
+    it can write and read in but not end. A handler that committed its part and then failed
+    left the key committed (the retry was acked as a duplicate, the rest of the work never
+    done); one that rolled back and returned was acked with no key and no effect. So there is
+    no commit, rollback or close here, and a transaction statement sent as SQL text is
+    refused; ``savepoint()`` rolls back a part of the handler's work on its own."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self._conn = conn
+
+    @property
+    def dialect(self) -> sa.Dialect:
+        return self._conn.dialect
+
+    def execute(
+        self, statement: Any, parameters: Any = None, **options: Any
+    ) -> sa.CursorResult[Any]:
+        """``sa.Connection.execute``: a statement, its parameters (a dict, or a list of them
+        for many rows), execution options as keywords."""
+        if isinstance(statement, str):
+            statement = sa.text(statement)
+        if isinstance(statement, sa.TextClause) and _TRANSACTION_CONTROL.match(statement.text):
+            raise TransactionEnded(
+                "a handler may not end or split the inbox's transaction "
+                f"({statement.text.split(None, 1)[0].upper()}): raise to roll back"
+            )
+        return self._conn.execute(statement, parameters, execution_options=options)
+
+    def scalar(self, statement: Any, parameters: Any = None) -> Any:
+        return self.execute(statement, parameters).scalar()
+
+    def scalars(self, statement: Any, parameters: Any = None) -> sa.ScalarResult[Any]:
+        return self.execute(statement, parameters).scalars()
+
+    @contextmanager
+    def savepoint(self) -> Iterator[Transaction]:
+        """A part of the handler's work that an exception inside rolls back alone (and goes
+        on out of the block)."""
+        with self._conn.begin_nested():
+            yield self
 
 
 class InboxStore:
@@ -53,6 +124,18 @@ class InboxStore:
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id")
         )
         self._count_attempt = _upsert_attempt(dialect)
+        self._mark_run = insert_or_ignore(inbox_attempts, self.engine.dialect).values(
+            consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
+        )
+
+    def _key(self, message_id: str) -> dict[str, str]:
+        """A message's key as the statements here bind it (see ``_of``)."""
+        return {
+            "consumer": self.consumer,
+            "message_id": message_id,
+            "of_consumer": self.consumer,
+            "of_message_id": message_id,
+        }
 
     @contextmanager
     def receive(self, message_id: str) -> Iterator[Transaction | None]:
@@ -73,19 +156,97 @@ class InboxStore:
                 tx.rollback()
                 yield None
                 return
-            yield conn
+            yield Transaction(conn)
+            if not _still_open(conn):
+                raise TransactionEnded("the handler's transaction was ended before its commit")
 
     def count_attempt(self, message_id: str, error: str) -> int:
-        """One more failed attempt at the message, in a transaction of its own; returns how
-        many there have been."""
-        key = {"consumer": self.consumer, "message_id": message_id}
+        """One more failed attempt at the message (its handler raised), in a transaction of
+        its own, its run over; returns how many there have been."""
+        key = self._key(message_id)
         with transaction(self.engine, "counting an attempt", self.where) as conn:
             conn.execute(self._count_attempt, {**key, "last_error": error[:LAST_ERROR_MAX_CHARS]})
             return int(conn.scalar(_attempts_of(), key) or 0)
 
+    def start_run(self, message_id: str) -> int:
+        """Mark a run of the message's handler, for a delivery that came again: if the last
+        such mark is still there, that run died inside the handler, and it is counted now
+        as a failed attempt. Returns the attempts counted so far (this run not among them).
+        Only deliveries that came again are marked: a first delivery costs nothing more, and
+        a consumer dying in its handler is counted from its second delivery on."""
+        key = self._key(message_id)
+        attempt = inbox_attempts.c
+        with transaction(self.engine, "marking a run", self.where) as conn:
+            conn.execute(self._mark_run, key)
+            crashed = (
+                sa.update(inbox_attempts)
+                .where(*_of(), attempt.running)
+                .values(
+                    attempts=attempt.attempts + 1,
+                    last_error=CRASHED,
+                    updated_at=database_time(),
+                    first_failed_at=sa.func.coalesce(attempt.first_failed_at, database_time()),
+                )
+            )
+            if conn.execute(crashed, key).rowcount == 0:
+                conn.execute(sa.update(inbox_attempts).where(*_of()).values(running=True), key)
+            return int(conn.scalar(_attempts_of(), key) or 0)
+
+    def end_run(self, message_id: str) -> None:
+        """The run marked by ``start_run`` ended without the handler failing (the database
+        failed around it): nothing to count."""
+        key = self._key(message_id)
+        ended = sa.update(inbox_attempts).where(*_of()).values(running=False)
+        with transaction(self.engine, "ending a run", self.where) as conn:
+            conn.execute(ended, key)
+
+    def forget(self, message_id: str) -> None:
+        """Delete the message's key: its handler ended the transaction past ``Transaction``
+        (through the driver), which may have committed the key with part of the work; the
+        next delivery runs the handler again rather than ack it as a duplicate."""
+        key = self._key(message_id)
+        gone = sa.delete(inbox_received).where(
+            inbox_received.c.consumer == sa.bindparam("consumer"),
+            inbox_received.c.message_id == sa.bindparam("message_id"),
+        )
+        with transaction(self.engine, "forgetting a key", self.where) as conn:
+            conn.execute(gone, key)
+
+    def durability_problem(self) -> str | None:
+        """Why a commit here may not survive a crash of the database's host, where the inbox
+        cannot set it per session, or None. PostgreSQL's and SQLite's sessions commit
+        durably whatever the server's default (``relay.db.engine``); MariaDB's flush is the
+        server's alone."""
+        if self.engine.dialect.name != "mysql":
+            return None
+        query = sa.text("SELECT @@innodb_flush_log_at_trx_commit")
+        with db_errors("reading the server's durability", self.where), self.engine.connect() as c:
+            flush = int(c.scalar(query) or 0)
+        if flush == 1:
+            return None
+        return (
+            f"the server's innodb_flush_log_at_trx_commit is {flush}, not 1: a crash of its "
+            "host can lose the last second of commits, and a message the inbox acked as "
+            "processed with them"
+        )
+
+    def failures(self, message_id: str) -> Failures | None:
+        """The failures counted for the message, or None."""
+        key = self._key(message_id)
+        attempt = inbox_attempts.c
+        columns = (
+            attempt.attempts,
+            attempt.last_error,
+            attempt.first_failed_at,
+            attempt.updated_at,
+        )
+        with db_errors("reading attempts", self.where), self.engine.connect() as conn:
+            row = conn.execute(sa.select(*columns).where(*_of()), key).first()
+        return None if row is None else Failures(*row)
+
     def attempts(self, message_id: str) -> int:
         """Failed attempts counted for the message so far."""
-        key = {"consumer": self.consumer, "message_id": message_id}
+        key = self._key(message_id)
         with db_errors("reading attempts", self.where), self.engine.connect() as conn:
             return int(conn.scalar(_attempts_of(), key) or 0)
 
@@ -116,11 +277,17 @@ class InboxStore:
         self.engine.dispose()
 
 
-def _attempts_of() -> sa.Select[tuple[int]]:
-    return sa.select(inbox_attempts.c.attempts).where(
-        inbox_attempts.c.consumer == sa.bindparam("consumer"),
-        inbox_attempts.c.message_id == sa.bindparam("message_id"),
+def _of() -> tuple[sa.ColumnElement[bool], ...]:
+    """A message's row of ``inbox_attempts``: its key bound as ``of_consumer`` and
+    ``of_message_id`` (an UPDATE reserves the columns' own names for its SET clause)."""
+    return (
+        inbox_attempts.c.consumer == sa.bindparam("of_consumer"),
+        inbox_attempts.c.message_id == sa.bindparam("of_message_id"),
     )
+
+
+def _attempts_of() -> sa.Select[tuple[int]]:
+    return sa.select(inbox_attempts.c.attempts).where(*_of())
 
 
 def _upsert_attempt(dialect: str) -> sa.Insert:
@@ -131,11 +298,15 @@ def _upsert_attempt(dialect: str) -> sa.Insert:
         "attempts": 1,
         "last_error": sa.bindparam("last_error"),
         "updated_at": database_time(),
+        "first_failed_at": database_time(),
+        "running": False,
     }
     raised = {
         "attempts": inbox_attempts.c.attempts + 1,
         "last_error": sa.bindparam("last_error"),
         "updated_at": database_time(),
+        "first_failed_at": sa.func.coalesce(inbox_attempts.c.first_failed_at, database_time()),
+        "running": False,
     }
     if dialect == "mysql":
         statement = mysql_insert(inbox_attempts).values(values)
@@ -146,3 +317,19 @@ def _upsert_attempt(dialect: str) -> sa.Insert:
         .values(values)
         .on_conflict_do_update(index_elements=["consumer", "message_id"], set_=raised)
     )
+
+
+def _still_open(conn: sa.Connection) -> bool:
+    """Whether the server still holds ``conn``'s transaction, as its driver knows without a
+    round trip (PostgreSQL, SQLite): a handler may have ended it past ``Transaction``, through
+    the driver's own connection. MySQL's driver does not say; ``Transaction`` refuses it
+    there alone."""
+    if not conn.in_transaction():
+        return False
+    driver = conn.connection.dbapi_connection
+    info = getattr(driver, "info", None)
+    if conn.dialect.name == "postgresql" and info is not None:
+        return bool(info.transaction_status == TransactionStatus.INTRANS)
+    if conn.dialect.name == "sqlite":
+        return bool(getattr(driver, "in_transaction", True))
+    return True

@@ -389,6 +389,9 @@ sa.Index("inbox_received_time_idx", inbox_received.c.received_at)
 # Failed attempts at a message, counted in a short transaction of their own (the handler's
 # rolled back): after the inbox's maximum the delivery is dead-lettered. A row is written
 # only when a handler fails or a delivery comes again, and is purged with the keys.
+# ``running``: a delivery that came again is in its handler; found still set by the next
+# delivery, that run died inside the handler (a crash counts as a failure, and nothing else
+# that returns a delivery does: migration 0011).
 inbox_attempts = sa.Table(
     "inbox_attempts",
     metadata,
@@ -397,5 +400,7 @@ inbox_attempts = sa.Table(
     sa.Column("attempts", sa.Integer(), nullable=False),
     sa.Column("last_error", sa.Text(), nullable=True),
     sa.Column("updated_at", UTCDateTime(), nullable=False, server_default=stored_now()),
+    sa.Column("running", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("first_failed_at", UTCDateTime(), nullable=True),
 )
 sa.Index("inbox_attempts_time_idx", inbox_attempts.c.updated_at)

@@ -17,6 +17,7 @@ without requeue, to the queue's dead-letter exchange.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from relay.backoff import Backoff
 from relay.broker.consumer import Consumer
 from relay.constants import INBOX_PURGE_CHUNK, INBOX_TICK_S
-from relay.db.inbox import InboxStore, Transaction
+from relay.db.inbox import InboxStore, Transaction, TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import after_failure, key_problem, too_many_before, window_problem
 from relay.metrics import InboxMetrics
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 
 # A message's processing: its writes go through ``tx``, the transaction that holds its id.
 Handler = Callable[[Delivery, Transaction], None]
+
+
+class _HandlerFailed(Exception):
+    """The handler raised (its exception the cause): out of the inbox's transaction, which
+    rolls back."""
 
 
 class Inbox:
@@ -65,6 +71,10 @@ class Inbox:
         problem = window_problem(self.inbox.inbox_dedupe_window, self.settings.retention)
         if problem is not None:
             log.warning("%s", problem, extra={"action": "inbox_window_short"})
+        with contextlib.suppress(StoreError):  # a database away now is the consumer's to wait out
+            durability = self.store.durability_problem()
+            if durability is not None:
+                log.warning("%s", durability, extra={"action": "inbox_not_durable"})
         consumer = Consumer(
             self.settings.amqp_urls,
             self.settings.name,
@@ -82,7 +92,10 @@ class Inbox:
             self.store.close()
 
     def process(self, handler: Handler, delivery: Delivery, stop: threading.Event) -> Verdict:
-        """One delivery through the inbox: the verdict the broker is answered with."""
+        """One delivery through the inbox: the verdict the broker is answered with. Only a
+        handler that raised (or ended the inbox's transaction), or a run that died inside
+        the handler, is charged an attempt: never a database error, a lock wait, or a
+        delivery that came again without having reached its handler."""
         problem = key_problem(delivery)
         if problem is not None:
             log.error(
@@ -95,40 +108,46 @@ class Inbox:
             return Verdict.DEAD_LETTER
         key = delivery.key
         assert key is not None  # key_problem says so
-        failure: Exception | None = None
+        marked = False
         try:
-            # A delivery that comes again may follow an attempt whose consumer died before it
-            # could count it: counted before it runs, outside the transaction (SQLite has one
-            # writer, and the transaction holds it).
-            counted = 0
+            # A delivery that comes again may follow a run that died inside its handler: its
+            # run is marked, outside the transaction (SQLite has one writer, and the
+            # transaction holds it), and the mark of a run that died is counted.
             if delivery.redelivered:
-                counted = self.store.count_attempt(key, "delivered again")
+                counted = self.store.start_run(key)
+                marked = True
+                if too_many_before(counted, self.inbox.inbox_max_attempts):
+                    return self._dead_letter(key, "its earlier runs died inside the handler")
             with self.store.receive(key) as tx:
                 if tx is None:
                     self.metrics.duplicates.inc()
                     self._db_failures = 0
                     return Verdict.ACK
-                if too_many_before(counted, self.inbox.inbox_max_attempts):
-                    tx.rollback()
-                    return self._dead_letter(key, "its earlier attempts used up the allowance")
                 started = time.perf_counter()
                 try:
                     handler(delivery, tx)
                 except Exception as exc:
-                    tx.rollback()
-                    failure = exc
-            if failure is not None:
-                return self._failed(key, failure, counted)
+                    raise _HandlerFailed from exc  # rolls the transaction back
+        except _HandlerFailed as failed:
+            assert isinstance(failed.__cause__, Exception)
+            return self._failed(key, failed.__cause__)
+        except TransactionEnded as exc:  # past ``Transaction``: its key may have committed
+            with contextlib.suppress(StoreError):
+                self.store.forget(key)
+            return self._failed(key, exc)
         except StoreError as exc:
+            if marked:
+                with contextlib.suppress(StoreError):
+                    self.store.end_run(key)
             return self._store_failed(key, exc, stop)
         self.metrics.handler_seconds.observe(time.perf_counter() - started)
         self.metrics.processed.inc()
         self._db_failures = 0
         return Verdict.ACK
 
-    def _failed(self, key: str, exc: Exception, counted: int) -> Verdict:
+    def _failed(self, key: str, exc: Exception) -> Verdict:
         error = f"{type(exc).__name__}: {exc}"
-        attempts = counted or self.store.count_attempt(key, error)
+        attempts = self.store.count_attempt(key, error)
         verdict = after_failure(attempts, self.inbox.inbox_max_attempts)
         if verdict is Verdict.DEAD_LETTER:
             return self._dead_letter(key, error)

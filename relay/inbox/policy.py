@@ -10,14 +10,39 @@ KEY_MAX_BYTES = 255
 
 
 def key_problem(delivery: Delivery) -> str | None:
-    """Why the inbox cannot remember ``delivery`` (and so dead-letters it), or None."""
-    key = delivery.key
-    if key is None:
+    """Why the inbox cannot remember ``delivery`` (and so dead-letters it), or None. The
+    broker carries any bytes in a message id or a header: pika hands a message id that is
+    not UTF-8 over as bytes, and the databases refuse a NUL in text (PostgreSQL) or keep it
+    where the others do not: none of those is a key, on every database alike."""
+    name, raw = _raw_key(delivery)
+    if raw is None:
         return "the message has neither a message_id nor a ce-id header: it cannot be deduplicated"
-    size = len(key.encode("utf-8", "surrogatepass"))
+    if isinstance(raw, bytes):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            byte = raw[exc.start]
+            return f"its {name} is not UTF-8 text (byte 0x{byte:02x} at {exc.start})"
+        raw = raw.decode("utf-8")
+    if not isinstance(raw, str):
+        return f"its {name} is not text but {type(raw).__name__}"
+    if "\x00" in raw:
+        return f"its {name} holds a NUL character (at {raw.index(chr(0))})"
+    size = len(raw.encode("utf-8", "surrogatepass"))
     if size > KEY_MAX_BYTES:
-        return f"its ce-id is {size} bytes; the inbox keeps ids of at most {KEY_MAX_BYTES}"
+        return f"its {name} is {size} bytes; the inbox keeps ids of at most {KEY_MAX_BYTES}"
     return None
+
+
+def _raw_key(delivery: Delivery) -> tuple[str, object]:
+    """The value the inbox keys ``delivery`` on, as the broker gave it, and its name: the
+    message id, else the ``ce-id`` header (a CloudEvents producer that sets no message id)."""
+    if delivery.message_id:
+        return "message_id", delivery.message_id
+    ce_id = delivery.headers.get("ce-id")
+    if ce_id is None or ce_id in ("", b""):  # a tuple: a header may be unhashable
+        return "ce-id", None
+    return "ce-id", ce_id
 
 
 def after_failure(attempts: int, max_attempts: int) -> Verdict:
@@ -27,10 +52,10 @@ def after_failure(attempts: int, max_attempts: int) -> Verdict:
 
 
 def too_many_before(attempts: int, max_attempts: int) -> bool:
-    """A delivery that comes again with ``attempts`` counted, this one among them, is
-    dead-lettered unhandled: its earlier attempts used up the allowance (a handler that kills
-    its consumer is never seen to fail, only to come back)."""
-    return attempts > max_attempts
+    """A delivery that comes again with ``attempts`` failures counted (its earlier runs that
+    raised, or died inside the handler) is dead-lettered unhandled when they used up the
+    allowance: a handler that kills its consumer is never seen to fail, only to come back."""
+    return attempts >= max_attempts
 
 
 def window_problem(window: float, retention: float) -> str | None:

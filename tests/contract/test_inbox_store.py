@@ -4,6 +4,7 @@ message under way waits for the first and finds it; attempts and purges per cons
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer
-from relay.db.inbox import InboxStore
+from relay.db.inbox import InboxStore, TransactionEnded
 from relay.db.roles import CONSUMER, grants
 from relay.db.schema import inbox_attempts, inbox_received
 
@@ -158,3 +159,72 @@ def test_a_consumer_with_the_consumer_roles_grants_does_all_it_does(
         assert store.purge(0.0, chunk=10) == 2
     finally:
         store.close()
+
+
+def test_only_a_run_that_died_inside_its_handler_is_counted(store: InboxStore) -> None:
+    """A delivery that comes again marks its run; the next one counts it only if the mark is
+    still there. A run that ended without a failure (the database failed around it) and
+    deliveries that never reached a handler count nothing."""
+    assert store.start_run("m-1") == 0  # came again: marked, nothing counted
+    store.end_run("m-1")  # say, the key's insert timed out: not the handler's doing
+    assert store.start_run("m-1") == 0
+    assert store.start_run("m-1") == 1  # the last run's mark was there: it died in the handler
+    assert store.count_attempt("m-1", "ValueError: no") == 2  # a handler that raised
+    assert store.start_run("m-1") == 2  # its run was over: not counted again
+    failures = store.failures("m-1")
+    assert failures is not None
+    assert (failures.attempts, failures.last_error) == (2, "ValueError: no")
+    assert failures.first_failed_at is not None and failures.last_failed_at is not None
+    assert failures.first_failed_at <= failures.last_failed_at
+    assert store.failures("m-2") is None
+
+
+def test_the_handlers_transaction_cannot_be_ended_by_the_handler(store: InboxStore) -> None:
+    """``commit``, ``rollback`` and ``close`` are not there; a transaction statement as SQL
+    text is refused; a savepoint rolls back a part alone."""
+    with pytest.raises(TransactionEnded), store.receive("m-1") as tx:
+        assert tx is not None
+        tx.execute(effects.insert(), {"note": "before"})
+        for method in ("commit", "rollback", "close", "begin"):
+            assert not hasattr(tx, method)
+        with tx.savepoint():
+            tx.execute(effects.insert(), {"note": "kept"})
+        with contextlib.suppress(RuntimeError), tx.savepoint():
+            tx.execute(effects.insert(), {"note": "undone"})
+            raise RuntimeError("a part failed")
+        assert tx.scalar(sa.select(sa.func.count()).select_from(effects)) == 2
+        tx.execute("  commit")
+    assert noted(store) == []  # the whole transaction rolled back, its key with it
+    with store.receive("m-1") as tx:
+        assert tx is not None
+        tx.execute(effects.insert(), {"note": "again"})
+    assert noted(store) == ["again"]
+
+
+@pytest.mark.databases("postgresql", "sqlite")
+def test_a_transaction_ended_through_the_driver_fails_and_forgets_its_key(
+    store: InboxStore,
+) -> None:
+    """Past ``Transaction``, through the driver's own connection: found at the end (on
+    PostgreSQL and SQLite the driver says so without a round trip)."""
+    with pytest.raises(TransactionEnded), store.receive("m-1") as tx:
+        assert tx is not None
+        tx._conn.connection.dbapi_connection.commit()  # type: ignore[union-attr]
+    store.forget("m-1")
+    with store.receive("m-1") as tx:
+        assert tx is not None
+
+
+@pytest.mark.databases("postgresql")
+def test_the_inboxs_commits_are_durable_whatever_the_servers_default(
+    store: InboxStore, postgres: PostgresServer, database_url: str
+) -> None:
+    database = sa.make_url(database_url).database
+    postgres.psql(f"ALTER DATABASE {database} SET synchronous_commit = off")
+    fresh = InboxStore(database_url, "billing")
+    try:
+        with fresh.engine.connect() as conn:
+            assert conn.scalar(sa.text("SHOW synchronous_commit")) == "on"
+        assert fresh.durability_problem() is None
+    finally:
+        fresh.close()

@@ -20,7 +20,7 @@ from devtools.broker import drain
 from devtools.servers import RabbitNode, wait_until
 from relay.db.engine import create_engine
 from relay.db.inbox import Transaction
-from relay.inbox import Delivery, Inbox, InboxSettings
+from relay.inbox import Delivery, Handler, Inbox, InboxSettings
 from tests.support.inprocess import settings
 from tests.support.metrics import sample_value
 
@@ -52,7 +52,7 @@ def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
 
 
 def publish(
-    url: str, exchange: str, messages: Sequence[tuple[str | None, Mapping[str, str]]]
+    url: str, exchange: str, messages: Sequence[tuple[str | bytes | None, Mapping[str, str]]]
 ) -> None:
     """(message id, headers) pairs, each published as it is, with confirms."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -117,6 +117,10 @@ def processed(database_url: str) -> collections.Counter[tuple[str, str]]:
 
 def copies(consumer: Inbox, expected: int) -> bool:
     return value(consumer, "inbox_duplicates_total") == expected
+
+
+def at_least(calls: collections.Counter[str], handled: int) -> bool:
+    return sum(calls.values()) >= handled
 
 
 def value(consumer: Inbox, name: str, **labels: str) -> float:
@@ -206,3 +210,128 @@ def test_consumers_of_one_database_each_process_every_message_once(
             wait_until(functools.partial(copies, consumer, 30), 30, "every copy")
     assert processed(with_effects) == {(c, i): 1 for c in ("billing", "audit") for i in ids}
     assert set(billing_calls.values()) == set(audit_calls.values()) == {1}
+
+
+class Died(BaseException):
+    """Stands in for a consumer that dies inside its handler (a SIGKILL, an OOM kill): no
+    ``except Exception`` sees it, and the consumer's connection goes with it."""
+
+
+def run_until_dead(database_url: str, amqp_url: str, queue: str, handler: Handler) -> None:
+    """A consumer until its handler dies (its thread ends; unacked deliveries go back)."""
+    config = InboxSettings.load({}, {"inbox_queue": queue, "inbox_max_attempts": "2"})
+    consumer = Inbox(settings(database_url, amqp_url, backoff_initial=0.05), config)
+    stop = threading.Event()
+    died: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            consumer.run(handler, stop)
+        except Died as exc:
+            died.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(20)
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.databases("postgresql", "sqlite")
+def test_a_handler_that_kills_its_consumer_is_dead_lettered_after_its_attempts(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    """Never seen to fail, only to come back: a run found marked by the next delivery died
+    inside the handler and counts. The first delivery's run is not marked (it costs a
+    first delivery nothing), so with two attempts allowed the fourth delivery is the dead
+    letter: runs 2 and 3 counted."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    runs: collections.Counter[str] = collections.Counter()
+
+    def handler(delivery: Delivery, _tx: Transaction) -> None:
+        runs[delivery.key or ""] += 1
+        raise Died
+
+    publish(rabbit.url, exchange, [("killer", {})])
+    for _ in range(3):
+        run_until_dead(with_effects, rabbit.url, queue, handler)
+    assert runs["killer"] == 3
+    with consuming(with_effects, rabbit.url, queue, handler, inbox_max_attempts="2"):
+        dead_lettered = drain(rabbit.url, dead, 1, timeout=30)
+    assert [d.message_id for d in dead_lettered] == ["killer"]
+    assert runs["killer"] == 3, "dead-lettered without a fourth run"
+
+
+def test_consumers_stopped_between_messages_charge_no_attempt(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    """Stopped and started again five times in a stream: the deliveries each had prefetched
+    come again (redelivered), and none is charged, since none failed."""
+    exchange, (queue,), _dead = topology(rabbit.url)
+    ids = [f"m-{n}" for n in range(300)]
+    handler, calls = recording(queue)
+    publish(rabbit.url, exchange, [(i, {}) for i in ids])
+    for round_ in range(5):
+        with consuming(with_effects, rabbit.url, queue, handler, inbox_prefetch="50"):
+            wait_until(functools.partial(at_least, calls, 50 * (round_ + 1)), 30, "some")
+    with consuming(with_effects, rabbit.url, queue, handler) as last:
+        wait_until(lambda: len(calls) == len(ids), 30, "every message")
+        assert value(last, "inbox_failures_total", outcome="retried") == 0
+    assert processed(with_effects) == {(queue, i): 1 for i in ids}
+    engine = create_engine(with_effects)
+    with engine.connect() as conn:
+        charged = conn.scalar(sa.text("SELECT count(*) FROM inbox_attempts WHERE attempts > 0"))
+    engine.dispose()
+    assert charged == 0
+
+
+@pytest.mark.databases("postgresql", "mariadb", "sqlite")
+def test_a_handler_that_commits_early_fails_and_its_work_is_done_once(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    """It wrote a part, committed (by SQL text: there is no ``commit`` to call), and would
+    write the rest: the attempt fails, nothing of it stays, and the retry does all of it."""
+    exchange, (queue,), _dead = topology(rabbit.url)
+    tried: collections.Counter[str] = collections.Counter()
+
+    def handler(delivery: Delivery, tx: Transaction) -> None:
+        key = delivery.key or ""
+        tried[key] += 1
+        tx.execute(effects.insert(), {"consumer": "before", "message_id": key})
+        if tried[key] == 1:
+            tx.execute(sa.text("COMMIT"))
+        tx.execute(effects.insert(), {"consumer": "after", "message_id": key})
+
+    with consuming(with_effects, rabbit.url, queue, handler) as consumer:
+        publish(rabbit.url, exchange, [("m-1", {}), ("m-2", {})])
+        wait_until(lambda: value(consumer, "inbox_processed_total") == 2, 30, "both processed")
+        assert value(consumer, "inbox_failures_total", outcome="retried") == 2
+    assert tried == {"m-1": 2, "m-2": 2}
+    expected = {(part, m): 1 for part in ("before", "after") for m in ("m-1", "m-2")}
+    assert processed(with_effects) == expected
+
+
+@pytest.mark.databases("postgresql", "mariadb", "sqlite")
+def test_hostile_message_ids_are_dead_lettered_with_a_reason_and_the_consumer_lives(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    """Ids a broker carries and no database keeps alike: bytes that are not UTF-8 (pika
+    hands them over as bytes), a NUL, a ce-id of 256 bytes, an empty id with an empty ce-id. The
+    consumer exited on the first (a stuck queue) and requeued the second forever."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler, calls = recording(queue)
+    hostile: list[tuple[str | bytes | None, Mapping[str, str]]] = [
+        (b"\xffm-1", {}),
+        ("m\x00-2", {}),
+        (None, {"ce-id": "e" * 256}),  # AMQP carries no message id over 255 bytes
+        ("", {"ce-id": ""}),
+    ]
+    good = [f"g-{n}" for n in range(10)]
+    with consuming(with_effects, rabbit.url, queue, handler) as consumer:
+        publish(rabbit.url, exchange, [*hostile, *[(g, {}) for g in good]])
+        dead_lettered = drain(rabbit.url, dead, len(hostile), timeout=30)
+        wait_until(lambda: value(consumer, "inbox_processed_total") == len(good), 30, "the good")
+    assert len(dead_lettered) == len(hostile)
+    assert processed(with_effects) == {(queue, g): 1 for g in good}
+    assert set(calls) == set(good)

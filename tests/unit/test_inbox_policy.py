@@ -13,7 +13,7 @@ from relay.inbox.policy import after_failure, key_problem, too_many_before, wind
 from relay.records import Delivery, Verdict
 
 
-def delivery(message_id: str | None = None, **headers: Any) -> Delivery:
+def delivery(message_id: str | bytes | None = None, **headers: Any) -> Delivery:
     return Delivery(message_id, b"{}", "x", "k", "application/json", headers, False)
 
 
@@ -24,7 +24,13 @@ KEYS = {
     "ce-id when there is no message id": ((None, {"ce-id": "e-1"}), ("e-1", "")),
     "ce-id when the message id is empty": (("", {"ce-id": "e-1"}), ("e-1", "")),
     "neither: dead-lettered": ((None, {}), (None, "neither a message_id nor a ce-id")),
-    "a ce-id that is not text: none": ((None, {"ce-id": 7}), (None, "neither")),
+    "a ce-id that is not text: none": ((None, {"ce-id": 7}), (None, "ce-id is not text but int")),
+    "a message id that is not UTF-8": ((b"\xffA", {}), (None, "not UTF-8 text (byte 0xff at 0)")),
+    "a ce-id that is not UTF-8": ((None, {"ce-id": b"e\xfe"}), (None, "(byte 0xfe at 1)")),
+    "a message id in UTF-8 bytes: its text": ((b"m-\xc3\xa9", {}), ("m-é", "")),
+    "a message id with a NUL": (("m\x00-1", {}), ("m\x00-1", "holds a NUL character (at 1)")),
+    "an empty ce-id: none": ((None, {"ce-id": ""}), (None, "neither")),
+    "a message id of 256 bytes: too long": (("m" * 256, {}), ("m" * 256, "message_id is 256")),
     "a ce-id of 256 bytes: too long": ((None, {"ce-id": "é" * 128}), ("é" * 128, "256 bytes")),
     "a ce-id of 255 bytes: kept": ((None, {"ce-id": "e" * 255}), ("e" * 255, "")),
 }
@@ -32,7 +38,7 @@ KEYS = {
 
 @pytest.mark.parametrize(("given", "expected"), KEYS.values(), ids=list(KEYS))
 def test_a_delivery_is_keyed_by_its_message_id_or_ce_id(
-    given: tuple[str | None, dict[str, Any]], expected: tuple[str | None, str]
+    given: tuple[str | bytes | None, dict[str, Any]], expected: tuple[str | None, str]
 ) -> None:
     message_id, headers = given
     key, problem = expected
@@ -45,13 +51,17 @@ def test_a_delivery_is_keyed_by_its_message_id_or_ce_id(
         assert found is None
 
 
-# (attempts counted, max) -> verdict after a failure; too many before a run
+# (failures counted, max) -> the verdict when the last of them was a handler's; whether a
+# delivery that comes with them counted is dead-lettered without a run
 ATTEMPTS = {
     "the first of three fails: again": ((1, 3), (Verdict.RETRY, False)),
     "the second of three fails: again": ((2, 3), (Verdict.RETRY, False)),
-    "the third of three fails: dead letter": ((3, 3), (Verdict.DEAD_LETTER, False)),
-    "one allowed: its failure is the end": ((1, 1), (Verdict.DEAD_LETTER, False)),
-    "a fourth start of three: not run": ((4, 3), (Verdict.DEAD_LETTER, True)),
+    "the third of three fails: dead letter, and no fourth run": (
+        (3, 3),
+        (Verdict.DEAD_LETTER, True),
+    ),
+    "one allowed: its failure is the end": ((1, 1), (Verdict.DEAD_LETTER, True)),
+    "none counted: runs": ((0, 1), (Verdict.RETRY, False)),
 }
 
 
