@@ -96,6 +96,14 @@ MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 # deadlock, a restart of a service it calls), few enough that a poison message reaches the
 # dead-letter queue within seconds.
 INBOX_MAX_ATTEMPTS = 5
+# The inbox's retry schedule (``relay.inbox.policy.RetrySchedule``): a failed message is
+# tried again at once this many times (a deadlock, a blip), then after delays held by the
+# broker, doubling from the first to the longest: a downstream away for a minute or two
+# costs a message a few attempts, not all of them within milliseconds (200 messages whose
+# handler's downstream was away for 10 s were all dead-lettered in 0.5 s).
+INBOX_IMMEDIATE_RETRIES = 1
+INBOX_RETRY_DELAY_S = 5.0
+INBOX_RETRY_DELAY_MAX_S = 300.0
 # Deliveries on their way while one is handled: a round trip's worth at thousands a second,
 # and few enough that a consumer that dies returns few to the queue.
 INBOX_PREFETCH = 50

@@ -192,4 +192,21 @@ class Verdict(enum.Enum):
 
     ACK = "ack"  # processed now, or before (a duplicate)
     RETRY = "retry"  # rejected with requeue: delivered again
+    # Published to a retry queue whose messages expire back into the queue after a delay,
+    # then acked: the broker holds the delay, not the consumer.
+    DELAY = "delay"
     DEAD_LETTER = "dead_letter"  # rejected without requeue: to the queue's dead-letter exchange
+
+
+# The header on a message the inbox put in a retry queue: how many times it did.
+RETRY_HEADER = "x-inbox-retries"
+
+
+class Answer(NamedTuple):
+    """A consumer's answer for one delivery: its verdict; for ``DELAY``, the seconds; with
+    ``pause``, the consumer stops consuming until its owner is ready again (the database is
+    away: each delivery would fail the same way)."""
+
+    verdict: Verdict
+    delay: float = 0.0
+    pause: bool = False

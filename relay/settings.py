@@ -28,8 +28,11 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from relay.constants import (
     INBOX_DEDUPE_WINDOW_S,
+    INBOX_IMMEDIATE_RETRIES,
     INBOX_MAX_ATTEMPTS,
     INBOX_PREFETCH,
+    INBOX_RETRY_DELAY_MAX_S,
+    INBOX_RETRY_DELAY_S,
     LINGER_S,
     MAX_MESSAGE_SIZE,
     POLL_INTERVAL_S,
@@ -56,6 +59,10 @@ def _number(convert: Callable[[str], Any], text: str, ok: Callable[[Any], bool],
 
 def _positive_int(text: str) -> int:
     return int(_number(int, text, lambda v: v > 0, "a positive whole number"))
+
+
+def _non_negative_int(text: str) -> int:
+    return int(_number(int, text, lambda v: v >= 0, "a whole number, 0 or more"))
 
 
 def _positive_float(text: str) -> float:
@@ -493,6 +500,26 @@ class InboxSettings(_FromEnvironment):
         "handling it) after which it is rejected without requeue, to the queue's dead-letter "
         "exchange.",
     )
+    inbox_immediate_retries: int = _setting(
+        INBOX_IMMEDIATE_RETRIES,
+        _non_negative_int,
+        "Failed attempts at a message retried at once (requeued) before the delayed ones.",
+        see="inbox.md#retries",
+    )
+    inbox_retry_delay: float = _setting(
+        INBOX_RETRY_DELAY_S,
+        _positive_float,
+        "Seconds before the first delayed retry of a failed message, doubling for each "
+        "retry after it: the message waits in a retry queue of the broker's, not in the "
+        "consumer.",
+        see="inbox.md#retries",
+    )
+    inbox_retry_delay_max: float = _setting(
+        INBOX_RETRY_DELAY_MAX_S,
+        _positive_float,
+        "Longest delay in seconds before a retry of a failed message.",
+        see="inbox.md#retries",
+    )
     inbox_prefetch: int = _setting(
         INBOX_PREFETCH,
         _positive_int,
@@ -517,6 +544,11 @@ class InboxSettings(_FromEnvironment):
             raise ConfigError(f"{env_name('inbox_queue')} must name the queue to consume")
         if not self.inbox_consumer:
             object.__setattr__(self, "inbox_consumer", self.inbox_queue)
+        if self.inbox_retry_delay_max < self.inbox_retry_delay:
+            raise ConfigError(
+                f"{env_name('inbox_retry_delay_max')}={self.inbox_retry_delay_max:g} must be at "
+                f"least {env_name('inbox_retry_delay')}={self.inbox_retry_delay:g}"
+            )
 
 
 def env_name(field_name: str) -> str:

@@ -18,10 +18,11 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters
-from relay.records import Delivery, Verdict
+from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
 from relay.settings import TlsOptions
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ class Consumer:
     """Consumes ``queue`` from the first of ``urls`` that answers, handing each delivery to
     ``handle`` and answering the broker with its verdict; calls ``idle`` when nothing came
     for ``tick`` seconds (and at least that often while busy), where its owner's periodic work
-    goes. ``run`` returns once ``stop`` is set."""
+    goes. An answer that pauses cancels the consumer until ``ready`` says yes (asked with
+    back-off, the connection serviced meanwhile). ``run`` returns once ``stop`` is set."""
 
     def __init__(
         self,
@@ -44,8 +46,9 @@ class Consumer:
         *,
         queue: str,
         prefetch: int,
-        handle: Callable[[Delivery], Verdict],
+        handle: Callable[[Delivery], Answer],
         idle: Callable[[], None],
+        ready: Callable[[], bool],
         tick: float,
         backoff: Backoff,
     ) -> None:
@@ -54,6 +57,7 @@ class Consumer:
         self._prefetch = prefetch
         self._handle = handle
         self._idle = idle
+        self._ready = ready
         self._tick = tick
         self._backoff = backoff
 
@@ -86,46 +90,127 @@ class Consumer:
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self._prefetch)
-            log.info(
-                "consuming %s from %s",
-                self._queue,
-                address(params),
-                extra={"action": "inbox_consuming", "queue": self._queue},
-            )
-            last_idle = time.monotonic()
-            for method, properties, body in channel.consume(
-                self._queue, inactivity_timeout=self._tick
-            ):
-                if stop.is_set():
+            # A retry's copy is published before its delivery is acked: confirmed, or the
+            # delivery is not acked and comes again.
+            channel.confirm_delivery()
+            retry_queues: dict[float, str] = {}
+            while not stop.is_set():
+                log.info(
+                    "consuming %s from %s",
+                    self._queue,
+                    address(params),
+                    extra={"action": "inbox_consuming", "queue": self._queue},
+                )
+                if not self._consume(channel, retry_queues, stop):
                     break
-                if method is None or time.monotonic() - last_idle >= self._tick:
-                    last_idle = time.monotonic()
-                    self._idle()
-                if method is not None:
-                    verdict = self._handle(_delivery(method, properties, body))
-                    if verdict is Verdict.ACK:
-                        channel.basic_ack(method.delivery_tag)
-                    else:
-                        requeue = verdict is Verdict.RETRY
-                        channel.basic_reject(method.delivery_tag, requeue=requeue)
-                if stop.is_set():  # now, not after the next delivery or tick
-                    break
-            # Unacked deliveries go back to the queue with the connection.
+                self._wait_until_ready(connection, stop)
         finally:
             if connection.is_open:
                 with contextlib.suppress(*_LOST):
                     connection.close()
 
+    def _consume(
+        self,
+        channel: BlockingChannel,
+        retry_queues: dict[float, str],
+        stop: threading.Event,
+    ) -> bool:
+        """Consume until ``stop`` (False) or an answer that pauses (True): then the
+        consumer is cancelled, and the deliveries prefetched go back to the queue."""
+        last_idle = time.monotonic()
+        for method, properties, body in channel.consume(self._queue, inactivity_timeout=self._tick):
+            if stop.is_set():
+                break
+            if method is None or time.monotonic() - last_idle >= self._tick:
+                last_idle = time.monotonic()
+                self._idle()
+            if method is not None:
+                answer = self._handle(_delivery(method, properties, body))
+                tag = method.delivery_tag
+                if answer.verdict is Verdict.ACK:
+                    channel.basic_ack(tag)
+                elif answer.verdict is Verdict.DELAY:
+                    queue = retry_queues.get(answer.delay) or self._retry_queue(
+                        channel, answer.delay, retry_queues
+                    )
+                    again = _again(properties)
+                    channel.basic_publish("", queue, body, again, mandatory=True)
+                    channel.basic_ack(tag)
+                else:
+                    channel.basic_reject(tag, requeue=answer.verdict is Verdict.RETRY)
+                if answer.pause:
+                    channel.cancel()  # its unacked deliveries go back now
+                    return True
+            if stop.is_set():  # now, not after the next delivery or tick
+                break
+        # Unacked deliveries go back to the queue with the connection.
+        return False
+
+    def _retry_queue(
+        self, channel: BlockingChannel, delay: float, retry_queues: dict[float, str]
+    ) -> str:
+        """The queue where a message waits ``delay`` seconds: its messages expire (a TTL) and
+        are dead-lettered back into the consumed queue, through the default exchange. One
+        per delay of the schedule; declared on first use, durable, as the queue."""
+        ttl = round(delay * 1000)
+        name = f"{self._queue}.retry.{ttl}ms"
+        channel.queue_declare(
+            name,
+            durable=True,
+            arguments={
+                "x-message-ttl": ttl,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self._queue,
+            },
+        )
+        retry_queues[delay] = name
+        return name
+
+    def _wait_until_ready(self, connection: pika.BlockingConnection, stop: threading.Event) -> None:
+        """Paused: no delivery in hand, the connection serviced (heartbeats) while the
+        owner's ``ready`` says no, with back-off between its looks."""
+        failures = 0
+        while not stop.is_set():
+            failures += 1
+            deadline = time.monotonic() + self._backoff.delay(failures)
+            while not stop.is_set() and time.monotonic() < deadline:
+                connection.sleep(min(self._tick, max(0.0, deadline - time.monotonic())))
+            if stop.is_set() or self._ready():
+                return
+
+
+def _again(properties: pika.BasicProperties) -> pika.BasicProperties:
+    """A delivery's properties for its copy in a retry queue: as they were, persistent, and
+    marked as a retry (``RETRY_HEADER``), which the inbox treats as a delivery that came
+    again."""
+    headers = dict(properties.headers or {})
+    headers[RETRY_HEADER] = int(headers.get(RETRY_HEADER, 0) or 0) + 1
+    return pika.BasicProperties(
+        content_type=properties.content_type,
+        content_encoding=properties.content_encoding,
+        headers=headers,
+        delivery_mode=2,
+        priority=properties.priority,
+        correlation_id=properties.correlation_id,
+        reply_to=properties.reply_to,
+        message_id=properties.message_id,
+        timestamp=properties.timestamp,
+        type=properties.type,
+        user_id=properties.user_id,
+        app_id=properties.app_id,
+    )
+
 
 def _delivery(method: Any, properties: pika.BasicProperties, body: bytes) -> Delivery:
+    headers = dict(properties.headers or {})
     return Delivery(
         message_id=properties.message_id,
         body=body,
         exchange=method.exchange,
         routing_key=method.routing_key,
         content_type=properties.content_type,
-        headers=dict(properties.headers or {}),
-        redelivered=bool(method.redelivered),
+        headers=headers,
+        redelivered=bool(method.redelivered) or RETRY_HEADER in headers,
     )
 
 

@@ -200,6 +200,11 @@ class InboxStore:
         with transaction(self.engine, "ending a run", self.where) as conn:
             conn.execute(ended, key)
 
+    def ping(self) -> None:
+        """A statement's round trip: whether the database answers (StoreError if not)."""
+        with db_errors("reaching the database", self.where), self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     def forget(self, message_id: str) -> None:
         """Delete the message's key: its handler ended the transaction past ``Transaction``
         (through the driver), which may have committed the key with part of the work; the

@@ -30,9 +30,9 @@ from relay.broker.consumer import Consumer
 from relay.constants import INBOX_PURGE_CHUNK, INBOX_TICK_S
 from relay.db.inbox import InboxStore, Transaction, TransactionEnded
 from relay.errors import StoreError
-from relay.inbox.policy import after_failure, key_problem, too_many_before, window_problem
+from relay.inbox.policy import RetrySchedule, key_problem, too_many_before, window_problem
 from relay.metrics import InboxMetrics
-from relay.records import Delivery, Verdict
+from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings, Settings
 
 __all__ = ["Delivery", "Handler", "Inbox", "InboxSettings", "Settings", "Transaction"]
@@ -62,7 +62,7 @@ class Inbox:
         self.store = InboxStore(settings.database_url, inbox.inbox_consumer)
         self.metrics = InboxMetrics(inbox.inbox_consumer, registry)
         self._backoff = Backoff(settings.backoff_initial, settings.reconnect_max)
-        self._db_failures = 0
+        self._schedule = RetrySchedule.of(inbox)
         self._next_purge = 0.0
 
     def run(self, handler: Handler, stop: threading.Event) -> None:
@@ -81,8 +81,9 @@ class Inbox:
             self.settings.amqp_tls,
             queue=self.inbox.inbox_queue,
             prefetch=self.inbox.inbox_prefetch,
-            handle=lambda delivery: self.process(handler, delivery, stop),
+            handle=lambda delivery: self.process(handler, delivery),
             idle=lambda: self._purge_when_due(stop),
+            ready=self._database_answers,
             tick=INBOX_TICK_S,
             backoff=self._backoff,
         )
@@ -91,7 +92,7 @@ class Inbox:
         finally:
             self.store.close()
 
-    def process(self, handler: Handler, delivery: Delivery, stop: threading.Event) -> Verdict:
+    def process(self, handler: Handler, delivery: Delivery) -> Answer:
         """One delivery through the inbox: the verdict the broker is answered with. Only a
         handler that raised (or ended the inbox's transaction), or a run that died inside
         the handler, is charged an attempt: never a database error, a lock wait, or a
@@ -105,7 +106,7 @@ class Inbox:
                 extra={"action": "inbox_unkeyed"},
             )
             self.metrics.dead_lettered.inc()
-            return Verdict.DEAD_LETTER
+            return Answer(Verdict.DEAD_LETTER)
         key = delivery.key
         assert key is not None  # key_problem says so
         marked = False
@@ -121,8 +122,7 @@ class Inbox:
             with self.store.receive(key) as tx:
                 if tx is None:
                     self.metrics.duplicates.inc()
-                    self._db_failures = 0
-                    return Verdict.ACK
+                    return Answer(Verdict.ACK)
                 started = time.perf_counter()
                 try:
                     handler(delivery, tx)
@@ -139,30 +139,33 @@ class Inbox:
             if marked:
                 with contextlib.suppress(StoreError):
                     self.store.end_run(key)
-            return self._store_failed(key, exc, stop)
+            return self._store_failed(key, exc)
         self.metrics.handler_seconds.observe(time.perf_counter() - started)
         self.metrics.processed.inc()
-        self._db_failures = 0
-        return Verdict.ACK
+        return Answer(Verdict.ACK)
 
-    def _failed(self, key: str, exc: Exception) -> Verdict:
+    def _failed(self, key: str, exc: Exception) -> Answer:
         error = f"{type(exc).__name__}: {exc}"
-        attempts = self.store.count_attempt(key, error)
-        verdict = after_failure(attempts, self.inbox.inbox_max_attempts)
-        if verdict is Verdict.DEAD_LETTER:
+        try:
+            attempts = self.store.count_attempt(key, error)
+        except StoreError as failed:  # uncounted: as a database failure
+            return self._store_failed(key, failed)
+        answer = self._schedule.after(attempts)
+        if answer.verdict is Verdict.DEAD_LETTER:
             return self._dead_letter(key, error)
         log.warning(
-            "message %s failed (attempt %d of %d), requeued: %s",
+            "message %s failed (attempt %d of %d), %s: %s",
             key,
             attempts,
             self.inbox.inbox_max_attempts,
+            f"again in {answer.delay:g} s" if answer.delay else "requeued",
             error,
-            extra={"action": "inbox_retry", "message_id": key},
+            extra={"action": "inbox_retry", "message_id": key, "delay_s": answer.delay},
         )
         self.metrics.retried.inc()
-        return verdict
+        return answer
 
-    def _dead_letter(self, key: str, why: str) -> Verdict:
+    def _dead_letter(self, key: str, why: str) -> Answer:
         log.error(
             "message %s dead-lettered after %d attempts: %s",
             key,
@@ -171,24 +174,30 @@ class Inbox:
             extra={"action": "inbox_dead_letter", "message_id": key},
         )
         self.metrics.dead_lettered.inc()
-        return Verdict.DEAD_LETTER
+        return Answer(Verdict.DEAD_LETTER)
 
-    def _store_failed(self, key: str, exc: StoreError, stop: threading.Event) -> Verdict:
-        """The inbox's own statements failed (the database is away): the delivery goes back,
-        uncounted, and the consumer waits before the next."""
-        self._db_failures += 1
-        delay = self._backoff.delay(self._db_failures)
+    def _store_failed(self, key: str, exc: StoreError) -> Answer:
+        """The inbox's own statements failed (the database is away): the delivery goes back
+        uncounted, and the consumer stops consuming until the database answers (each
+        delivery would fail the same way, and a requeue loop would spend a quorum queue's
+        delivery limit)."""
         log.warning(
-            "message %s requeued unhandled (database failure %d), next in %.1fs: %s",
+            "message %s requeued unhandled, consuming paused until the database answers: %s",
             key,
-            self._db_failures,
-            delay,
             exc,
             extra={"action": "inbox_database_retry", "message_id": key},
         )
         self.metrics.database_errors.inc()
-        stop.wait(delay)
-        return Verdict.RETRY
+        return Answer(Verdict.RETRY, pause=True)
+
+    def _database_answers(self) -> bool:
+        try:
+            self.store.ping()
+        except StoreError as exc:
+            log.info("database still away: %s", exc, extra={"action": "inbox_database_waiting"})
+            return False
+        log.info("database answers: consuming again", extra={"action": "inbox_resumed"})
+        return True
 
     def _purge_when_due(self, stop: threading.Event) -> None:
         window = self.inbox.inbox_dedupe_window

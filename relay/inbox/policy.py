@@ -3,7 +3,10 @@ attempt leads to, and whether the dedupe window outlasts the relay's memory of a
 
 from __future__ import annotations
 
-from relay.records import Delivery, Verdict
+from dataclasses import dataclass
+
+from relay.records import Answer, Delivery, Verdict
+from relay.settings import InboxSettings
 
 # The inbox keeps ids as AMQP short strings (``relay.db.schema.inbox_received``).
 KEY_MAX_BYTES = 255
@@ -45,10 +48,42 @@ def _raw_key(delivery: Delivery) -> tuple[str, object]:
     return "ce-id", ce_id
 
 
-def after_failure(attempts: int, max_attempts: int) -> Verdict:
-    """A failed attempt, the ``attempts``-th counted: delivered again, or dead-lettered when
-    it was the last one allowed."""
-    return Verdict.RETRY if attempts < max_attempts else Verdict.DEAD_LETTER
+@dataclass(frozen=True)
+class RetrySchedule:
+    """When a failed message is tried again: ``immediate`` failures at once, then after
+    ``first_delay`` seconds doubling up to ``max_delay``; the ``max_attempts``-th failure
+    dead-letters it."""
+
+    max_attempts: int
+    immediate: int
+    first_delay: float
+    max_delay: float
+
+    @classmethod
+    def of(cls, inbox: InboxSettings) -> RetrySchedule:
+        return cls(
+            inbox.inbox_max_attempts,
+            inbox.inbox_immediate_retries,
+            inbox.inbox_retry_delay,
+            inbox.inbox_retry_delay_max,
+        )
+
+    def delays(self) -> list[float]:
+        """Every delay the schedule can ask for, shortest first (a retry queue each)."""
+        found = {self.after(n).delay for n in range(1, self.max_attempts)}
+        return sorted(found - {0.0})
+
+    def after(self, attempts: int) -> Answer:
+        """What the ``attempts``-th failure leads to: again at once, again after a delay, or
+        the dead-letter exchange when it was the last one allowed."""
+        if attempts >= self.max_attempts:
+            return Answer(Verdict.DEAD_LETTER)
+        delayed = attempts - self.immediate
+        if delayed <= 0:
+            return Answer(Verdict.RETRY)
+        # Doubling, in whole milliseconds (a retry queue's TTL), up to the longest.
+        delay = min(self.first_delay * 2 ** min(delayed - 1, 62), self.max_delay)
+        return Answer(Verdict.DELAY, round(delay, 3))
 
 
 def too_many_before(attempts: int, max_attempts: int) -> bool:

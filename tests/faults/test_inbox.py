@@ -13,19 +13,23 @@ import collections
 import functools
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import pika
 import pytest
 import sqlalchemy as sa
 
+from devtools.broker import drain
 from devtools.outbox import insert, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env
 from devtools.scrape import http_get
-from devtools.servers import RabbitNode, free_port, wait_until
+from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine
 from relay.records import SENT
 from tests.faults.harness import EXCHANGE, QUEUE, FaultRelay, connected
+from tests.support.inbox import consuming, effects, processed, recording, value
 
 pytestmark = pytest.mark.timeout(240)
 ORDERS = 1000
@@ -154,3 +158,55 @@ def test_every_message_is_processed_once_whoever_is_killed(
     assert totals_by_order == {order: (3, order) for order in range(ORDERS)}
     assert [p.tracebacks() for p in [*relays, *consumers]] == [[]] * 4
     print(f"inbox: {MESSAGES} messages, each processed once; duplicates acked: {duplicates:.0f}")
+
+
+def test_the_database_away_for_seconds_pauses_consuming_and_loses_nothing(
+    postgresql_url: str, postgres: PostgresServer, rabbit: RabbitNode
+) -> None:
+    """PostgreSQL stopped (-m immediate) for 10 s under a stream on a quorum queue whose
+    delivery limit is 2: the consumer stops consuming instead of requeueing each delivery,
+    and resumes by itself. Nothing dead-lettered, dropped, or processed twice."""
+    suffix = uuid.uuid4().hex[:8]
+    queue, dead = f"inbox.quorum.{suffix}", f"inbox.quorum.dead.{suffix}"
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = conn.channel()
+    channel.queue_declare(dead, durable=True)
+    arguments = {
+        "x-queue-type": "quorum",
+        "x-delivery-limit": 2,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dead,
+    }
+    channel.queue_declare(queue, durable=True, arguments=arguments)
+    conn.close()
+    engine = create_engine(postgresql_url)
+    effects.create(engine)
+    handler, _calls = recording(queue)
+    ids = [f"m-{n}" for n in range(400)]
+    stream = threading.Thread(target=publish_slowly, args=(rabbit.url, queue, ids))
+    with consuming(postgresql_url, rabbit.url, queue, handler) as consumer:
+        stream.start()
+        wait_until(lambda: value(consumer, "inbox_processed_total") >= 50, 30, "consuming")
+        postgres.stop("immediate")
+        time.sleep(10)
+        postgres.start()
+        stream.join(60)
+        wait_until(lambda: value(consumer, "inbox_processed_total") >= len(ids), 90, "all")
+        errors = value(consumer, "inbox_database_errors_total")
+    assert 1 <= errors <= 5, f"{errors} deliveries failed on the database: paused, not looping"
+    assert drain(rabbit.url, dead, 0, timeout=1) == []
+    assert processed(postgresql_url) == {(queue, i): 1 for i in ids}
+    engine.dispose()
+
+
+def publish_slowly(url: str, queue: str, ids: list[str]) -> None:
+    """``ids`` into ``queue``, 25 a second, confirmed."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = conn.channel()
+    channel.confirm_delivery()
+    for n, message_id in enumerate(ids):
+        properties = pika.BasicProperties(message_id=message_id, delivery_mode=2)
+        channel.basic_publish("", queue, b"{}", properties)
+        if n % 5 == 4:
+            conn.sleep(0.2)
+    conn.close()

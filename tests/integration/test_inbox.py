@@ -8,9 +8,8 @@ from __future__ import annotations
 import collections
 import functools
 import threading
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Mapping
 
 import pika
 import pytest
@@ -21,110 +20,18 @@ from devtools.servers import RabbitNode, wait_until
 from relay.db.engine import create_engine
 from relay.db.inbox import Transaction
 from relay.inbox import Delivery, Handler, Inbox, InboxSettings
-from tests.support.inprocess import settings
-from tests.support.metrics import sample_value
-
-effects = sa.Table(
-    "effects",
-    sa.MetaData(),
-    sa.Column("consumer", sa.String(64)),
-    sa.Column("message_id", sa.String(255)),
+from tests.support.inbox import (
+    at_least,
+    consuming,
+    copies,
+    effects,
+    processed,
+    publish,
+    recording,
+    topology,
+    value,
 )
-
-
-def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
-    """(exchange, its queues, their dead-letter queue): a fanout exchange, ``queues`` queues
-    bound to it, each dead-lettering to one queue."""
-    suffix = uuid.uuid4().hex[:8]
-    exchange, dead = f"inbox.x.{suffix}", f"inbox.dead.{suffix}"
-    names = [f"inbox.q{n}.{suffix}" for n in range(queues)]
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "fanout", durable=True)
-    channel.exchange_declare(dead, "fanout", durable=True)
-    channel.queue_declare(dead, durable=True)
-    channel.queue_bind(dead, dead)
-    for queue in names:
-        channel.queue_declare(queue, durable=True, arguments={"x-dead-letter-exchange": dead})
-        channel.queue_bind(queue, exchange)
-    conn.close()
-    return exchange, names, dead
-
-
-def publish(
-    url: str, exchange: str, messages: Sequence[tuple[str | bytes | None, Mapping[str, str]]]
-) -> None:
-    """(message id, headers) pairs, each published as it is, with confirms."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.confirm_delivery()
-    for message_id, headers in messages:
-        properties = pika.BasicProperties(
-            message_id=message_id, headers=dict(headers), delivery_mode=2
-        )
-        channel.basic_publish(exchange, "", b"{}", properties)
-    conn.close()
-
-
-def recording(
-    consumer: str, fail: Callable[[Delivery], bool] = lambda _d: False
-) -> tuple[Callable[[Delivery, Transaction], None], collections.Counter[str]]:
-    """A handler that writes an effect row per message (in the inbox's transaction) and
-    raises for the deliveries ``fail`` picks; and the count of its calls per key."""
-    calls: collections.Counter[str] = collections.Counter()
-
-    def handle(delivery: Delivery, tx: Transaction) -> None:
-        assert delivery.key is not None
-        calls[delivery.key] += 1
-        tx.execute(effects.insert(), {"consumer": consumer, "message_id": delivery.key})
-        if fail(delivery):
-            raise ValueError("cannot process this one")
-
-    return handle, calls
-
-
-@contextmanager
-def consuming(
-    database_url: str,
-    amqp_url: str,
-    queue: str,
-    handler: Callable[[Delivery, Transaction], None],
-    **inbox: str,
-) -> Iterator[Inbox]:
-    config = InboxSettings.load({}, {"inbox_queue": queue, **inbox})
-    consumer = Inbox(settings(database_url, amqp_url, backoff_initial=0.05), config)
-    stop = threading.Event()
-    thread = threading.Thread(target=consumer.run, args=(handler, stop))
-    thread.start()
-    try:
-        yield consumer
-    finally:
-        stop.set()
-        thread.join(30)
-        assert not thread.is_alive()
-
-
-def processed(database_url: str) -> collections.Counter[tuple[str, str]]:
-    engine = create_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            return collections.Counter(
-                (row.consumer, row.message_id) for row in conn.execute(sa.select(effects))
-            )
-    finally:
-        engine.dispose()
-
-
-def copies(consumer: Inbox, expected: int) -> bool:
-    return value(consumer, "inbox_duplicates_total") == expected
-
-
-def at_least(calls: collections.Counter[str], handled: int) -> bool:
-    return sum(calls.values()) >= handled
-
-
-def value(consumer: Inbox, name: str, **labels: str) -> float:
-    return sample_value(consumer.metrics, name, consumer=consumer.inbox.inbox_consumer, **labels)
+from tests.support.inprocess import settings
 
 
 @pytest.fixture
@@ -162,7 +69,8 @@ def test_a_poison_message_is_dead_lettered_after_its_attempts_and_the_rest_flow(
     exchange, (queue,), dead = topology(rabbit.url)
     ids = [f"m-{n}" for n in range(20)]
     handler, calls = recording(queue, fail=lambda d: d.key == "poison")
-    with consuming(with_effects, rabbit.url, queue, handler, inbox_max_attempts="3") as consumer:
+    quick = {"inbox_max_attempts": "3", "inbox_retry_delay": "0.2"}
+    with consuming(with_effects, rabbit.url, queue, handler, **quick) as consumer:
         publish(rabbit.url, exchange, [(i, {}) for i in ids[:10]])
         publish(rabbit.url, exchange, [("poison", {})])
         publish(rabbit.url, exchange, [(i, {}) for i in ids[10:]])
@@ -335,3 +243,35 @@ def test_hostile_message_ids_are_dead_lettered_with_a_reason_and_the_consumer_li
     assert len(dead_lettered) == len(hostile)
     assert processed(with_effects) == {(queue, g): 1 for g in good}
     assert set(calls) == set(good)
+
+
+@pytest.mark.databases("postgresql", "sqlite")
+def test_a_handler_failing_for_its_first_seconds_processes_every_message_once(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    """Its downstream away for the first 3 s after start: one retry at once, then the
+    broker holds each message for 0.5, 1, 2, 2 s (a retry queue each), so none runs out of
+    its six attempts; immediate retries alone dead-lettered all of them within a second."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    ids = [f"m-{n}" for n in range(100)]
+    started = time.monotonic()
+    handler, calls = recording(queue, fail=lambda _d: time.monotonic() - started < 3.0)
+    schedule = {
+        "inbox_max_attempts": "6",
+        "inbox_immediate_retries": "1",
+        "inbox_retry_delay": "0.5",
+        "inbox_retry_delay_max": "2",
+    }
+    with consuming(with_effects, rabbit.url, queue, handler, **schedule) as consumer:
+        publish(rabbit.url, exchange, [(i, {}) for i in ids])
+        wait_until(lambda: value(consumer, "inbox_processed_total") == len(ids), 60, "all")
+        assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 0
+        assert value(consumer, "inbox_failures_total", outcome="retried") >= len(ids)
+    assert drain(rabbit.url, dead, 0, timeout=1) == []
+    assert processed(with_effects) == {(queue, i): 1 for i in ids}
+    assert min(calls.values()) >= 2
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    for ttl in (500, 1000, 2000):  # the retry queues, empty again
+        declared = conn.channel().queue_declare(f"{queue}.retry.{ttl}ms", passive=True)
+        assert declared.method.message_count == 0
+    conn.close()

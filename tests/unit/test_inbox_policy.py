@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from relay.inbox import Inbox, InboxSettings, Settings
-from relay.inbox.policy import after_failure, key_problem, too_many_before, window_problem
-from relay.records import Delivery, Verdict
+from relay.inbox.policy import RetrySchedule, key_problem, too_many_before, window_problem
+from relay.records import Answer, Delivery, Verdict
 
 
 def delivery(message_id: str | bytes | None = None, **headers: Any) -> Delivery:
@@ -51,26 +51,64 @@ def test_a_delivery_is_keyed_by_its_message_id_or_ce_id(
         assert found is None
 
 
-# (failures counted, max) -> the verdict when the last of them was a handler's; whether a
-# delivery that comes with them counted is dead-lettered without a run
-ATTEMPTS = {
-    "the first of three fails: again": ((1, 3), (Verdict.RETRY, False)),
-    "the second of three fails: again": ((2, 3), (Verdict.RETRY, False)),
-    "the third of three fails: dead letter, and no fourth run": (
-        (3, 3),
-        (Verdict.DEAD_LETTER, True),
-    ),
-    "one allowed: its failure is the end": ((1, 1), (Verdict.DEAD_LETTER, True)),
-    "none counted: runs": ((0, 1), (Verdict.RETRY, False)),
+# (failures counted, max) -> whether a delivery that comes with them counted is
+# dead-lettered without a run
+BEFORE = {
+    "two of three: runs": ((2, 3), False),
+    "three of three: dead letter, no fourth run": ((3, 3), True),
+    "one allowed, one counted: no second run": ((1, 1), True),
+    "none counted: runs": ((0, 1), False),
 }
 
 
-@pytest.mark.parametrize(("given", "expected"), ATTEMPTS.values(), ids=list(ATTEMPTS))
-def test_a_failed_attempt_is_retried_until_the_last_allowed(
-    given: tuple[int, int], expected: tuple[Verdict, bool]
+@pytest.mark.parametrize(("given", "expected"), BEFORE.values(), ids=list(BEFORE))
+def test_a_delivery_with_its_allowance_used_up_is_not_run(
+    given: tuple[int, int], expected: bool
 ) -> None:
-    attempts, allowed = given
-    assert (after_failure(attempts, allowed), too_many_before(attempts, allowed)) == expected
+    assert too_many_before(*given) is expected
+
+
+RETRY, DEAD = Answer(Verdict.RETRY), Answer(Verdict.DEAD_LETTER)
+# (max attempts, immediate, first delay, longest) -> the answer to each failure, 1st onwards
+SCHEDULES = {
+    "one at once, then 5 s doubling": (
+        (6, 1, 5.0, 300.0),
+        [
+            RETRY,
+            Answer(Verdict.DELAY, 5.0),
+            Answer(Verdict.DELAY, 10.0),
+            Answer(Verdict.DELAY, 20.0),
+            Answer(Verdict.DELAY, 40.0),
+            DEAD,
+        ],
+    ),
+    "capped at the longest": (
+        (5, 0, 1.0, 3.0),
+        [
+            Answer(Verdict.DELAY, 1.0),
+            Answer(Verdict.DELAY, 2.0),
+            Answer(Verdict.DELAY, 3.0),
+            Answer(Verdict.DELAY, 3.0),
+            DEAD,
+        ],
+    ),
+    "all at once": ((3, 5, 1.0, 1.0), [RETRY, RETRY, DEAD]),
+    "one allowed: its failure is the end": ((1, 1, 1.0, 1.0), [DEAD]),
+    "milliseconds, as a queue's TTL": ((2, 0, 0.0005, 1.0), [Answer(Verdict.DELAY, 0.001), DEAD]),
+}
+
+
+@pytest.mark.parametrize(("given", "expected"), SCHEDULES.values(), ids=list(SCHEDULES))
+def test_a_failed_message_is_retried_at_once_then_later_then_dead_lettered(
+    given: tuple[int, int, float, float], expected: list[Answer]
+) -> None:
+    schedule = RetrySchedule(*given)
+    assert [schedule.after(n) for n in range(1, len(expected) + 1)] == expected
+    assert schedule.delays() == sorted({a.delay for a in expected} - {0.0})
+
+
+def test_a_huge_number_of_attempts_stays_at_the_longest_delay() -> None:
+    assert RetrySchedule(10**6, 0, 1.0, 60.0).after(10**5) == Answer(Verdict.DELAY, 60.0)
 
 
 DAY = 86400.0
