@@ -21,6 +21,7 @@ from relay.db.outbox import OutboxWriter
 from relay.db.schema import metadata, outbox
 from relay.errors import StoreError
 from relay.records import NewMessage, SettleBatch
+from tests.support.privileges import definer_functions
 
 
 def differences(url: str) -> list[object]:
@@ -312,14 +313,9 @@ def test_no_revision_up_or_down_leaves_code_that_runs_with_its_owners_rights(
     def definers() -> int:
         engine = sa.create_engine(database_url)
         with engine.connect() as conn:
-            found = conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                    " WHERE p.prosecdef AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
-                )
-            ).scalar_one()
+            found = definer_functions(conn)
         engine.dispose()
-        return int(found)
+        return found
 
     walked = []
     for revision in [*reversed(revisions[:-1]), "base"]:

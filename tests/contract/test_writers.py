@@ -33,6 +33,7 @@ from relay.db.roles import RELAY, WRITER, grants
 from relay.db.schema import metadata, outbox
 from relay.db.sink import OutboxSink
 from relay.records import KEEP_MESSAGES, NewMessage, SettleBatch
+from tests.support.privileges import definer_functions
 from tests.support.rows import sink_chunk
 
 NO_BYTE_LIMIT = 2**62
@@ -265,12 +266,7 @@ def test_a_postgresql_writer_with_insert_only_writes_and_borrows_no_rights(
             assert written.rowcount == 3
         assert not _superuser(owner, name)
         with owner.connect() as conn:
-            definer = conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                    " WHERE p.prosecdef AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
-                )
-            ).scalar_one()
+            definer = definer_functions(conn)
             triggers = conn.execute(
                 sa.text("SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal")
             ).scalar_one()
