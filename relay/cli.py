@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from relay import __version__, daemon, logs
 from relay.admin import commands as admin
+from relay.admin import inbox as inbox_admin
 from relay.db.engine import migrate
 from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError
@@ -29,6 +30,16 @@ EXIT_FAILURE = 1  # a runtime failure: the database or broker refused, a drain l
 EXIT_USAGE = 2  # a bad option, setting, topology file or input: nothing was touched
 
 _DB_ONLY = ("database_url", "log_level", "log_format")
+# ``relay inbox``: the broker's dead letters, and the inbox's attempts in the database.
+_INBOX_ADMIN = (
+    *_DB_ONLY,
+    "amqp_url",
+    "amqp_ca_file",
+    "amqp_cert_file",
+    "amqp_key_file",
+    "amqp_server_name",
+    "name",
+)
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -132,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     enq.add_argument("--tracestate", metavar="TEXT", help="W3C tracestate to go with it")
     enq.set_defaults(command="enqueue", handler=_enqueue)
     admin.add_commands(sub, common, lambda p: _add_settings(p, _DB_ONLY))
+    inbox_admin.add_commands(sub, common, lambda p: _add_settings(p, _INBOX_ADMIN))
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
@@ -205,8 +206,10 @@ RETRY_HEADER = "x-inbox-retries"
 class Answer(NamedTuple):
     """A consumer's answer for one delivery: its verdict; for ``DELAY``, the seconds; with
     ``pause``, the consumer stops consuming until its owner is ready again (the database is
-    away: each delivery would fail the same way)."""
+    away: each delivery would fail the same way); for ``DEAD_LETTER``, the headers that say
+    why, put on the dead letter."""
 
     verdict: Verdict
     delay: float = 0.0
     pause: bool = False
+    reason: Mapping[str, object] | None = None

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pika
@@ -36,7 +36,8 @@ class Consumer:
     ``handle`` and answering the broker with its verdict; calls ``idle`` when nothing came
     for ``tick`` seconds (and at least that often while busy), where its owner's periodic work
     goes. An answer that pauses cancels the consumer until ``ready`` says yes (asked with
-    back-off, the connection serviced meanwhile). ``run`` returns once ``stop`` is set."""
+    back-off, the connection serviced meanwhile); a dead letter with its reasons goes to the
+    queue ``dead_letters``. ``run`` returns once ``stop`` is set."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class Consumer:
         handle: Callable[[Delivery], Answer],
         idle: Callable[[], None],
         ready: Callable[[], bool],
+        dead_letters: str,
         tick: float,
         backoff: Backoff,
     ) -> None:
@@ -58,6 +60,8 @@ class Consumer:
         self._handle = handle
         self._idle = idle
         self._ready = ready
+        self._dead_letters = dead_letters
+        self._dead_declared = False
         self._tick = tick
         self._backoff = backoff
 
@@ -136,6 +140,10 @@ class Consumer:
                     again = _again(properties)
                     channel.basic_publish("", queue, body, again, mandatory=True)
                     channel.basic_ack(tag)
+                elif answer.verdict is Verdict.DEAD_LETTER and answer.reason is not None:
+                    dead = _with_headers(properties, answer.reason)
+                    channel.basic_publish("", self._dead_queue(channel), body, dead, mandatory=True)
+                    channel.basic_ack(tag)
                 else:
                     channel.basic_reject(tag, requeue=answer.verdict is Verdict.RETRY)
                 if answer.pause:
@@ -166,6 +174,13 @@ class Consumer:
         retry_queues[delay] = name
         return name
 
+    def _dead_queue(self, channel: BlockingChannel) -> str:
+        """The queue dead letters go to with their reasons, declared durable on first use."""
+        if not self._dead_declared:
+            channel.queue_declare(self._dead_letters, durable=True)
+            self._dead_declared = True
+        return self._dead_letters
+
     def _wait_until_ready(self, connection: pika.BlockingConnection, stop: threading.Event) -> None:
         """Paused: no delivery in hand, the connection serviced (heartbeats) while the
         owner's ``ready`` says no, with back-off between its looks."""
@@ -180,11 +195,18 @@ class Consumer:
 
 
 def _again(properties: pika.BasicProperties) -> pika.BasicProperties:
-    """A delivery's properties for its copy in a retry queue: as they were, persistent, and
-    marked as a retry (``RETRY_HEADER``), which the inbox treats as a delivery that came
-    again."""
-    headers = dict(properties.headers or {})
-    headers[RETRY_HEADER] = int(headers.get(RETRY_HEADER, 0) or 0) + 1
+    """A delivery's properties for its copy in a retry queue, marked as a retry
+    (``RETRY_HEADER``), which the inbox treats as a delivery that came again."""
+    retries = (properties.headers or {}).get(RETRY_HEADER, 0)
+    return _with_headers(properties, {RETRY_HEADER: int(retries or 0) + 1})
+
+
+def _with_headers(
+    properties: pika.BasicProperties, more: Mapping[str, object]
+) -> pika.BasicProperties:
+    """A delivery's properties for a copy the consumer publishes: as they were, persistent,
+    with ``more`` headers."""
+    headers = {**(properties.headers or {}), **more}
     return pika.BasicProperties(
         content_type=properties.content_type,
         content_encoding=properties.content_encoding,

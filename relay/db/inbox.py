@@ -217,6 +217,13 @@ class InboxStore:
         with transaction(self.engine, "forgetting a key", self.where) as conn:
             conn.execute(gone, key)
 
+    def forget_attempts(self, message_id: str) -> None:
+        """Delete the message's failed attempts (``relay inbox requeue``: its cause fixed, it
+        gets its whole retry schedule again)."""
+        gone = sa.delete(inbox_attempts).where(*_of())
+        with transaction(self.engine, "forgetting attempts", self.where) as conn:
+            conn.execute(gone, self._key(message_id))
+
     def durability_problem(self) -> str | None:
         """Why a commit here may not survive a crash of the database's host, where the inbox
         cannot set it per session, or None. PostgreSQL's and SQLite's sessions commit

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry
 
@@ -30,7 +31,14 @@ from relay.broker.consumer import Consumer
 from relay.constants import INBOX_PURGE_CHUNK, INBOX_TICK_S
 from relay.db.inbox import InboxStore, Transaction, TransactionEnded
 from relay.errors import StoreError
-from relay.inbox.policy import RetrySchedule, key_problem, too_many_before, window_problem
+from relay.inbox.policy import (
+    RetrySchedule,
+    dead_letter_headers,
+    dead_letter_queue,
+    key_problem,
+    too_many_before,
+    window_problem,
+)
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings, Settings
@@ -84,6 +92,7 @@ class Inbox:
             handle=lambda delivery: self.process(handler, delivery),
             idle=lambda: self._purge_when_due(stop),
             ready=self._database_answers,
+            dead_letters=dead_letter_queue(self.inbox.inbox_queue),
             tick=INBOX_TICK_S,
             backoff=self._backoff,
         )
@@ -106,7 +115,7 @@ class Inbox:
                 extra={"action": "inbox_unkeyed"},
             )
             self.metrics.dead_lettered.inc()
-            return Answer(Verdict.DEAD_LETTER)
+            return Answer(Verdict.DEAD_LETTER, reason=self._why(problem, 0))
         key = delivery.key
         assert key is not None  # key_problem says so
         marked = False
@@ -174,7 +183,36 @@ class Inbox:
             extra={"action": "inbox_dead_letter", "message_id": key},
         )
         self.metrics.dead_lettered.inc()
-        return Answer(Verdict.DEAD_LETTER)
+        try:
+            failures = self.store.failures(key)
+        except StoreError:  # the reason without its counts, rather than no dead letter
+            failures = None
+        if failures is None:
+            return Answer(Verdict.DEAD_LETTER, reason=self._why(why, 0))
+        reason = self._why(
+            failures.last_error or why,
+            failures.attempts,
+            first=failures.first_failed_at,
+            last=failures.last_failed_at,
+        )
+        return Answer(Verdict.DEAD_LETTER, reason=reason)
+
+    def _why(
+        self,
+        error: str,
+        attempts: int,
+        *,
+        first: datetime | None = None,
+        last: datetime | None = None,
+    ) -> dict[str, object]:
+        return dead_letter_headers(
+            self.inbox.inbox_consumer,
+            self.inbox.inbox_queue,
+            error,
+            attempts,
+            first_failure=first,
+            last_failure=last,
+        )
 
     def _store_failed(self, key: str, exc: StoreError) -> Answer:
         """The inbox's own statements failed (the database is away): the delivery goes back

@@ -1,10 +1,13 @@
 """What an inbox consumer decides without I/O: whether a delivery can be keyed, what a failed
-attempt leads to, and whether the dedupe window outlasts the relay's memory of a message."""
+attempt leads to, what a dead letter says of why, and whether the dedupe window outlasts the
+relay's memory of a message."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from relay.constants import LAST_ERROR_MAX_CHARS
 from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings
 
@@ -110,3 +113,50 @@ def window_problem(window: float, retention: float) -> str | None:
             "written again after the window is processed again"
         )
     return None
+
+
+# Headers on a message the inbox dead-lettered, saying why (``dead_letter_headers``).
+DEAD_ERROR = "x-inbox-error"
+DEAD_ATTEMPTS = "x-inbox-attempts"
+DEAD_CONSUMER = "x-inbox-consumer"
+DEAD_QUEUE = "x-inbox-queue"
+DEAD_FIRST_FAILURE = "x-inbox-first-failure"
+DEAD_LAST_FAILURE = "x-inbox-last-failure"
+DEAD_HEADERS = (
+    DEAD_ERROR,
+    DEAD_ATTEMPTS,
+    DEAD_CONSUMER,
+    DEAD_QUEUE,
+    DEAD_FIRST_FAILURE,
+    DEAD_LAST_FAILURE,
+)
+
+
+def dead_letter_headers(
+    consumer: str,
+    queue: str,
+    error: str,
+    attempts: int,
+    *,
+    first_failure: datetime | None = None,
+    last_failure: datetime | None = None,
+) -> dict[str, object]:
+    """Why a message was dead-lettered, as its headers: the error (the exception's type and
+    message, or why the message has no key: never a payload or a statement's parameters),
+    the failed attempts, which consumer of which queue, and when it first and last failed
+    (RFC 3339, UTC)."""
+    headers: dict[str, object] = {
+        DEAD_ERROR: error[:LAST_ERROR_MAX_CHARS],
+        DEAD_ATTEMPTS: attempts,
+        DEAD_CONSUMER: consumer,
+        DEAD_QUEUE: queue,
+    }
+    for name, at in ((DEAD_FIRST_FAILURE, first_failure), (DEAD_LAST_FAILURE, last_failure)):
+        if at is not None:
+            headers[name] = at.astimezone(UTC).isoformat(timespec="milliseconds")
+    return headers
+
+
+def dead_letter_queue(queue: str) -> str:
+    """The queue the inbox consuming ``queue`` dead-letters to, with the reasons."""
+    return f"{queue}.dead-letters"

@@ -10,6 +10,7 @@ import functools
 import threading
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import pika
 import pytest
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 
 from devtools.broker import drain
 from devtools.servers import RabbitNode, wait_until
+from relay.cli import main
 from relay.db.engine import create_engine
 from relay.db.inbox import Transaction
 from relay.inbox import Delivery, Handler, Inbox, InboxSettings
@@ -82,6 +84,18 @@ def test_a_poison_message_is_dead_lettered_after_its_attempts_and_the_rest_flow(
     assert processed(with_effects) == {(queue, i): 1 for i in ids}  # its writes rolled back
     assert value(consumer, "inbox_failures_total", outcome="retried") == 2
     assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 1
+    headers = dead_lettered[0].headers or {}
+    said = {k: headers[k] for k in ("x-inbox-error", "x-inbox-attempts", "x-inbox-consumer")}
+    assert said == {
+        "x-inbox-error": "ValueError: cannot process this one",
+        "x-inbox-attempts": 3,
+        "x-inbox-consumer": queue,
+    }
+    assert headers["x-inbox-queue"] == queue
+    first, last = (
+        datetime.fromisoformat(str(headers[f"x-inbox-{n}-failure"])) for n in ("first", "last")
+    )
+    assert first <= last <= datetime.now(UTC)
 
 
 @pytest.mark.databases("postgresql")
@@ -97,7 +111,8 @@ def test_a_message_without_an_id_is_dead_lettered_unprocessed(
     (delivered,) = dead_lettered
     assert delivered.message_id is None and delivered.headers is not None
     assert delivered.headers["tenant"] == "a"
-    assert delivered.headers["x-first-death-reason"] == "rejected"
+    assert "neither a message_id nor a ce-id" in str(delivered.headers["x-inbox-error"])
+    assert delivered.headers["x-inbox-attempts"] == 0
     assert processed(with_effects) == {(queue, "m-1"): 1}
 
 
@@ -275,3 +290,40 @@ def test_a_handler_failing_for_its_first_seconds_processes_every_message_once(
         declared = conn.channel().queue_declare(f"{queue}.retry.{ttl}ms", passive=True)
         assert declared.method.message_count == 0
     conn.close()
+
+
+@pytest.mark.databases("postgresql", "sqlite")
+def test_dead_letters_are_listed_by_reason_and_moved_back_once_the_cause_is_fixed(
+    with_effects: str, rabbit: RabbitNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``relay inbox list`` and ``relay inbox requeue`` (a dry run first, then by id): the
+    letter goes back to its queue with its attempts forgotten, and the fixed handler
+    processes it once; the other letter stays."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    broken = {"yes"}
+    handler, calls = recording(queue, fail=lambda d: bool(broken) and d.key in ("a", "b"))
+    quick = {"inbox_max_attempts": "2", "inbox_retry_delay": "0.1"}
+    environ = {"RELAY_DATABASE_URL": with_effects, "RELAY_AMQP_URL": rabbit.url}
+
+    def relay(*argv: str) -> str:
+        assert main(["inbox", *argv, "--queue", queue], environ) == 0
+        return capsys.readouterr().out
+
+    with consuming(with_effects, rabbit.url, queue, handler, **quick) as consumer:
+        publish(rabbit.url, exchange, [("a", {}), ("b", {})])
+        wait_until(
+            lambda: value(consumer, "inbox_failures_total", outcome="dead_lettered") == 2,
+            30,
+            "both dead-lettered",
+        )
+        listed = relay("list")
+        assert "2 dead letters" in listed and "ValueError: cannot process this one" in listed
+        assert "would move 1 " in relay("requeue", "--id", "a", "--dry-run")
+        assert consumer.store.attempts("a") == 2
+        broken.clear()
+        assert "moved 1 " in relay("requeue", "--id", "a", "--reason", "ValueError")
+        wait_until(lambda: value(consumer, "inbox_processed_total") == 1, 30, "a processed")
+    assert processed(with_effects) == {(queue, "a"): 1}
+    assert calls["a"] == 3
+    (left,) = drain(rabbit.url, dead, 1, timeout=5)
+    assert left.message_id == "b"

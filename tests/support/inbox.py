@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from relay.db.engine import create_engine
 from relay.db.inbox import Transaction
 from relay.inbox import Delivery, Inbox, InboxSettings
+from relay.inbox.policy import dead_letter_queue
 from tests.support.inprocess import settings
 from tests.support.metrics import sample_value
 
@@ -27,22 +28,26 @@ effects = sa.Table(
 
 
 def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
-    """(exchange, its queues, their dead-letter queue): a fanout exchange, ``queues`` queues
-    bound to it, each dead-lettering to one queue."""
+    """(exchange, its queues, the first queue's inbox dead-letter queue): a fanout exchange,
+    ``queues`` queues bound to it, each with the queue the inbox dead-letters it to (declared
+    here for the test to read before the first dead letter) and a dead-letter exchange of
+    the broker's own (for what the broker drops)."""
     suffix = uuid.uuid4().hex[:8]
-    exchange, dead = f"inbox.x.{suffix}", f"inbox.dead.{suffix}"
+    exchange, broker_dead = f"inbox.x.{suffix}", f"inbox.dead.{suffix}"
     names = [f"inbox.q{n}.{suffix}" for n in range(queues)]
     conn = pika.BlockingConnection(pika.URLParameters(url))
     channel = conn.channel()
     channel.exchange_declare(exchange, "fanout", durable=True)
-    channel.exchange_declare(dead, "fanout", durable=True)
-    channel.queue_declare(dead, durable=True)
-    channel.queue_bind(dead, dead)
+    channel.exchange_declare(broker_dead, "fanout", durable=True)
+    channel.queue_declare(broker_dead, durable=True)
+    channel.queue_bind(broker_dead, broker_dead)
     for queue in names:
-        channel.queue_declare(queue, durable=True, arguments={"x-dead-letter-exchange": dead})
+        arguments = {"x-dead-letter-exchange": broker_dead}
+        channel.queue_declare(queue, durable=True, arguments=arguments)
         channel.queue_bind(queue, exchange)
+        channel.queue_declare(dead_letter_queue(queue), durable=True)
     conn.close()
-    return exchange, names, dead
+    return exchange, names, dead_letter_queue(names[0])
 
 
 def publish(

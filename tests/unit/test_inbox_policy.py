@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from relay.inbox import Inbox, InboxSettings, Settings
-from relay.inbox.policy import RetrySchedule, key_problem, too_many_before, window_problem
+from relay.inbox.policy import (
+    DEAD_HEADERS,
+    RetrySchedule,
+    dead_letter_headers,
+    dead_letter_queue,
+    key_problem,
+    too_many_before,
+    window_problem,
+)
 from relay.records import Answer, Delivery, Verdict
 
 
@@ -146,3 +155,47 @@ def test_a_consumer_whose_window_is_too_short_says_so_at_start(
     warned = [r for r in caplog.records if getattr(r, "action", "") == "inbox_window_short"]
     assert len(warned) == 1
     assert "RELAY_RETENTION=604800" in warned[0].getMessage()
+
+
+T0 = datetime(2026, 11, 26, 10, 0, 0, 123456, tzinfo=UTC)
+# (error, attempts, first, last) -> the headers beyond the consumer and queue
+DEAD = {
+    "a handler's failures": (
+        ("ValueError: no", 5, T0, T0 + timedelta(seconds=75)),
+        {
+            "x-inbox-error": "ValueError: no",
+            "x-inbox-attempts": 5,
+            "x-inbox-first-failure": "2026-11-26T10:00:00.123+00:00",
+            "x-inbox-last-failure": "2026-11-26T10:01:15.123+00:00",
+        },
+    ),
+    "no key: no attempts, no times": (
+        ("the message has neither", 0, None, None),
+        {"x-inbox-error": "the message has neither", "x-inbox-attempts": 0},
+    ),
+    "a time in another zone: in UTC": (
+        ("E", 1, T0.astimezone(timezone(timedelta(hours=2))), None),
+        {
+            "x-inbox-error": "E",
+            "x-inbox-attempts": 1,
+            "x-inbox-first-failure": "2026-11-26T10:00:00.123+00:00",
+        },
+    ),
+    "a long error: cut": (
+        ("x" * 5000, 2, None, None),
+        {"x-inbox-error": "x" * 2000, "x-inbox-attempts": 2},
+    ),
+}
+
+
+@pytest.mark.parametrize(("given", "expected"), DEAD.values(), ids=list(DEAD))
+def test_a_dead_letter_says_why_in_its_headers(
+    given: tuple[str, int, datetime | None, datetime | None], expected: dict[str, object]
+) -> None:
+    error, attempts, first, last = given
+    headers = dead_letter_headers(
+        "billing", "orders", error, attempts, first_failure=first, last_failure=last
+    )
+    assert headers == {"x-inbox-consumer": "billing", "x-inbox-queue": "orders", **expected}
+    assert set(headers) <= set(DEAD_HEADERS)
+    assert dead_letter_queue("orders") == "orders.dead-letters"

@@ -1,0 +1,130 @@
+"""The operator's commands for an inbox's dead letters: ``relay inbox list`` (by reason) and
+``relay inbox requeue`` (back to their queue, with their attempts forgotten), as ``relay
+replay`` does for the outbox's parked rows."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+from collections.abc import Callable
+
+from relay.broker.deadletters import DeadLetter, dead_letters
+from relay.db.inbox import InboxStore
+from relay.errors import InputError
+from relay.inbox.policy import dead_letter_queue
+from relay.settings import Settings
+
+_SHOWN = 20
+
+
+def add_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: argparse.ArgumentParser,
+    add_settings: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    inbox = sub.add_parser("inbox", help="an inbox consumer's dead letters")
+    inbox.set_defaults(command=None)
+    commands = inbox.add_subparsers(title="commands")
+    for name, handler, help_text in (
+        ("list", list_command, "dead letters by reason"),
+        ("requeue", requeue_command, "move dead letters back to their queue"),
+    ):
+        parser = commands.add_parser(
+            name, parents=[common], help=help_text, description=handler.__doc__
+        )
+        add_settings(parser)
+        parser.add_argument(
+            "--queue",
+            required=True,
+            help="the queue the inbox consumes (its dead letters are in <queue>.dead-letters)",
+        )
+        parser.set_defaults(command=f"inbox {name}", handler=handler)
+        if name == "list":
+            parser.add_argument("--json", action="store_true", help="one JSON object a letter")
+            continue
+        parser.add_argument("--reason", help="letters whose error contains this text")
+        parser.add_argument(
+            "--id",
+            action="append",
+            default=[],
+            dest="ids",
+            metavar="MESSAGE_ID",
+            help="a message id (repeat)",
+        )
+        parser.add_argument("--all", action="store_true", help="every dead letter")
+        parser.add_argument("--dry-run", action="store_true", help="show the letters, move nothing")
+
+
+def list_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Show the inbox's dead letters of --queue by reason (the error its handler raised, or
+    why the message could not be kept), with how many and the ids of the first few. The
+    letters stay where they are."""
+    letters = _letters(settings, args.queue)
+    if args.json:
+        for letter in letters:
+            print(json.dumps(dataclasses.asdict(letter)))
+        return 0
+    by_reason: dict[str, list[DeadLetter]] = collections.defaultdict(list)
+    for letter in letters:
+        by_reason[letter.error].append(letter)
+    print(f"{len(letters)} dead letters in {dead_letter_queue(args.queue)}")
+    for reason, group in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        ids = ", ".join(str(letter.message_id) for letter in group[:_SHOWN])
+        more = f", and {len(group) - _SHOWN} more" if len(group) > _SHOWN else ""
+        print(f"{len(group):>8}  {reason}\n          {ids}{more}")
+    return 0
+
+
+def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Move dead letters of --queue back to the queue they came from, once their cause is
+    fixed: selected by --reason (a part of the error) and --id (together they narrow the
+    selection), or --all. Their failed attempts are forgotten, so each has its whole retry
+    schedule again. --dry-run only shows them."""
+    if bool(args.reason or args.ids) == args.all:
+        raise InputError("say which dead letters to requeue: --reason or --id, or --all (not both)")
+    wanted = set(args.ids)
+
+    def chosen(letter: DeadLetter) -> bool:
+        if args.reason and args.reason not in letter.error:
+            return False
+        return not wanted or letter.message_id in wanted
+
+    if args.dry_run:
+        moved = [letter for letter in _letters(settings, args.queue) if chosen(letter)]
+    else:
+        moved = dead_letters(
+            settings.amqp_urls,
+            settings.name,
+            settings.amqp_tls,
+            dead_letter_queue(args.queue),
+            chosen,
+        )
+        _forget_attempts(settings, moved)
+    verb = "would move" if args.dry_run else "moved"
+    print(f"{verb} {len(moved)} dead letters back to their queue")
+    for letter in moved[:_SHOWN]:
+        print(f"  {letter.message_id}  ({letter.attempts} attempts: {letter.error})")
+    return 0
+
+
+def _letters(settings: Settings, queue: str) -> list[DeadLetter]:
+    return dead_letters(
+        settings.amqp_urls, settings.name, settings.amqp_tls, dead_letter_queue(queue)
+    )
+
+
+def _forget_attempts(settings: Settings, moved: list[DeadLetter]) -> None:
+    """The moved letters' failed attempts, deleted from their consumers' inboxes."""
+    consumers: dict[str, list[str]] = collections.defaultdict(list)
+    for letter in moved:
+        if letter.consumer and letter.message_id:
+            consumers[letter.consumer].append(letter.message_id)
+    for consumer, ids in consumers.items():
+        store = InboxStore(settings.database_url, consumer)
+        try:
+            for message_id in ids:
+                store.forget_attempts(message_id)
+        finally:
+            store.close()

@@ -1,0 +1,115 @@
+"""The inbox's dead letters on the broker (``relay inbox list`` and ``requeue``): read every
+message of a dead-letter queue without taking it, and move those chosen back to the queue
+they came from.
+
+Each message is fetched unacknowledged (``basic.get``), so none is seen twice in one pass; a
+chosen one is published to its queue with confirms and then acked; the others go back to the
+dead-letter queue together at the end, in their order. A pass that fails midway (the
+connection lost) leaves every message not yet acked where it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pika
+import pika.exceptions
+
+from relay.broker.connection import connection_parameters
+from relay.errors import BrokerError
+from relay.inbox.policy import (
+    DEAD_ATTEMPTS,
+    DEAD_CONSUMER,
+    DEAD_ERROR,
+    DEAD_HEADERS,
+    DEAD_LAST_FAILURE,
+    DEAD_QUEUE,
+)
+from relay.records import RETRY_HEADER
+from relay.settings import TlsOptions
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead letter as its headers describe it (empty where the broker put it there, not the
+    inbox: a queue's delivery limit, a TTL)."""
+
+    message_id: str | None
+    error: str
+    attempts: int
+    consumer: str
+    queue: str
+    last_failure: str
+
+
+def dead_letters(
+    urls: Sequence[str],
+    name: str,
+    tls: TlsOptions | None,
+    dead_queue: str,
+    move: Callable[[DeadLetter], bool] | None = None,
+) -> list[DeadLetter]:
+    """Every message of ``dead_queue``, described; with ``move``, the ones it picks are put
+    back into the queue they came from (their reason headers taken off) and returned alone."""
+    try:
+        connection = pika.BlockingConnection(connection_parameters(urls[0], name, tls))
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        raise BrokerError(f"cannot reach the broker: {type(exc).__name__}: {exc}") from exc
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        try:
+            waiting = channel.queue_declare(dead_queue, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            raise BrokerError(f"no dead-letter queue {dead_queue!r}: {exc.reply_text}") from exc
+        found: list[DeadLetter] = []
+        for _ in range(waiting):
+            method, properties, body = channel.basic_get(dead_queue, auto_ack=False)
+            if method is None:
+                break
+            letter = _described(properties)
+            if move is None:
+                found.append(letter)
+            elif letter.queue and move(letter):
+                headers = {
+                    k: v
+                    for k, v in (properties.headers or {}).items()
+                    if k not in DEAD_HEADERS and k != RETRY_HEADER
+                }
+                properties.headers = headers
+                channel.basic_publish("", letter.queue, body, properties, mandatory=True)
+                channel.basic_ack(method.delivery_tag)
+                found.append(letter)
+        # The rest back to the dead-letter queue, in their order.
+        channel.basic_nack(0, multiple=True, requeue=True)
+        return found
+    except pika.exceptions.AMQPError as exc:
+        raise BrokerError(f"reading {dead_queue!r} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            connection.close()
+
+
+def _described(properties: pika.BasicProperties) -> DeadLetter:
+    headers = properties.headers or {}
+
+    def text(name: str) -> str:
+        value = headers.get(name)
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        return "" if value is None else str(value)
+
+    message_id = properties.message_id
+    if isinstance(message_id, bytes):
+        message_id = message_id.decode("utf-8", "replace")
+    attempts = headers.get(DEAD_ATTEMPTS)
+    return DeadLetter(
+        message_id=message_id,
+        error=text(DEAD_ERROR) or "(no reason: dead-lettered by the broker, not the inbox)",
+        attempts=attempts if isinstance(attempts, int) else 0,
+        consumer=text(DEAD_CONSUMER),
+        queue=text(DEAD_QUEUE),
+        last_failure=text(DEAD_LAST_FAILURE),
+    )
