@@ -159,7 +159,7 @@ def test_a_consumer_whose_window_is_too_short_says_so_at_start(
 
 T0 = datetime(2026, 11, 26, 10, 0, 0, 123456, tzinfo=UTC)
 # (error, attempts, first, last) -> the headers beyond the consumer and queue
-DEAD = {
+WHY = {
     "a handler's failures": (
         ("ValueError: no", 5, T0, T0 + timedelta(seconds=75)),
         {
@@ -188,7 +188,7 @@ DEAD = {
 }
 
 
-@pytest.mark.parametrize(("given", "expected"), DEAD.values(), ids=list(DEAD))
+@pytest.mark.parametrize(("given", "expected"), WHY.values(), ids=list(WHY))
 def test_a_dead_letter_says_why_in_its_headers(
     given: tuple[str, int, datetime | None, datetime | None], expected: dict[str, object]
 ) -> None:
