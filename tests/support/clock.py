@@ -5,8 +5,10 @@ and jumps to the next timer when the loop would otherwise wait for it (the loop'
 ``_ready`` and ``_scheduled`` queues say which: asyncio has no public way to ask). Sleeps, timeouts,
 polls and back-offs then take no wall time, and a test sees the same timing on a loaded
 machine as on an idle one. A store call in a worker thread (``asyncio.to_thread``) is waited
-for in real time, so a fast call never looks slow; one still running after
-``REAL_WAIT_S`` lets the virtual clock move on, as a slow database would.
+for in real time, however long a busy machine keeps it from running, and takes no virtual time:
+a call that should look slow sleeps on the loop, not in its thread. (Letting the clock move on
+after a real wait made the timing a test saw depend on the machine's load: a claim recorded
+2 ms late under CI's load once broke a 50 ms linger's bound.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-REAL_WAIT_S = 0.05
+REAL_WAIT_S = 0.05  # how long one select waits for a worker thread before looking again
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -37,7 +39,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             scheduled = self._scheduled  # type: ignore[attr-defined]
             if scheduled:
                 due = scheduled[0].when()
-                idle = not events and not self._ready  # type: ignore[attr-defined]
+                idle = not events and not self._ready and not self._working  # type: ignore[attr-defined]
                 # Idle, nothing can happen before the next timer: its time has come. And a
                 # timer within the clock's resolution runs now anyway (asyncio's rule): its
                 # time must have come too, or code that waits for it sees no time pass.
