@@ -112,6 +112,10 @@ INBOX_PREFETCH = 50
 INBOX_DEDUPE_WINDOW_S = 14 * 24 * 3600.0
 # Ids deleted per transaction by the inbox's purge: short transactions beside the handlers'.
 INBOX_PURGE_CHUNK = 1000
+# The longest the inbox's purge holds its consumer's connection at a time (seconds): chunks
+# follow each other for this long, then the connection is serviced (heartbeats, deliveries)
+# until the next tick. Far below any heartbeat timeout.
+INBOX_PURGE_SLICE_S = 0.25
 # Seconds between the consumer's looks at its periodic work (the purge, a stop) while
 # deliveries come or not.
 INBOX_TICK_S = 1.0

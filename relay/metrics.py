@@ -232,7 +232,7 @@ class InboxMetrics:
         ).labels(consumer)
         self.database_errors = Counter(
             "inbox_database_errors_total",
-            "Deliveries requeued unhandled because the inbox's own statements failed.",
+            "Deliveries not handled because the inbox's own statements failed (requeued or held).",
             ["consumer"],
             registry=r,
         ).labels(consumer)

@@ -137,7 +137,7 @@ class Consumer:
                     queue = retry_queues.get(answer.delay) or self._retry_queue(
                         channel, answer.delay, retry_queues
                     )
-                    again = _again(properties)
+                    again = _with_headers(properties, retried(properties.headers))
                     channel.basic_publish("", queue, body, again, mandatory=True)
                     channel.basic_ack(tag)
                 elif answer.verdict is Verdict.DEAD_LETTER and answer.reason is not None:
@@ -157,20 +157,9 @@ class Consumer:
     def _retry_queue(
         self, channel: BlockingChannel, delay: float, retry_queues: dict[float, str]
     ) -> str:
-        """The queue where a message waits ``delay`` seconds: its messages expire (a TTL) and
-        are dead-lettered back into the consumed queue, through the default exchange. One
-        per delay of the schedule; declared on first use, durable, as the queue."""
-        ttl = round(delay * 1000)
-        name = f"{self._queue}.retry.{ttl}ms"
-        channel.queue_declare(
-            name,
-            durable=True,
-            arguments={
-                "x-message-ttl": ttl,
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": self._queue,
-            },
-        )
+        """The queue where a message waits ``delay`` seconds (``retry_queue``), declared."""
+        name, arguments = retry_queue(self._queue, delay)
+        channel.queue_declare(name, durable=True, arguments=arguments)
         retry_queues[delay] = name
         return name
 
@@ -194,11 +183,24 @@ class Consumer:
                 return
 
 
-def _again(properties: pika.BasicProperties) -> pika.BasicProperties:
-    """A delivery's properties for its copy in a retry queue, marked as a retry
-    (``RETRY_HEADER``), which the inbox treats as a delivery that came again."""
-    retries = (properties.headers or {}).get(RETRY_HEADER, 0)
-    return _with_headers(properties, {RETRY_HEADER: int(retries or 0) + 1})
+def retry_queue(queue: str, delay: float) -> tuple[str, dict[str, Any]]:
+    """The queue where a message of ``queue`` waits ``delay`` seconds, and its arguments: its
+    messages expire (a TTL) and are dead-lettered back into ``queue``, through the default
+    exchange. One per delay of the schedule, declared on first use, durable, as the queue."""
+    ttl = round(delay * 1000)
+    arguments = {
+        "x-message-ttl": ttl,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": queue,
+    }
+    return f"{queue}.retry.{ttl}ms", arguments
+
+
+def retried(headers: Mapping[str, object] | None) -> dict[str, object]:
+    """The header that marks a delivery's copy in a retry queue (``RETRY_HEADER``, counting
+    its retries), which the inbox treats as a delivery that came again."""
+    retries = (headers or {}).get(RETRY_HEADER, 0)
+    return {RETRY_HEADER: int(retries or 0) + 1}  # type: ignore[call-overload]
 
 
 def _with_headers(

@@ -10,6 +10,11 @@ Two kinds of session, by what their writes must survive:
   vanished holds nothing for long: the server ends a statement that runs, or waits for a
   lock, too long, and a transaction left idle (``DB_*`` in ``relay.constants``); TCP
   keepalives on both ends find a silent peer in seconds.
+- ``inbox_session=True`` (an inbox consumer's, its handlers' writes among them): durable, as
+  below, and bounded where a wait is never a handler's own work: a lock waited for
+  (another consumer's handler of the same id) and a statement run longer than the relay's
+  limits fail, instead of holding a delivery and its connection indefinitely. No limit on
+  an idle transaction: a handler may call out between its statements.
 - the default (writers, operators, migrations, the Spark writer's merge, the inbox):
   durable commits whatever the server's default (``synchronous_commit=on`` on PostgreSQL,
   ``synchronous=FULL`` on SQLite). A message a writer was told is in the outbox must be
@@ -44,7 +49,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.adapt
@@ -67,6 +72,9 @@ from relay.constants import (
 )
 from relay.errors import ConfigError, SchemaMissingError, StoreError
 from relay.redact import redact_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 # The relay's own PostgreSQL session settings (``relay_session=True``), each for a reason:
 RELAY_SESSION_SETTINGS = {
@@ -117,6 +125,14 @@ MARIADB_RELAY_SESSION = (
     f"idle_transaction_timeout = {DB_IDLE_IN_TRANSACTION_S}"
 )
 MYSQL_RELAY_SESSION = f"SET {_LOCK_WAITS}, max_execution_time = {DB_STATEMENT_TIMEOUT_MS}"
+# An inbox's sessions (``inbox_session=True``): lock waits and statements bounded as the
+# relay's, no idle limit (see the module docstring).
+INBOX_SESSION_SETTINGS = {
+    "statement_timeout": str(DB_STATEMENT_TIMEOUT_MS),
+    "lock_timeout": str(DB_LOCK_TIMEOUT_MS),
+}
+MARIADB_INBOX_SESSION = f"SET {_LOCK_WAITS}, max_statement_time = {DB_STATEMENT_TIMEOUT_MS // 1000}"
+MYSQL_INBOX_SESSION = MYSQL_RELAY_SESSION
 # libpq's keepalives and its timeout for unacknowledged data (see the module docstring).
 PG_KEEPALIVES = {
     "keepalives": 1,
@@ -128,32 +144,27 @@ PG_KEEPALIVES = {
 MYSQL_BACKENDS = ("mysql", "mariadb")
 
 
-def create_engine(url: str, *, relay_session: bool = False, pre_ping: bool = True) -> sa.Engine:
+def create_engine(
+    url: str, *, relay_session: bool = False, inbox_session: bool = False, pre_ping: bool = True
+) -> sa.Engine:
     """An engine for ``url`` with durable sessions; with ``relay_session``, with the session
-    settings the relay's own claims and settles want; ``pre_ping``, testing a pooled
-    connection before each use, where ``relay_session`` is off (see the module docstring)."""
+    settings the relay's own claims and settles want; with ``inbox_session``, an inbox's;
+    ``pre_ping``, testing a pooled connection before each use, where ``relay_session`` is off
+    (see the module docstring)."""
     pre_ping = pre_ping and not relay_session
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise StoreError(f"database URL {redact_url(url)!r} is not valid: {exc}") from exc
+    parsed = _url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() in MYSQL_BACKENDS:
-        return _mysql_engine(parsed, relay_session, pre_ping)
+        url_, connect_args, options = _mysql_options(parsed, relay_session)
+        engine = sa.create_engine(
+            url_, pool_pre_ping=pre_ping, connect_args=connect_args, **options
+        )
+        session = functools.partial(_mysql_session, relay_session, inbox_session)
+        sa.event.listen(engine, "connect", session)
+        return engine
     if parsed.get_backend_name() == "postgresql":
-        connect_args: dict[str, Any] = {
-            "connect_timeout": DB_CONNECT_TIMEOUT_S,
-            **PG_KEEPALIVES,
-            # Durable whatever the server's default: a writer's or an inbox's commit is a
-            # promise (an inbox acks its message after it).
-            "options": "-c synchronous_commit=on",
-        }
-        if relay_session:
-            connect_args["application_name"] = APPLICATION_NAME
-            connect_args["options"] = " ".join(
-                f"-c {name}={value}" for name, value in RELAY_SESSION_SETTINGS.items()
-            )
+        connect_args = _pg_connect_args(relay_session, inbox_session)
         engine = sa.create_engine(parsed, pool_pre_ping=pre_ping, connect_args=connect_args)
         sa.event.listen(engine, "before_cursor_execute", _binary_results)
         sa.event.listen(engine, "connect", _register_dumpers)
@@ -164,30 +175,95 @@ def create_engine(url: str, *, relay_session: bool = False, pre_ping: bool = Tru
     return engine
 
 
-def _mysql_engine(url: sa.URL, relay_session: bool, pre_ping: bool) -> sa.Engine:
-    """MySQL and MariaDB: one dialect name (``mysql``) whichever the URL says, utf8mb4."""
+def create_async_engine(url: str) -> AsyncEngine:
+    """An asyncio engine for ``url`` with an inbox's sessions (``inbox_session``), on the
+    drivers' asyncio flavours: psycopg's own for PostgreSQL, aiomysql for MySQL and MariaDB,
+    aiosqlite for SQLite (the ``asyncio`` extra). The session settings are the blocking
+    engine's, applied through SQLAlchemy's adapters to the same events."""
+    # Here, not at the top: SQLAlchemy's asyncio needs greenlet, which the relay itself
+    # does without (it comes with the ``asyncio`` extra).
+    from sqlalchemy.ext.asyncio import create_async_engine as create_asyncio_engine
+
+    parsed = _url(url)
+    backend = parsed.get_backend_name()
+    if backend in MYSQL_BACKENDS:
+        url_, connect_args, options = _mysql_options(parsed.set(drivername="mysql+aiomysql"), False)
+        engine = create_asyncio_engine(url_, connect_args=connect_args, **options)
+        session = functools.partial(_mysql_session, False, True)
+        sa.event.listen(engine.sync_engine, "connect", session)
+        return engine
+    if backend == "postgresql":
+        connect_args = _pg_connect_args(relay_session=False, inbox_session=True)
+        return create_asyncio_engine(
+            parsed.set(drivername="postgresql+psycopg"), connect_args=connect_args
+        )
+    engine = create_asyncio_engine(
+        parsed.set(drivername="sqlite+aiosqlite"),
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+    )
+    pragmas = functools.partial(_sqlite_pragmas, SQLITE_PRAGMAS + SQLITE_DURABLE)
+    sa.event.listen(engine.sync_engine, "connect", pragmas)
+    return engine
+
+
+def _url(url: str) -> sa.URL:
+    try:
+        return sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(f"database URL {redact_url(url)!r} is not valid: {exc}") from exc
+
+
+def _pg_connect_args(relay_session: bool, inbox_session: bool) -> dict[str, Any]:
+    settings = (
+        RELAY_SESSION_SETTINGS
+        if relay_session
+        # Durable whatever the server's default: a writer's or an inbox's commit is a
+        # promise (an inbox acks its message after it).
+        else {"synchronous_commit": "on", **(INBOX_SESSION_SETTINGS if inbox_session else {})}
+    )
+    connect_args: dict[str, Any] = {
+        "connect_timeout": DB_CONNECT_TIMEOUT_S,
+        **PG_KEEPALIVES,
+        "options": " ".join(f"-c {name}={value}" for name, value in settings.items()),
+    }
+    if relay_session:
+        connect_args["application_name"] = APPLICATION_NAME
+    return connect_args
+
+
+def _mysql_options(
+    url: sa.URL, relay_session: bool
+) -> tuple[sa.URL, dict[str, Any], dict[str, Any]]:
+    """MySQL and MariaDB: one dialect name (``mysql``) whichever the URL says, utf8mb4: the
+    URL, the driver's connect arguments, the engine's options."""
     url = url.set(drivername=f"mysql+{url.get_driver_name() or 'mysqldb'}")
     url = url.update_query_dict({"charset": "utf8mb4"})
     # No CLIENT_FOUND_ROWS (SQLAlchemy sets it for its ORM): a statement's row count is then the
     # rows it changed, so an insert that skips message ids already there counts what it added.
     connect_args: dict[str, Any] = {"connect_timeout": DB_CONNECT_TIMEOUT_S, "client_flag": 0}
     options: dict[str, Any] = {"isolation_level": "READ COMMITTED"} if relay_session else {}
-    engine = sa.create_engine(url, pool_pre_ping=pre_ping, connect_args=connect_args, **options)
-    sa.event.listen(engine, "connect", functools.partial(_mysql_session, relay_session))
-    return engine
+    return url, connect_args, options
 
 
-def _mysql_session(relay_session: bool, dbapi_connection: Any, _record: Any) -> None:
-    server = str(dbapi_connection.get_server_info())
+def _mysql_session(
+    relay_session: bool, inbox_session: bool, dbapi_connection: Any, _record: Any
+) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("SELECT VERSION()")
+    server = str(cursor.fetchone()[0])
     problem = server_version_problem(server)
     if problem is not None:
         raise ConfigError(problem)
-    cursor = dbapi_connection.cursor()
     cursor.execute(MYSQL_SESSION)
+    mariadb = "mariadb" in server.lower()
     if relay_session:
-        mariadb = "mariadb" in server.lower()
         cursor.execute(MARIADB_RELAY_SESSION if mariadb else MYSQL_RELAY_SESSION)
-        keep_alive(dbapi_connection.fileno())
+    elif inbox_session:
+        cursor.execute(MARIADB_INBOX_SESSION if mariadb else MYSQL_INBOX_SESSION)
+    if relay_session or inbox_session:
+        fileno = getattr(dbapi_connection, "fileno", None)
+        if fileno is not None:  # aiomysql's adapter has none: its keepalive is the server's
+            keep_alive(fileno())
     cursor.close()
 
 
@@ -246,7 +322,9 @@ def _sqlite_pragmas(pragmas: tuple[str, ...], dbapi_connection: Any, _record: An
     # CAST(X'FF41' AS TEXT)): one such row stopped every claim. Read leniently instead, the
     # bytes that are not UTF-8 kept as lone surrogates, for the row's decoder to refuse by
     # name (``relay.db.decode``).
-    dbapi_connection.text_factory = _lenient_text
+    # (aiosqlite's connection under SQLAlchemy's adapter takes it as sqlite3's does.)
+    driver = getattr(dbapi_connection, "driver_connection", None) or dbapi_connection
+    driver.text_factory = _lenient_text
     cursor = dbapi_connection.cursor()
     for pragma in pragmas:
         cursor.execute(f"PRAGMA {pragma}")

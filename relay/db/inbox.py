@@ -11,13 +11,14 @@ column; ``relay.inbox`` refuses such ids before they get here.
 
 from __future__ import annotations
 
-import functools
+import enum
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
@@ -31,7 +32,6 @@ from relay.db.engine import (
     create_engine,
     db_errors,
     delete_chunk,
-    in_chunks,
     insert_or_ignore,
     run_delete,
     transaction,
@@ -39,6 +39,8 @@ from relay.db.engine import (
 from relay.db.schema import inbox_attempts, inbox_received
 from relay.errors import StoreError
 from relay.redact import redact_url
+
+T = TypeVar("T")
 
 # Statements that would end or split the inbox's transaction, sent as SQL text.
 _TRANSACTION_CONTROL = re.compile(
@@ -65,6 +67,19 @@ class TransactionEnded(StoreError):
     """A handler tried to end the inbox's transaction: a failed attempt, never a commit."""
 
 
+def guarded(statement: Any) -> Any:
+    """A handler's statement (SQL text made a ``TextClause``), refused when it would end or
+    split the inbox's transaction."""
+    if isinstance(statement, str):
+        statement = sa.text(statement)
+    if isinstance(statement, sa.TextClause) and _TRANSACTION_CONTROL.match(statement.text):
+        raise TransactionEnded(
+            "a handler may not end or split the inbox's transaction "
+            f"({statement.text.split(None, 1)[0].upper()}): raise to roll back"
+        )
+    return statement
+
+
 class Transaction:
     """What a handler writes with: the open transaction its message's key went into, which
     it can write and read in but not end. A handler that committed its part and then failed
@@ -87,14 +102,7 @@ class Transaction:
     ) -> sa.CursorResult[Any]:
         """``sa.Connection.execute``: a statement, its parameters (a dict, or a list of them
         for many rows), execution options as keywords."""
-        if isinstance(statement, str):
-            statement = sa.text(statement)
-        if isinstance(statement, sa.TextClause) and _TRANSACTION_CONTROL.match(statement.text):
-            raise TransactionEnded(
-                "a handler may not end or split the inbox's transaction "
-                f"({statement.text.split(None, 1)[0].upper()}): raise to roll back"
-            )
-        return self._conn.execute(statement, parameters, execution_options=options)
+        return self._conn.execute(guarded(statement), parameters, execution_options=options)
 
     def scalar(self, statement: Any, parameters: Any = None) -> Any:
         return self.execute(statement, parameters).scalar()
@@ -110,25 +118,46 @@ class Transaction:
             yield self
 
 
-class InboxStore:
-    """One consumer's rows of the inbox tables, on one database."""
+class Outcome(enum.Enum):
+    """What became of a handler's run in the transaction that holds its message's key."""
 
-    def __init__(self, url: str, consumer: str) -> None:
-        # No test query per delivery: a dropped connection fails one delivery, requeued.
-        self.engine = create_engine(url, pre_ping=False)
+    DUPLICATE = "duplicate"  # the key was there: processed before, the handler not run
+    DONE = "done"  # the handler returned, and its writes committed with the key
+    FAILED = "failed"  # the handler raised: rolled back
+    ENDED = "ended"  # the handler ended the transaction past ``Transaction``
+
+
+class Ran(NamedTuple):
+    """A handler's run (``InboxStore.run``): its outcome, the seconds from the key's insert to
+    the commit (``DONE``), the exception (``FAILED``, ``ENDED``)."""
+
+    outcome: Outcome
+    seconds: float = 0.0
+    error: Exception | None = None
+
+
+class _Raised(Exception):
+    """The handler raised (its exception the cause): out of the inbox's transaction."""
+
+
+class InboxStatements:
+    """The inbox's own statements for one consumer, each a function of a connection in the
+    transaction its caller opened: the blocking store runs them on its connections, the
+    asyncio store (``relay.db.inbox_async``) through ``AsyncConnection.run_sync``, so one
+    piece of SQL serves both."""
+
+    def __init__(self, dialect: sa.Dialect, consumer: str) -> None:
         self.consumer = consumer
-        self.where = redact_url(url)
-        dialect = self.engine.dialect.name
         # The key's insert; public for bench.inbox, which measures it alone.
-        self.insert_key = insert_or_ignore(inbox_received, self.engine.dialect).values(
+        self.insert_key = insert_or_ignore(inbox_received, dialect).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id")
         )
-        self._count_attempt = _upsert_attempt(dialect)
-        self._mark_run = insert_or_ignore(inbox_attempts, self.engine.dialect).values(
+        self._count_attempt = _upsert_attempt(dialect.name)
+        self._mark_run = insert_or_ignore(inbox_attempts, dialect).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
         )
 
-    def _key(self, message_id: str) -> dict[str, str]:
+    def key(self, message_id: str) -> dict[str, str]:
         """A message's key as the statements here bind it (see ``_of``)."""
         return {
             "consumer": self.consumer,
@@ -136,6 +165,165 @@ class InboxStore:
             "of_consumer": self.consumer,
             "of_message_id": message_id,
         }
+
+    def add_key(self, conn: sa.Connection, message_id: str) -> bool:
+        """Insert the message's key; False when it was there (processed before)."""
+        return bool(
+            conn.execute(
+                self.insert_key,
+                {"consumer": self.consumer, "message_id": message_id},
+                execution_options={"preserve_rowcount": True},
+            ).rowcount
+        )
+
+    def count_attempt(self, conn: sa.Connection, message_id: str, error: str) -> int:
+        """One more failed attempt at the message (its handler raised), its run over;
+        returns how many there have been."""
+        key = self.key(message_id)
+        conn.execute(self._count_attempt, {**key, "last_error": error[:LAST_ERROR_MAX_CHARS]})
+        return int(conn.scalar(_attempts_of(), key) or 0)
+
+    def start_run(self, conn: sa.Connection, message_id: str) -> int:
+        """Mark a run of the message's handler, for a delivery that came again: if the last
+        such mark is still there, that run died inside the handler, and it is counted now
+        as a failed attempt. Returns the attempts counted so far (this run not among them).
+        Only deliveries that came again are marked: a first delivery costs nothing more, and
+        a consumer dying in its handler is counted from its second delivery on."""
+        key = self.key(message_id)
+        attempt = inbox_attempts.c
+        conn.execute(self._mark_run, key)
+        crashed = (
+            sa.update(inbox_attempts)
+            .where(*_of(), attempt.running)
+            .values(
+                attempts=attempt.attempts + 1,
+                last_error=CRASHED,
+                updated_at=database_time(),
+                first_failed_at=sa.func.coalesce(attempt.first_failed_at, database_time()),
+            )
+        )
+        if conn.execute(crashed, key).rowcount == 0:
+            conn.execute(sa.update(inbox_attempts).where(*_of()).values(running=True), key)
+        return int(conn.scalar(_attempts_of(), key) or 0)
+
+    def end_run(self, conn: sa.Connection, message_id: str) -> None:
+        """The run marked by ``start_run`` ended without the handler failing (the database
+        failed around it): nothing to count."""
+        conn.execute(
+            sa.update(inbox_attempts).where(*_of()).values(running=False), self.key(message_id)
+        )
+
+    def forget(self, conn: sa.Connection, message_id: str) -> None:
+        """Delete the message's key: its handler ended the transaction past ``Transaction``
+        (through the driver), which may have committed the key with part of the work; the
+        next delivery runs the handler again rather than ack it as a duplicate."""
+        gone = sa.delete(inbox_received).where(
+            inbox_received.c.consumer == sa.bindparam("consumer"),
+            inbox_received.c.message_id == sa.bindparam("message_id"),
+        )
+        conn.execute(gone, self.key(message_id))
+
+    def forget_attempts(self, conn: sa.Connection, message_id: str) -> None:
+        """Delete the message's failed attempts (``relay inbox requeue``: its cause fixed, it
+        gets its whole retry schedule again)."""
+        conn.execute(sa.delete(inbox_attempts).where(*_of()), self.key(message_id))
+
+    def failures(self, conn: sa.Connection, message_id: str) -> Failures | None:
+        """The failures counted for the message, or None."""
+        attempt = inbox_attempts.c
+        columns = (
+            attempt.attempts,
+            attempt.last_error,
+            attempt.first_failed_at,
+            attempt.updated_at,
+        )
+        row = conn.execute(sa.select(*columns).where(*_of()), self.key(message_id)).first()
+        return None if row is None else Failures(*row)
+
+    def attempts(self, conn: sa.Connection, message_id: str) -> int:
+        """Failed attempts counted for the message so far."""
+        return int(conn.scalar(_attempts_of(), self.key(message_id)) or 0)
+
+    def purge_one(self, conn: sa.Connection, older_than: float, chunk: int) -> int:
+        """Delete at most ``chunk`` of this consumer's keys, then of its attempts, older than
+        ``older_than`` seconds (by the database's clock), oldest first; returns how many (fewer
+        than ``chunk``: nothing older is left)."""
+        deleted = 0
+        for table, stamp in (
+            (inbox_received, inbox_received.c.received_at),
+            (inbox_attempts, inbox_attempts.c.updated_at),
+        ):
+            old = sa.and_(table.c.consumer == self.consumer, stamp < database_time(-older_than))
+            delete = delete_chunk(
+                table,
+                table.c.message_id,
+                old,
+                chunk=chunk - deleted,
+                dialect=conn.dialect,
+                first=stamp,
+            )
+            deleted += run_delete(delete, conn)
+            if deleted >= chunk:
+                break
+        return deleted
+
+    @staticmethod
+    def durability(conn: sa.Connection) -> str | None:
+        """Why a commit here may not survive a crash of the database's host, where the inbox
+        cannot set it per session, or None. PostgreSQL's and SQLite's sessions commit
+        durably whatever the server's default (``relay.db.engine``); MariaDB's flush is the
+        server's alone."""
+        if conn.dialect.name != "mysql":
+            return None
+        flush = int(conn.scalar(sa.text("SELECT @@innodb_flush_log_at_trx_commit")) or 0)
+        if flush == 1:
+            return None
+        return (
+            f"the server's innodb_flush_log_at_trx_commit is {flush}, not 1: a crash of its "
+            "host can lose the last second of commits, and a message the inbox acked as "
+            "processed with them"
+        )
+
+    @staticmethod
+    def ping(conn: sa.Connection) -> None:
+        conn.execute(sa.text("SELECT 1"))
+
+
+class InboxStore:
+    """One consumer's rows of the inbox tables, on one database, through blocking calls: each
+    of ``InboxStatements`` in a transaction of its own (``call``), and a handler's run in the
+    transaction that holds its key (``run``)."""
+
+    def __init__(self, url: str, consumer: str) -> None:
+        # No test query per delivery: a dropped connection fails one delivery, requeued.
+        self.engine = create_engine(url, pre_ping=False, inbox_session=True)
+        self.consumer = consumer
+        self.where = redact_url(url)
+        self.statements = InboxStatements(self.engine.dialect, consumer)
+
+    def call(self, what: str, statement: Callable[..., T], *args: Any) -> T:
+        """One of ``self.statements`` in a transaction of its own; StoreError when it fails."""
+        with transaction(self.engine, what, self.where) as conn:
+            return statement(conn, *args)
+
+    def run(self, message_id: str, handler: Callable[[Transaction], object]) -> Ran:
+        """``handler`` in the transaction that holds the message's key (``receive``), unless
+        the key was there; StoreError when the inbox's own statements fail."""
+        try:
+            with self.receive(message_id) as tx:
+                if tx is None:
+                    return Ran(Outcome.DUPLICATE)
+                started = time.perf_counter()
+                try:
+                    handler(tx)
+                except Exception as exc:
+                    raise _Raised from exc  # out of the transaction, which rolls back
+        except _Raised as raised:
+            assert isinstance(raised.__cause__, Exception)
+            return Ran(Outcome.FAILED, error=raised.__cause__)
+        except TransactionEnded as exc:  # past ``Transaction``: its key may have committed
+            return Ran(Outcome.ENDED, error=exc)
+        return Ran(Outcome.DONE, time.perf_counter() - started)
 
     @contextmanager
     def receive(self, message_id: str) -> Iterator[Transaction | None]:
@@ -147,142 +335,51 @@ class InboxStore:
             self.engine.connect() as conn,
             conn.begin() as tx,
         ):
-            inserted = conn.execute(
-                self.insert_key,
-                {"consumer": self.consumer, "message_id": message_id},
-                execution_options={"preserve_rowcount": True},
-            ).rowcount
-            if not inserted:
+            if not self.statements.add_key(conn, message_id):
                 tx.rollback()
                 yield None
                 return
             yield Transaction(conn)
-            if not _still_open(conn):
+            if not still_open(conn):
                 raise TransactionEnded("the handler's transaction was ended before its commit")
 
     def count_attempt(self, message_id: str, error: str) -> int:
-        """One more failed attempt at the message (its handler raised), in a transaction of
-        its own, its run over; returns how many there have been."""
-        key = self._key(message_id)
-        with transaction(self.engine, "counting an attempt", self.where) as conn:
-            conn.execute(self._count_attempt, {**key, "last_error": error[:LAST_ERROR_MAX_CHARS]})
-            return int(conn.scalar(_attempts_of(), key) or 0)
+        return self.call("counting an attempt", self.statements.count_attempt, message_id, error)
 
     def start_run(self, message_id: str) -> int:
-        """Mark a run of the message's handler, for a delivery that came again: if the last
-        such mark is still there, that run died inside the handler, and it is counted now
-        as a failed attempt. Returns the attempts counted so far (this run not among them).
-        Only deliveries that came again are marked: a first delivery costs nothing more, and
-        a consumer dying in its handler is counted from its second delivery on."""
-        key = self._key(message_id)
-        attempt = inbox_attempts.c
-        with transaction(self.engine, "marking a run", self.where) as conn:
-            conn.execute(self._mark_run, key)
-            crashed = (
-                sa.update(inbox_attempts)
-                .where(*_of(), attempt.running)
-                .values(
-                    attempts=attempt.attempts + 1,
-                    last_error=CRASHED,
-                    updated_at=database_time(),
-                    first_failed_at=sa.func.coalesce(attempt.first_failed_at, database_time()),
-                )
-            )
-            if conn.execute(crashed, key).rowcount == 0:
-                conn.execute(sa.update(inbox_attempts).where(*_of()).values(running=True), key)
-            return int(conn.scalar(_attempts_of(), key) or 0)
+        return self.call("marking a run", self.statements.start_run, message_id)
 
     def end_run(self, message_id: str) -> None:
-        """The run marked by ``start_run`` ended without the handler failing (the database
-        failed around it): nothing to count."""
-        key = self._key(message_id)
-        ended = sa.update(inbox_attempts).where(*_of()).values(running=False)
-        with transaction(self.engine, "ending a run", self.where) as conn:
-            conn.execute(ended, key)
+        self.call("ending a run", self.statements.end_run, message_id)
+
+    def forget(self, message_id: str) -> None:
+        self.call("forgetting a key", self.statements.forget, message_id)
+
+    def forget_attempts(self, message_id: str) -> None:
+        self.call("forgetting attempts", self.statements.forget_attempts, message_id)
+
+    def failures(self, message_id: str) -> Failures | None:
+        return self.call("reading attempts", self.statements.failures, message_id)
+
+    def attempts(self, message_id: str) -> int:
+        return self.call("reading attempts", self.statements.attempts, message_id)
 
     def ping(self) -> None:
         """A statement's round trip: whether the database answers (StoreError if not)."""
-        with db_errors("reaching the database", self.where), self.engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-
-    def forget(self, message_id: str) -> None:
-        """Delete the message's key: its handler ended the transaction past ``Transaction``
-        (through the driver), which may have committed the key with part of the work; the
-        next delivery runs the handler again rather than ack it as a duplicate."""
-        key = self._key(message_id)
-        gone = sa.delete(inbox_received).where(
-            inbox_received.c.consumer == sa.bindparam("consumer"),
-            inbox_received.c.message_id == sa.bindparam("message_id"),
-        )
-        with transaction(self.engine, "forgetting a key", self.where) as conn:
-            conn.execute(gone, key)
-
-    def forget_attempts(self, message_id: str) -> None:
-        """Delete the message's failed attempts (``relay inbox requeue``: its cause fixed, it
-        gets its whole retry schedule again)."""
-        gone = sa.delete(inbox_attempts).where(*_of())
-        with transaction(self.engine, "forgetting attempts", self.where) as conn:
-            conn.execute(gone, self._key(message_id))
+        self.call("reaching the database", self.statements.ping)
 
     def durability_problem(self) -> str | None:
-        """Why a commit here may not survive a crash of the database's host, where the inbox
-        cannot set it per session, or None. PostgreSQL's and SQLite's sessions commit
-        durably whatever the server's default (``relay.db.engine``); MariaDB's flush is the
-        server's alone."""
-        if self.engine.dialect.name != "mysql":
-            return None
-        query = sa.text("SELECT @@innodb_flush_log_at_trx_commit")
-        with db_errors("reading the server's durability", self.where), self.engine.connect() as c:
-            flush = int(c.scalar(query) or 0)
-        if flush == 1:
-            return None
-        return (
-            f"the server's innodb_flush_log_at_trx_commit is {flush}, not 1: a crash of its "
-            "host can lose the last second of commits, and a message the inbox acked as "
-            "processed with them"
-        )
-
-    def failures(self, message_id: str) -> Failures | None:
-        """The failures counted for the message, or None."""
-        key = self._key(message_id)
-        attempt = inbox_attempts.c
-        columns = (
-            attempt.attempts,
-            attempt.last_error,
-            attempt.first_failed_at,
-            attempt.updated_at,
-        )
-        with db_errors("reading attempts", self.where), self.engine.connect() as conn:
-            row = conn.execute(sa.select(*columns).where(*_of()), key).first()
-        return None if row is None else Failures(*row)
-
-    def attempts(self, message_id: str) -> int:
-        """Failed attempts counted for the message so far."""
-        key = self._key(message_id)
-        with db_errors("reading attempts", self.where), self.engine.connect() as conn:
-            return int(conn.scalar(_attempts_of(), key) or 0)
+        return self.call("reading the server's durability", self.statements.durability)
 
     def purge(self, older_than: float, chunk: int, stop: threading.Event | None = None) -> int:
-        """Delete this consumer's keys and attempts older than ``older_than`` seconds (by the
-        database's clock), ``chunk`` rows per transaction, oldest first; returns how many. A
-        set ``stop`` ends it after the chunk under way."""
+        """Delete this consumer's keys and attempts older than ``older_than`` seconds,
+        ``chunk`` rows per transaction, until none is left or ``stop`` is set."""
         deleted = 0
-        for table, time in (
-            (inbox_received, inbox_received.c.received_at),
-            (inbox_attempts, inbox_attempts.c.updated_at),
-        ):
-            old = sa.and_(table.c.consumer == self.consumer, time < database_time(-older_than))
-            delete = delete_chunk(
-                table, table.c.message_id, old, chunk=chunk, dialect=self.engine.dialect, first=time
-            )
-            deleted += in_chunks(
-                self.engine,
-                functools.partial(run_delete, delete),
-                chunk=chunk,
-                what="purging the inbox",
-                where=self.where,
-                stop=stop,
-            )
+        while stop is None or not stop.is_set():
+            count = self.call("purging the inbox", self.statements.purge_one, older_than, chunk)
+            deleted += count
+            if count < chunk:
+                break
         return deleted
 
     def close(self) -> None:
@@ -331,14 +428,14 @@ def _upsert_attempt(dialect: str) -> sa.Insert:
     )
 
 
-def _still_open(conn: sa.Connection) -> bool:
+def still_open(conn: sa.Connection) -> bool:
     """Whether the server still holds ``conn``'s transaction, as its driver knows without a
     round trip (PostgreSQL, SQLite): a handler may have ended it past ``Transaction``, through
     the driver's own connection. MySQL's driver does not say; ``Transaction`` refuses it
     there alone."""
     if not conn.in_transaction():
         return False
-    driver = conn.connection.dbapi_connection
+    driver = conn.connection.driver_connection  # the driver's own, under an asyncio adapter too
     info = getattr(driver, "info", None)
     if conn.dialect.name == "postgresql" and info is not None:
         return bool(info.transaction_status == TransactionStatus.INTRANS)

@@ -225,6 +225,9 @@ def test_the_inboxs_commits_are_durable_whatever_the_servers_default(
     try:
         with fresh.engine.connect() as conn:
             assert conn.scalar(sa.text("SHOW synchronous_commit")) == "on"
+            # Bounded as the relay's: a lock wait or a statement that hangs fails.
+            assert conn.scalar(sa.text("SHOW lock_timeout")) == "5s"
+            assert conn.scalar(sa.text("SHOW statement_timeout")) == "30s"
         assert fresh.durability_problem() is None
     finally:
         fresh.close()
