@@ -4,23 +4,26 @@
 
 Starts a private RabbitMQ node and PostgreSQL (default durability). In interleaved rounds,
 ``--messages`` persistent 200-byte messages are published to a fresh queue, then consumed
-by one of two consumers in this process until the queue is drained:
+by one of these consumers in this process until the queue is drained:
 
 - **plain**: pika's blocking consumer; per message, one transaction that inserts a row
   into the consumer's own table, then the ack (at-least-once, no dedupe);
 - **inbox**: ``relay.inbox.Inbox`` with a handler that inserts the same row, in the
-  transaction that holds the message's key (effectively once).
+  transaction that holds the message's key (effectively once);
+- **aplain** and **ainbox**: the same two on asyncio (aio-pika, SQLAlchemy's asyncio engine
+  on psycopg's asyncio connection; ``relay.inbox.aio.AsyncInbox``).
 
-Both use the same prefetch and the same database engine (the inbox's: durable commits, no
-test query before each use). Reported per consumer: messages
-per second (drain time), this process's CPU per message and the database server's (every
-PostgreSQL process, from /proc); medians, the inbox's ratios to plain, and last one JSON
-line. By hand only.
+All use the same prefetch and the inbox's engines (durable commits, no test query before
+each use). Reported per consumer: messages per second (drain time), this process's CPU per
+message and the database server's (every PostgreSQL process, from /proc); medians, each
+inbox's rate over its stack's plain consumer's (and the asyncio inbox's over the blocking
+plain one's), and last one JSON line. By hand only.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import statistics
@@ -30,15 +33,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aio_pika
 import pika
 import sqlalchemy as sa
 
 from devtools.broker import fresh_queue
 from devtools.procfs import tree_cpu_seconds
 from devtools.servers import PostgresServer, RabbitNode
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_async_engine, create_engine, migrate
 from relay.db.inbox import InboxStore
+from relay.db.inbox_async import AsyncTransaction
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings, Transaction
+from relay.inbox.aio import AsyncInbox
 
 QUEUE = "bench.inbox"
 BODY = b"x" * 200
@@ -75,7 +81,9 @@ def plain(
         message_id = properties.message_id
         with engine.begin() as db:
             if with_key:
-                db.execute(store.insert_key, {"consumer": "bench", "message_id": message_id})
+                db.execute(
+                    store.statements.insert_key, {"consumer": "bench", "message_id": message_id}
+                )
             db.execute(effects.insert(), {"message_id": message_id, "body": body})
         channel.basic_ack(method.delivery_tag)
         if done == messages:
@@ -103,10 +111,68 @@ def through_inbox(database_url: str, amqp_url: str, messages: int, prefetch: int
     inbox.run(handle, stop)
 
 
+def plain_async(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
+    """``plain`` on asyncio: aio-pika's consumer, SQLAlchemy's asyncio engine (the asyncio
+    inbox's)."""
+
+    async def consume() -> None:
+        engine = create_async_engine(database_url)
+        conn = await aio_pika.connect(amqp_url)
+        channel = await conn.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        queue = await channel.get_queue(QUEUE)
+        done = 0
+        async with queue.iterator() as deliveries:
+            async for message in deliveries:
+                async with engine.begin() as db:
+                    row = {"message_id": message.message_id, "body": message.body}
+                    await db.execute(effects.insert(), row)
+                await message.ack()
+                done += 1
+                if done == messages:
+                    break
+        await conn.close()
+        await engine.dispose()
+
+    asyncio.run(consume())
+
+
+def through_async_inbox(database_url: str, amqp_url: str, messages: int, prefetch: int) -> None:
+    settings = Settings.load({}, {"database_url": database_url, "amqp_url": amqp_url})
+    config = InboxSettings.load({}, {"inbox_queue": QUEUE, "inbox_prefetch": str(prefetch)})
+
+    async def consume() -> None:
+        inbox = AsyncInbox(settings, config)
+        stop = asyncio.Event()
+        done = 0
+
+        async def handle(delivery: Delivery, tx: AsyncTransaction) -> None:
+            nonlocal done
+            row = {"message_id": delivery.message_id, "body": delivery.body}
+            await tx.execute(effects.insert(), row)
+            done += 1
+            if done == messages:
+                stop.set()  # answered, then the consumer returns
+
+        await inbox.run(handle, stop)
+
+    asyncio.run(consume())
+
+
 CONSUMERS: dict[str, Callable[[str, str, int, int], None]] = {
     "plain": plain,
     "plain+key": functools.partial(plain, with_key=True),
     "inbox": through_inbox,
+    "aplain": plain_async,
+    "ainbox": through_async_inbox,
+}
+# Each inbox against the plain consumer of its own stack, and the asyncio one against the
+# blocking plain consumer too.
+RATIOS = {
+    "plain+key/plain": ("plain+key", "plain"),
+    "inbox/plain": ("inbox", "plain"),
+    "ainbox/aplain": ("ainbox", "aplain"),
+    "ainbox/plain": ("ainbox", "plain"),
 }
 
 
@@ -154,10 +220,10 @@ def main() -> None:
     }
     for name, (rate, own, db) in medians.items():
         print(f"median {name:>9}: {rate:7.0f} msg/s, consumer {own:5.0f} us, database {db:5.0f} us")
-    ratios = {name: medians[name][0] / medians["plain"][0] for name in ("plain+key", "inbox")}
+    ratios = {name: medians[a][0] / medians[b][0] for name, (a, b) in RATIOS.items()}
     for name, ratio in ratios.items():
-        print(f"{name}/plain rate: {ratio:.2f}")
-    print(json.dumps({"medians": medians, "rate_over_plain": ratios}))
+        print(f"{name} rate: {ratio:.2f}")
+    print(json.dumps({"medians": medians, "rate_ratios": ratios}))
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def connection_parameters(url: str, name: str, tls: TlsOptions | None = None) ->
         raise ConfigError(f"RELAY_AMQP_URL={redact_url(url)}: {exc}") from None
     if tls is not None:
         params.ssl_options = pika.SSLOptions(
-            _tls_context(tls), server_hostname=tls.server_name or params.host
+            tls_context(tls), server_hostname=tls.server_name or params.host
         )
     # One attempt per connect: tenacity owns the retry schedule and its logging.
     params.connection_attempts = 1
@@ -186,7 +186,7 @@ def connection_parameters(url: str, name: str, tls: TlsOptions | None = None) ->
     return params
 
 
-def _tls_context(tls: TlsOptions) -> ssl.SSLContext:
+def tls_context(tls: TlsOptions) -> ssl.SSLContext:
     """Verify the broker's certificate and name (always); present a client certificate
     when one is configured. A file that cannot be used is a ConfigError naming the setting."""
     try:

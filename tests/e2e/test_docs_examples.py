@@ -7,27 +7,34 @@ import sys
 from pathlib import Path
 
 import pika
+import pytest
 import sqlalchemy as sa
 
 from devtools.broker import names
 from devtools.relayproc import RelayProcess, relay_env
-from devtools.servers import RabbitNode, wait_until
+from devtools.servers import RabbitNode, ServerError, wait_until
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def first_python_block(page: str) -> str:
-    text = (DOCS / page).read_text()
-    found = re.search(r"```python\n(.*?)```", text, re.DOTALL)
-    assert found is not None, f"{page} has no python example"
-    return found.group(1)
+def python_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.DOTALL)
 
 
-def test_the_inbox_pages_first_example_consumes_and_stops_on_sigterm(
-    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
+# The inbox page's examples, in their order: the blocking inbox, the asyncio one, FastStream.
+INBOX_EXAMPLES = ("blocking", "asyncio", "faststream")
+
+
+def test_the_inbox_page_has_its_examples() -> None:
+    assert len(python_blocks("inbox.md")) == len(INBOX_EXAMPLES)
+
+
+@pytest.mark.parametrize("example", INBOX_EXAMPLES)
+def test_each_inbox_example_consumes_once_and_stops_on_sigterm(
+    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path, example: str
 ) -> None:
     script = tmp_path / "consumer.py"
-    script.write_text(first_python_block("inbox.md"))
+    script.write_text(python_blocks("inbox.md")[INBOX_EXAMPLES.index(example)])
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE payments (message_id TEXT PRIMARY KEY, body BLOB)"))
@@ -53,7 +60,10 @@ def test_the_inbox_pages_first_example_consumes_and_stops_on_sigterm(
     consumer = RelayProcess(env, tmp_path / "consumer.log", [sys.executable, str(script)])
     consumer.start()
     try:
-        wait_until(lambda: len(paid()) == 3, 30, "three payments")
+        try:
+            wait_until(lambda: len(paid()) == 3, 30, "three payments")
+        except ServerError as exc:  # the example's own log says why
+            raise AssertionError(consumer.log()) from exc
     finally:
         code = consumer.stop(30)
     assert code == 0, consumer.log()

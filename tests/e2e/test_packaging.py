@@ -53,3 +53,26 @@ def test_the_environment_has_the_locked_versions() -> None:
         if (r.marker is None or r.marker.evaluate()) and metadata.version(r.name) not in r.specifier
     }
     assert wrong == {}
+
+
+# The optional extras' packages, which the relay and the blocking inbox must do without.
+EXTRAS_ONLY = ("greenlet", "aio_pika", "aiormq", "pamqp", "faststream", "aiosqlite", "aiomysql")
+
+
+def test_the_relay_and_the_blocking_inbox_import_without_the_asyncio_extras() -> None:
+    """The container image installs the relay without the ``asyncio`` extra: importing
+    SQLAlchemy's asyncio module at the top of the engine's module would fail there."""
+    blocked = f"""
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {EXTRAS_ONLY!r}:
+            raise ImportError(f"{{name}} is not installed")
+sys.meta_path.insert(0, Blocked())
+import relay.cli, relay.daemon, relay.inbox, relay.db.engine
+relay.cli.main(["--help"])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert "usage" in done.stdout, done.stderr

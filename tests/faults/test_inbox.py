@@ -29,7 +29,7 @@ from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine
 from relay.records import SENT
 from tests.faults.harness import EXCHANGE, QUEUE, FaultRelay, connected
-from tests.support.inbox import consuming, effects, processed, recording, value
+from tests.support.inbox import FLAVOURS, consuming, effects, processed, recording, value
 
 pytestmark = pytest.mark.timeout(240)
 ORDERS = 1000
@@ -38,6 +38,7 @@ MESSAGES = ORDERS * len(EVENTS)
 HOLD = "order-500-paid"  # the consumer is killed inside its handler of this one
 ORDERS_PER_WRITE = 10  # a writer's transaction: 30 rows, every WRITE_PAUSE_S
 WRITE_PAUSE_S = 0.03
+DATABASE_AWAY_S = 60
 
 
 def order_events(first: int, last: int) -> list[dict[str, object]]:
@@ -160,12 +161,15 @@ def test_every_message_is_processed_once_whoever_is_killed(
     print(f"inbox: {MESSAGES} messages, each processed once; duplicates acked: {duplicates:.0f}")
 
 
-def test_the_database_away_for_seconds_pauses_consuming_and_loses_nothing(
-    postgresql_url: str, postgres: PostgresServer, rabbit: RabbitNode
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_database_away_for_a_minute_pauses_consuming_and_loses_nothing(
+    postgresql_url: str, postgres: PostgresServer, rabbit4: RabbitNode, flavour: str
 ) -> None:
-    """PostgreSQL stopped (-m immediate) for 10 s under a stream on a quorum queue whose
-    delivery limit is 2: the consumer stops consuming instead of requeueing each delivery,
+    """PostgreSQL stopped (-m immediate) for 60 s (a heartbeat timeout's worth: the
+    connection must be serviced throughout) under a stream on a RabbitMQ 4 quorum queue whose
+    delivery limit is 2: each inbox stops taking deliveries instead of requeueing each one,
     and resumes by itself. Nothing dead-lettered, dropped, or processed twice."""
+    rabbit = rabbit4
     suffix = uuid.uuid4().hex[:8]
     queue, dead = f"inbox.quorum.{suffix}", f"inbox.quorum.dead.{suffix}"
     conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
@@ -184,11 +188,11 @@ def test_the_database_away_for_seconds_pauses_consuming_and_loses_nothing(
     handler, _calls = recording(queue)
     ids = [f"m-{n}" for n in range(400)]
     stream = threading.Thread(target=publish_slowly, args=(rabbit.url, queue, ids))
-    with consuming(postgresql_url, rabbit.url, queue, handler) as consumer:
+    with consuming(postgresql_url, rabbit.url, queue, handler, flavour) as consumer:
         stream.start()
         wait_until(lambda: value(consumer, "inbox_processed_total") >= 50, 30, "consuming")
         postgres.stop("immediate")
-        time.sleep(10)
+        time.sleep(DATABASE_AWAY_S)
         postgres.start()
         stream.join(60)
         wait_until(lambda: value(consumer, "inbox_processed_total") >= len(ids), 90, "all")

@@ -21,9 +21,13 @@ from devtools.servers import RabbitNode, wait_until
 from relay.cli import main
 from relay.db.engine import create_engine
 from relay.db.inbox import Transaction
+from relay.db.inbox_async import AsyncTransaction
 from relay.inbox import Delivery, Handler, Inbox, InboxSettings
 from tests.support.inbox import (
+    FLAVOURS,
+    Recorder,
     at_least,
+    attempts,
     consuming,
     copies,
     effects,
@@ -36,6 +40,13 @@ from tests.support.inbox import (
 from tests.support.inprocess import settings
 
 
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> str:
+    """Each kind of inbox, for the tests that hold for all of them."""
+    kind: str = request.param
+    return kind
+
+
 @pytest.fixture
 def with_effects(database_url: str) -> str:
     engine = create_engine(database_url)
@@ -45,7 +56,7 @@ def with_effects(database_url: str) -> str:
 
 
 def test_every_message_is_processed_once_however_often_it_comes(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, flavour: str
 ) -> None:
     exchange, (queue,), _dead = topology(rabbit.url)
     ids = [f"m-{n}" for n in range(50)]
@@ -54,7 +65,7 @@ def test_every_message_is_processed_once_however_often_it_comes(
     headers: list[dict[str, str]] = [{}] * len(keyed) + [{"ce-id": "event-1"}] * 3
     messages = list(zip([*keyed, None, None, None], headers, strict=True))
     handler, calls = recording(queue)
-    with consuming(with_effects, rabbit.url, queue, handler) as consumer:
+    with consuming(with_effects, rabbit.url, queue, handler, flavour) as consumer:
         publish(rabbit.url, exchange, messages)
         wait_until(lambda: value(consumer, "inbox_duplicates_total") >= 52, 30, "duplicates")
     expected = {(queue, key): 1 for key in [*ids, "event-1"]}
@@ -66,19 +77,19 @@ def test_every_message_is_processed_once_however_often_it_comes(
 
 @pytest.mark.databases("postgresql", "sqlite")
 def test_a_poison_message_is_dead_lettered_after_its_attempts_and_the_rest_flow(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, flavour: str
 ) -> None:
     exchange, (queue,), dead = topology(rabbit.url)
     ids = [f"m-{n}" for n in range(20)]
     handler, calls = recording(queue, fail=lambda d: d.key == "poison")
     quick = {"inbox_max_attempts": "3", "inbox_retry_delay": "0.2"}
-    with consuming(with_effects, rabbit.url, queue, handler, **quick) as consumer:
+    with consuming(with_effects, rabbit.url, queue, handler, flavour, **quick) as consumer:
         publish(rabbit.url, exchange, [(i, {}) for i in ids[:10]])
         publish(rabbit.url, exchange, [("poison", {})])
         publish(rabbit.url, exchange, [(i, {}) for i in ids[10:]])
         dead_lettered = drain(rabbit.url, dead, 1, timeout=30)
         wait_until(lambda: value(consumer, "inbox_processed_total") == 20, 30, "the others")
-        assert consumer.store.attempts("poison") == 3
+        assert attempts(with_effects, queue, "poison") == 3
     assert [d.message_id for d in dead_lettered] == ["poison"]
     assert calls["poison"] == 3
     assert processed(with_effects) == {(queue, i): 1 for i in ids}  # its writes rolled back
@@ -187,7 +198,7 @@ def test_a_handler_that_kills_its_consumer_is_dead_lettered_after_its_attempts(
 
 
 def test_consumers_stopped_between_messages_charge_no_attempt(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, flavour: str
 ) -> None:
     """Stopped and started again five times in a stream: the deliveries each had prefetched
     come again (redelivered), and none is charged, since none failed."""
@@ -196,9 +207,9 @@ def test_consumers_stopped_between_messages_charge_no_attempt(
     handler, calls = recording(queue)
     publish(rabbit.url, exchange, [(i, {}) for i in ids])
     for round_ in range(5):
-        with consuming(with_effects, rabbit.url, queue, handler, inbox_prefetch="50"):
+        with consuming(with_effects, rabbit.url, queue, handler, flavour, inbox_prefetch="50"):
             wait_until(functools.partial(at_least, calls, 50 * (round_ + 1)), 30, "some")
-    with consuming(with_effects, rabbit.url, queue, handler) as last:
+    with consuming(with_effects, rabbit.url, queue, handler, flavour) as last:
         wait_until(lambda: len(calls) == len(ids), 30, "every message")
         assert value(last, "inbox_failures_total", outcome="retried") == 0
     assert processed(with_effects) == {(queue, i): 1 for i in ids}
@@ -209,27 +220,38 @@ def test_consumers_stopped_between_messages_charge_no_attempt(
     assert charged == 0
 
 
+class CommitsEarly(Recorder):
+    """Writes a part, commits it (by SQL text: there is no ``commit`` to call) on its first
+    try of each message, and writes the rest."""
+
+    def __call__(self, delivery: Delivery, tx: Transaction) -> None:
+        effect = self._effect(delivery)
+        tx.execute(effects.insert(), effect)
+        if self.calls[effect["message_id"]] == 1:
+            tx.execute(sa.text("COMMIT"))
+        tx.execute(effects.insert(), {**effect, "consumer": "after"})
+
+    async def aio(self, delivery: Delivery, tx: AsyncTransaction) -> None:
+        effect = self._effect(delivery)
+        await tx.execute(effects.insert(), effect)
+        if self.calls[effect["message_id"]] == 1:
+            await tx.execute(sa.text("COMMIT"))
+        await tx.execute(effects.insert(), {**effect, "consumer": "after"})
+
+
 @pytest.mark.databases("postgresql", "mariadb", "sqlite")
 def test_a_handler_that_commits_early_fails_and_its_work_is_done_once(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, flavour: str
 ) -> None:
     """It wrote a part, committed (by SQL text: there is no ``commit`` to call), and would
     write the rest: the attempt fails, nothing of it stays, and the retry does all of it."""
     exchange, (queue,), _dead = topology(rabbit.url)
-    tried: collections.Counter[str] = collections.Counter()
-
-    def handler(delivery: Delivery, tx: Transaction) -> None:
-        key = delivery.key or ""
-        tried[key] += 1
-        tx.execute(effects.insert(), {"consumer": "before", "message_id": key})
-        if tried[key] == 1:
-            tx.execute(sa.text("COMMIT"))
-        tx.execute(effects.insert(), {"consumer": "after", "message_id": key})
-
-    with consuming(with_effects, rabbit.url, queue, handler) as consumer:
+    handler = CommitsEarly("before", fail=lambda _d: False)
+    with consuming(with_effects, rabbit.url, queue, handler, flavour) as consumer:
         publish(rabbit.url, exchange, [("m-1", {}), ("m-2", {})])
         wait_until(lambda: value(consumer, "inbox_processed_total") == 2, 30, "both processed")
         assert value(consumer, "inbox_failures_total", outcome="retried") == 2
+    tried = handler.calls
     assert tried == {"m-1": 2, "m-2": 2}
     expected = {(part, m): 1 for part in ("before", "after") for m in ("m-1", "m-2")}
     assert processed(with_effects) == expected
@@ -237,7 +259,7 @@ def test_a_handler_that_commits_early_fails_and_its_work_is_done_once(
 
 @pytest.mark.databases("postgresql", "mariadb", "sqlite")
 def test_hostile_message_ids_are_dead_lettered_with_a_reason_and_the_consumer_lives(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, flavour: str
 ) -> None:
     """Ids a broker carries and no database keeps alike: bytes that are not UTF-8 (pika
     hands them over as bytes), a NUL, a ce-id of 256 bytes, an empty id with an empty ce-id. The
@@ -251,18 +273,19 @@ def test_hostile_message_ids_are_dead_lettered_with_a_reason_and_the_consumer_li
         ("", {"ce-id": ""}),
     ]
     good = [f"g-{n}" for n in range(10)]
-    with consuming(with_effects, rabbit.url, queue, handler) as consumer:
+    with consuming(with_effects, rabbit.url, queue, handler, flavour) as consumer:
         publish(rabbit.url, exchange, [*hostile, *[(g, {}) for g in good]])
         dead_lettered = drain(rabbit.url, dead, len(hostile), timeout=30)
         wait_until(lambda: value(consumer, "inbox_processed_total") == len(good), 30, "the good")
     assert len(dead_lettered) == len(hostile)
+    assert b"\xffm-1" in {d.message_id for d in dead_lettered}, "the dead letter keeps its id"
     assert processed(with_effects) == {(queue, g): 1 for g in good}
     assert set(calls) == set(good)
 
 
 @pytest.mark.databases("postgresql", "sqlite")
 def test_a_handler_failing_for_its_first_seconds_processes_every_message_once(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, flavour: str
 ) -> None:
     """Its downstream away for the first 3 s after start: one retry at once, then the
     broker holds each message for 0.5, 1, 2, 2 s (a retry queue each), so none runs out of
@@ -277,7 +300,7 @@ def test_a_handler_failing_for_its_first_seconds_processes_every_message_once(
         "inbox_retry_delay": "0.5",
         "inbox_retry_delay_max": "2",
     }
-    with consuming(with_effects, rabbit.url, queue, handler, **schedule) as consumer:
+    with consuming(with_effects, rabbit.url, queue, handler, flavour, **schedule) as consumer:
         publish(rabbit.url, exchange, [(i, {}) for i in ids])
         wait_until(lambda: value(consumer, "inbox_processed_total") == len(ids), 60, "all")
         assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 0
@@ -294,7 +317,7 @@ def test_a_handler_failing_for_its_first_seconds_processes_every_message_once(
 
 @pytest.mark.databases("postgresql", "sqlite")
 def test_dead_letters_are_listed_by_reason_and_moved_back_once_the_cause_is_fixed(
-    with_effects: str, rabbit: RabbitNode, capsys: pytest.CaptureFixture[str]
+    with_effects: str, rabbit: RabbitNode, capsys: pytest.CaptureFixture[str], flavour: str
 ) -> None:
     """``relay inbox list`` and ``relay inbox requeue`` (a dry run first, then by id): the
     letter goes back to its queue with its attempts forgotten, and the fixed handler
@@ -309,7 +332,7 @@ def test_dead_letters_are_listed_by_reason_and_moved_back_once_the_cause_is_fixe
         assert main(["inbox", *argv, "--queue", queue], environ) == 0
         return capsys.readouterr().out
 
-    with consuming(with_effects, rabbit.url, queue, handler, **quick) as consumer:
+    with consuming(with_effects, rabbit.url, queue, handler, flavour, **quick) as consumer:
         publish(rabbit.url, exchange, [("a", {}), ("b", {})])
         wait_until(
             lambda: value(consumer, "inbox_failures_total", outcome="dead_lettered") == 2,
@@ -319,7 +342,7 @@ def test_dead_letters_are_listed_by_reason_and_moved_back_once_the_cause_is_fixe
         listed = relay("list")
         assert "2 dead letters" in listed and "ValueError: cannot process this one" in listed
         assert "would move 1 " in relay("requeue", "--id", "a", "--dry-run")
-        assert consumer.store.attempts("a") == 2
+        assert attempts(with_effects, queue, "a") == 2
         broken.clear()
         assert "moved 1 " in relay("requeue", "--id", "a", "--reason", "ValueError")
         wait_until(lambda: value(consumer, "inbox_processed_total") == 1, 30, "a processed")

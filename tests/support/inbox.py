@@ -1,8 +1,10 @@
 """The inbox's test helpers: a topology with a dead-letter queue, a publisher, a handler that
-records its effects, a consumer in a thread, and what it processed."""
+records its effects (for each kind of inbox), a consumer of each kind in a thread, and what
+it processed."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 import uuid
@@ -11,10 +13,16 @@ from contextlib import contextmanager
 
 import pika
 import sqlalchemy as sa
+from faststream import Context
+from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitQueue, RabbitRouter
 
+from relay.broker.aio_consumer import delivery_of
 from relay.db.engine import create_engine
-from relay.db.inbox import Transaction
-from relay.inbox import Delivery, Inbox, InboxSettings
+from relay.db.inbox import InboxStore, Transaction
+from relay.db.inbox_async import AsyncTransaction
+from relay.inbox import Delivery, Inbox, InboxSettings, Settings
+from relay.inbox.aio import AsyncInbox
+from relay.inbox.faststream import TRANSACTION, inbox_lifespan, inbox_middleware
 from relay.inbox.policy import dead_letter_queue
 from tests.support.inprocess import settings
 from tests.support.metrics import sample_value
@@ -65,21 +73,44 @@ def publish(
     conn.close()
 
 
-def recording(
-    consumer: str, fail: Callable[[Delivery], bool] = lambda _d: False
-) -> tuple[Callable[[Delivery, Transaction], None], collections.Counter[str]]:
-    """A handler that writes an effect row per message (in the inbox's transaction) and
-    raises for the deliveries ``fail`` picks; and the count of its calls per key."""
-    calls: collections.Counter[str] = collections.Counter()
+class Recorder:
+    """A handler for each kind of inbox that writes an effect row per message (in the inbox's
+    transaction) and raises for the deliveries ``fail`` picks; ``calls`` counts its calls per
+    key, whichever inbox called."""
 
-    def handle(delivery: Delivery, tx: Transaction) -> None:
+    def __init__(self, consumer: str, fail: Callable[[Delivery], bool]) -> None:
+        self.consumer = consumer
+        self.fail = fail
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def _effect(self, delivery: Delivery) -> dict[str, str]:
         assert delivery.key is not None
-        calls[delivery.key] += 1
-        tx.execute(effects.insert(), {"consumer": consumer, "message_id": delivery.key})
-        if fail(delivery):
+        self.calls[delivery.key] += 1
+        return {"consumer": self.consumer, "message_id": delivery.key}
+
+    def __call__(self, delivery: Delivery, tx: Transaction) -> None:
+        tx.execute(effects.insert(), self._effect(delivery))
+        if self.fail(delivery):
             raise ValueError("cannot process this one")
 
-    return handle, calls
+    async def aio(self, delivery: Delivery, tx: AsyncTransaction) -> None:
+        await tx.execute(effects.insert(), self._effect(delivery))
+        if self.fail(delivery):
+            raise ValueError("cannot process this one")
+
+
+def recording(
+    consumer: str, fail: Callable[[Delivery], bool] = lambda _d: False
+) -> tuple[Recorder, collections.Counter[str]]:
+    """A ``Recorder`` and its count of calls per key."""
+    recorder = Recorder(consumer, fail)
+    return recorder, recorder.calls
+
+
+# The inboxes the same tests run over: the blocking one (pika), the asyncio one (aio-pika),
+# and the asyncio one as FastStream middleware.
+FLAVOURS = ("blocking", "asyncio", "faststream")
+AnyInbox = Inbox | AsyncInbox
 
 
 @contextmanager
@@ -87,20 +118,78 @@ def consuming(
     database_url: str,
     amqp_url: str,
     queue: str,
-    handler: Callable[[Delivery, Transaction], None],
+    handler: Callable[[Delivery, Transaction], None] | Recorder,
+    flavour: str = "blocking",
     **inbox: str,
-) -> Iterator[Inbox]:
+) -> Iterator[AnyInbox]:
+    """An inbox of ``flavour`` consuming ``queue`` in a thread of its own while the block
+    runs (an asyncio one on an event loop of its own); stopped, and its thread ended, after."""
     config = InboxSettings.load({}, {"inbox_queue": queue, **inbox})
-    consumer = Inbox(settings(database_url, amqp_url, backoff_initial=0.05), config)
-    stop = threading.Event()
-    thread = threading.Thread(target=consumer.run, args=(handler, stop))
+    relay_settings = settings(database_url, amqp_url, backoff_initial=0.05)
+    if flavour == "blocking":
+        consumer = Inbox(relay_settings, config)
+        stop = threading.Event()
+        thread = threading.Thread(target=consumer.run, args=(handler, stop))
+        thread.start()
+        try:
+            yield consumer
+        finally:
+            stop.set()
+            thread.join(30)
+            assert not thread.is_alive()
+        return
+    assert isinstance(handler, Recorder), "an asyncio inbox needs a Recorder's handler"
+    loop = asyncio.new_event_loop()
+    aconsumer = loop.run_until_complete(_async_inbox(relay_settings, config))
+    astop = loop.run_until_complete(_event())
+    main = _faststream if flavour == "faststream" else _aio_pika
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(main(aconsumer, handler, astop),)
+    )
     thread.start()
     try:
-        yield consumer
+        yield aconsumer
     finally:
-        stop.set()
+        loop.call_soon_threadsafe(astop.set)
         thread.join(30)
         assert not thread.is_alive()
+        loop.close()
+
+
+async def _async_inbox(relay_settings: Settings, config: InboxSettings) -> AsyncInbox:
+    return AsyncInbox(relay_settings, config)  # its engine made on the loop it runs on
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _aio_pika(inbox: AsyncInbox, handler: Recorder, stop: asyncio.Event) -> None:
+    await inbox.run(handler.aio, stop)
+
+
+async def _faststream(inbox: AsyncInbox, handler: Recorder, stop: asyncio.Event) -> None:
+    """A FastStream broker with a router of the inbox's middleware and one subscriber of the
+    inbox's queue (declared by the test's topology: not declared again), and the inbox's
+    lifespan around it."""
+    broker = RabbitBroker(inbox.settings.amqp_urls[0], logger=None)
+    router = RabbitRouter(middlewares=[inbox_middleware(inbox)])
+    queue = RabbitQueue(inbox.inbox.inbox_queue, declare=False)
+
+    @router.subscriber(queue)
+    async def handle(
+        message: RabbitMessage,  # FastStream's annotation: the message from its context
+        tx: AsyncTransaction = Context(TRANSACTION),
+    ) -> None:
+        await handler.aio(delivery_of(message.raw_message), tx)
+
+    broker.include_router(router)
+    async with inbox_lifespan(inbox)():
+        await broker.start()
+        try:
+            await stop.wait()
+        finally:
+            await broker.stop()
 
 
 def processed(database_url: str) -> collections.Counter[tuple[str, str]]:
@@ -114,7 +203,16 @@ def processed(database_url: str) -> collections.Counter[tuple[str, str]]:
         engine.dispose()
 
 
-def copies(consumer: Inbox, expected: int) -> bool:
+def attempts(database_url: str, consumer: str, key: str) -> int:
+    """The failed attempts the inbox counted for ``key`` under ``consumer``."""
+    store = InboxStore(database_url, consumer)
+    try:
+        return store.attempts(key)
+    finally:
+        store.close()
+
+
+def copies(consumer: AnyInbox, expected: int) -> bool:
     return value(consumer, "inbox_duplicates_total") == expected
 
 
@@ -122,5 +220,5 @@ def at_least(calls: collections.Counter[str], handled: int) -> bool:
     return sum(calls.values()) >= handled
 
 
-def value(consumer: Inbox, name: str, **labels: str) -> float:
+def value(consumer: AnyInbox, name: str, **labels: str) -> float:
     return sample_value(consumer.metrics, name, consumer=consumer.inbox.inbox_consumer, **labels)

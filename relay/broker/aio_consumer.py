@@ -1,0 +1,266 @@
+"""An asyncio consumer of one queue, for the asyncio inbox (``relay.inbox.aio``): aio-pika's
+deliveries handed to a coroutine one at a time, each answered as it says (ack, a copy in a
+retry queue, a dead letter with its reasons, requeue), through the broker's nodes in turn
+with back-off when a connection fails. ``answer`` is also what the FastStream middleware
+(``relay.inbox.faststream``) answers with, on FastStream's own channel. aio-pika's errors
+end here.
+
+One delivery at a time: the handler's transaction and the ack are in order. The event loop
+services the connection (heartbeats) throughout, a pause included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import aio_pika
+import aiormq
+import aiormq.exceptions
+from aio_pika.abc import AbstractIncomingMessage
+from pamqp import decode, encode
+from pamqp.commands import Basic
+
+from relay.backoff import Backoff
+from relay.broker.connection import address, connection_parameters, tls_context
+from relay.broker.consumer import retried, retry_queue
+from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
+from relay.settings import TlsOptions
+
+log = logging.getLogger(__name__)
+
+# An AMQP short string's longest, in bytes (its length is one octet).
+SHORT_STRING_MAX_BYTES = 255
+# What a broken connection or channel raises under aio-pika, and the socket's own.
+_LOST = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+)
+
+
+def tolerate_bytes_in_short_strings() -> None:
+    """Let this process's aio-pika connections receive short strings (a message id, a type, a
+    content type) that are not UTF-8. pamqp (aio-pika's codec) raises on them, and the
+    connection closes: the message goes back to the queue, the next consumer's connection
+    closes on it too, and the queue is stuck behind one message a C or Go producer wrote.
+    From here on such a string arrives as ``Undecodable`` (its bytes kept), is written back as
+    those bytes (a dead letter keeps its id), and the inbox dead-letters such an id with its
+    reason. A ``str`` and not ``bytes`` (pamqp's long strings fall back to bytes): aio-pika
+    makes every property a ``str`` with ``str()``, and a ``bytes`` became its repr, a
+    different id. Idempotent."""
+    decode.METHODS["shortstr"] = _short_str
+    encode.METHODS["shortstr"] = _short_string
+
+
+class Undecodable(str):
+    """A short string that was not UTF-8: its bytes as ``raw``, its text with each byte that
+    is not UTF-8 as a lone surrogate (which no UTF-8 encoder writes: only ``_short_string``,
+    which writes ``raw``). ``str()`` keeps it whole."""
+
+    __slots__ = ("raw",)
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> Undecodable:
+        text = super().__new__(cls, raw.decode("utf-8", "surrogateescape"))
+        text.raw = raw
+        return text
+
+    def __str__(self) -> str:
+        return self
+
+
+def _short_str(value: bytes) -> tuple[int, str]:
+    _, length = decode.octet(value)
+    raw = value[1 : length + 1]
+    try:
+        return length + 1, raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return length + 1, Undecodable(raw)
+
+
+def _short_string(value: str) -> bytes:
+    raw = value.raw if isinstance(value, Undecodable) else value.encode("utf-8")
+    if len(raw) > SHORT_STRING_MAX_BYTES:
+        raise TypeError(f"string exceeds maximum length of {SHORT_STRING_MAX_BYTES} bytes")
+    return encode.octet(len(raw)) + raw
+
+
+class AsyncConsumer:
+    """``relay.broker.consumer.Consumer`` for asyncio: consumes ``queue`` from the first of
+    ``urls`` that answers, handing each delivery to ``handle`` and answering the broker with
+    its verdict. An answer that pauses cancels the consumer until ``ready`` says yes (asked
+    with back-off). ``run`` returns once ``stop`` is set."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        name: str,
+        tls: TlsOptions | None,
+        *,
+        queue: str,
+        prefetch: int,
+        handle: Callable[[Delivery], Awaitable[Answer]],
+        ready: Callable[[], Awaitable[bool]],
+        dead_letters: str,
+        tick: float,
+        backoff: Backoff,
+    ) -> None:
+        self._urls = urls
+        self._params = [connection_parameters(url, name, tls) for url in urls]
+        self._name = name
+        self._tls = tls
+        self._queue = queue
+        self._prefetch = prefetch
+        self._handle = handle
+        self._ready = ready
+        self._dead_letters = dead_letters
+        self._tick = tick
+        self._backoff = backoff
+        tolerate_bytes_in_short_strings()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
+        node = 0
+        while not stop.is_set():
+            url = self._urls[node % len(self._urls)]
+            where = address(self._params[node % len(self._params)])
+            try:
+                await self._session(url, stop)
+                failures = 0
+            except _LOST as exc:
+                failures += 1
+                node += 1
+                delay = self._backoff.delay(failures)
+                log.warning(
+                    "broker %s: consuming %s failed (attempt %d), retrying in %.1fs: %s",
+                    where,
+                    self._queue,
+                    failures,
+                    delay,
+                    f"{type(exc).__name__}: {exc}",
+                    extra={"action": "inbox_broker_retry"},
+                )
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+    async def _session(self, url: str, stop: asyncio.Event) -> None:
+        connection = await aio_pika.connect(
+            url,
+            client_properties={"connection_name": self._name, "product": "outbox-relay"},
+            ssl=self._tls is not None,
+            ssl_context=None if self._tls is None else tls_context(self._tls),
+        )
+        try:
+            # Confirms: a retry's copy and a dead letter are published before the delivery is
+            # acked, confirmed, or the delivery is not acked and comes again.
+            channel = await connection.channel(publisher_confirms=True)
+            await channel.set_qos(prefetch_count=self._prefetch)
+            queue = await channel.get_queue(self._queue, ensure=True)
+            while not stop.is_set():
+                log.info(
+                    "consuming %s",
+                    self._queue,
+                    extra={"action": "inbox_consuming", "queue": self._queue},
+                )
+                if not await self._consume(queue, stop):
+                    break
+                await self._wait_until_ready(stop)
+        finally:
+            with contextlib.suppress(*_LOST):
+                await connection.close()
+
+    async def _consume(self, queue: aio_pika.abc.AbstractQueue, stop: asyncio.Event) -> bool:
+        """Consume until ``stop`` (False) or an answer that pauses (True): then the
+        consumer is cancelled, and the deliveries prefetched go back to the queue."""
+        inbound: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        tag = await queue.consume(inbound.put)
+        try:
+            while not stop.is_set():
+                try:
+                    message = await asyncio.wait_for(inbound.get(), self._tick)
+                except TimeoutError:
+                    continue
+                verdict = await self._handle(delivery_of(message))
+                await answer(message, verdict, self._queue, self._dead_letters)
+                if verdict.pause:
+                    return True
+            return False
+        finally:
+            with contextlib.suppress(*_LOST):
+                await queue.cancel(tag)
+            while not inbound.empty():  # prefetched, not handled: back to the queue now
+                with contextlib.suppress(*_LOST):
+                    await inbound.get_nowait().reject(requeue=True)
+
+    async def _wait_until_ready(self, stop: asyncio.Event) -> None:
+        """Paused: no delivery in hand, the connection serviced by the loop, while the
+        owner's ``ready`` says no, with back-off between its looks."""
+        failures = 0
+        while not stop.is_set():
+            failures += 1
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._backoff.delay(failures))
+            if stop.is_set() or await self._ready():
+                return
+
+
+async def answer(message: AbstractIncomingMessage, verdict: Answer, queue: str, dead: str) -> None:
+    """Answer the broker for ``message`` (consumed from ``queue``) with ``verdict``, on the
+    channel it came on (which must have publisher confirms): a delay publishes a copy to the
+    retry queue for its delay, a dead letter with reasons publishes a copy to ``dead``, each
+    confirmed before the delivery is acked; a retry requeues it; a dead letter without
+    reasons goes to the queue's own dead-letter exchange."""
+    if verdict.verdict is Verdict.ACK:
+        await message.ack()
+    elif verdict.verdict is Verdict.DELAY:
+        target = await _retry_queue(message.channel, queue, verdict.delay)
+        await _publish_copy(message, target, retried(message.headers))
+        await message.ack()
+    elif verdict.verdict is Verdict.DEAD_LETTER and verdict.reason is not None:
+        await message.channel.queue_declare(dead, durable=True)
+        await _publish_copy(message, dead, verdict.reason)
+        await message.ack()
+    else:
+        await message.reject(requeue=verdict.verdict is Verdict.RETRY)
+
+
+async def _retry_queue(channel: aiormq.abc.AbstractChannel, queue: str, delay: float) -> str:
+    """``relay.broker.consumer.retry_queue``'s queue for ``delay``, declared."""
+    name, arguments = retry_queue(queue, delay)
+    await channel.queue_declare(name, durable=True, arguments=arguments)
+    return name
+
+
+async def _publish_copy(
+    message: AbstractIncomingMessage, queue: str, more: Mapping[str, object]
+) -> None:
+    """A persistent copy of ``message`` with ``more`` headers to ``queue``, confirmed (a nack
+    or a return raises, and the delivery is not acked)."""
+    properties = message.properties
+    properties.headers = {**(message.headers or {}), **more}  # type: ignore[dict-item]
+    properties.delivery_mode = 2
+    confirmed = await message.channel.basic_publish(
+        message.body, exchange="", routing_key=queue, properties=properties, mandatory=True
+    )
+    if not isinstance(confirmed, Basic.Ack):
+        raise aiormq.exceptions.DeliveryError(None, None)  # type: ignore[arg-type]
+
+
+def delivery_of(message: AbstractIncomingMessage) -> Delivery:
+    headers: dict[str, object] = dict(message.headers or {})
+    message_id = message.message_id
+    return Delivery(
+        # As pika gives it: the bytes of an id that is not UTF-8, for the inbox to refuse.
+        message_id=message_id.raw if isinstance(message_id, Undecodable) else message_id,
+        body=message.body,
+        exchange=message.exchange or "",
+        routing_key=message.routing_key or "",
+        content_type=message.content_type,
+        headers=headers,
+        redelivered=bool(message.redelivered) or RETRY_HEADER in headers,
+    )
