@@ -1,6 +1,6 @@
 """Benchmark: a consumer through the inbox against a plain consumer that makes the same write.
 
-    .venv/bin/python -m bench.inbox [--messages 5000] [--rounds 5] [--prefetch 50]
+    .venv/bin/python -m bench.inbox [--messages 5000] [--rounds 5] [--prefetch 50] [--only a,b]
 
 Starts a private RabbitMQ node and PostgreSQL (default durability). In interleaved rounds,
 ``--messages`` persistent 200-byte messages are published to a fresh queue, then consumed
@@ -181,8 +181,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefetch", type=int, default=50)
+    parser.add_argument(
+        "--only", default=",".join(CONSUMERS), help="the consumers to run, comma-separated"
+    )
     args = parser.parse_args()
-    figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in CONSUMERS}
+    chosen = {name: CONSUMERS[name] for name in args.only.split(",")}
+    figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         node = RabbitNode(Path(tmp) / "rabbit", name="relay-bench-inbox")
         server = PostgresServer(Path(tmp) / "pg")
@@ -194,7 +198,7 @@ def main() -> None:
             engine = create_engine(database_url)
             effects.create(engine)
             for round_ in range(args.rounds):
-                for name, consume in CONSUMERS.items():
+                for name, consume in chosen.items():
                     fill(node.url, args.messages, f"{round_}-{name}")
                     with engine.begin() as conn:  # each round from empty tables
                         conn.execute(sa.text("TRUNCATE effects, inbox_received"))
@@ -220,7 +224,11 @@ def main() -> None:
     }
     for name, (rate, own, db) in medians.items():
         print(f"median {name:>9}: {rate:7.0f} msg/s, consumer {own:5.0f} us, database {db:5.0f} us")
-    ratios = {name: medians[a][0] / medians[b][0] for name, (a, b) in RATIOS.items()}
+    ratios = {
+        name: medians[a][0] / medians[b][0]
+        for name, (a, b) in RATIOS.items()
+        if a in medians and b in medians
+    }
     for name, ratio in ratios.items():
         print(f"{name} rate: {ratio:.2f}")
     print(json.dumps({"medians": medians, "rate_ratios": ratios}))
