@@ -18,6 +18,7 @@ from devtools.servers import PostgresServer
 from relay.db.engine import create_engine
 from relay.db.inbox import Outcome, TransactionEnded
 from relay.db.inbox_async import AsyncInboxStore, AsyncTransaction
+from tests.support.inbox import with_table
 
 T = TypeVar("T")
 effects = sa.Table("effects", sa.MetaData(), sa.Column("note", sa.String(64)))
@@ -25,10 +26,7 @@ effects = sa.Table("effects", sa.MetaData(), sa.Column("note", sa.String(64)))
 
 @pytest.fixture
 def with_effects(database_url: str) -> str:
-    engine = create_engine(database_url)
-    effects.create(engine)
-    engine.dispose()
-    return database_url
+    return with_table(database_url, effects)
 
 
 def on_store(url: str, use: Callable[[AsyncInboxStore], Awaitable[T]]) -> T:

@@ -36,6 +36,7 @@ from tests.support.inbox import (
     recording,
     topology,
     value,
+    with_table,
 )
 from tests.support.inprocess import settings
 
@@ -49,10 +50,7 @@ def flavour(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def with_effects(database_url: str) -> str:
-    engine = create_engine(database_url)
-    effects.create(engine)
-    engine.dispose()
-    return database_url
+    return with_table(database_url, effects)
 
 
 def test_every_message_is_processed_once_however_often_it_comes(

@@ -35,6 +35,14 @@ effects = sa.Table(
 )
 
 
+def with_table(url: str, table: sa.Table) -> str:
+    """``url``, once ``table`` (where a test's handlers write) is created there."""
+    engine = create_engine(url)
+    table.create(engine)
+    engine.dispose()
+    return url
+
+
 def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
     """(exchange, its queues, the first queue's inbox dead-letter queue): a fanout exchange,
     ``queues`` queues bound to it, each with the queue the inbox dead-letters it to (declared
