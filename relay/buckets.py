@@ -18,6 +18,7 @@ before.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -55,3 +56,24 @@ def turn(owned: Iterable[int], relays: int, held: Iterable[int], active: bool = 
     share = fair_share(relays)
     keep, excess = frozenset(mine[:share]), frozenset(mine[share:])
     return Turn(take=max(0, share - len(mine)), claim_from=keep, release=excess - busy)
+
+
+class Fence(enum.Enum):
+    """Why a relay takes no bucket this turn though it could publish (``fence``)."""
+
+    WAIT_FOR_OLDER = "wait_for_older"  # live relays of an older protocol hold buckets
+    YIELD_TO_NEWER = "yield_to_newer"  # a relay of a newer protocol is there
+
+
+def fence(mine: int, holding: Iterable[int], announced: Iterable[int]) -> Fence | None:
+    """Whether a relay of protocol ``mine`` must stand aside this turn, seeing the other live
+    relays' protocols: of those that hold buckets (``holding``) and of every one present
+    (``announced``: waiting ones included). Relays of two protocols never own buckets at
+    once: an older relay gives its buckets up as soon as a newer one is there; a newer one
+    takes none while an older one holds any (one of a release before protocols existed
+    never gives them up: the newer waits for it to stop, and its leases to run out)."""
+    if any(other > mine for other in (*holding, *announced)):
+        return Fence.YIELD_TO_NEWER
+    if any(other < mine for other in holding):
+        return Fence.WAIT_FOR_OLDER
+    return None

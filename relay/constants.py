@@ -224,6 +224,12 @@ SPARK_SAVEPOINTS_MAX = 48
 # Enough for dozens of relays to get a share each; few enough that a relay's set of buckets
 # is one short array parameter.
 OUTBOX_BUCKETS = 64
+# The relays' protocol (``relay.buckets.fence``): how a row maps to a bucket and what the
+# claim and the settle assume of each other. Raised by a release whose relays must not run
+# beside the release before's; a relay's presence row says it (NULL: the releases before
+# protocols existed, which count as 1).
+PROTOCOL = 2
+PROTOCOL_BEFORE_FENCES = 1
 # Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
 # (hashing each id apart had a 500-row claim read 290 buffers instead of 12 with runs of 1,024).
 # Short enough that a steady stream's new ids move on to another bucket every fraction of a

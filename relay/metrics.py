@@ -60,6 +60,12 @@ class Metrics:
         self.in_flight = Gauge(
             "relay_in_flight", "Published messages awaiting a confirm.", registry=r
         )
+        self.fenced = Gauge(
+            "relay_fenced",
+            "1 while this relay takes no bucket because relays of another protocol (an older "
+            "or a newer release) stand in the way; 0 otherwise.",
+            registry=r,
+        )
         self.held_bytes = Gauge(
             "relay_held_bytes",
             "Payload bytes of the rows this relay holds: claimed, published and awaiting a "

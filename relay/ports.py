@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
+from relay.buckets import Fence
 from relay.records import Answers, BacklogStats, OutboxRow, PublisherState, SettleBatch
 
 
@@ -30,6 +31,10 @@ class Store(Protocol):
 
     def settle(self, batch: SettleBatch) -> None:
         """Record outcomes: acked rows sent, the others as the batch says."""
+
+    # Why this relay's last turn took no bucket though it could publish: relays of another
+    # protocol stand in the way (``relay.buckets.fence``); None otherwise.
+    fenced: Fence | None
 
     def turn(self, active: bool = True) -> float:
         """Renew this relay's share of the outbox (``relay.buckets``); ``active``: it can

@@ -520,6 +520,7 @@ class Relay:
             self._turn_wanted.clear()
             active = self.publisher.state().can_publish
             self.lease.renewed(await self.store.turn(active))
+            self.metrics.fenced.set(0 if self.store.fenced is None else 1)
             self._turned_active = active
             self.wake()  # buckets taken may hold due rows
             await self._turn_wanted.wait(self.turn_interval)

@@ -18,6 +18,7 @@ from typing import TypeVar
 import tenacity
 
 from relay.backoff import Backoff, log_before_retry
+from relay.buckets import Fence
 from relay.errors import StoreError
 from relay.metrics import Metrics
 from relay.ports import Store
@@ -67,6 +68,11 @@ class RetryingStore:
         self._beat = beat
         self.deadline = float("inf")
         self.ok = False  # the last call worked
+
+    @property
+    def fenced(self) -> Fence | None:
+        """The store's own (``Store.fenced``): its last turn's."""
+        return self._store.fenced
 
     async def claim(
         self,

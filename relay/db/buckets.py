@@ -14,12 +14,13 @@ lost a bucket claims nothing from it on waking, whatever its own clock says.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from relay.buckets import turn
+from relay.buckets import Fence, fence, turn
+from relay.constants import PROTOCOL, PROTOCOL_BEFORE_FENCES
 from relay.db.clock import database_time
 from relay.db.schema import outbox_buckets, outbox_relays
 
@@ -35,19 +36,43 @@ def owned_by(owner: str) -> sa.Select[tuple[int]]:
     return sa.select(outbox_buckets.c.bucket).where(outbox_buckets.c.owner == owner)
 
 
+class Refreshed(NamedTuple):
+    """A turn's outcome: the buckets to claim from, and why none, when another protocol's
+    relays stand in the way (``relay.buckets.fence``)."""
+
+    claim_from: frozenset[int]
+    fenced: Fence | None
+
+
 def refresh(
-    conn: sa.Connection, owner: str, lease: float, held: Collection[int], active: bool
-) -> frozenset[int]:
-    """One turn for ``owner`` holding the rows ``held``, able to publish or not
-    (``active``); returns the buckets to claim from. Run it in a transaction, at least once
-    every third of a lease.
+    conn: sa.Connection,
+    owner: str,
+    lease: float,
+    held: Collection[int],
+    active: bool,
+    *,
+    protocol: int | None = PROTOCOL,
+) -> Refreshed:
+    """One turn for ``owner`` (of ``protocol``) holding the rows ``held``, able to publish or
+    not (``active``); returns the buckets to claim from. Run it in a transaction, at least
+    once every third of a lease. ``protocol=None`` turns as the releases before protocols
+    did (for tests that stand in for them: no protocol said, none looked at).
+
+    A relay fenced by another protocol's (``relay.buckets.fence``) turns as one that cannot
+    publish: it claims nothing and gives up every bucket it holds no row of. It stays
+    present for the other protocol's relays to see, but not counted among the relays (its
+    presence runs out at once), so that their fair shares still cover the outbox.
 
     It never waits on another relay's turn: every row it changes that another relay may
     hold locked (a relay gone, a bucket of its own being taken) is locked with SKIP LOCKED,
     and a row skipped is left for the next turn. A relay frozen inside its turn would
     otherwise stall every other relay's turns, and so their claims, until the database
     ended its transaction."""
-    _present(conn, owner, lease, active)
+    fenced = None
+    if active and protocol is not None:
+        fenced = fence(protocol, *_protocols(conn, owner, lease))
+    _present(conn, owner, lease, active, protocol=protocol, waiting=fenced is not None)
+    active = active and fenced is None
     live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
     relays = int(conn.execute(live).scalar_one())
     mine = sa.select(outbox_buckets.c.bucket).where(outbox_buckets.c.owner == owner)
@@ -66,7 +91,27 @@ def refresh(
             .where(outbox_buckets.c.owner == owner, outbox_buckets.c.bucket.in_(plan.release))
             .values(owner=None, lease_until=None)
         )
-    return plan.claim_from | taken
+    return Refreshed(plan.claim_from | taken, fenced)
+
+
+def _protocols(conn: sa.Connection, owner: str, lease: float) -> tuple[set[int], set[int]]:
+    """The protocols of the other relays that hold buckets under a live lease, and of every
+    other relay present (those waiting included: their presence ran out less than a lease
+    ago)."""
+    relay = outbox_relays.c
+    their = sa.func.coalesce(relay.protocol, PROTOCOL_BEFORE_FENCES)
+    holding = (
+        sa.select(their)
+        .distinct()
+        .select_from(outbox_buckets.join(outbox_relays, outbox_buckets.c.owner == relay.owner))
+        .where(relay.owner != owner, outbox_buckets.c.lease_until > database_time())
+    )
+    present = (
+        sa.select(their)
+        .distinct()
+        .where(relay.owner != owner, relay.alive_until > database_time(-lease))
+    )
+    return set(conn.scalars(holding)), set(conn.scalars(present))
 
 
 def _locked(conn: sa.Connection, keys: sa.Select[Any]) -> set[Any]:
@@ -91,22 +136,34 @@ def _lease(
     return chosen
 
 
-def _present(conn: sa.Connection, owner: str, lease: float, active: bool) -> None:
-    """``owner`` counts among the relays for one more lease, or no more; relays gone for a
-    lease are forgotten (those another relay is forgetting now skipped)."""
+def _present(
+    conn: sa.Connection,
+    owner: str,
+    lease: float,
+    active: bool,
+    *,
+    protocol: int | None,
+    waiting: bool,
+) -> None:
+    """``owner`` counts among the relays for one more lease; or, ``waiting``, is seen but not
+    counted (its presence runs out now, renewed each turn); or, inactive, is no more.
+    Relays gone for a lease are forgotten (those another relay is forgetting now skipped)."""
     if active:
-        alive = {"owner": owner, "alive_until": database_time(lease)}
+        until = database_time(0.0 if waiting else lease)
+        alive: dict[str, Any] = {"owner": owner, "alive_until": until}
+        if protocol is not None:
+            alive["protocol"] = protocol
+        renewed = [name for name in alive if name != "owner"]
         if conn.dialect.name == "mysql":
             mine = mysql.insert(outbox_relays).values(alive)
-            conn.execute(mine.on_duplicate_key_update(alive_until=mine.inserted.alive_until))
+            again = {name: mine.inserted[name] for name in renewed}
+            conn.execute(mine.on_duplicate_key_update(again))
         else:
             insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
             stmt = insert(outbox_relays).values(alive)
+            again = {name: stmt.excluded[name] for name in renewed}
             conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[outbox_relays.c.owner],
-                    set_={"alive_until": stmt.excluded.alive_until},
-                )
+                stmt.on_conflict_do_update(index_elements=[outbox_relays.c.owner], set_=again)
             )
     else:
         conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))

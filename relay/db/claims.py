@@ -33,7 +33,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE, READ_ON_MAX_S
+from relay.buckets import Fence
+from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE, PROTOCOL, READ_ON_MAX_S
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
 from relay.db.decode import decode_row
@@ -67,6 +68,7 @@ class ClaimStore:
         max_message_size: int = MAX_MESSAGE_SIZE,
         ordered: bool = False,
         keep_sent: str = KEEP_IDS,
+        protocol: int | None = PROTOCOL,
     ) -> None:
         """``lease``: seconds each turn leases this relay's buckets for; ``margin``: seconds of
         lease a bucket must have left for a claim to take its rows (``relay.lease``).
@@ -92,6 +94,11 @@ class ClaimStore:
         )
         self.owner = owner
         self.lease = lease
+        # ``relay.buckets.fence``: this relay's protocol (another only in tests standing in for
+        # a relay of a release before: None for one before protocols), and why it stands
+        # aside now, if it does.
+        self.protocol = protocol
+        self.fenced: Fence | None = None
         self.keep_sent = keep_sent
         self.max_message_size = max_message_size
         self._where = redact_url(url)
@@ -129,11 +136,35 @@ class ClaimStore:
         with self._owning:
             held = self.held.ids()
             with self._session("turn", statements=2) as conn:
-                claim_from = refresh(conn, self.owner, self.lease, held, active)
+                claim_from, fenced = refresh(
+                    conn, self.owner, self.lease, held, active, protocol=self.protocol
+                )
+            if fenced is not self.fenced:
+                self._say_fenced(fenced)
             if claim_from - self._claim_from:
                 self.held.restart()  # the new buckets' due rows may lie behind the position
             self._claim_from = claim_from
         return self.lease
+
+    def _say_fenced(self, fenced: Fence | None) -> None:
+        self.fenced = fenced
+        if fenced is Fence.WAIT_FOR_OLDER:
+            log.warning(
+                "claiming nothing: relays of an older protocol (the release before) hold "
+                "buckets; taking over once they have stopped and their leases run out",
+                extra={"action": "fenced", "fence": fenced.value, "protocol": self.protocol},
+            )
+        elif fenced is Fence.YIELD_TO_NEWER:
+            log.warning(
+                "claiming nothing: a relay of a newer protocol is here; this relay's buckets "
+                "go to it (stop this relay: its release is older)",
+                extra={"action": "fenced", "fence": fenced.value, "protocol": self.protocol},
+            )
+        else:
+            log.info(
+                "no relay of another protocol holds buckets: claiming",
+                extra={"action": "unfenced", "protocol": self.protocol},
+            )
 
     def claim(
         self,

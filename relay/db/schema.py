@@ -310,6 +310,8 @@ outbox_relays = sa.Table(
     metadata,
     sa.Column("owner", SHORT_TEXT, primary_key=True),
     sa.Column("alive_until", UTCDateTime(), nullable=False),
+    # ``relay.buckets.fence``; NULL: a relay of a release before protocols (migration 0012).
+    sa.Column("protocol", sa.SmallInteger(), nullable=True),
 )
 outbox_buckets = sa.Table(
     "outbox_buckets",

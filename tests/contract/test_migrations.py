@@ -234,7 +234,7 @@ def test_upgrade_to_ids_never_reused_starts_above_every_id_seen(database_url: st
     the outbox's and the sent log's, though the highest row was already deleted."""
     migrate(database_url, "base", downgrade=True)
     migrate(database_url, "0007")
-    store = ClaimStore(database_url, "old-relay", 60.0)
+    store = ClaimStore(database_url, "old-relay", 60.0, protocol=None)
     writer = OutboxWriter(database_url)
     try:
         store.turn()
@@ -261,7 +261,7 @@ def test_upgrade_to_no_pad_keys_tells_ids_differing_by_trailing_spaces_apart(
     The earlier migrations build with today's column types: the downgrade from 0010 is what
     puts back the collation that 0009 left."""
     migrate(database_url, "0009", downgrade=True)
-    store = ClaimStore(database_url, "old-relay", 60.0)
+    store = ClaimStore(database_url, "old-relay", 60.0, protocol=None)
     writer = OutboxWriter(database_url)
     try:
         store.turn()

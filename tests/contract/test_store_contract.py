@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from relay.constants import BACKLOG_EXACT_ROWS
+from relay.buckets import Fence
+from relay.constants import BACKLOG_EXACT_ROWS, PROTOCOL
 from relay.db.buckets import refresh
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
@@ -92,6 +93,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
         def memory(owner: str, ordered: bool = False, **options: Any) -> InMemoryStore:
             store = InMemoryStore(owner, LEASE, ordered, clock, **options)
             store.rows, store.buckets, store.relays = shared.rows, shared.buckets, shared.relays
+            store.protocols = shared.protocols
             store.turn()
             return store
 
@@ -291,6 +293,44 @@ def test_buckets_are_shared_out_and_handed_over_only_when_idle(make_store: Store
     assert b.claim(10, NO_BYTE_LIMIT) == []
     b.turn()
     assert len(b.claim(10, NO_BYTE_LIMIT)) == 1
+
+
+def test_relays_of_two_protocols_never_own_buckets_at_once(make_store: StoreFactory) -> None:
+    """An older relay (the release before) owns the outbox: a newer one takes nothing while
+    it holds buckets, and the older one gives its buckets up once it sees the newer one (as
+    soon as none of its rows is held), which takes them at its next turn."""
+    old = make_store("old", protocol=PROTOCOL - 1)
+    old.enqueue(msgs(2))
+    held = old.claim(10, NO_BYTE_LIMIT)
+    new = make_store("new")
+    assert new.fenced is Fence.WAIT_FOR_OLDER
+    assert new.claim(10, NO_BYTE_LIMIT) == []
+    old.turn()  # it sees the newer relay: it claims nothing more, keeps the held rows' bucket
+    assert old.fenced is Fence.YIELD_TO_NEWER
+    old.enqueue(msgs(1))
+    assert old.claim(10, NO_BYTE_LIMIT) == []
+    new.turn()
+    assert new.fenced is Fence.WAIT_FOR_OLDER, "the older relay still holds a row's bucket"
+    old.settle(SettleBatch(sent=tuple(r.id for r in held)))
+    old.turn()  # nothing held: every bucket given up
+    new.turn()
+    assert new.fenced is None
+    assert len(new.claim(10, NO_BYTE_LIMIT)) == 1, "the row written meanwhile"
+    old.turn()
+    assert old.fenced is Fence.YIELD_TO_NEWER and old.claim(10, NO_BYTE_LIMIT) == []
+
+
+def test_a_relay_of_a_release_before_protocols_is_waited_for(make_store: StoreFactory) -> None:
+    """Its presence says no protocol (it predates them): it never yields, and the newer relay
+    waits until it has stopped and its leases have run out."""
+    old = make_store("old", protocol=None)
+    old.enqueue(msgs(1))
+    new = make_store("new")
+    assert new.fenced is Fence.WAIT_FOR_OLDER and new.claim(10, NO_BYTE_LIMIT) == []
+    advance(old, LEASE + SLACK)  # it stopped without a word: its leases ran out
+    new.turn()
+    assert new.fenced is None
+    assert len(new.claim(10, NO_BYTE_LIMIT)) == 1
 
 
 def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFactory) -> None:

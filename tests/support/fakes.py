@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 
 from relay.broker.confirms import ConfirmWindow
 from relay.broker.quarantine import Quarantine
-from relay.buckets import bucket_of, turn
-from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS
+from relay.buckets import Fence, bucket_of, fence, turn
+from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS, PROTOCOL, PROTOCOL_BEFORE_FENCES
 from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease, Waiting
 from relay.message import Unpublishable, build, too_large_to_read
@@ -72,8 +72,11 @@ class InMemoryStore:
         *,
         margin: float = 0.0,
         max_message_size: int = MAX_MESSAGE_SIZE,
+        protocol: int | None = PROTOCOL,
     ):
         self.owner = owner
+        self.protocol = protocol
+        self.fenced: Fence | None = None
         self.lease = timedelta(seconds=lease)
         self.margin = timedelta(seconds=margin)
         self.max_message_size = max_message_size
@@ -82,6 +85,7 @@ class InMemoryStore:
         self.rows: dict[int, _Stored] = {}
         self.buckets = {b: _Bucket() for b in range(OUTBOX_BUCKETS)}
         self.relays: dict[str, datetime] = {}  # owner -> alive until
+        self.protocols: dict[str, int] = {}  # owner -> its protocol
         self.held: set[int] = set()
         self.sent_log: set[str] = set()
         self.duplicates = 0
@@ -91,8 +95,11 @@ class InMemoryStore:
     def turn(self, active: bool = True) -> float:
         self._check()
         now = self.clock.now
+        self.fenced = self._fence(now) if active and self.protocol is not None else None
         if active:
-            self.relays[self.owner] = now + self.lease
+            self.relays[self.owner] = now if self.fenced else now + self.lease
+            if self.protocol is not None:
+                self.protocols[self.owner] = self.protocol
         else:
             self.relays.pop(self.owner, None)
         for owner, until in list(self.relays.items()):
@@ -104,7 +111,7 @@ class InMemoryStore:
             if bucket.owner == self.owner:
                 bucket.lease_until = now + self.lease
                 owned.add(b)
-        plan = turn(owned, live, self.held, active)
+        plan = turn(owned, live, self.held, active and self.fenced is None)
         free = [
             b
             for b, bucket in sorted(self.buckets.items())
@@ -118,6 +125,22 @@ class InMemoryStore:
             self.buckets[b] = _Bucket()
         self._claim_from = plan.claim_from | taken
         return self.lease.total_seconds()
+
+    def _fence(self, now: datetime) -> Fence | None:
+        """``relay.db.buckets.refresh``'s look at the other relays' protocols."""
+        assert self.protocol is not None
+        others = {o: until for o, until in self.relays.items() if o != self.owner}
+        holding = {
+            self.protocols.get(b.owner, PROTOCOL_BEFORE_FENCES)
+            for b in self.buckets.values()
+            if b.owner in others and b.lease_until is not None and b.lease_until > now
+        }
+        announced = {
+            self.protocols.get(o, PROTOCOL_BEFORE_FENCES)
+            for o, until in others.items()
+            if until > now - self.lease
+        }
+        return fence(self.protocol, holding, announced)
 
     def _owns(self, row_id: int, *, leased: bool = True) -> bool:
         """The row's bucket is this relay's: under a lease with more than the margin left, or

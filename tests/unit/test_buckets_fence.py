@@ -1,0 +1,36 @@
+"""Relays of two protocols never own buckets at once (``relay.buckets.fence``), table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.buckets import Fence, fence
+
+# name -> (mine, the protocols of relays holding buckets, of every relay present), the fence
+CASES: dict[str, tuple[int, list[int], list[int], Fence | None]] = {
+    "alone": (2, [], [], None),
+    "among its own protocol": (2, [2, 2], [2, 2], None),
+    "an older relay holds buckets: wait": (2, [1], [1], Fence.WAIT_FOR_OLDER),
+    "an older relay present, holding none: go": (2, [], [1], None),
+    "a newer relay holds buckets: yield": (1, [2], [2], Fence.YIELD_TO_NEWER),
+    "a newer relay waiting, holding none: yield": (1, [], [2], Fence.YIELD_TO_NEWER),
+    "older and newer at once: yield first": (2, [1], [1, 3], Fence.YIELD_TO_NEWER),
+    "its own and an older holding: wait": (3, [3, 2], [3, 2], Fence.WAIT_FOR_OLDER),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_a_relay_stands_aside_for_another_protocol(case: str) -> None:
+    mine, holding, announced, expected = CASES[case]
+    assert fence(mine, holding, announced) is expected
+
+
+def test_two_protocols_never_both_go() -> None:
+    """Whatever two relays of different protocols see of each other, at most one takes."""
+    for older, newer in ((1, 2), (2, 3), (1, 3)):
+        for older_holds in (False, True):
+            for newer_holds in (False, True):
+                seen_by_older = fence(older, [newer] if newer_holds else [], [newer])
+                seen_by_newer = fence(newer, [older] if older_holds else [], [older])
+                assert seen_by_older is Fence.YIELD_TO_NEWER
+                assert seen_by_newer is (Fence.WAIT_FOR_OLDER if older_holds else None)
