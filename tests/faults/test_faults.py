@@ -9,9 +9,12 @@ FAULT_REPORT=path to collect them. Run alone with `scripts/test -m faults`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +29,7 @@ from devtools.outbox import fates, insert
 from devtools.procfs import rss_mb
 from devtools.scrape import metric
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerError, wait_until
+from relay.db.engine import migrate
 from relay.db.schema import outbox_buckets
 from tests.faults.harness import (
     LEASE,
@@ -33,6 +37,7 @@ from tests.faults.harness import (
     UNBOUND,
     WINDOW,
     FaultRelay,
+    connected,
     metrics_text,
     order_by_key,
     out_of_key_order,
@@ -645,3 +650,139 @@ def test_16_a_relay_frozen_inside_its_turn_stalls_no_other_and_loses_its_buckets
     print(json.dumps({"scenario": "16-frozen-in-turn", **seen}))
     assert "taken_s" in seen, f"its buckets were not taken over within {2 * LEASE:g} s"
     assert seen["rate_during"] >= 0.5 * seen["rate_before"], seen
+
+
+# The release before relays said their protocol (``relay.buckets.fence``): the last commit
+# without it, run from its own source (``git archive``) on this suite's dependencies.
+PREVIOUS_RELEASE = "17fbdee"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def previous_release(tmp_path: Path) -> list[str]:
+    """The command that runs ``relay run`` of the release before."""
+    source = tmp_path / "previous-release"
+    source.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE, "relay"],
+        check=False,  # said below
+        capture_output=True,
+        timeout=60,
+    )
+    assert archive.returncode == 0, f"needs the repository's history: {archive.stderr!r}"
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    run = f"import runpy, sys; sys.path.insert(0, {str(source)!r}); runpy.run_module('relay')"
+    return [sys.executable, "-c", run, "run"]
+
+
+def fenced(relay: FaultRelay) -> bool:
+    text = metrics_text(relay)
+    return bool(text) and metric(text, "relay_fenced") == 1
+
+
+@broker_bystander
+def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migration(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path, previous_release: list[str]
+) -> None:
+    """A relay of the release before runs on its schema (0011) under the writers; migration
+    0012 runs under it; two relays of this release start and claim nothing while it holds
+    buckets (relay_fenced); it stops (SIGTERM, a rolling update's), and they take the whole
+    outbox over: nothing lost, nothing published twice, each key in order."""
+    migrate(postgresql_url, "0011", downgrade=True)
+    published_while_fenced: list[float] = []
+    new_relays: list[FaultRelay] = []
+    engine = sa.create_engine(postgresql_url)
+
+    def shared_out() -> bool:
+        """Every bucket owned, by the new relays alone, each its share."""
+        with engine.connect() as conn:
+            owners = collections.Counter(conn.scalars(sa.select(outbox_buckets.c.owner)))
+        return set(owners) == {r.name for r in new_relays} and min(owners.values()) >= 16
+
+    def upgrade(relays: list[FaultRelay]) -> float:
+        migrate(postgresql_url)
+        for n in (1, 2):
+            relays.append(
+                FaultRelay(
+                    f"17-new-{n}", tmp_path, postgresql_url, fresh_broker.url, ordering="true"
+                ).start()
+            )
+        new_relays.extend(relays[1:])
+        for relay in new_relays:
+            wait_until(functools.partial(fenced, relay), 30, f"{relay.name} waiting")
+        time.sleep(2 * LEASE / 3)  # a turn each more, the writers writing
+        published_while_fenced.extend(r.published() for r in relays[1:])
+        assert relays[0].stop(30) == 0
+        wait_until(lambda: not any(fenced(r) for r in relays[1:]), 2 * LEASE, "taken over")
+        return time.time()
+
+    consumer, _ = scenario(
+        "17-upgrade",
+        postgresql_url,
+        fresh_broker.url,
+        tmp_path,
+        upgrade,
+        first_command=previous_release,
+        after=lambda: wait_until(shared_out, 3 * LEASE, "the outbox shared out"),
+        ordering="true",
+    )
+    engine.dispose()
+    assert published_while_fenced == [0.0, 0.0]
+    assert out_of_key_order(consumer) == {}
+
+
+@broker_bystander
+def test_18_a_rolling_restart_of_three_relays_never_leaves_a_bucket_unowned_for_a_lease(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """Each of three relays stopped (SIGTERM) and replaced, one at a time, under the writers:
+    nothing lost, nothing published twice, each key in order, and every bucket owned again
+    within a lease of being given up."""
+    engine = sa.create_engine(postgresql_url)
+    owners = sa.select(outbox_buckets.c.bucket, outbox_buckets.c.owner)
+    unowned_since: dict[int, float] = {}
+    longest = [0.0]
+
+    def watch_while(busy: threading.Thread) -> None:
+        while busy.is_alive():
+            now = time.monotonic()
+            with engine.connect() as conn:
+                for bucket, owner in conn.execute(owners):
+                    if owner is None:
+                        since = unowned_since.setdefault(bucket, now)
+                        longest[0] = max(longest[0], now - since)
+                    else:
+                        unowned_since.pop(bucket, None)
+            time.sleep(0.1)
+
+    def roll(relays: list[FaultRelay]) -> float:
+        def restart_each() -> None:
+            for n in range(3):
+                assert relays[n].stop(30) == 0
+                relays.append(
+                    FaultRelay(
+                        f"18-next-{n}", tmp_path, postgresql_url, fresh_broker.url, ordering="true"
+                    ).start()
+                )
+                wait_until(functools.partial(connected, relays[-1]), 30, "the new relay")
+                time.sleep(1)
+
+        rolling = threading.Thread(target=restart_each)
+        rolling.start()
+        watch_while(rolling)
+        rolling.join()
+        return time.time()
+
+    consumer, _ = scenario(
+        "18-rolling-restart",
+        postgresql_url,
+        fresh_broker.url,
+        tmp_path,
+        roll,
+        relays=3,
+        faults=0,
+        ordering="true",
+    )
+    engine.dispose()
+    assert out_of_key_order(consumer) == {}
+    assert longest[0] < LEASE, f"a bucket unowned for {longest[0]:.1f} s"
