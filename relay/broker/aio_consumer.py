@@ -198,15 +198,21 @@ class AsyncConsumer:
                     await inbound.get_nowait().reject(requeue=True)
 
     async def _wait_until_ready(self, stop: asyncio.Event) -> None:
-        """Paused: no delivery in hand, the connection serviced by the loop, while the
-        owner's ``ready`` says no, with back-off between its looks."""
-        failures = 0
-        while not stop.is_set():
-            failures += 1
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._backoff.delay(failures))
-            if stop.is_set() or await self._ready():
-                return
+        """Paused: no delivery in hand, the connection serviced by the loop."""
+        await until_ready(self._ready, self._backoff, stop)
+
+
+async def until_ready(
+    ready: Callable[[], Awaitable[bool]], backoff: Backoff, stop: asyncio.Event
+) -> None:
+    """Until ``ready`` says yes, asked with back-off between its looks, or ``stop`` is set."""
+    failures = 0
+    while not stop.is_set():
+        failures += 1
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff.delay(failures))
+        if stop.is_set() or await ready():
+            return
 
 
 async def answer(message: AbstractIncomingMessage, verdict: Answer, queue: str, dead: str) -> None:

@@ -162,7 +162,7 @@ class ClaimStore:
             )
         else:
             log.info(
-                "no relay of another protocol holds buckets: claiming",
+                "no relay of another protocol stands in the way any more",
                 extra={"action": "unfenced", "protocol": self.protocol},
             )
 

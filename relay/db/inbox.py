@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -380,23 +379,19 @@ class InboxStore:
     def attempts(self, message_id: str) -> int:
         return self.call("reading attempts", self.statements.attempts, message_id)
 
-    def ping(self) -> None:
-        """A statement's round trip: whether the database answers (StoreError if not)."""
-        self.call("reaching the database", self.statements.ping)
-
     def durability_problem(self) -> str | None:
         return self.call("reading the server's durability", self.statements.durability)
 
-    def purge(self, older_than: float, chunk: int, stop: threading.Event | None = None) -> int:
+    def purge(self, older_than: float, chunk: int) -> int:
         """Delete this consumer's keys and attempts older than ``older_than`` seconds,
-        ``chunk`` rows per transaction, until none is left or ``stop`` is set."""
+        ``chunk`` rows per transaction, until none is left (a consumer purges in slices of
+        its own: ``relay.inbox.flow.Flow.purge_slice``)."""
         deleted = 0
-        while stop is None or not stop.is_set():
+        while True:
             count = self.call("purging the inbox", self.statements.purge_one, older_than, chunk)
             deleted += count
             if count < chunk:
-                break
-        return deleted
+                return deleted
 
     def close(self) -> None:
         self.engine.dispose()

@@ -6,8 +6,10 @@ consumer: each delivery's id (its message id, or its CloudEvents ``ce-id``) is i
 first in the transaction the handler writes in, so that the id and the handler's writes
 commit together or not at all; a delivery whose id is there is acked without running the
 handler. A handler that raises rolls back, its attempt is counted in a short transaction of
-its own, and the delivery is requeued, or after ``RELAY_INBOX_MAX_ATTEMPTS`` rejected
-without requeue, to the queue's dead-letter exchange.
+its own, and the message is tried again on the retry schedule (at once, then after delays
+the broker holds), or after ``RELAY_INBOX_MAX_ATTEMPTS`` failures published to the queue's
+dead letters with the reason (``relay.inbox.policy``). The decisions are
+``relay.inbox.flow``'s; ``relay.inbox.aio`` is the same inbox for asyncio.
 
     def handle(delivery: Delivery, tx: Transaction) -> None:
         tx.execute(insert_order, {...})   # commits with the message's id

@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from relay.backoff import Backoff
-from relay.broker.aio_consumer import AsyncConsumer
+from relay.broker.aio_consumer import AsyncConsumer, until_ready
 from relay.constants import INBOX_TICK_S
 from relay.db.inbox_async import AsyncInboxStore, AsyncTransaction
 from relay.inbox.flow import Flow, Run, Step, drive_async
@@ -89,12 +89,7 @@ class AsyncInbox:
     async def until_database_answers(self) -> None:
         """Wait, with back-off, until the database answers (a FastStream consumer's pause:
         it holds no delivery meanwhile)."""
-        failures = 0
-        while True:
-            failures += 1
-            await asyncio.sleep(self.backoff.delay(failures))
-            if await self.database_answers():
-                return
+        await until_ready(self.database_answers, self.backoff, asyncio.Event())
 
     async def process(self, handler: AsyncHandler, delivery: Delivery) -> Answer:
         """One delivery through the inbox (``relay.inbox.flow``): the verdict the broker is
