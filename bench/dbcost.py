@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from devtools.procfs import tree_cpu_seconds
 from devtools.servers import PostgresServer
 from relay.db.claims import ClaimStore
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.records import KEEP_IDS, KEEP_MESSAGES, NewMessage, SettleBatch
 

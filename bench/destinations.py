@@ -24,7 +24,7 @@ from pathlib import Path
 
 from devtools.destinations import alone, broken_destination
 from devtools.servers import PostgresServer, RabbitNode
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 
 
 def main() -> int:

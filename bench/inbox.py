@@ -40,9 +40,10 @@ import sqlalchemy as sa
 from devtools.broker import fresh_queue
 from devtools.procfs import tree_cpu_seconds
 from devtools.servers import PostgresServer, RabbitNode
-from relay.db.engine import create_async_engine, create_engine, migrate
+from relay.db.engine import create_async_engine, create_engine
 from relay.db.inbox import InboxStore
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.migrate import migrate
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings, Transaction
 from relay.inbox.aio import AsyncInbox
 

@@ -38,7 +38,8 @@ from devtools.outbox import empty, sent_latencies, statuses
 from devtools.procfs import tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, wait_until
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.db.schema import outbox
 from relay.records import SENT
 

@@ -32,7 +32,7 @@ from devtools.broker import simple_topology, write_topology
 from devtools.outbox import empty, fates, insert, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env
 from devtools.servers import PostgresServer, RabbitNode, wait_until
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from relay.records import SENT
 
 EXCHANGE, QUEUE = "poison", "poison.all"

@@ -93,7 +93,8 @@ from devtools.servers import (
     free_port,
     wait_until,
 )
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.db.schema import outbox, outbox_sent
 from relay.settings import Settings
 

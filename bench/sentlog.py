@@ -33,7 +33,8 @@ import sqlalchemy as sa
 
 from devtools.servers import PostgresServer
 from relay.constants import PURGE_CHUNK, RECENT_SENT_S
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxAdmin
 
 INDEXES = {

@@ -68,7 +68,8 @@ from devtools.profiling import Profiler
 from devtools.relayproc import RELAY, RelayProcess, relay_env, relay_from, wait_sharing
 from devtools.scrape import http_get, metric
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 
 QUEUE = "soak"
 BODY = b"x" * 200

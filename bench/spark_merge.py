@@ -26,7 +26,8 @@ import sqlalchemy as sa
 
 from devtools.servers import PostgresServer
 from relay.constants import MERGE_WORK_MEM
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.db.schema import WRITTEN_COLUMNS
 from relay.db.sink import OutboxSink
 

@@ -54,7 +54,8 @@ from devtools.procfs import tree_cpu_seconds
 from devtools.relayproc import RelayProcess, relay_env
 from devtools.scrape import answers_ok
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.db.schema import outbox, outbox_sent
 from relay.spark import LOCAL_MODE_ENV, register, write_outbox
 

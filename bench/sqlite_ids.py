@@ -23,7 +23,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 
 STATEMENT_ROWS = 500
 PAYLOAD = b"x" * 200

@@ -31,7 +31,7 @@ import psycopg
 
 from devtools.procfs import tree_cpu_seconds
 from devtools.servers import PostgresServer
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 
 STATEMENT_ROWS = 500
 PAYLOAD = b"x" * 200

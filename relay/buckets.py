@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
+from relay.errors import RetiredError
 
 
 def bucket_of(row_id: int) -> int:
@@ -63,17 +64,34 @@ class Fence(enum.Enum):
 
     WAIT_FOR_OLDER = "wait_for_older"  # live relays of an older protocol hold buckets
     YIELD_TO_NEWER = "yield_to_newer"  # a relay of a newer protocol is there
+    RETIRED = "retired"  # the schema admits relays of a newer protocol only: stop
 
 
-def fence(mine: int, holding: Iterable[int], announced: Iterable[int]) -> Fence | None:
+def fence(
+    mine: int, holding: Iterable[int], announced: Iterable[int], least: int = 1
+) -> Fence | None:
     """Whether a relay of protocol ``mine`` must stand aside this turn, seeing the other live
     relays' protocols: of those that hold buckets (``holding``) and of every one present
-    (``announced``: waiting ones included). Relays of two protocols never own buckets at
-    once: an older relay gives its buckets up as soon as a newer one is there; a newer one
-    takes none while an older one holds any (one of a release before protocols existed
-    never gives them up: the newer waits for it to stop, and its leases to run out)."""
+    (``announced``: waiting ones included), and the least protocol the schema admits
+    (``least``: a migration older relays cannot run beside raises it). Relays of two
+    protocols never own buckets at once: an older relay gives its buckets up as soon as a
+    newer one is there; a newer one takes none while an older one holds any (one of a
+    release before protocols existed never gives them up: the newer waits for it to stop,
+    and its leases to run out). A relay the schema no longer admits is retired: it gives
+    its buckets up and stops, whoever else is there."""
+    if mine < least:
+        return Fence.RETIRED
     if any(other > mine for other in (*holding, *announced)):
         return Fence.YIELD_TO_NEWER
     if any(other < mine for other in holding):
         return Fence.WAIT_FOR_OLDER
     return None
+
+
+def retired(mine: int | None, least: int, release: str) -> RetiredError:
+    """What a relay of protocol ``mine`` says when the schema admits relays of protocol
+    ``least`` (first spoken by ``release``) or later only (``Fence.RETIRED``)."""
+    return RetiredError(
+        f"the outbox schema admits relays of protocol {least} or later ({release} or later); "
+        f"this relay speaks protocol {mine}: run {release} or later"
+    )

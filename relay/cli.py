@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from relay import __version__, daemon, logs
 from relay.admin import commands as admin
 from relay.admin import inbox as inbox_admin
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError
 from relay.records import NewMessage
@@ -114,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="move down to --revision (stop every relay and consumer first)",
     )
+    mig.add_argument(
+        "--force",
+        action="store_true",
+        help="move even while live relays stand in the way (they hold buckets, and their "
+        "protocol is older than the migration needs, or it is a downgrade)",
+    )
     mig.set_defaults(command="migrate", handler=_migrate)
 
     enq = sub.add_parser(
@@ -168,8 +174,12 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     """Create or upgrade the outbox table to the newest schema (Alembic upgrade), or with
-    --downgrade move it down to --revision."""
-    migrate(settings.database_url, args.revision, downgrade=args.downgrade)
+    --downgrade move it down to --revision. Lists the live relays first, and refuses while
+    relays of a protocol the migration does not admit hold buckets (any relay holding
+    buckets, for a downgrade), unless --force."""
+    live = migrate(settings.database_url, args.revision, downgrade=args.downgrade, force=args.force)
+    for relay in live:
+        print(f"live relay {relay.owner}: protocol {relay.protocol}, {relay.buckets} buckets")
     print(f"outbox schema is at revision {args.revision}")
     return EXIT_OK
 

@@ -17,6 +17,16 @@ class SchemaMissingError(StoreError):
     """The outbox table is not there: ``relay migrate`` has not run on this database."""
 
 
+class MigrationRefusedError(RelayError):
+    """``relay migrate`` would change the schema under live relays it concerns
+    (``relay.upgrade.blockers``); nothing was changed."""
+
+
+class RetiredError(RelayError):
+    """The schema admits relays of a newer protocol only (``relay.buckets.Fence.RETIRED``):
+    this relay gave its buckets up; the message names the release to run."""
+
+
 class BrokerError(RelayError):
     """The broker refused or lost the connection, or refused the topology."""
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from relay.backoff import Backoff
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
-from relay.errors import StoreError
+from relay.errors import RetiredError, StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.parked import ParkedLog
@@ -127,6 +127,7 @@ class Relay:
         self._woken = Wakeup()
         self._finished = False
         self._stopping = asyncio.Event()
+        self._retired: RetiredError | None = None  # the schema admits newer relays only
         self._last_beat = clock()
         self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S, clock)
 
@@ -155,7 +156,10 @@ class Relay:
             await claiming  # a claim under way finishes: its rows are released with the rest
             self.publisher.release(self._ready)  # due again at once, for whoever claims next
             self._ready = []
-            return await self._drain(settling)
+            drained = await self._drain(settling)
+            if self._retired is not None:
+                raise self._retired
+            return drained
         finally:
             for task in (turning, claiming, settling):
                 task.cancel()
@@ -515,11 +519,19 @@ class Relay:
         """Keep this relay's share of the outbox (``Store.turn``): every ``turn_interval``,
         and at once when the relay became able or unable to publish, so that a relay whose
         broker went away hands its idle buckets to the others. A failed turn is retried as
-        every database call is (``relay.retrying``)."""
+        every database call is (``relay.retrying``). A relay the schema retired (its
+        protocol too old: ``RetiredError``, its idle buckets given up) stops, drains, and
+        ``run`` raises the error."""
         while True:
             self._turn_wanted.clear()
             active = self.publisher.state().can_publish
-            self.lease.renewed(await self.store.turn(active))
+            try:
+                self.lease.renewed(await self.store.turn(active))
+            except RetiredError as exc:
+                self.metrics.fenced.set(1)
+                self._retired = exc
+                self.stop()
+                return
             self.metrics.fenced.set(0 if self.store.fenced is None else 1)
             self._turned_active = active
             self.wake()  # buckets taken may hold due rows

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
 
 # tests/<folder>/ -> its layer's marker (declared, with what each layer needs, in pyproject.toml)

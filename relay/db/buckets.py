@@ -22,7 +22,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from relay.buckets import Fence, fence, turn
 from relay.constants import PROTOCOL, PROTOCOL_BEFORE_FENCES
 from relay.db.clock import database_time
-from relay.db.schema import outbox_buckets, outbox_relays
+from relay.db.schema import outbox_buckets, outbox_protocol, outbox_relays
 
 
 def owned_now(owner: str, margin: float = 0.0) -> sa.Select[tuple[int]]:
@@ -36,12 +36,20 @@ def owned_by(owner: str) -> sa.Select[tuple[int]]:
     return sa.select(outbox_buckets.c.bucket).where(outbox_buckets.c.owner == owner)
 
 
+class Admits(NamedTuple):
+    """The least protocol the schema admits, and the first release that speaks it."""
+
+    protocol: int
+    release: str
+
+
 class Refreshed(NamedTuple):
-    """A turn's outcome: the buckets to claim from, and why none, when another protocol's
-    relays stand in the way (``relay.buckets.fence``)."""
+    """A turn's outcome: the buckets to claim from, why none when another protocol's relays
+    or the schema stand in the way (``relay.buckets.fence``), and what the schema admits."""
 
     claim_from: frozenset[int]
     fenced: Fence | None
+    admits: Admits
 
 
 def refresh(
@@ -69,8 +77,9 @@ def refresh(
     otherwise stall every other relay's turns, and so their claims, until the database
     ended its transaction."""
     fenced = None
+    admits = _admits(conn) if protocol is not None else Admits(PROTOCOL_BEFORE_FENCES, "")
     if active and protocol is not None:
-        fenced = fence(protocol, *_protocols(conn, owner, lease))
+        fenced = fence(protocol, *_protocols(conn, owner, lease), least=admits.protocol)
     _present(conn, owner, lease, active, protocol=protocol, waiting=fenced is not None)
     active = active and fenced is None
     live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
@@ -91,7 +100,18 @@ def refresh(
             .where(outbox_buckets.c.owner == owner, outbox_buckets.c.bucket.in_(plan.release))
             .values(owner=None, lease_until=None)
         )
-    return Refreshed(plan.claim_from | taken, fenced)
+    return Refreshed(plan.claim_from | taken, fenced, admits)
+
+
+def _admits(conn: sa.Connection) -> Admits:
+    """The schema's least protocol (migration 0013's row, raised by a migration that older
+    relays cannot run beside)."""
+    row = conn.execute(
+        sa.select(outbox_protocol.c.least_protocol, outbox_protocol.c.least_release)
+        .order_by(outbox_protocol.c.least_protocol.desc())
+        .limit(1)
+    ).one_or_none()
+    return Admits(*row) if row else Admits(PROTOCOL_BEFORE_FENCES, "any release")
 
 
 def _protocols(conn: sa.Connection, owner: str, lease: float) -> tuple[set[int], set[int]]:

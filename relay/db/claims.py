@@ -33,7 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.buckets import Fence
+from relay.buckets import Fence, retired
 from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE, PROTOCOL, READ_ON_MAX_S
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
@@ -136,11 +136,14 @@ class ClaimStore:
         with self._owning:
             held = self.held.ids()
             with self._session("turn", statements=2) as conn:
-                claim_from, fenced = refresh(
+                claim_from, fenced, admits = refresh(
                     conn, self.owner, self.lease, held, active, protocol=self.protocol
                 )
             if fenced is not self.fenced:
                 self._say_fenced(fenced)
+            if fenced is Fence.RETIRED:
+                self._claim_from = frozenset()
+                raise retired(self.protocol, *admits)
             if claim_from - self._claim_from:
                 self.held.restart()  # the new buckets' due rows may lie behind the position
             self._claim_from = claim_from
@@ -158,6 +161,12 @@ class ClaimStore:
             log.warning(
                 "claiming nothing: a relay of a newer protocol is here; this relay's buckets "
                 "go to it (stop this relay: its release is older)",
+                extra={"action": "fenced", "fence": fenced.value, "protocol": self.protocol},
+            )
+        elif fenced is Fence.RETIRED:
+            log.error(
+                "claiming nothing: the schema admits relays of a newer protocol only; this "
+                "relay's buckets are given up, and it stops",
                 extra={"action": "fenced", "fence": fenced.value, "protocol": self.protocol},
             )
         else:

@@ -1,4 +1,4 @@
-"""Engines for the outbox database, the error wrapping every database call shares, and migrate.
+"""Engines for the outbox database, and the error wrapping every database call shares.
 
 Two kinds of session, by what their writes must survive:
 
@@ -48,7 +48,6 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -342,7 +341,7 @@ def db_errors(what: str, where: str) -> Iterator[None]:
         yield
     except sa.exc.DBAPIError as exc:
         if _missing_table(exc):
-            raise schema_missing(where) from exc
+            raise schema_missing(where, _missing_table_name(exc)) from exc
         first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
         raise StoreError(
             f"{what} on {where} failed: {type(exc.orig).__name__}: {first_line}"
@@ -571,12 +570,21 @@ def _planner_estimate(conn: sa.Connection, rows: sa.Select[Any]) -> int:
     return int(plan_row["rows"] or 0)
 
 
-def schema_missing(where: str) -> SchemaMissingError:
-    return SchemaMissingError(f"the outbox table does not exist in {where}: run `relay migrate`")
+def schema_missing(where: str, table: str = "outbox") -> SchemaMissingError:
+    return SchemaMissingError(f"the {table} table does not exist in {where}: run `relay migrate`")
 
 
 # MySQL's error number for "table doesn't exist".
 _MYSQL_NO_SUCH_TABLE = 1146
+
+
+def _missing_table_name(exc: sa.exc.DBAPIError) -> str:
+    """The table the driver's error names (PostgreSQL: relation "t"; SQLite: no such
+    table: t; MySQL: Table 'db.t'), or "outbox"."""
+    found = re.search(
+        r"""relation "(\w+)"|no such table: (\w+)|Table '\w+\.(\w+)'""", str(exc.orig)
+    )
+    return next((name for name in found.groups() if name), "outbox") if found else "outbox"
 
 
 def _missing_table(exc: sa.exc.DBAPIError) -> bool:
@@ -584,22 +592,3 @@ def _missing_table(exc: sa.exc.DBAPIError) -> bool:
         return True
     args: tuple[Any, ...] = getattr(exc.orig, "args", ())
     return len(args) > 0 and args[0] == _MYSQL_NO_SUCH_TABLE
-
-
-def migrate(url: str, revision: str = "head", *, downgrade: bool = False) -> None:
-    """Upgrade (or downgrade) the database to ``revision`` with the migrations shipped in
-    the package."""
-    # Alembic is imported here, not with the module: every Spark worker that writes imports
-    # this module, and only `relay migrate` needs Alembic.
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(resources.files("relay.db.migrations")))
-    engine = create_engine(url)
-    try:
-        with transaction(engine, "migrate", redact_url(url)) as conn:
-            config.attributes["connection"] = conn
-            (command.downgrade if downgrade else command.upgrade)(config, revision)
-    finally:
-        engine.dispose()

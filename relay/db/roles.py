@@ -30,6 +30,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_sent": "SELECT, INSERT, DELETE",
         "outbox_buckets": "SELECT, UPDATE",
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_protocol": "SELECT",
         "outbox_counters": "SELECT, UPDATE",
     },
     WRITER: {"outbox": f"INSERT ({', '.join(WRITER_COLUMNS)})"},

@@ -320,6 +320,15 @@ outbox_buckets = sa.Table(
     sa.Column("owner", SHORT_TEXT, nullable=True),
     sa.Column("lease_until", UTCDateTime(), nullable=True),
 )
+# The least protocol a relay must speak to claim (``relay.buckets.fence``), one row (migration
+# 0013). A migration that relays of older protocols cannot run beside raises it, naming the
+# release to run: those relays give their buckets up and stop.
+outbox_protocol = sa.Table(
+    "outbox_protocol",
+    metadata,
+    sa.Column("least_protocol", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    sa.Column("least_release", SHORT_TEXT, nullable=False),
+)
 
 
 # Running totals the relays keep for ``relay status``, a row each (``COUNTERS``), written

@@ -16,10 +16,10 @@ from devtools.outbox import statuses
 from relay.cli import main
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time, seconds_between
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import metadata, outbox
-from relay.errors import StoreError
+from relay.errors import SchemaMissingError, StoreError
 from relay.records import NewMessage, SettleBatch
 from tests.support.privileges import definer_functions
 
@@ -326,3 +326,97 @@ def test_no_revision_up_or_down_leaves_code_that_runs_with_its_owners_rights(
         walked.append((revision, definers()))
     assert walked == [(revision, 0) for revision, _ in walked]
     assert differences(database_url) == []
+
+
+def revision_of(url: str) -> str | None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def test_every_revision_says_which_relays_may_run_beside_it() -> None:
+    """``relay migrate`` reads each revision's ``least_protocol``: a new migration's author
+    must say it (None, or the protocol older relays cannot run beside)."""
+    versions = resources.files("relay.db.migrations") / "versions"
+    for path in versions.iterdir():
+        if path.name.endswith(".py") and path.name[:4].isdigit():
+            assert "\nleast_protocol = " in path.read_text(), path.name
+
+
+def test_migrate_refuses_a_downgrade_while_relays_hold_buckets(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relay of this release holds buckets: a downgrade is refused, naming it, and nothing
+    moves; --force moves; once the relay has stopped, no force is needed."""
+    environ = {"RELAY_DATABASE_URL": database_url}
+    store = ClaimStore(database_url, "relay-a", 60.0)
+    try:
+        store.turn()
+        assert main(["migrate", "--revision", "0012", "--downgrade"], environ) == 1
+        err = capsys.readouterr().err
+        assert "a downgrade while relays hold buckets: relay-a (protocol 2, 64 buckets)" in err
+        assert "or pass --force" in err
+        assert revision_of(database_url) == "0013"
+        store.close()
+        assert main(["migrate", "--revision", "0012", "--downgrade"], environ) == 0
+        assert revision_of(database_url) == "0012"
+        assert main(["migrate"], environ) == 0
+        store = ClaimStore(database_url, "relay-a", 60.0)
+        store.turn()
+        forced = ["migrate", "--revision", "0012", "--downgrade", "--force"]
+        assert main(forced, environ) == 0
+        assert "live relay relay-a: protocol 2, 64 buckets" in capsys.readouterr().out
+        assert revision_of(database_url) == "0012"
+    finally:
+        store.close()
+
+
+def test_migrate_refuses_a_migration_older_relays_cannot_run_beside(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At 0006, a relay of that release holds buckets (its presence says no protocol): the
+    upgrade through 0007 (relays before it would publish re-written ids again) is refused
+    while its leases live, naming it; a relay present but holding none is no obstacle."""
+    environ = {"RELAY_DATABASE_URL": database_url}
+    migrate(database_url, "0006", downgrade=True)
+    relays = sa.table("outbox_relays", sa.column("owner"), sa.column("alive_until"))
+    buckets = sa.table(
+        "outbox_buckets", sa.column("bucket"), sa.column("owner"), sa.column("lease_until")
+    )
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(relays).values(owner="old", alive_until=database_time(60)))
+        conn.execute(sa.insert(relays).values(owner="idle", alive_until=database_time(60)))
+        held = sa.column("bucket") < 5
+        conn.execute(
+            sa.update(buckets).where(held).values(owner="old", lease_until=database_time(60))
+        )
+    assert main(["migrate"], environ) == 1
+    err = capsys.readouterr().err
+    assert "needs relays of protocol 2 or later" in err
+    assert "old (protocol 1, 5 buckets)" in err and "idle" not in err
+    assert revision_of(database_url) == "0006"
+    with engine.begin() as conn:  # the old relay stopped: its buckets given up
+        conn.execute(sa.update(buckets).values(owner=None, lease_until=None))
+    engine.dispose()
+    assert main(["migrate"], environ) == 0
+    assert "live relay idle: protocol 1, 0 buckets" in capsys.readouterr().out
+    assert differences(database_url) == []
+
+
+def test_a_relay_on_a_schema_it_needs_migrated_names_the_missing_table(database_url: str) -> None:
+    """The docs' order is migrate first: a relay of this release on 0012 claims nothing, and
+    its turn fails naming the table to migrate for, not the outbox."""
+    migrate(database_url, "0012", downgrade=True)
+    store = ClaimStore(database_url, "relay-a", 60.0)
+    try:
+        with pytest.raises(SchemaMissingError) as raised:
+            store.turn()
+        assert str(raised.value).startswith("the outbox_protocol table does not exist in ")
+        assert str(raised.value).endswith(": run `relay migrate`")
+        assert store.claim(10, 2**62) == []
+    finally:
+        store.close()

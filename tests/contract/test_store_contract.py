@@ -20,7 +20,8 @@ from relay.db.buckets import refresh
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
 from relay.db.outbox import OutboxWriter
-from relay.db.schema import outbox, outbox_buckets, outbox_relays, outbox_sent
+from relay.db.schema import outbox, outbox_buckets, outbox_protocol, outbox_relays, outbox_sent
+from relay.errors import RetiredError
 from relay.records import (
     KEEP_IDS,
     KEEP_MESSAGES,
@@ -93,7 +94,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
         def memory(owner: str, ordered: bool = False, **options: Any) -> InMemoryStore:
             store = InMemoryStore(owner, LEASE, ordered, clock, **options)
             store.rows, store.buckets, store.relays = shared.rows, shared.buckets, shared.relays
-            store.protocols = shared.protocols
+            store.protocols, store.admits = shared.protocols, shared.admits
             store.turn()
             return store
 
@@ -145,6 +146,18 @@ def advance(store: InMemoryStore | SqlStore, seconds: float) -> None:
         store.clock.advance(seconds)
     else:
         store.advance(seconds)
+
+
+def admit(store: InMemoryStore | SqlStore, protocol: int, release: str) -> None:
+    """What a migration that older relays cannot run beside does: the schema admits relays
+    of ``protocol`` (first spoken by ``release``) or later only."""
+    if isinstance(store, InMemoryStore):
+        store.admits[protocol] = release
+        return
+    with store.writer.engine.begin() as conn:
+        conn.execute(
+            sa.update(outbox_protocol).values(least_protocol=protocol, least_release=release)
+        )
 
 
 def test_claim_returns_due_rows_in_id_order_with_their_fields(make_store: StoreFactory) -> None:
@@ -331,6 +344,33 @@ def test_a_relay_of_a_release_before_protocols_is_waited_for(make_store: StoreFa
     new.turn()
     assert new.fenced is None
     assert len(new.claim(10, NO_BYTE_LIMIT)) == 1
+
+
+def test_a_relay_the_schema_no_longer_admits_gives_its_buckets_up_and_stops(
+    make_store: StoreFactory,
+) -> None:
+    """A migration raised the least protocol: the relay's next turn gives up every bucket it
+    holds no row of and says which release to run; it claims nothing more. A relay of the
+    newer protocol takes the outbox once the retired one's held rows are settled."""
+    old = make_store("old")
+    old.enqueue(msgs(2))
+    held = old.claim(1, NO_BYTE_LIMIT)
+    admit(old, PROTOCOL + 1, "outbox-relay 9.0")
+    with pytest.raises(RetiredError) as raised:
+        old.turn()
+    assert str(raised.value) == (
+        f"the outbox schema admits relays of protocol {PROTOCOL + 1} or later (outbox-relay 9.0 "
+        f"or later); this relay speaks protocol {PROTOCOL}: run outbox-relay 9.0 or later"
+    )
+    assert old.fenced is Fence.RETIRED
+    assert old.claim(10, NO_BYTE_LIMIT) == []
+    new = make_store("new", protocol=PROTOCOL + 1)
+    assert new.fenced is Fence.WAIT_FOR_OLDER, "the retired relay still holds a row's bucket"
+    old.settle(SettleBatch(sent=tuple(r.id for r in held)))
+    old.close()
+    new.turn()
+    assert new.fenced is None
+    assert len(new.claim(10, NO_BYTE_LIMIT)) == 1, "the row the retired relay left"
 
 
 def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFactory) -> None:

@@ -27,7 +27,8 @@ import sqlalchemy as sa
 
 from devtools.servers import MariaDBServer, PostgresServer
 from relay.db.claims import ClaimStore
-from relay.db.engine import create_engine, migrate
+from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.roles import RELAY, WRITER, grants
 from relay.db.schema import metadata, outbox

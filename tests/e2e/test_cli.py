@@ -17,8 +17,9 @@ from devtools.outbox import owners, statuses
 from devtools.relayproc import RelayProcess, relay, relay_env, relay_on_new_queue, run_relay_until
 from devtools.scrape import answers_ok, http_get, metric
 from devtools.servers import MariaDBServer, RabbitNode, free_port, wait_until
+from relay.constants import PROTOCOL
 from relay.db.engine import create_engine
-from relay.db.schema import outbox
+from relay.db.schema import outbox, outbox_protocol
 from relay.settings import InboxSettings, describe, known_env_names
 
 
@@ -285,3 +286,43 @@ def test_an_unsupported_server_version_is_one_line_and_exit_2(
         "relay: error: MariaDB 10.5.9 cannot hold the outbox: it needs MariaDB 10.6 or later "
         "(FOR UPDATE SKIP LOCKED, JSON_TABLE)"
     ), lines
+
+
+def test_a_relay_the_schema_retires_exits_with_one_line_naming_the_release(
+    tmp_path: Path, rabbit: RabbitNode, database_url: str
+) -> None:
+    """What a migration that relays of this protocol cannot run beside does to them: the
+    running relay gives its buckets up, drains and exits 1, its last line naming the release
+    to run; started again, it exits at its first turn with the same line, claiming nothing."""
+    exchange, queue = names("retired")
+    declare_bound(rabbit.url, exchange, queue)
+    env = relay_env(
+        RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=rabbit.url, RELAY_POLL_INTERVAL="0.05"
+    )
+    insert = sa.text("INSERT INTO outbox (message_id, exchange, payload) VALUES (:m, :e, :p)")
+    writer = create_engine(database_url)
+    line = (
+        f"relay: error: the outbox schema admits relays of protocol {PROTOCOL + 1} or later "
+        f"(outbox-relay 9.0 or later); this relay speaks protocol {PROTOCOL}: run "
+        "outbox-relay 9.0 or later"
+    )
+    try:
+        with writer.begin() as conn:
+            conn.execute(insert, {"m": "before", "e": exchange, "p": b"row"})
+        with RelayProcess(env, tmp_path / "relay.log") as proc:
+            wait_until(lambda: statuses(database_url).get("sent") == 1, 60, "the row sent")
+            with writer.begin() as conn:
+                admits = {"least_protocol": PROTOCOL + 1, "least_release": "outbox-relay 9.0"}
+                conn.execute(sa.update(outbox_protocol).values(admits))
+            assert proc.proc is not None
+            assert proc.proc.wait(timeout=60) == 1  # at its next turn
+        assert proc.log().splitlines()[-1] == line
+        assert owners(database_url) == {}, "a bucket kept by the retired relay"
+        with writer.begin() as conn:
+            conn.execute(insert, {"m": "after", "e": exchange, "p": b"row"})
+        again = relay("run", env=env, timeout=60)
+        assert again.returncode == 1 and again.stderr.splitlines()[-1] == line
+        assert statuses(database_url) == {"sent": 1, "pending": 1}
+    finally:
+        writer.dispose()
+    assert len(drain(rabbit.url, queue, expect=1)) == 1

@@ -29,7 +29,7 @@ from devtools.outbox import fates, insert
 from devtools.procfs import rss_mb
 from devtools.scrape import metric
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerError, wait_until
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from relay.db.schema import outbox_buckets
 from tests.faults.harness import (
     LEASE,

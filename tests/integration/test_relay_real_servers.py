@@ -18,7 +18,7 @@ from relay.broker.topology import Exchange, Topology
 from relay.buckets import bucket_of
 from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
 from relay.db.claims import ClaimStore
-from relay.db.engine import migrate
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxWriter
 from relay.records import NewMessage
 from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for

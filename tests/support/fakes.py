@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from relay.broker.confirms import ConfirmWindow
 from relay.broker.quarantine import Quarantine
-from relay.buckets import Fence, bucket_of, fence, turn
+from relay.buckets import Fence, bucket_of, fence, retired, turn
 from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS, PROTOCOL, PROTOCOL_BEFORE_FENCES
 from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease, Waiting
@@ -86,6 +86,8 @@ class InMemoryStore:
         self.buckets = {b: _Bucket() for b in range(OUTBOX_BUCKETS)}
         self.relays: dict[str, datetime] = {}  # owner -> alive until
         self.protocols: dict[str, int] = {}  # owner -> its protocol
+        # The schema's least protocol -> the release that first speaks it (outbox_protocol).
+        self.admits: dict[int, str] = {PROTOCOL_BEFORE_FENCES: "any release"}
         self.held: set[int] = set()
         self.sent_log: set[str] = set()
         self.duplicates = 0
@@ -124,6 +126,9 @@ class InMemoryStore:
         for b in plan.release:
             self.buckets[b] = _Bucket()
         self._claim_from = plan.claim_from | taken
+        if self.fenced is Fence.RETIRED:
+            least = max(self.admits)
+            raise retired(self.protocol, least, self.admits[least])
         return self.lease.total_seconds()
 
     def _fence(self, now: datetime) -> Fence | None:
@@ -140,7 +145,7 @@ class InMemoryStore:
             for o, until in others.items()
             if until > now - self.lease
         }
-        return fence(self.protocol, holding, announced)
+        return fence(self.protocol, holding, announced, least=max(self.admits))
 
     def _owns(self, row_id: int, *, leased: bool = True) -> bool:
         """The row's bucket is this relay's: under a lease with more than the margin left, or

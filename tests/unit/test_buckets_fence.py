@@ -6,23 +6,28 @@ import pytest
 
 from relay.buckets import Fence, fence
 
-# name -> (mine, the protocols of relays holding buckets, of every relay present), the fence
-CASES: dict[str, tuple[int, list[int], list[int], Fence | None]] = {
-    "alone": (2, [], [], None),
-    "among its own protocol": (2, [2, 2], [2, 2], None),
-    "an older relay holds buckets: wait": (2, [1], [1], Fence.WAIT_FOR_OLDER),
-    "an older relay present, holding none: go": (2, [], [1], None),
-    "a newer relay holds buckets: yield": (1, [2], [2], Fence.YIELD_TO_NEWER),
-    "a newer relay waiting, holding none: yield": (1, [], [2], Fence.YIELD_TO_NEWER),
-    "older and newer at once: yield first": (2, [1], [1, 3], Fence.YIELD_TO_NEWER),
-    "its own and an older holding: wait": (3, [3, 2], [3, 2], Fence.WAIT_FOR_OLDER),
+# name -> (mine, the protocols of relays holding buckets, of every relay present, the least
+# protocol the schema admits), the fence
+CASES: dict[str, tuple[int, list[int], list[int], int, Fence | None]] = {
+    "alone": (2, [], [], 1, None),
+    "among its own protocol": (2, [2, 2], [2, 2], 1, None),
+    "an older relay holds buckets: wait": (2, [1], [1], 1, Fence.WAIT_FOR_OLDER),
+    "an older relay present, holding none: go": (2, [], [1], 1, None),
+    "a newer relay holds buckets: yield": (1, [2], [2], 1, Fence.YIELD_TO_NEWER),
+    "a newer relay waiting, holding none: yield": (1, [], [2], 1, Fence.YIELD_TO_NEWER),
+    "older and newer at once: yield first": (2, [1], [1, 3], 1, Fence.YIELD_TO_NEWER),
+    "its own and an older holding: wait": (3, [3, 2], [3, 2], 1, Fence.WAIT_FOR_OLDER),
+    "the schema admits its protocol exactly: go": (2, [], [], 2, None),
+    "the schema admits newer protocols only: retired": (2, [], [], 3, Fence.RETIRED),
+    "retired, though alone among older relays": (2, [1], [1], 3, Fence.RETIRED),
+    "retired, though a newer relay is there": (2, [3], [3], 3, Fence.RETIRED),
 }
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_a_relay_stands_aside_for_another_protocol(case: str) -> None:
-    mine, holding, announced, expected = CASES[case]
-    assert fence(mine, holding, announced) is expected
+    mine, holding, announced, least, expected = CASES[case]
+    assert fence(mine, holding, announced, least) is expected
 
 
 def test_two_protocols_never_both_go() -> None:

@@ -8,10 +8,12 @@ import itertools
 import threading
 from collections.abc import Callable, Collection, Sequence
 
+import pytest
+
 from relay.backoff import Backoff
 from relay.broker.confirms import RELEASED
-from relay.constants import HELD_CHARGE_INTERVAL_S
-from relay.errors import StoreError
+from relay.constants import HELD_CHARGE_INTERVAL_S, PROTOCOL
+from relay.errors import RetiredError, StoreError
 from relay.lease import LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.records import PARKED, PENDING, SENT, NewMessage, OutboxRow, SettleBatch
@@ -232,6 +234,29 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
         assert not store.held, "a row stayed held after the relay stopped"
 
     run(scenario())
+
+
+def test_a_relay_the_schema_retires_stops_drains_and_says_which_release_to_run() -> None:
+    """A migration raised the least protocol mid-stream: at its next turn the relay claims
+    nothing more, sends back what it claimed ahead, settles the confirms it waits for, and
+    ``run`` raises the error naming the release (the daemon exits with that line)."""
+    store = InMemoryStore()
+    fill(store, 30)
+    publisher = ScriptedPublisher(lambda row: "ack", window=10, answer_after=0.5)
+    relay = make(store, publisher, batch_size=5)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: len(publisher.published) == 10 and len(store.held) == 15)
+        store.admits[PROTOCOL + 1] = "outbox-relay 9.0"  # before the broker answers
+        with pytest.raises(RetiredError, match=r"run outbox-relay 9\.0 or later$"):
+            await task
+
+    run(scenario())
+    assert len(publisher.published) == 10, "published after the schema retired it"
+    assert not store.held, "a row stayed held after the relay stopped"
+    assert statuses(store) == {i: SENT if i <= 10 else PENDING for i in range(1, 31)}
+    assert sample_value(relay.metrics, "relay_fenced") == 1
 
 
 class TurnsFail(InMemoryStore):

@@ -24,6 +24,8 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 def upgrade() -> None:

@@ -18,6 +18,8 @@ revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 def upgrade() -> None:

@@ -19,6 +19,8 @@ revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 # Its function and its trigger (dropped by 0007, whose downgrade makes them again).

@@ -38,6 +38,8 @@ revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 # Dead row versions that start a vacuum of the outbox, whatever its size; see the docstring.
 _OUTBOX_STORAGE = {

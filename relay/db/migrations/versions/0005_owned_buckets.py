@@ -26,6 +26,8 @@ revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 # The number of buckets as this migration made them: a later change of the constant needs a
 # migration of its own (the rows' buckets move with it).

@@ -15,6 +15,8 @@ revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 # The phrase the relays before this migration marked a suspect's last_error with.
 _MARKED = "%channel closed by the broker%"

@@ -32,6 +32,9 @@ revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``):
+# relays of the releases before it (protocol 1) would publish a re-written id again.
+least_protocol = 2
 
 
 def upgrade() -> None:

@@ -25,6 +25,8 @@ revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 def upgrade() -> None:

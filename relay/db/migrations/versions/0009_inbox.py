@@ -15,6 +15,8 @@ revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 def upgrade() -> None:

@@ -27,6 +27,8 @@ revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 PAD = "utf8mb4_bin"
 # (table, column, nullable, server default) of every short text, as 0009 left them.

@@ -22,6 +22,8 @@ revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 def upgrade() -> None:

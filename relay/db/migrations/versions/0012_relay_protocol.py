@@ -17,6 +17,8 @@ revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``).
+least_protocol = None
 
 
 def upgrade() -> None:

@@ -1,0 +1,116 @@
+"""``relay migrate``: the schema moved up or down with the migrations the package ships,
+unless live relays stand in the way (``relay.upgrade``).
+
+Before it moves, the live relays are read where they meet (their presence rows and the
+buckets they lease): an upgrade through a migration that relays of older protocols cannot
+run beside, and any downgrade, is refused while such a relay holds buckets, unless forced.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from relay.constants import PROTOCOL_BEFORE_FENCES, TURN_INTERVAL_MAX_S
+from relay.db.clock import database_time
+from relay.db.engine import create_engine, transaction
+from relay.db.schema import outbox_buckets, outbox_relays
+from relay.errors import ConfigError, MigrationRefusedError
+from relay.redact import redact_url
+from relay.upgrade import LiveRelay, blockers, least_protocol
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+
+def migrate(
+    url: str, revision: str = "head", *, downgrade: bool = False, force: bool = False
+) -> list[LiveRelay]:
+    """Move the database to ``revision`` (down to it with ``downgrade``); returns the live
+    relays found before. Refused (``MigrationRefusedError``, nothing changed) while live
+    relays stand in its way (``relay.upgrade.blockers``), unless ``force``."""
+    # Alembic is imported here, not with the module: the CLI imports this module for every
+    # command, and only `relay migrate` needs Alembic.
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("relay.db.migrations")))
+    engine = create_engine(url)
+    try:
+        with transaction(engine, "migrate", redact_url(url)) as conn:
+            live = live_relays(conn)
+            least = least_protocol(_steps(config, conn, revision, downgrade))
+            if (standing := blockers(live, least, downgrade)) and not force:
+                raise MigrationRefusedError(_refusal(standing, least, downgrade))
+            config.attributes["connection"] = conn
+            (command.downgrade if downgrade else command.upgrade)(config, revision)
+        return live
+    finally:
+        engine.dispose()
+
+
+def live_relays(conn: sa.Connection) -> list[LiveRelay]:
+    """The relays present (a presence row renewed within a turn's longest interval: those
+    waiting renew theirs every turn) or holding buckets under a live lease, by name; none
+    on a schema before owned buckets (0005). A relay of a release before protocols (or a
+    schema before 0012) speaks protocol 1."""
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(outbox_buckets.name):
+        return []
+    said = {column["name"] for column in inspector.get_columns(outbox_relays.name)}
+    relay = outbox_relays.c
+    protocol = relay.protocol if "protocol" in said else sa.null()
+    present = sa.select(relay.owner, protocol).where(
+        relay.alive_until > database_time(-TURN_INTERVAL_MAX_S)
+    )
+    protocols = {owner: said_protocol for owner, said_protocol in conn.execute(present)}
+    lease = outbox_buckets.c
+    holding = (
+        sa.select(lease.owner, sa.func.count())
+        .where(lease.owner.is_not(None), lease.lease_until > database_time())
+        .group_by(lease.owner)
+    )
+    held = {owner: int(count) for owner, count in conn.execute(holding)}
+    owners = sorted(protocols.keys() | held.keys())
+    return [
+        LiveRelay(owner, protocols.get(owner) or PROTOCOL_BEFORE_FENCES, held.get(owner, 0))
+        for owner in owners
+    ]
+
+
+def _steps(config: Config, conn: sa.Connection, revision: str, downgrade: bool) -> list[int | None]:
+    """The least protocol of each revision the move runs (its module's ``least_protocol``)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
+    script = ScriptDirectory.from_config(config)
+    current = MigrationContext.configure(conn).get_current_revision()
+    upper, lower = (current, revision) if downgrade else (revision, current)
+    if downgrade and current is None:
+        return []
+    try:
+        return [step.module.least_protocol for step in script.iterate_revisions(upper, lower)]
+    except (CommandError, RevisionError) as exc:
+        where = "down" if downgrade else "up"
+        raise ConfigError(
+            f"--revision {revision}: cannot move {where} to it from {current}: {exc}"
+        ) from None
+
+
+def _refusal(standing: list[LiveRelay], least: int | None, downgrade: bool) -> str:
+    names = ", ".join(
+        f"{relay.owner} (protocol {relay.protocol}, {relay.buckets} buckets)" for relay in standing
+    )
+    if downgrade:
+        why = f"a downgrade while relays hold buckets: {names}; stop every relay first"
+    else:
+        why = (
+            f"this migration needs relays of protocol {least} or later, and relays of older "
+            f"protocols hold buckets: {names}; stop them first"
+        )
+    return f"{why} (their leases run out within RELAY_LEASE), or pass --force"
