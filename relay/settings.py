@@ -39,6 +39,7 @@ from relay.constants import (
     PROBE_IDLE_BACKOFF,
     PROBE_INTERVAL_S,
 )
+from relay.db.dialects import url_problem
 from relay.errors import ConfigError
 from relay.lease import margin_for
 from relay.records import KEEP_IDS, KEEP_MESSAGES
@@ -147,16 +148,8 @@ def _url(*schemes: str) -> Callable[[str], str]:
             parts.port  # noqa: B018 - parsing the port is the check
         except ValueError as exc:  # "Port could not be cast...", "Invalid IPv6 URL"
             raise ValueError(f"is not a valid URL: {exc}") from None
-        if scheme == "sqlite" and (
-            parts.path in ("", "/", "/:memory:")
-            or "memory" in parse_qs(parts.query).get("mode", [])
-        ):
-            # An in-memory database lives and dies with one connection: the relay and its
-            # writers would each see an empty outbox of their own.
-            raise ValueError(
-                "must name a database file (sqlite:///path/outbox.db): an in-memory SQLite "
-                "database is not shared with the writers"
-            )
+        if (problem := url_problem(scheme, parts.path, parse_qs(parts.query))) is not None:
+            raise ValueError(problem)
         return text
 
     return parse

@@ -17,11 +17,11 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from relay.buckets import Fence, fence, turn
 from relay.constants import PROTOCOL, PROTOCOL_BEFORE_FENCES
 from relay.db.clock import database_time
+from relay.db.dialects import of
 from relay.db.schema import outbox_buckets, outbox_protocol, outbox_relays
 
 
@@ -173,18 +173,8 @@ def _present(
         alive: dict[str, Any] = {"owner": owner, "alive_until": until}
         if protocol is not None:
             alive["protocol"] = protocol
-        renewed = [name for name in alive if name != "owner"]
-        if conn.dialect.name == "mysql":
-            mine = mysql.insert(outbox_relays).values(alive)
-            again = {name: mine.inserted[name] for name in renewed}
-            conn.execute(mine.on_duplicate_key_update(again))
-        else:
-            insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-            stmt = insert(outbox_relays).values(alive)
-            again = {name: stmt.excluded[name] for name in renewed}
-            conn.execute(
-                stmt.on_conflict_do_update(index_elements=[outbox_relays.c.owner], set_=again)
-            )
+        renewed = {name: value for name, value in alive.items() if name != "owner"}
+        conn.execute(of(conn).upsert(outbox_relays, alive, ["owner"], renewed))
     else:
         conn.execute(sa.delete(outbox_relays).where(outbox_relays.c.owner == owner))
     gone = sa.select(outbox_relays.c.owner).where(

@@ -38,8 +38,9 @@ from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE, PROTOCOL, READ
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
 from relay.db.decode import decode_row
-from relay.db.due import budget_cut_as_read, claim_statement, due_backlog, within_budget
-from relay.db.engine import BINARY_RESULTS, create_engine, db_errors
+from relay.db.dialects import BINARY_RESULTS, of
+from relay.db.due import claim_statement, due_backlog, within_budget
+from relay.db.engine import create_engine, db_errors
 from relay.db.schema import ROW_COLUMNS, outbox
 from relay.db.settles import Settles
 from relay.errors import StoreError
@@ -83,15 +84,12 @@ class ClaimStore:
         self.engine = create_engine(url, relay_session=True)
         dialect = self.engine.dialect
         # One statement is atomic by itself: run alone it needs no BEGIN and no COMMIT, two
-        # round trips of the three a claim took (see ``_session``). Not on MySQL: its driver
-        # sends no BEGIN anyway, and switching autocommit is a round trip at each checkout
-        # and again at each return, outside SQLAlchemy's error handling (a connection the
-        # server dropped raised the driver's own error there, which no retry caught).
-        self._autocommit = (
-            self.engine
-            if dialect.name == "mysql"
-            else self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        )
+        # round trips of the three a claim took (see ``_session``). Not on MySQL (its
+        # dialect's ``autocommit``): switching autocommit there was a round trip at each
+        # checkout and again at each return, outside SQLAlchemy's error handling (a
+        # connection the server dropped raised the driver's own error there, which no retry
+        # caught).
+        self._autocommit = of(dialect).autocommit(self.engine)
         self.owner = owner
         self.lease = lease
         # ``relay.buckets.fence``: this relay's protocol (another only in tests standing in for
@@ -105,8 +103,8 @@ class ClaimStore:
         self._settles = Settles(dialect, owner, keep_sent)
         # SQLite's claims are cut to the byte budget as their rows are read (``claim_statement``),
         # and its text values are read leniently, to be checked row by row (``decode_row``).
-        self._cut_here = budget_cut_as_read(dialect)
-        self._unchecked_text = dialect.name == "sqlite"
+        self._cut_here = of(dialect).budget_cut_as_read
+        self._unchecked_text = of(dialect).lenient_text
         self._claims = {
             keyset: claim_statement(dialect, owner, margin, ordered=ordered, keyset=keyset)
             for keyset in (False, True)
@@ -125,8 +123,10 @@ class ClaimStore:
         self._owning = threading.Lock()
         # SQLite has one writer at a time and makes others wait by sleeping in growing steps;
         # the relay's own claim and settle threads queue on a lock instead, at once.
-        sqlite = dialect.name == "sqlite"
-        self._writing: AbstractContextManager[Any] = threading.Lock() if sqlite else nullcontext()
+        one_writer = of(dialect).one_writer
+        self._writing: AbstractContextManager[Any] = (
+            threading.Lock() if one_writer else nullcontext()
+        )
 
     def turn(self, active: bool = True) -> float:
         """Renew this relay's share of the outbox (``relay.db.buckets.refresh``): at least

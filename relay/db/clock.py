@@ -27,10 +27,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
+from relay.db.dialects import of
 from relay.db.schema import UTCDateTime
-
-# SQLite's strftime has milliseconds (%f is SS.SSS); three zeros make SQLAlchemy's 6 digits.
-_SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
 
 
 def _seconds(value: float | sa.ColumnElement[float]) -> sa.ColumnElement[float]:
@@ -66,39 +64,15 @@ def _argument(element: FunctionElement[Any], compiler: Any, **kw: Any) -> str:
     return str(compiler.process(argument, **kw))
 
 
-@compiles(database_time, "postgresql")
-def _database_time_pg(element: database_time, compiler: Any, **kw: Any) -> str:
-    return f"(statement_timestamp() + make_interval(secs => {_argument(element, compiler, **kw)}))"
+@compiles(database_time)
+def _database_time(element: database_time, compiler: Any, **kw: Any) -> str:
+    return of(compiler.dialect).database_time(_argument(element, compiler, **kw))
 
 
-@compiles(database_time, "sqlite")
-def _database_time_sqlite(element: database_time, compiler: Any, **kw: Any) -> str:
-    seconds = _argument(element, compiler, **kw)
-    return f"strftime({_SQLITE_FORMAT}, 'now', printf('%.6f seconds', {seconds}))"
-
-
-@compiles(database_time, "mysql")
-def _database_time_mysql(element: database_time, compiler: Any, **kw: Any) -> str:
-    seconds = _argument(element, compiler, **kw)
-    return f"timestampadd(MICROSECOND, round({seconds} * 1000000), utc_timestamp(6))"
-
-
-@compiles(seconds_between, "postgresql")
-def _seconds_between_pg(element: seconds_between, compiler: Any, **kw: Any) -> str:
+@compiles(seconds_between)
+def _seconds_between(element: seconds_between, compiler: Any, **kw: Any) -> str:
     start, end = (compiler.process(c, **kw) for c in element.clauses)
-    return f"extract(epoch FROM {end} - {start})::float8"
-
-
-@compiles(seconds_between, "sqlite")
-def _seconds_between_sqlite(element: seconds_between, compiler: Any, **kw: Any) -> str:
-    start, end = (compiler.process(c, **kw) for c in element.clauses)
-    return f"((julianday({end}) - julianday({start})) * 86400.0)"
-
-
-@compiles(seconds_between, "mysql")
-def _seconds_between_mysql(element: seconds_between, compiler: Any, **kw: Any) -> str:
-    start, end = (compiler.process(c, **kw) for c in element.clauses)
-    return f"(timestampdiff(MICROSECOND, {start}, {end}) / 1e6)"  # a double, not a decimal
+    return of(compiler.dialect).seconds_between(start, end)
 
 
 def seconds_since(moment: sa.ColumnElement[Any]) -> sa.ColumnElement[float]:
@@ -108,5 +82,5 @@ def seconds_since(moment: sa.ColumnElement[Any]) -> sa.ColumnElement[float]:
 
 def epoch_seconds(conn: sa.Connection) -> float:
     """The database's current time in Unix seconds."""
-    epoch = "'epoch'::timestamptz" if conn.dialect.name == "postgresql" else "'1970-01-01'"
-    return float(conn.execute(sa.select(seconds_since(sa.literal_column(epoch)))).scalar_one())
+    epoch: sa.ColumnElement[Any] = sa.literal_column(of(conn).epoch)
+    return float(conn.execute(sa.select(seconds_since(epoch))).scalar_one())

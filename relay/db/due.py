@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from relay.db.buckets import owned_now
 from relay.db.clock import database_time, seconds_since
-from relay.db.engine import bounded_count, in_list
+from relay.db.dialects import of
 from relay.db.schema import (
     ROW_COLUMNS,
     bucket_column,
@@ -25,6 +25,7 @@ from relay.db.schema import (
     outbox_sent,
     sent_key,
 )
+from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats
 
 # The claimed columns as the driver returns them, without SQLAlchemy's result processing
@@ -46,7 +47,7 @@ def due_now() -> sa.ColumnElement[bool]:
 
 def due_backlog(conn: sa.Connection, exact_upto: int) -> BacklogStats:
     """The due rows (those in flight among them), counted up to ``exact_upto`` and
-    estimated beyond (``relay.db.engine.bounded_count``): a ``count(*)`` of a 1M-row backlog
+    estimated beyond (``relay.db.statements.bounded_count``): a ``count(*)`` of a 1M-row backlog
     every stats interval cost about 11 us per row relayed at 5,000 rows/s. The oldest due
     row's age is one probe of the due index."""
     due_ids = sa.select(outbox.c.id).where(due_now())
@@ -56,26 +57,11 @@ def due_backlog(conn: sa.Connection, exact_upto: int) -> BacklogStats:
     return BacklogStats(due=count, oldest_due_age=max(0.0, age or 0.0))
 
 
-def one_of(
-    value: sa.ColumnElement[Any], choices: sa.Select[Any], dialect: sa.Dialect
-) -> sa.ColumnElement[bool]:
-    """``value IN (choices)``, with ``choices`` run exactly once.
-
-    On PostgreSQL, ``IN (subquery)`` is a join the planner may turn around; with statistics
-    taken while a table was empty and rows loaded since, it chose a nested loop that ran the
-    subquery for every row (tests/integration/test_claim_plan.py). ``= ANY(ARRAY(subquery))``
-    is an InitPlan, run once, whatever the statistics say."""
-    if dialect.name == "postgresql":
-        return value == sa.any_(sa.func.array(choices.scalar_subquery()))
-    return value.in_(choices.scalar_subquery())
-
-
 def stored_sizes(dialect: sa.Dialect) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
     """A row's payload, and its payload and headers, in bytes, as the database stores them,
-    without reading them: PostgreSQL's ``octet_length`` of a TOASTed value reads its header
-    only. SQLite 3.40 (Debian 12) has no octet_length; its ``length()`` of a BLOB is its
-    bytes (of a value written as TEXT, its characters: at most 4 times fewer)."""
-    length = sa.func.length if dialect.name == "sqlite" else sa.func.octet_length
+    without reading them (PostgreSQL's ``octet_length`` of a TOASTed value reads its header
+    only)."""
+    length = of(dialect).stored_length
     payload = length(outbox.c.payload)
     return payload, payload + sa.func.coalesce(length(outbox.c.headers), 0)
 
@@ -107,7 +93,7 @@ def claim_statement(
     Columns: ``ROW_COLUMNS``, ``sent_before``, ``oversize``, ``due_at``, and on SQLite
     ``counted``."""
     mine = owned_now(owner, margin).where(
-        in_list(outbox_buckets.c.bucket, "buckets", sa.SmallInteger(), dialect)
+        of(dialect).in_list(outbox_buckets.c.bucket, "buckets", sa.SmallInteger())
     )
     size, message_size = stored_sizes(dialect)
     oversize = message_size > sa.bindparam("max_message", type_=sa.BigInteger())
@@ -116,7 +102,7 @@ def claim_statement(
     # an on-disk one: carrying the payloads through two of them cost MariaDB 13.7 us of CPU
     # per claimed row, ids only 7.7 us. Elsewhere the columns are carried, and an oversized
     # row's payload is dropped where it is first read, before any step could copy it.
-    lean = dialect.name == "mysql"
+    lean = of(dialect).claims_carry_ids
     carried = [outbox.c.id] if lean else _unless_oversize(RAW_COLUMNS, oversize)
     candidates = (
         sa.select(
@@ -128,9 +114,9 @@ def claim_statement(
         )
         .where(
             due_now(),
-            one_of(bucket_column(outbox.c.id), mine, dialect),
-            sa.not_(in_list(outbox.c.id, "held", sa.BigInteger(), dialect)),
-            sa.not_(in_list(outbox.c.exchange, "skip", sa.Text(), dialect)),
+            of(dialect).in_once(bucket_column(outbox.c.id), mine),
+            sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
+            sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
         )
         .order_by(outbox.c.next_attempt_at, outbox.c.id)
         .limit(sa.bindparam("limit"))
@@ -149,7 +135,7 @@ def claim_statement(
                 ),
             )
         )
-    if budget_cut_as_read(dialect):
+    if of(dialect).budget_cut_as_read:
         return candidates.with_only_columns(
             *carried,
             _sent_before(outbox.c.message_id),
@@ -186,12 +172,6 @@ def claim_statement(
         .where(fits)
         .order_by(sized.c.place)
     )
-
-
-def budget_cut_as_read(dialect: sa.Dialect) -> bool:
-    """Whether ``dialect``'s claim leaves the byte budget's cut to its reader
-    (``within_budget``): SQLite's (``claim_statement`` says why)."""
-    return dialect.name == "sqlite"
 
 
 def within_budget(rows: Iterable[Sequence[Any]], max_bytes: int, first_always: bool) -> list[Any]:

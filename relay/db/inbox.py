@@ -21,22 +21,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
-from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import LAST_ERROR_MAX_CHARS
 from relay.db.clock import database_time
-from relay.db.engine import (
-    create_engine,
-    db_errors,
-    delete_chunk,
-    insert_or_ignore,
-    run_delete,
-    transaction,
-)
+from relay.db.dialects import of
+from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.schema import inbox_attempts, inbox_received
+from relay.db.statements import run_delete
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -149,15 +140,21 @@ class InboxStatements:
     def __init__(self, dialect: sa.Dialect, consumer: str) -> None:
         self.consumer = consumer
         # The key's insert; public for bench.inbox, which measures it alone.
-        self.insert_key = insert_or_ignore(inbox_received, dialect).values(
-            consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id")
+        self.insert_key = (
+            of(dialect)
+            .insert_or_ignore(inbox_received)
+            .values(consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"))
         )
         returning: sa.ClauseElement = self.insert_key.returning(sa.literal_column("1"))
         # The key's insert as psycopg runs it (``add_key``): its row says it went in.
         self.key_sql = str(returning.compile(dialect=dialect))
-        self._count_attempt = _upsert_attempt(dialect.name)
-        self._mark_run = insert_or_ignore(inbox_attempts, dialect).values(
-            consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
+        self._count_attempt = _upsert_attempt(dialect)
+        self._mark_run = (
+            of(dialect)
+            .insert_or_ignore(inbox_attempts)
+            .values(
+                consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
+            )
         )
 
     def key(self, message_id: str) -> dict[str, str]:
@@ -269,14 +266,7 @@ class InboxStatements:
             (inbox_attempts, inbox_attempts.c.updated_at),
         ):
             old = sa.and_(table.c.consumer == self.consumer, stamp < database_time(-older_than))
-            delete = delete_chunk(
-                table,
-                table.c.message_id,
-                old,
-                chunk=chunk - deleted,
-                dialect=conn.dialect,
-                first=stamp,
-            )
+            delete = of(conn).delete_chunk(table, table.c.message_id, old, chunk - deleted, stamp)
             deleted += run_delete(delete, conn)
             if deleted >= chunk:
                 break
@@ -288,16 +278,7 @@ class InboxStatements:
         cannot set it per session, or None. PostgreSQL's and SQLite's sessions commit
         durably whatever the server's default (``relay.db.engine``); MariaDB's flush is the
         server's alone."""
-        if conn.dialect.name != "mysql":
-            return None
-        flush = int(conn.scalar(sa.text("SELECT @@innodb_flush_log_at_trx_commit")) or 0)
-        if flush == 1:
-            return None
-        return (
-            f"the server's innodb_flush_log_at_trx_commit is {flush}, not 1: a crash of its "
-            "host can lose the last second of commits, and a message the inbox acked as "
-            "processed with them"
-        )
+        return of(conn).durability_problem(conn)
 
     @staticmethod
     def ping(conn: sa.Connection) -> None:
@@ -410,7 +391,7 @@ def _attempts_of() -> sa.Select[tuple[int]]:
     return sa.select(inbox_attempts.c.attempts).where(*_of())
 
 
-def _upsert_attempt(dialect: str) -> sa.Insert:
+def _upsert_attempt(dialect: sa.Dialect) -> sa.Insert:
     """A failed attempt's row inserted with a count of 1, or its count raised by one."""
     values = {
         "consumer": sa.bindparam("consumer"),
@@ -428,15 +409,7 @@ def _upsert_attempt(dialect: str) -> sa.Insert:
         "first_failed_at": sa.func.coalesce(inbox_attempts.c.first_failed_at, database_time()),
         "running": False,
     }
-    if dialect == "mysql":
-        statement = mysql_insert(inbox_attempts).values(values)
-        return statement.on_duplicate_key_update(raised)
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    return (
-        insert(inbox_attempts)
-        .values(values)
-        .on_conflict_do_update(index_elements=["consumer", "message_id"], set_=raised)
-    )
+    return of(dialect).upsert(inbox_attempts, values, ["consumer", "message_id"], raised)
 
 
 def still_open(conn: sa.Connection) -> bool:
@@ -446,10 +419,5 @@ def still_open(conn: sa.Connection) -> bool:
     there alone."""
     if not conn.in_transaction():
         return False
-    driver = conn.connection.driver_connection  # the driver's own, under an asyncio adapter too
-    info = getattr(driver, "info", None)
-    if conn.dialect.name == "postgresql" and info is not None:
-        return bool(info.transaction_status == TransactionStatus.INTRANS)
-    if conn.dialect.name == "sqlite":
-        return bool(getattr(driver, "in_transaction", True))
-    return True
+    # The driver's own connection, under an asyncio adapter too.
+    return of(conn).still_open(conn.connection.driver_connection)

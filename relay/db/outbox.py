@@ -23,17 +23,9 @@ from relay.admin.records import OutboxStatus, RecentSent, Selection
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
 from relay.db.clock import database_time, seconds_between
 from relay.db.decode import readable_text
+from relay.db.dialects import of
 from relay.db.due import due_backlog
-from relay.db.engine import (
-    bounded_count,
-    create_engine,
-    db_errors,
-    delete_chunk,
-    id_in,
-    in_chunks,
-    run_delete,
-    transaction,
-)
+from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.schema import (
     DUPLICATES,
     ROW_COLUMNS,
@@ -42,6 +34,7 @@ from relay.db.schema import (
     outbox_counters,
     outbox_sent,
 )
+from relay.db.statements import bounded_count, in_chunks, run_delete
 from relay.records import (
     PARKED,
     PENDING,
@@ -97,7 +90,7 @@ class OutboxAdmin:
         self._where = redact_url(url)
 
     def status(self, reasons: int = 10) -> OutboxStatus:
-        """Every count is one walk of an index, bounded (``relay.db.engine.bounded_count``):
+        """Every count is one walk of an index, bounded (``relay.db.statements.bounded_count``):
         milliseconds at any backlog and any history."""
         pending = outbox.c.status == PENDING
         ids = sa.select(outbox.c.id)
@@ -184,11 +177,11 @@ class OutboxAdmin:
         if selection.exchange is not None:
             where.append(outbox.c.exchange == selection.exchange)
         chosen = sa.select(outbox.c.id).where(*where).order_by(outbox.c.id)
-        first = sa.select(*ROW_COLUMNS).where(id_in(outbox.c.id, self.engine.dialect))
+        first = sa.select(*ROW_COLUMNS).where(of(self.engine).id_in(outbox.c.id))
         replay = (
             sa.update(outbox)
             .where(outbox.c.status == status)
-            .where(id_in(outbox.c.id, self.engine.dialect))
+            .where(of(self.engine).id_in(outbox.c.id))
             .values(
                 status=PENDING,
                 attempts=0,
@@ -237,11 +230,11 @@ class OutboxAdmin:
             .limit(chunk)
         )
         delete_rows = sa.delete(outbox).where(
-            id_in(outbox.c.id, self.engine.dialect), outbox.c.status == SENT
+            of(self.engine).id_in(outbox.c.id), outbox.c.status == SENT
         )
         old = outbox_sent.c.sent_at < cutoff
-        delete_logged = delete_chunk(
-            outbox_sent, outbox_sent.c.key, old, chunk=chunk, dialect=self.engine.dialect
+        delete_logged = of(self.engine).delete_chunk(
+            outbox_sent, outbox_sent.c.key, old, chunk, None
         )
 
         def rows_chunk(conn: sa.Connection) -> int:

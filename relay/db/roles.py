@@ -17,6 +17,7 @@ with them and no more.
 
 from __future__ import annotations
 
+from relay.db.dialects import of
 from relay.db.schema import WRITER_COLUMNS
 
 RELAY = "relay"
@@ -39,23 +40,15 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "inbox_attempts": "SELECT, INSERT, UPDATE, DELETE",
     },
 }
-# PostgreSQL: an INSERT that takes its id from the outbox's sequence needs to use it.
-_PG_SEQUENCE = "GRANT USAGE ON SEQUENCE outbox_id_seq TO {grantee}"
 
 
 def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[str]:
-    """The GRANT statements that give ``grantee`` the privileges of ``role``: on PostgreSQL
-    run in the outbox's database, on MySQL naming it (``database``) and the account
-    (``grantee`` as ``'name'@'host'``)."""
-    if dialect == "mysql":
-        return [
-            f"GRANT {privileges} ON `{database}`.`{table}` TO {grantee}"
-            for table, privileges in PRIVILEGES[role].items()
-        ]
+    """The GRANT statements that give ``grantee`` the privileges of ``role`` on the database
+    ``dialect`` names: on PostgreSQL run in the outbox's database, on MySQL naming it
+    (``database``) and the account (``grantee`` as ``'name'@'host'``)."""
+    own = of(dialect)
     statements = [
-        f"GRANT {privileges} ON {table} TO {grantee}"
+        own.grant(privileges, table, grantee, database)
         for table, privileges in PRIVILEGES[role].items()
     ]
-    if role == WRITER:
-        statements.append(_PG_SEQUENCE.format(grantee=grantee))
-    return statements
+    return [*statements, *own.writer_grants(grantee)] if role == WRITER else statements

@@ -7,8 +7,9 @@ relay parses them and parks a row whose headers are not a JSON object.
 MySQL and MariaDB (dialect ``mysql``; InnoDB, utf8mb4) index no TEXT column without a length,
 so the AMQP short strings (message id, exchange, routing key, content type; at most 255
 bytes on the wire) and the ordering key are ``VARCHAR(255)``, compared byte by byte and
-trailing spaces included (``no_pad_collation``: the server's default collation would call
-``a`` and ``A`` one message id, ``utf8mb4_bin`` ``a`` and ``a ``). Payloads are
+trailing spaces included (``relay.db.dialects.mysql.no_pad_collation``: the server's
+default collation would call ``a`` and ``A`` one message id, ``utf8mb4_bin`` ``a`` and
+``a ``). Payloads are
 ``LONGBLOB``, times ``DATETIME(6)`` in UTC. They have no partial indexes: each of the
 outbox's indexes there starts with the status instead, which keeps the claim's
 walk to the pending rows.
@@ -16,8 +17,6 @@ walk to the pending rows.
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,30 +26,22 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
+from relay.db.dialects import of
 from relay.records import PARKED, PENDING, SENT, STATUSES
 
 metadata = sa.MetaData()
 
 
-def no_pad_collation(dialect: sa.Dialect) -> str:
-    """MySQL's and MariaDB's byte-by-byte collation that tells trailing spaces apart (NO PAD).
-    ``utf8mb4_bin`` is PAD SPACE: ``'k-1'`` and ``'k-1 '`` are one value to it, so two message
-    ids (or inbox keys, or exchanges) differing by trailing spaces collided in a unique index,
-    and a lookup of one found the other (migration 0010)."""
-    return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
-
-
 class _ShortText(sa.TypeDecorator[str]):
     """``SHORT_TEXT``: TEXT, and on MySQL and MariaDB a ``VARCHAR(255)`` in the server's NO PAD
-    binary collation (``no_pad_collation``: the two name it differently)."""
+    binary collation (``relay.db.dialects.mysql.no_pad_collation``: the two name it
+    differently)."""
 
     impl = sa.Text
     cache_ok = True
 
     def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
-        if dialect.name == "mysql":
-            return dialect.type_descriptor(mysql.VARCHAR(255, collation=no_pad_collation(dialect)))
-        return dialect.type_descriptor(sa.Text())
+        return dialect.type_descriptor(of(dialect).short_text(dialect))
 
 
 # Text of the AMQP short strings' size, and the ordering key (see the module docstring).
@@ -74,9 +65,8 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
     cache_ok = True
 
     def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
-        if dialect.name == "mysql":
-            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
-        return super().load_dialect_impl(dialect)
+        own = of(dialect).utc_datetime(dialect)
+        return super().load_dialect_impl(dialect) if own is None else dialect.type_descriptor(own)
 
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
@@ -84,7 +74,7 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError("outbox times must be timezone-aware")
         value = value.astimezone(UTC)
-        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+        return value if of(dialect).aware_times else value.replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
@@ -99,19 +89,9 @@ class new_message_id(FunctionElement[str]):
     inherit_cache = True
 
 
-@compiles(new_message_id, "postgresql")
-def _new_message_id_pg(element: Any, compiler: Any, **kw: Any) -> str:
-    return "gen_random_uuid()::text"
-
-
-@compiles(new_message_id, "sqlite")
-def _new_message_id_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
-    return "lower(hex(randomblob(16)))"
-
-
-@compiles(new_message_id, "mysql")
-def _new_message_id_mysql(element: Any, compiler: Any, **kw: Any) -> str:
-    return "(uuid())"  # an expression default is written in parentheses
+@compiles(new_message_id)
+def _new_message_id(element: Any, compiler: Any, **kw: Any) -> str:
+    return of(compiler.dialect).new_message_id()
 
 
 class stored_now(FunctionElement[datetime]):
@@ -124,12 +104,7 @@ class stored_now(FunctionElement[datetime]):
 
 @compiles(stored_now)
 def _stored_now(element: Any, compiler: Any, **kw: Any) -> str:
-    return str(compiler.process(sa.func.now(), **kw))
-
-
-@compiles(stored_now, "mysql")
-def _stored_now_mysql(element: Any, compiler: Any, **kw: Any) -> str:
-    return "(utc_timestamp(6))"
+    return of(compiler.dialect).stored_now(str(compiler.process(sa.func.now(), **kw)))
 
 
 class sent_key(FunctionElement[str]):
@@ -142,29 +117,15 @@ class sent_key(FunctionElement[str]):
     inherit_cache = True
 
 
-@compiles(sent_key, "postgresql")
-def _sent_key_pg(element: Any, compiler: Any, **kw: Any) -> str:
-    return f"md5({compiler.process(element.clauses, **kw)})::uuid"
-
-
-@compiles(sent_key, "sqlite")
-def _sent_key_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
-    return str(compiler.process(element.clauses, **kw))
-
-
-@compiles(sent_key, "mysql")
-def _sent_key_mysql(element: Any, compiler: Any, **kw: Any) -> str:
-    return f"unhex(md5({compiler.process(element.clauses, **kw)}))"
+@compiles(sent_key)
+def _sent_key(element: Any, compiler: Any, **kw: Any) -> str:
+    return of(compiler.dialect).sent_key(compiler.process(element.clauses, **kw))
 
 
 def sent_key_value(message_id: str, dialect: sa.Dialect) -> str | bytes:
     """``sent_key`` computed here, as the driver returns it: PostgreSQL's md5 as a uuid's
     text, MySQL's 16 bytes, SQLite's message id itself."""
-    if dialect.name == "postgresql":
-        return str(uuid.UUID(hashlib.md5(message_id.encode()).hexdigest()))
-    if dialect.name == "mysql":
-        return hashlib.md5(message_id.encode()).digest()
-    return message_id
+    return of(dialect).sent_key_value(message_id)
 
 
 # The sent log's key column (``sent_key``): 16 bytes on PostgreSQL and MySQL.
@@ -186,7 +147,7 @@ MYSQL_SKIPPED_INDEXES = ("outbox_parked_idx", "outbox_retrying_idx")
 def index_columns(dialect: sa.Dialect, columns: list[str]) -> list[str]:
     """A partial index's columns as created on ``dialect``: led by the status on MySQL,
     which has no partial indexes (see the module docstring)."""
-    return ["status", *columns] if dialect.name == "mysql" else columns
+    return of(dialect).index_columns(columns)
 
 
 outbox = sa.Table(
@@ -228,7 +189,7 @@ outbox = sa.Table(
 
 
 def _has_partial_indexes(*_args: Any, dialect: sa.Dialect, **_kw: Any) -> bool:
-    return dialect.name != "mysql"
+    return of(dialect).partial_indexes
 
 
 def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[bool]) -> None:

@@ -11,8 +11,7 @@ import sqlalchemy as sa
 from relay.constants import IDS_PER_STATEMENT, LAST_ERROR_MAX_CHARS
 from relay.db.buckets import owned_by
 from relay.db.clock import database_time
-from relay.db.due import one_of
-from relay.db.engine import changes_parameters, changes_table, id_in, insert_or_ignore
+from relay.db.dialects import of
 from relay.db.schema import (
     DUPLICATES,
     bucket_column,
@@ -36,10 +35,10 @@ class Settles:
     """The settle statements of the relay ``owner`` on ``dialect``."""
 
     def __init__(self, dialect: sa.Dialect, owner: str, keep_sent: str) -> None:
-        self._dialect = dialect
+        self._dialect = of(dialect)
         # The rows bound as ``ids`` that are still pending: what an ack and a duplicate's drop
         # may change.
-        self._pending_ids = sa.and_(id_in(outbox.c.id, dialect), _STILL_PENDING)
+        self._pending_ids = sa.and_(self._dialect.id_in(outbox.c.id), _STILL_PENDING)
         self._acked = self._ack_statements(keep_sent)
         self._drop = sa.delete(outbox).where(self._pending_ids)
         self._count_dropped = (
@@ -52,13 +51,13 @@ class Settles:
         # ran out with the bucket taken by no one still leaves the row ours: dropping the
         # failure would hand a poison row its attempt back after every slow turn. An ack
         # is written regardless: it proves delivery whoever holds the row.
-        change = changes_table(dialect)
+        change = self._dialect.changes_table()
         self._changed = (
             sa.update(outbox)
             .where(
                 outbox.c.id == change.c.id,
                 _STILL_PENDING,
-                one_of(bucket_column(outbox.c.id), owned_by(owner), dialect),
+                self._dialect.in_once(bucket_column(outbox.c.id), owned_by(owner)),
             )
             .values(
                 status=change.c.status,
@@ -100,7 +99,7 @@ class Settles:
                 )
                 for c in batch.changes
             ]
-            conn.execute(self._changed, changes_parameters(self._dialect, changes))
+            conn.execute(self._changed, self._dialect.changes_parameters(changes))
 
     def _ack_statements(self, keep_sent: str) -> list[sa.Executable]:
         """What an ack writes, for the ids bound as ``ids``, in order.
@@ -122,7 +121,7 @@ class Settles:
             mark = sa.update(outbox).where(pending)
             return [mark.values(status=SENT, sent_at=database_time())]
         columns = ["key", "id", "created_at", "sent_at"]
-        if self._dialect.name == "postgresql":
+        if self._dialect.ack_in_one_statement:
             gone = (
                 sa.delete(outbox)
                 .where(pending)
@@ -141,7 +140,7 @@ class Settles:
         # On MySQL IGNORE, not ON DUPLICATE KEY UPDATE, which needs UPDATE on the log (the
         # relay role has none); none of these values can be too long for its column (a
         # 16-byte key, an id, two times).
-        log_once = insert_or_ignore(outbox_sent, self._dialect).from_select(columns, logged)
+        log_once = self._dialect.insert_or_ignore(outbox_sent).from_select(columns, logged)
         return [log_once, sa.delete(outbox).where(pending)]
 
 

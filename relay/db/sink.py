@@ -40,18 +40,14 @@ from typing import Any, Protocol
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
-from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from relay.constants import (
-    MERGE_WORK_MEM,
     SPARK_SAVEPOINTS_MAX,
     SPARK_SEGMENT_BYTES,
     SPARK_STAGE_LOCK_CLASS,
-    SPARK_STAGE_LOCK_WAIT_TIMEOUT_S,
 )
 from relay.db.clock import epoch_seconds
+from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors, schema_missing, transaction
 from relay.db.schema import WRITTEN_COLUMNS, outbox
 from relay.errors import StoreError
@@ -108,8 +104,7 @@ class OutboxSink:
     def __init__(self, url: str) -> None:
         self.engine = create_engine(url)
         self._where = redact_url(url)
-        self._postgresql = self.engine.dialect.name == "postgresql"
-        self._stage_locks = self.engine.dialect.name in ("postgresql", "mysql")
+        self._dialect = of(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -126,10 +121,8 @@ class OutboxSink:
         Returns (rows given, rows inserted)."""
         counted = _Counted(chunks)
         with transaction(self.engine, "appending to the outbox", self._where) as conn:
-            if self._postgresql:
+            if self._dialect.copies_rows:
                 inserted = _copy_new(conn, iter(counted))
-            elif conn.dialect.name == "mysql":
-                inserted = sum(_insert_new_mysql(conn, chunk) for chunk in counted)
             else:
                 inserted = sum(_insert_new(conn, chunk) for chunk in counted)
         return counted.rows, inserted
@@ -140,7 +133,7 @@ class OutboxSink:
         clock, whichever hosts the driver and the purge run on."""
         with transaction(self.engine, "creating a staging table", self._where) as conn:
             name = _stage_name(conn)
-            _staging_table(name, unlogged=self._postgresql).create(conn)
+            _staging_table(name, unlogged=self._dialect.copies_rows).create(conn)
         return name
 
     @contextmanager
@@ -149,21 +142,15 @@ class OutboxSink:
         on a connection of its own meanwhile, and ``drop_abandoned_stages`` drops it as soon
         as no one holds it (the process died, its connection with it), whatever its age.
         SQLite has no such locks: there a plain ``create_stage``."""
-        if not self._stage_locks:
+        if not self._dialect.stage_locks:
             yield self.create_stage()
             return
         with db_errors("creating a held staging table", self._where), self.engine.connect() as conn:
-            if conn.dialect.name == "mysql":
-                # The server closes a connection idle for wait_timeout (8 hours by default,
-                # often less), and its named lock goes with it: a write outliving that would
-                # see its stage dropped under it.
-                conn.execute(
-                    sa.text(f"SET SESSION wait_timeout = {SPARK_STAGE_LOCK_WAIT_TIMEOUT_S}")
-                )
+            self._dialect.hold_stage_session(conn)
             name = _stage_name(conn, held=True)
             while not _try_stage_lock(conn, name):  # a live stage's lock number (PostgreSQL)
                 name = _stage_name(conn, held=True)
-            _staging_table(name, unlogged=self._postgresql).create(conn)
+            _staging_table(name, unlogged=self._dialect.copies_rows).create(conn)
             conn.commit()
             try:
                 yield name
@@ -182,7 +169,7 @@ class OutboxSink:
         columns = (*WRITTEN_COLUMNS, POSITION)
         insert = sa.insert(_staging_table(name))
         with transaction(self.engine, f"staging rows into {name}", self._where) as conn:
-            if self._postgresql:
+            if self._dialect.copies_rows:
                 _copy(conn, name, columns, (c.copy_data(first(c)) for c in counted))
             else:
                 for chunk in counted:
@@ -204,8 +191,8 @@ class OutboxSink:
         stage = _staging_table(name)
         what = f"merging staging table {name} into the outbox"
         with transaction(self.engine, what, self._where) as conn:
-            if self._postgresql:
-                conn.execute(sa.text(f"SET LOCAL work_mem = '{MERGE_WORK_MEM}'"))
+            if self._dialect.copies_rows:
+                self._dialect.prepare_merge(conn)
                 savepoint = conn.begin_nested()
                 try:
                     inserted = _insert_staged(conn, stage, keep_order=keep_order, all_new=True)
@@ -237,7 +224,7 @@ class OutboxSink:
             for name in names:
                 if (found := _STAGE_NAME.match(name)) is None:
                     continue
-                if found[3] and self._stage_locks:
+                if found[3] and self._dialect.stage_locks:
                     # Taking the lock proves its writer gone, and keeps another purge off
                     # while this one drops it.
                     if not _try_stage_lock(conn, name):
@@ -265,24 +252,17 @@ def _stage_name(conn: sa.Connection, *, held: bool = False) -> str:
 def _try_stage_lock(conn: sa.Connection, name: str) -> bool:
     """Takes held staging table ``name``'s lock on ``conn`` if no one holds it; whether it
     did. A session's lock, not a transaction's: it stays until ``_unlock_stage`` or until the
-    connection ends. MySQL's named locks are the server's, not a database's; the name's 48
-    random bits keep stages of two databases apart."""
-    if conn.dialect.name == "postgresql":
-        taken = conn.execute(sa.select(sa.func.pg_try_advisory_lock(*_advisory_lock(name))))
-    else:
-        taken = conn.execute(sa.select(sa.func.get_lock(name, 0)))
-    return bool(taken.scalar())
+    connection ends."""
+    return of(conn).try_stage_lock(conn, name, _advisory_lock(name))
 
 
 def _unlock_stage(conn: sa.Connection, name: str) -> None:
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.select(sa.func.pg_advisory_unlock(*_advisory_lock(name))))
-    else:
-        conn.execute(sa.select(sa.func.release_lock(name)))
+    of(conn).unlock_stage(conn, name, _advisory_lock(name))
 
 
 def _advisory_lock(name: str) -> tuple[int, int]:
-    """PostgreSQL's advisory lock of a held staging table: (class, the name's random part as
+    """A held staging table's lock number, where locks are numbered (PostgreSQL's advisory
+    locks): (class, the name's random part as
     a signed 32-bit number; 48 bits less, but a clash only makes ``held_stage`` draw another
     name, or keeps a leftover a while longer)."""
     found = _STAGE_NAME.match(name)
@@ -353,21 +333,9 @@ def _insert_through(conn: sa.Connection, chunks: Iterable[Chunk]) -> int:
 
 
 def _insert_new(conn: sa.Connection, chunk: Chunk) -> int:
-    """SQLite: the chunk's rows whose id is new."""
-    statement = sqlite_insert(outbox).on_conflict_do_nothing(index_elements=["message_id"])
+    """Where rows are not COPY-ed: the chunk's rows whose id is new."""
     result = conn.execute(
-        statement,
-        _params(WRITTEN_COLUMNS, chunk.tuples()),
-        execution_options={"preserve_rowcount": True},
-    )
-    return int(result.rowcount)
-
-
-def _insert_new_mysql(conn: sa.Connection, chunk: Chunk) -> int:
-    """MySQL: the chunk's rows whose id is not in the outbox."""
-    statement = mysql_insert(outbox).on_duplicate_key_update({"id": outbox.c.id})
-    result = conn.execute(
-        statement,
+        of(conn).insert_skipping(outbox, ["message_id"]),
         _params(WRITTEN_COLUMNS, chunk.tuples()),
         execution_options={"preserve_rowcount": True},
     )
@@ -414,14 +382,7 @@ def _insert_staged(
         .where(sa.true())
         .order_by(source.c[POSITION] if keep_order else source.c.message_id)
     )
-    statement: sa.Insert
-    if conn.dialect.name == "mysql":
-        mysql_statement = mysql_insert(outbox).from_select(list(WRITTEN_COLUMNS), rows)
-        statement = mysql_statement.on_duplicate_key_update({"id": outbox.c.id})
-    else:
-        insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-        statement = insert(outbox).from_select(list(WRITTEN_COLUMNS), rows)
-        if not all_new:
-            statement = statement.on_conflict_do_nothing(index_elements=["message_id"])
+    selected = (list(WRITTEN_COLUMNS), rows)
+    statement = of(conn).insert_skipping(outbox, ["message_id"], selected, all_new=all_new)
     result = conn.execute(statement, execution_options={"preserve_rowcount": True})
     return int(result.rowcount)

@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy as sa
 
 from relay.db.due import due_now
-from relay.db.engine import bounded_count
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox
+from relay.db.statements import bounded_count
 from relay.records import NewMessage
 
 ROWS = 3000

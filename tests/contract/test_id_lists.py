@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from relay.db.engine import create_engine, id_in
+from relay.db.dialects import of
+from relay.db.engine import create_engine
 
 IDS = [0, 1, 2**63 - 1, -5, *range(10, 2010, 3)]
 PROBE = sa.Table(
@@ -31,6 +32,6 @@ def probe(database_url: str) -> Iterator[sa.Engine]:
 
 @pytest.mark.parametrize("ids", [[], [7], IDS, IDS[::-1]], ids=["none", "one", "many", "reversed"])
 def test_the_ids_bound_are_the_ids_selected(probe: sa.Engine, ids: list[int]) -> None:
-    chosen = sa.select(PROBE.c.id).where(id_in(PROBE.c.id, probe.dialect))
+    chosen = sa.select(PROBE.c.id).where(of(probe).id_in(PROBE.c.id))
     with probe.connect() as conn:
         assert sorted(conn.execute(chosen, {"ids": ids}).scalars()) == sorted(set(ids) & set(IDS))

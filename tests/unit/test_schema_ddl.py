@@ -7,7 +7,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-from relay.db.schema import inbox_received, no_pad_collation, outbox
+from relay.db.dialects.mysql import no_pad_collation
+from relay.db.schema import inbox_received, outbox
 
 
 def mariadb() -> sa.Dialect:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.db.engine import server_version_problem
+from relay.db.dialects.mysql import server_version_problem
 
 
 @pytest.mark.parametrize(

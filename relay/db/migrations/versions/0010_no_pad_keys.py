@@ -4,8 +4,8 @@ ordering keys, inbox keys, relay names) compared byte by byte and trailing space
 ``utf8mb4_bin`` is a PAD SPACE collation: ``'k-1'`` and ``'k-1 '`` were one value to it, so a
 writer's message id differing from a pending one by trailing spaces failed on the outbox's
 unique index, and an inbox took one for the other and acked it unprocessed. The columns move
-to the server's NO PAD binary collation (``relay.db.schema.no_pad_collation``: MariaDB's
-``utf8mb4_nopad_bin``, MySQL 8's ``utf8mb4_0900_bin``); no two values already stored can
+to the server's NO PAD binary collation (``relay.db.dialects.mysql.no_pad_collation``:
+MariaDB's ``utf8mb4_nopad_bin``, MySQL 8's ``utf8mb4_0900_bin``); no two values already stored can
 collide in it. A column already in it (a database made by this release) is left as it is.
 PostgreSQL and SQLite compare text byte by byte already: nothing changes there.
 
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-from relay.db.schema import no_pad_collation
+from relay.db.dialects.mysql import no_pad_collation
 
 revision = "0010"
 down_revision = "0009"

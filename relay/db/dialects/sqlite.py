@@ -1,0 +1,134 @@
+"""SQLite: the embedded default, one host and one writer at a time.
+
+Every connection runs in WAL mode with a busy timeout; the relay's commit without a flush,
+everyone else's durably. Text is read leniently (``relay.db.decode`` checks it row by row);
+lists and row changes travel as one JSON array, unpacked by ``json_each``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+
+from relay.constants import SQLITE_BUSY_TIMEOUT_MS
+from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+# Every connection: WAL lets the relay read while a writer (Spark, enqueue) holds the write
+# lock; the busy timeout makes writers queue instead of failing with "database is locked".
+SQLITE_PRAGMAS = ("journal_mode=WAL", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+# The relay's own connections (``relay_session=True``): see ``relay.db.engine``.
+SQLITE_RELAY_PRAGMAS = ("synchronous=NORMAL",)
+# Every other connection (writers, the inbox): a commit survives a power loss, whatever the
+# build's default.
+SQLITE_DURABLE = ("synchronous=FULL",)
+# SQLite's strftime has milliseconds (%f is SS.SSS); three zeros make SQLAlchemy's 6 digits.
+_TIME_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
+
+
+class SQLite(Dialect):
+    name: ClassVar[str] = "sqlite"
+    url_backends: ClassVar[tuple[str, ...]] = ("sqlite",)
+    one_writer: ClassVar[bool] = True
+    lenient_text: ClassVar[bool] = True
+    budget_cut_as_read: ClassVar[bool] = True
+
+    def engine(
+        self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
+    ) -> sa.Engine:
+        engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        pragmas = SQLITE_PRAGMAS + (SQLITE_RELAY_PRAGMAS if relay_session else SQLITE_DURABLE)
+        sa.event.listen(engine, "connect", functools.partial(_pragmas, pragmas))
+        return engine
+
+    def async_engine(self, url: sa.URL) -> AsyncEngine:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(
+            url.set(drivername="sqlite+aiosqlite"),
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        )
+        pragmas = functools.partial(_pragmas, SQLITE_PRAGMAS + SQLITE_DURABLE)
+        sa.event.listen(engine.sync_engine, "connect", pragmas)
+        return engine
+
+    def new_message_id(self) -> str:
+        return "lower(hex(randomblob(16)))"
+
+    def sent_key(self, message_id: str) -> str:
+        return message_id  # the id itself
+
+    def sent_key_value(self, message_id: str) -> str | bytes:
+        return message_id
+
+    def database_time(self, seconds: str) -> str:
+        # This host's clock: an embedded database has one host (``relay.db.clock``).
+        return f"strftime({_TIME_FORMAT}, 'now', printf('%.6f seconds', {seconds}))"
+
+    def seconds_between(self, start: str, end: str) -> str:
+        return f"((julianday({end}) - julianday({start})) * 86400.0)"
+
+    def insert(self, table: sa.Table) -> Any:
+        return sqlite.insert(table)
+
+    def in_list(
+        self, column: sa.ColumnElement[Any], name: str, kind: sa.types.TypeEngine[Any]
+    ) -> sa.ColumnElement[bool]:
+        # No arrays: the values travel as one JSON array, unpacked by json_each.
+        values = sa.func.json_each(sa.bindparam(name, type_=sa.JSON())).table_valued("value")
+        return column.in_(sa.select(values.c.value))
+
+    def stored_length(self, value: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        # SQLite 3.40 (Debian 12) has no octet_length; its ``length()`` of a BLOB is its
+        # bytes (of a value written as TEXT, its characters: at most 4 times fewer).
+        return sa.func.length(value)
+
+    def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
+        # No arrays: the changes travel as one JSON array of arrays.
+        each = sa.func.json_each(sa.bindparam("changes", type_=sa.JSON())).table_valued("value")
+        return sa.select(
+            *(
+                sa.type_coerce(sa.func.json_extract(each.c.value, f"$[{i}]"), kind).label(name)
+                for i, (name, kind) in enumerate(CHANGE_COLUMNS)
+            )
+        ).subquery("change")
+
+    def still_open(self, driver: Any) -> bool:
+        return bool(getattr(driver, "in_transaction", True))
+
+    def url_problem(self, path: str, query: dict[str, list[str]]) -> str | None:
+        if path in ("", "/", "/:memory:") or "memory" in query.get("mode", []):
+            # An in-memory database lives and dies with one connection: the relay and its
+            # writers would each see an empty outbox of their own.
+            return (
+                "must name a database file (sqlite:///path/outbox.db): an in-memory SQLite "
+                "database is not shared with the writers"
+            )
+        return None
+
+
+def _pragmas(pragmas: tuple[str, ...], dbapi_connection: Any, _record: Any) -> None:
+    # SQLite keeps whatever bytes a writer put in a TEXT value, and Python's sqlite3 fails the
+    # whole fetch on one that is not UTF-8 (a routing key written by a C program, or
+    # CAST(X'FF41' AS TEXT)): one such row stopped every claim. Read leniently instead, the
+    # bytes that are not UTF-8 kept as lone surrogates, for the row's decoder to refuse by
+    # name (``relay.db.decode``).
+    # (aiosqlite's connection under SQLAlchemy's adapter takes it as sqlite3's does.)
+    driver = getattr(dbapi_connection, "driver_connection", None) or dbapi_connection
+    driver.text_factory = _lenient_text
+    cursor = dbapi_connection.cursor()
+    for pragma in pragmas:
+        cursor.execute(f"PRAGMA {pragma}")
+    cursor.close()
+
+
+def _lenient_text(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
+
+
+DIALECT = SQLite()
