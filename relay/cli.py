@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_settings(parser: argparse.ArgumentParser, only: Iterable[str] | None) -> None:
     group = parser.add_argument_group("settings")
-    for name, env, default, help_text, _see in describe():
+    for name, env, default, help_text, _see in describe(Settings):
         if only is not None and name not in only:
             continue
         shown = f" (default: {default})" if default else ""

@@ -8,7 +8,7 @@ from pathlib import Path
 from devtools.docs_hooks import README_MARKER, on_page_markdown
 from relay.db.roles import PRIVILEGES, grants
 from relay.metrics import Metrics
-from relay.settings import describe, known_env_names
+from relay.settings import Settings, describe, known_env_names
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -21,7 +21,7 @@ def test_the_configuration_page_documents_every_setting() -> None:
     page = rendered("configuration.md")
     assert [name for name in known_env_names() if f"`{name}`" not in page] == []
     # One table row per setting, with the help its declaration gives (what --help prints).
-    for _name, env, _default, text, _see in describe():
+    for _name, env, _default, text, _see in describe(Settings):
         assert f"| `{env}` |" in page
         assert text.replace("|", "&#124;") in page
 
