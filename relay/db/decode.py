@@ -39,6 +39,25 @@ _TEXT_AT = tuple(
 _SURROGATE = re.compile("[\udc80-\udcff]")
 
 
+def layout_problem(row_fields: tuple[str, ...], claimed: tuple[str, ...], plain: int) -> str | None:
+    """What keeps ``decode_row``'s fast path from building rows by position, or None: it
+    takes the claim's values (``claimed``: the row's columns, ``sent_before``, ``oversize``)
+    as ``OutboxRow``'s fields in order (``row_fields``: the columns', then ``unreadable``
+    and ``sent_before``), one type in ``_PLAIN`` (``plain`` of them) per value."""
+    columns = claimed[:-2]
+    if row_fields != (*columns, "unreadable", "sent_before"):
+        return f"OutboxRow's fields {row_fields} are not the claim's columns {columns} in order"
+    if plain != len(claimed):
+        return f"{plain} plain types for {len(claimed)} claimed values"
+    return None
+
+
+# Checked once, at import: a column added to the claim and not to ``OutboxRow`` (or the
+# other way round) would otherwise shift every field of every row claimed.
+if (_problem := layout_problem(OutboxRow._fields, _NAMES, len(_PLAIN))) is not None:
+    raise ImportError(_problem)
+
+
 def decode_row(
     values: Sequence[Any], max_message_size: int, unchecked_text: bool = False
 ) -> OutboxRow:

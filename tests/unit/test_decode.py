@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from relay.db.decode import decode_row
+from relay.db.decode import decode_row, layout_problem
 from relay.db.schema import ROW_COLUMNS
 
 STORED = {
@@ -145,3 +145,39 @@ def test_a_last_error_that_is_not_utf8_is_kept_readable_and_the_row_goes_out() -
 def test_valid_text_beyond_ascii_is_read_as_it_is() -> None:
     row = decode_row(_row("routing_key", "clé.€"), MAX_MESSAGE, unchecked_text=True)
     assert row.unreadable is None and row.routing_key == "clé.€"
+
+
+COLUMNS = ("id", "message_id", "payload")
+
+
+@pytest.mark.parametrize(
+    ("fields", "claimed", "plain", "problem"),
+    [
+        ((*COLUMNS, "unreadable", "sent_before"), (*COLUMNS, "sent_before", "oversize"), 5, None),
+        (
+            ("id", "payload", "message_id", "unreadable", "sent_before"),
+            (*COLUMNS, "sent_before", "oversize"),
+            5,
+            "are not the claim's columns",
+        ),
+        (
+            (*COLUMNS, "sent_before"),
+            (*COLUMNS, "sent_before", "oversize"),
+            5,
+            "are not the claim's columns",
+        ),
+        (
+            (*COLUMNS, "unreadable", "sent_before"),
+            (*COLUMNS, "sent_before", "oversize"),
+            4,
+            "4 plain",
+        ),
+    ],
+)
+def test_the_fast_paths_layout_is_checked(
+    fields: tuple[str, ...], claimed: tuple[str, ...], plain: int, problem: str | None
+) -> None:
+    """``decode_row`` builds rows by position: a claim column, an ``OutboxRow`` field or a
+    plain type out of step is found (at import, for the real ones)."""
+    found = layout_problem(fields, claimed, plain)
+    assert found is None if problem is None else problem in (found or "")
