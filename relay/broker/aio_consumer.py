@@ -25,7 +25,8 @@ from pamqp.commands import Basic
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters, tls_context
-from relay.broker.consumer import retried, retry_queue
+from relay.broker.consumer import log_retry, retried, retry_queue
+from relay.broker.rotation import Rotation
 from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
 from relay.settings import TlsOptions
 
@@ -124,27 +125,16 @@ class AsyncConsumer:
         tolerate_bytes_in_short_strings()
 
     async def run(self, stop: asyncio.Event) -> None:
-        failures = 0
-        node = 0
+        nodes = Rotation(list(zip(self._urls, self._params, strict=True)), self._backoff)
         while not stop.is_set():
-            url = self._urls[node % len(self._urls)]
-            where = address(self._params[node % len(self._params)])
+            url, params = nodes.node
             try:
                 await self._session(url, stop)
-                failures = 0
+                nodes.worked()
             except _LOST as exc:
-                failures += 1
-                node += 1
-                delay = self._backoff.delay(failures)
-                log.warning(
-                    "broker %s: consuming %s failed (attempt %d), retrying in %.1fs: %s",
-                    where,
-                    self._queue,
-                    failures,
-                    delay,
-                    f"{type(exc).__name__}: {exc}",
-                    extra={"action": "inbox_broker_retry"},
-                )
+                delay = nodes.failed()
+                reason = f"{type(exc).__name__}: {exc}"
+                log_retry(address(params), self._queue, nodes.failures, delay, reason)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
 

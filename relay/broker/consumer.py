@@ -22,6 +22,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters
+from relay.broker.rotation import Rotation
 from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
 from relay.settings import TlsOptions
 
@@ -66,26 +67,15 @@ class Consumer:
         self._backoff = backoff
 
     def run(self, stop: threading.Event) -> None:
-        failures = 0
-        node = 0
+        nodes = Rotation(self._params, self._backoff)
         while not stop.is_set():
-            params = self._params[node % len(self._params)]
+            params = nodes.node
             try:
                 self._session(params, stop)
-                failures = 0
+                nodes.worked()
             except _LOST as exc:
-                failures += 1
-                node += 1
-                delay = self._backoff.delay(failures)
-                log.warning(
-                    "broker %s: consuming %s failed (attempt %d), retrying in %.1fs: %s",
-                    address(params),
-                    self._queue,
-                    failures,
-                    delay,
-                    _reason(exc),
-                    extra={"action": "inbox_broker_retry"},
-                )
+                delay = nodes.failed()
+                log_retry(address(params), self._queue, nodes.failures, delay, _reason(exc))
                 self._idle()
                 stop.wait(delay)
 
@@ -181,6 +171,19 @@ class Consumer:
                 connection.sleep(min(self._tick, max(0.0, deadline - time.monotonic())))
             if stop.is_set() or self._ready():
                 return
+
+
+def log_retry(where: str, queue: str, failures: int, delay: float, reason: str) -> None:
+    """One line per failed session, from either consumer."""
+    log.warning(
+        "broker %s: consuming %s failed (attempt %d), retrying in %.1fs: %s",
+        where,
+        queue,
+        failures,
+        delay,
+        reason,
+        extra={"action": "inbox_broker_retry"},
+    )
 
 
 def retry_queue(queue: str, delay: float) -> tuple[str, dict[str, Any]]:
