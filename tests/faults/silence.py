@@ -3,16 +3,18 @@
 connections is dropped by the kernel, both ways, while new connections get through. A proxy
 cannot do this: its own kernel would still acknowledge what the relay sends.
 
-Needs root and nftables (``nft``); the rules live in a table of their own, removed on exit
-(and by the next use, if a run was killed before it could)."""
+Needs root and nftables (``nft``); the rules live in a table of their own, one per test
+process (the suite runs in several), removed on exit (and by the next use in the same
+process, if a run was killed before it could)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 
-TABLE = "outbox_relay_faults"
+TABLE = f"outbox_relay_faults_{os.getpid()}"
 
 
 def unavailable() -> str | None:
