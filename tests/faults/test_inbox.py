@@ -10,6 +10,7 @@ in a table without a unique key, where a message processed twice would show twic
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import sys
 import threading
@@ -29,7 +30,15 @@ from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine
 from relay.records import SENT
 from tests.faults.harness import EXCHANGE, QUEUE, FaultRelay, connected
-from tests.support.inbox import FLAVOURS, consuming, effects, processed, recording, value
+from tests.support.inbox import (
+    FLAVOURS,
+    AnyInbox,
+    consuming,
+    effects,
+    processed,
+    recording,
+    value,
+)
 
 pytestmark = pytest.mark.timeout(240)
 ORDERS = 1000
@@ -161,18 +170,59 @@ def test_every_message_is_processed_once_whoever_is_killed(
     print(f"inbox: {MESSAGES} messages, each processed once; duplicates acked: {duplicates:.0f}")
 
 
-@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_the_database_away_for_a_minute_pauses_consuming_and_loses_nothing(
-    postgresql_url: str, postgres: PostgresServer, rabbit4: RabbitNode, flavour: str
+    postgresql_url: str, postgres: PostgresServer, rabbit4: RabbitNode
 ) -> None:
     """PostgreSQL stopped (-m immediate) for 60 s (a heartbeat timeout's worth: the
     connection must be serviced throughout) under a stream on a RabbitMQ 4 quorum queue whose
-    delivery limit is 2: each inbox stops taking deliveries instead of requeueing each one,
+    delivery limit is 2, for each inbox at once (blocking, asyncio, FastStream; a queue and a
+    stream each, one outage): each stops taking deliveries instead of requeueing each one,
     and resumes by itself. Nothing dead-lettered, dropped, or processed twice."""
     rabbit = rabbit4
-    suffix = uuid.uuid4().hex[:8]
+    engine = create_engine(postgresql_url)
+    effects.create(engine)
+    ids = [f"m-{n}" for n in range(400)]
+    queues = {flavour: quorum_queue(rabbit.url, flavour) for flavour in FLAVOURS}
+    streams = [
+        threading.Thread(target=publish_slowly, args=(rabbit.url, queue, ids))
+        for queue, _dead in queues.values()
+    ]
+    with contextlib.ExitStack() as running:
+        consumers = [
+            running.enter_context(
+                consuming(postgresql_url, rabbit.url, queue, recording(queue)[0], flavour)
+            )
+            for flavour, (queue, _dead) in queues.items()
+        ]
+        for stream in streams:
+            stream.start()
+        for consumer in consumers:
+            wait_until(functools.partial(processed_at_least, consumer, 50), 30, "consuming")
+        postgres.stop("immediate")
+        time.sleep(DATABASE_AWAY_S)
+        postgres.start()
+        for stream in streams:
+            stream.join(60)
+        for consumer in consumers:
+            wait_until(functools.partial(processed_at_least, consumer, len(ids)), 90, "all")
+        errors = [value(c, "inbox_database_errors_total") for c in consumers]
+    assert all(1 <= e <= 5 for e in errors), f"{errors}: deliveries failed, not paused"
+    assert [drain(rabbit.url, dead, 0, timeout=1) for _queue, dead in queues.values()] == [[]] * 3
+    expected = {(queue, i): 1 for queue, _dead in queues.values() for i in ids}
+    assert processed(postgresql_url) == expected
+    engine.dispose()
+
+
+def processed_at_least(consumer: AnyInbox, count: int) -> bool:
+    return value(consumer, "inbox_processed_total") >= count
+
+
+def quorum_queue(url: str, flavour: str) -> tuple[str, str]:
+    """A new quorum queue whose delivery limit is 2, dead-lettering into a queue of its own:
+    their names."""
+    suffix = f"{flavour}.{uuid.uuid4().hex[:8]}"
     queue, dead = f"inbox.quorum.{suffix}", f"inbox.quorum.dead.{suffix}"
-    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    conn = pika.BlockingConnection(pika.URLParameters(url))
     channel = conn.channel()
     channel.queue_declare(dead, durable=True)
     arguments = {
@@ -183,24 +233,7 @@ def test_the_database_away_for_a_minute_pauses_consuming_and_loses_nothing(
     }
     channel.queue_declare(queue, durable=True, arguments=arguments)
     conn.close()
-    engine = create_engine(postgresql_url)
-    effects.create(engine)
-    handler, _calls = recording(queue)
-    ids = [f"m-{n}" for n in range(400)]
-    stream = threading.Thread(target=publish_slowly, args=(rabbit.url, queue, ids))
-    with consuming(postgresql_url, rabbit.url, queue, handler, flavour) as consumer:
-        stream.start()
-        wait_until(lambda: value(consumer, "inbox_processed_total") >= 50, 30, "consuming")
-        postgres.stop("immediate")
-        time.sleep(DATABASE_AWAY_S)
-        postgres.start()
-        stream.join(60)
-        wait_until(lambda: value(consumer, "inbox_processed_total") >= len(ids), 90, "all")
-        errors = value(consumer, "inbox_database_errors_total")
-    assert 1 <= errors <= 5, f"{errors} deliveries failed on the database: paused, not looping"
-    assert drain(rabbit.url, dead, 0, timeout=1) == []
-    assert processed(postgresql_url) == {(queue, i): 1 for i in ids}
-    engine.dispose()
+    return queue, dead
 
 
 def publish_slowly(url: str, queue: str, ids: list[str]) -> None:
