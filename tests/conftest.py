@@ -3,7 +3,11 @@ started once on loopback in temporary directories when a test first needs them; 
 temp file. Every test that uses MariaDB is also marked ``mariadb`` (``-m mariadb`` runs them
 alone, whatever their folder). MariaDB meets RabbitMQ 3.10 only: what its cases check is the
 database's side, which the broker's version does not change, and the whole suite must stay
-under 20 minutes; their RabbitMQ 4.0 twins are deselected.
+under 15 minutes; their RabbitMQ 4.0 twins are deselected.
+
+``scripts/test`` runs the suite in four processes (pytest-xdist): each has its own servers
+(node names carry the process id, ports are free ones, the Debian 13 root is built once under
+a lock), and nothing a test changes is shared with another process's tests.
 
 Two RabbitMQ versions: ``rabbit`` is Debian 12's own (3.10), ``rabbit4`` is 4.0 from a Debian
 13 root (``devtools.debian13``, built on first use into a cache folder). The integration and
