@@ -74,7 +74,7 @@ from relay.db.migrate import migrate
 QUEUE = "soak"
 BODY = b"x" * 200
 WRITER_APP = "soak-writer"
-RELAY_APP = "outbox-relay"  # relay.db.engine.APPLICATION_NAME
+RELAY_APP = "outbox-relay"  # relay.db.dialects.postgresql.APPLICATION_NAME
 # Single-row transactions one writer connection commits a second at most (each waits for
 # its WAL flush): more are spread over more connections.
 SINGLES_PER_WRITER = 150

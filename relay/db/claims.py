@@ -218,7 +218,7 @@ class ClaimStore:
                 )
             due = _DECODED  # each row's due time follows the columns decoded
             # Read on from the last row only if its due time can be bound back: on SQLite a
-            # writer's garbage time comes as text that is not UTF-8 (relay.db.engine).
+            # writer's garbage time comes as text that is not UTF-8 (relay.db.dialects.sqlite).
             last_at = found[-1][due] if found else None
             full = len(found) == limit and not (isinstance(last_at, str) and not last_at.isascii())
             taken = self.held.claimed([(r[due], r[0]) for r in found], full)

@@ -72,7 +72,8 @@ def decode_row(
     --profile``), a quarter of what the bare publisher spends on a whole message.
 
     ``unchecked_text``: the driver returned text it did not check is UTF-8 (SQLite's, read
-    leniently by ``relay.db.engine``: bytes that are not UTF-8 come as lone surrogates), so
+    leniently by ``relay.db.dialects.sqlite``: bytes that are not UTF-8 come as lone
+    surrogates), so
     each text value is checked here, and a row with one is parked naming its column."""
     try:
         if all(map(isinstance, values, _PLAIN)) and not (

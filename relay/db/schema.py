@@ -59,7 +59,7 @@ ROW_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 class UTCDateTime(sa.TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes in Python; timestamptz on PostgreSQL, UTC text on SQLite,
-    UTC ``DATETIME(6)`` on MySQL (its sessions' time zone is UTC, ``relay.db.engine``)."""
+    UTC ``DATETIME(6)`` on MySQL (its sessions' time zone is UTC, ``relay.db.dialects.mysql``)."""
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True

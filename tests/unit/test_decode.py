@@ -112,7 +112,7 @@ def test_a_row_too_large_to_read_carries_its_id_its_message_id_and_its_size() ->
 
 
 def lenient(raw: bytes) -> str:
-    """Text as SQLite's connections read it (relay.db.engine): bytes that are not UTF-8 kept
+    """Text as SQLite's connections read it (relay.db.dialects.sqlite): bytes not UTF-8 kept
     as lone surrogates."""
     return raw.decode("utf-8", "surrogateescape")
 
