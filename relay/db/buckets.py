@@ -43,6 +43,10 @@ class Admits(NamedTuple):
     release: str
 
 
+# What a schema admits when it says nothing more (migration 0013's first row says the same).
+EVERY_PROTOCOL = Admits(PROTOCOL_BEFORE_FENCES, "any release")
+
+
 class Refreshed(NamedTuple):
     """A turn's outcome: the buckets to claim from, why none when another protocol's relays
     or the schema stand in the way (``relay.buckets.fence``), and what the schema admits."""
@@ -77,8 +81,9 @@ def refresh(
     otherwise stall every other relay's turns, and so their claims, until the database
     ended its transaction."""
     fenced = None
-    admits = _admits(conn) if protocol is not None else Admits(PROTOCOL_BEFORE_FENCES, "")
+    admits = EVERY_PROTOCOL  # read only where a fence is decided
     if active and protocol is not None:
+        admits = _admits(conn)
         fenced = fence(protocol, *_protocols(conn, owner, lease), least=admits.protocol)
     _present(conn, owner, lease, active, protocol=protocol, waiting=fenced is not None)
     active = active and fenced is None
@@ -111,7 +116,7 @@ def _admits(conn: sa.Connection) -> Admits:
         .order_by(outbox_protocol.c.least_protocol.desc())
         .limit(1)
     ).one_or_none()
-    return Admits(*row) if row else Admits(PROTOCOL_BEFORE_FENCES, "any release")
+    return Admits(*row) if row else EVERY_PROTOCOL
 
 
 def _protocols(conn: sa.Connection, owner: str, lease: float) -> tuple[set[int], set[int]]:

@@ -140,6 +140,11 @@ class Dialect(abc.ABC):
             statement = statement.from_select(*rows)
         if all_new:
             return statement  # type: ignore[no-any-return]
+        return self.skip_duplicates(statement, table, unique)
+
+    def skip_duplicates(self, statement: Any, table: sa.Table, unique: list[str]) -> sa.Insert:
+        """``statement`` (this database's INSERT) made to skip a row whose ``unique`` columns
+        match one there already."""
         return statement.on_conflict_do_nothing(index_elements=unique)  # type: ignore[no-any-return]
 
     def upsert(

@@ -130,21 +130,11 @@ class MySQL(Dialect):
         # insert none.
         return mysql.insert(table).prefix_with("IGNORE")
 
-    def insert_skipping(
-        self,
-        table: sa.Table,
-        unique: list[str],
-        rows: tuple[list[str], sa.Select[Any]] | None = None,
-        *,
-        all_new: bool = False,
-    ) -> sa.Insert:
+    def skip_duplicates(self, statement: Any, table: sa.Table, unique: list[str]) -> sa.Insert:
         # ON DUPLICATE KEY UPDATE of nothing (the key to itself): not INSERT IGNORE, which
         # would also turn a value too long for its column into a truncated one.
-        statement = mysql.insert(table)
-        if rows is not None:
-            statement = statement.from_select(*rows)
         (key,) = table.primary_key.columns
-        return statement.on_duplicate_key_update({key.name: key})
+        return statement.on_duplicate_key_update({key.name: key})  # type: ignore[no-any-return]
 
     def upsert(
         self, table: sa.Table, values: dict[str, Any], unique: list[str], changes: dict[str, Any]
