@@ -139,7 +139,9 @@ class ClaimStore:
                 claim_from, fenced, admits = refresh(
                     conn, self.owner, self.lease, held, active, protocol=self.protocol
                 )
-            if fenced is not self.fenced:
+            # Retired is for good: the leaving turn of a retired relay (inactive, so it decides
+            # no fence) does not end it, nor say that nothing stands in the way.
+            if fenced is not self.fenced and self.fenced is not Fence.RETIRED:
                 self._say_fenced(fenced)
             if fenced is Fence.RETIRED:
                 self._claim_from = frozenset()

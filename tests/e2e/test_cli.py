@@ -297,7 +297,10 @@ def test_a_relay_the_schema_retires_exits_with_one_line_naming_the_release(
     exchange, queue = names("retired")
     declare_bound(rabbit.url, exchange, queue)
     env = relay_env(
-        RELAY_DATABASE_URL=database_url, RELAY_AMQP_URL=rabbit.url, RELAY_POLL_INTERVAL="0.05"
+        RELAY_DATABASE_URL=database_url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_POLL_INTERVAL="0.05",
+        RELAY_METRICS_PORT="0",  # the default port is another test process's relay's too
     )
     insert = sa.text("INSERT INTO outbox (message_id, exchange, payload) VALUES (:m, :e, :p)")
     writer = create_engine(database_url)
@@ -317,6 +320,7 @@ def test_a_relay_the_schema_retires_exits_with_one_line_naming_the_release(
             assert proc.proc is not None
             assert proc.proc.wait(timeout=60) == 1  # at its next turn
         assert proc.log().splitlines()[-1] == line
+        assert "unfenced" not in proc.log(), "its leaving turn said nothing stands in the way"
         assert owners(database_url) == {}, "a bucket kept by the retired relay"
         with writer.begin() as conn:
             conn.execute(insert, {"m": "after", "e": exchange, "p": b"row"})
