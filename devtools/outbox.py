@@ -8,7 +8,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.db.schema import outbox, outbox_buckets, outbox_sent, sent_key_value
+from relay.db.schema import (
+    outbox,
+    outbox_buckets,
+    outbox_sent,
+    outbox_sent_journal,
+    sent_key_value,
+)
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000
@@ -108,7 +114,9 @@ def empty(target: str | sa.Engine) -> None:
     0.021)."""
     with _connection(target) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
-            conn.execute(sa.text(f"TRUNCATE {outbox.name}, {outbox_sent.name}"))
+            # The journal too: a rebuild after a crash would bring its entries back.
+            tables = (outbox, outbox_sent, outbox_sent_journal)
+            conn.execute(sa.text(f"TRUNCATE {', '.join(t.name for t in tables)}"))
         elif conn.dialect.name == "mysql":  # the same reason: InnoDB's purge of deleted rows
             conn.execute(sa.text(f"TRUNCATE TABLE {outbox.name}"))
             conn.execute(sa.text(f"TRUNCATE TABLE {outbox_sent.name}"))

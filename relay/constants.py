@@ -84,6 +84,15 @@ RECENT_SENT_S = 10.0
 # Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000
+# A sent log emptied by a crash (PostgreSQL: ``relay.db.sentlog``) is rebuilt from its journal
+# in slices of about this many entries a transaction: a second or two of the database's work,
+# far within the relay's statement timeout, and few enough commits for a log of 60 million.
+SENT_LOG_REBUILD_ENTRIES = 100_000
+# Seconds between a relay's looks at whether the sent log is complete (claims take nothing
+# until it is: a crash's rebuild starts this long after the relay is connected again, at most).
+SENT_LOG_CHECK_S = 5.0
+# Seconds a relay waits before trying again while another copies a slice of that rebuild.
+SENT_LOG_BUSY_S = 0.2
 
 # --- Messages ------------------------------------------------------------------------------
 # The largest message (payload and headers, bytes) the relay reads and publishes, and the Spark
@@ -227,8 +236,9 @@ OUTBOX_BUCKETS = 64
 # The relays' protocol (``relay.buckets.fence``): how a row maps to a bucket and what the
 # claim and the settle assume of each other. Raised by a release whose relays must not run
 # beside the release before's; a relay's presence row says it (NULL: the releases before
-# protocols existed, which count as 1).
-PROTOCOL = 2
+# protocols existed, which count as 1). 3: claims ask whether the sent log is complete, and
+# acks write its journal (migration 0015).
+PROTOCOL = 3
 PROTOCOL_BEFORE_FENCES = 1
 # Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
 # (hashing each id apart had a 500-row claim read 290 buffers instead of 12 with runs of 1,024).

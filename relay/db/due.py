@@ -25,6 +25,7 @@ from relay.db.schema import (
     outbox_sent,
     sent_key,
 )
+from relay.db.sentlog import complete as sent_log_complete
 from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats
 
@@ -114,6 +115,9 @@ def claim_statement(
         )
         .where(
             due_now(),
+            # No row while the sent log is not whole (a crash emptied it, ``relay.db.sentlog``):
+            # its dedupe could not tell a message sent before.
+            sent_log_complete(),
             of(dialect).in_once(bucket_column(outbox.c.id), mine),
             sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
             sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),

@@ -34,6 +34,7 @@ from relay.db.schema import (
     outbox_counters,
     outbox_sent,
 )
+from relay.db.sentlog import purge_journal
 from relay.db.statements import bounded_count, in_chunks, run_delete
 from relay.records import (
     PARKED,
@@ -221,7 +222,10 @@ class OutboxAdmin:
         one at most).
 
         Sent rows are found in their sent-time index, oldest first; the sent log's entries
-        are in the order they were sent, so its old ones are its first pages."""
+        are in the order they were sent, so its old ones are its first pages. Where the log
+        is journaled (``relay.db.sentlog``), the journal's rows of those entries go last,
+        whole rows at a time: a rebuild after a crash copies no entry past the horizon back
+        for long."""
         cutoff = database_time(-older_than)
         sent_rows = (
             sa.select(outbox.c.id)
@@ -260,6 +264,10 @@ class OutboxAdmin:
                 stop=stop,
                 progress=so_far,
             )
+        if of(self.engine).journals_sent_log:
+            # Not counted: its entries were, in the log.
+            journal = functools.partial(run_delete, purge_journal(cutoff, chunk))
+            in_chunks(self.engine, journal, chunk=chunk, what="purge", where=self._where, stop=stop)
         return deleted
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ with them and no more.
 from __future__ import annotations
 
 from relay.db.dialects import of
-from relay.db.schema import WRITER_COLUMNS
+from relay.db.schema import WRITER_COLUMNS, built_on, metadata
 
 RELAY = "relay"
 WRITER = "writer"
@@ -33,6 +33,8 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_protocol": "SELECT",
         "outbox_counters": "SELECT, UPDATE",
+        "outbox_sent_journal": "SELECT, INSERT, DELETE",
+        "outbox_sent_state": "SELECT, INSERT, UPDATE",
     },
     WRITER: {"outbox": f"INSERT ({', '.join(WRITER_COLUMNS)})"},
     CONSUMER: {
@@ -50,5 +52,6 @@ def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[st
     statements = [
         own.grant(privileges, table, grantee, database)
         for table, privileges in PRIVILEGES[role].items()
+        if built_on(metadata.tables[table], dialect)
     ]
     return [*statements, *own.writer_grants(grantee)] if role == WRITER else statements

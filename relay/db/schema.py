@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -261,6 +261,50 @@ outbox_sent = sa.Table(
 # assumed the log's physical order was its time order, which the purge undoes (migration
 # 0008). New entries go to its right edge.
 sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at)
+
+# PostgreSQL (``relay.db.dialects.base.Dialect.journals_sent_log``, migration 0015): the log
+# above is UNLOGGED, and each ack's new entries also go, as one row, to this journal, which
+# is logged. An ack adds its key to a random page of the log's key index; once that index
+# has more pages than acks arrive between two checkpoints, nearly every ack wrote a whole
+# page to the WAL (``full_page_writes``, about 5.5 KB), nine times the writer's INSERT at the
+# default retention. Unlogged, the log writes no WAL; the journal's rows are appended in
+# time order, a few dozen bytes an entry, and purged whole. A crash or a failover to a
+# standby empties the log (and ``outbox_sent_state``); claims then take nothing until a
+# relay has copied the journal back into it (``relay.db.sentlog``): dedupe stays exact.
+outbox_sent_journal = sa.Table(
+    "outbox_sent_journal",
+    metadata,
+    sa.Column("sent_at", UTCDateTime(), primary_key=True),
+    # The lowest of ``ids``: an acked row is logged once, so this tells rows of one sent
+    # time apart (the purge and a rebuild read the journal in (sent_at, id) order).
+    sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("message_keys", postgresql.ARRAY(sa.Uuid(as_uuid=False)), nullable=False),
+    sa.Column("ids", postgresql.ARRAY(sa.BigInteger()), nullable=False),
+    sa.Column("created_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
+)
+
+# Whether the sent log is whole, one row: claims take nothing without it
+# (``relay.db.sentlog.complete``). On PostgreSQL it is UNLOGGED, as the log is: a crash
+# empties both, and the relays that rebuild the log from its journal keep their progress
+# here (the journal is copied up to ``rebuilt_at``, ``rebuilt_id``), and mark it complete
+# when done. Elsewhere the log is never emptied behind the relays' backs, and the row stays.
+outbox_sent_state = sa.Table(
+    "outbox_sent_state",
+    metadata,
+    sa.Column("log", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    sa.Column("complete", sa.Boolean(), nullable=False),
+    sa.Column("rebuilt_at", UTCDateTime(), nullable=True),
+    sa.Column("rebuilt_id", sa.BigInteger(), nullable=True),
+)
+# ``outbox_sent_state.log``: the one row's key.
+SENT_LOG = 1
+
+
+def built_on(table: sa.Table, dialect: sa.Dialect | str) -> bool:
+    """Whether the migrations build ``table`` on ``dialect``: every table, but the sent log's
+    journal only where the log is journaled (``Dialect.journals_sent_log``)."""
+    return table is not outbox_sent_journal or of(dialect).journals_sent_log
+
 
 # Owned buckets (``relay.buckets``): the relays alive, each until its presence runs out, and
 # which relay owns each bucket of the outbox until when. Both tables stay tiny (a row per

@@ -1,21 +1,33 @@
 """Acked rows leave the outbox for the sent log (``keep_sent = ids``), and the outbox still
 keeps its promises through it: a message id written again within the dedupe horizon is
-never published again, whoever writes it and however; status counts the sent; the purge
-ends the horizon."""
+never published again, whoever writes it and however, and after a crash that emptied the log
+(PostgreSQL's is unlogged: ``relay.db.sentlog``); status counts the sent; the purge ends the
+horizon."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from devtools.outbox import statuses
+from devtools.servers import PostgresServer
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
+from relay.db.dialects import of
+from relay.db.migrate import migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
-from relay.db.schema import outbox, outbox_sent
+from relay.db.schema import (
+    outbox,
+    outbox_sent,
+    outbox_sent_journal,
+    outbox_sent_state,
+    sent_key_value,
+)
+from relay.db.sentlog import SentLogRebuild
 from relay.db.sink import OutboxSink
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
 from tests.support.rows import sink_chunk
@@ -154,3 +166,131 @@ def test_sent_rows_kept_whole_stay_and_count_once(database_url: str) -> None:
         assert box.message_ids() == []
     finally:
         box.close()
+
+
+def lose_the_log(url: str) -> None:
+    """What a crash (or a failover to a standby) leaves of the sent log: on a database that
+    journals it, an empty log and no state row (unlogged, both); elsewhere the log is never
+    emptied, and only a state row deleted by hand can be missing."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if of(conn).journals_sent_log:
+                conn.execute(sa.delete(outbox_sent))
+            conn.execute(sa.delete(outbox_sent_state))
+    finally:
+        engine.dispose()
+
+
+def rebuild(url: str, slice_entries: int = 100_000) -> int:
+    """A relay's rebuild of the sent log, to the end: the entries it copied."""
+    rebuilder = SentLogRebuild(url, slice_entries=slice_entries)
+    try:
+        copied = 0
+        while (entries := rebuilder.step()) is not None:
+            copied += entries
+        assert rebuilder.complete()
+        return copied
+    finally:
+        rebuilder.close()
+
+
+def test_no_row_is_claimed_until_a_lost_sent_log_is_rebuilt(box: Outbox) -> None:
+    """The log lost (as a crash loses PostgreSQL's): due rows stay unclaimed, whatever they
+    are, until a relay has rebuilt it from its journal; then a re-written id is dropped and a
+    new one published, as before the loss."""
+    box.writer.enqueue([message("m-1"), message("m-2")])
+    box.relay_all()
+    lose_the_log(box.url)
+    box.writer.enqueue([message("m-1"), message("m-3")])
+    assert box.store.claim(10_000, NO_BYTE_LIMIT) == []
+    rebuild(box.url)
+    assert claimable(box.store) == ["m-3"]
+    assert box.admin.status().duplicates == 1
+
+
+def test_a_rebuild_in_slices_by_two_relays_copies_every_entry_once(
+    postgresql_url: str,
+) -> None:
+    """Twenty acks, a slice of about three entries: two relays' rebuilds take turns, each
+    slice where the other left off, and every acked id is known again, no other."""
+    box = Outbox(postgresql_url)
+    try:
+        for n in range(20):
+            box.writer.enqueue([message(f"m-{n}-a"), message(f"m-{n}-b")])
+            box.relay_all()
+        lose_the_log(postgresql_url)
+        first, second = (SentLogRebuild(postgresql_url, slice_entries=3) for _ in range(2))
+        copied = 0
+        try:
+            while (step := first.step()) is not None:
+                copied += step + (second.step() or 0)
+        finally:
+            first.close()
+            second.close()
+        assert copied == 40
+        again = [message(f"m-{n}-{s}") for n in range(20) for s in "ab"]
+        box.writer.enqueue([*again, message("new")])
+        assert claimable(box.store) == ["new"]
+    finally:
+        box.close()
+
+
+def test_the_purge_ends_the_horizon_after_a_rebuild_too(postgresql_url: str) -> None:
+    """The journal's rows of purged entries go with them: a rebuild after the purge brings
+    back no id past the horizon."""
+    box = Outbox(postgresql_url)
+    try:
+        for name in ("old", "new"):
+            box.writer.enqueue([message(name)])
+            box.relay_all()
+        with box.writer.engine.begin() as conn:
+            eight_days_ago = database_time(-8 * DAY)
+            old = sent_key_value("old", conn.dialect)
+            conn.execute(
+                sa.update(outbox_sent)
+                .where(outbox_sent.c.key == old)
+                .values(sent_at=eight_days_ago)
+            )
+            journal = outbox_sent_journal
+            conn.execute(
+                sa.update(journal)
+                .where(sa.literal(old, outbox_sent.c.key.type) == sa.any_(journal.c.message_keys))
+                .values(sent_at=eight_days_ago)
+            )
+        assert box.admin.purge(7 * DAY) == 1
+        lose_the_log(postgresql_url)
+        assert rebuild(postgresql_url) == 1
+        box.writer.enqueue([message("old"), message("new")])
+        assert claimable(box.store) == ["old"]
+    finally:
+        box.close()
+
+
+def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> None:
+    """PostgreSQL crashes (an immediate stop: no shutdown checkpoint) after three acks: its
+    unlogged log comes back empty, the journal whole. No row is claimed until a relay's
+    rebuild, and then the ids sent before the crash are dropped, a new one published."""
+    server = PostgresServer(tmp_path / "pg")
+    server.start()
+    try:
+        server.create_database("outbox")
+        url = server.url("outbox")
+        migrate(url)
+        box = Outbox(url)
+        box.writer.enqueue([message(f"m-{n}") for n in range(3)])
+        box.relay_all()
+        box.close()
+        server.stop("immediate")
+        server.start()
+        assert statuses(url) == {}, "the unlogged log is empty after the crash"
+        box = Outbox(url)
+        try:
+            box.writer.enqueue([message("m-1"), message("m-3")])
+            assert box.store.claim(10_000, NO_BYTE_LIMIT) == []
+            assert rebuild(url) == 3
+            assert claimable(box.store) == ["m-3"]
+        finally:
+            box.close()
+    finally:
+        server.stop()

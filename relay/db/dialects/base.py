@@ -49,6 +49,10 @@ class Dialect(abc.ABC):
     claims_carry_ids: ClassVar[bool] = False
     # An ack deletes the row and logs its key in one statement (``relay.db.settles``).
     ack_in_one_statement: ClassVar[bool] = False
+    # The sent log is unlogged (no WAL, emptied by a crash) and each ack's entries are also
+    # written to a logged journal it is rebuilt from (``relay.db.schema.outbox_sent_journal``,
+    # ``relay.db.sentlog``).
+    journals_sent_log: ClassVar[bool] = False
     # Partial indexes (``relay.db.schema``).
     partial_indexes: ClassVar[bool] = True
     # Times bound with their zone (else as naive UTC).

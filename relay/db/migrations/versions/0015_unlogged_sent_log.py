@@ -1,0 +1,94 @@
+"""The sent log writes no WAL on PostgreSQL: unlogged, with a logged journal it is rebuilt from.
+
+- PostgreSQL: ``outbox_sent`` becomes UNLOGGED (its key index's page images made an ack cost
+  about nine times the writer's INSERT in WAL once the log was days old), and each ack's
+  entries are also written, as one row, to ``outbox_sent_journal``, logged and appended in
+  time order (``relay.db.schema``). The entries logged so far are copied into the journal
+  first, in rows of at most a thousand. A crash or a failover empties the log; relays then
+  claim nothing until one of them has copied the journal back (``relay.db.sentlog``).
+- Every database: ``outbox_sent_state``, whose one row says the log is complete (unlogged on
+  PostgreSQL, so that a crash empties it with the log); claims need it.
+- The schema's least protocol becomes 3: relays before it claim without asking whether the
+  log is complete and ack without the journal, so a crash would make them publish re-written
+  ids again. ``relay migrate`` refuses while they hold buckets; those still running then
+  give their buckets up and exit.
+
+Stop the relays of the release before (the migration refuses otherwise): on PostgreSQL the
+log is rewritten unlogged and copied into the journal, which locks it for a while (about a
+minute per ten million entries here).
+
+Revision ID: 0015
+Revises: 0013
+Create Date: 2026-11-28
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+from relay.db.schema import SENT_LOG, UTCDateTime
+
+revision = "0015"
+down_revision = "0013"
+branch_labels = None
+depends_on = None
+# The least protocol of the relays that may run beside this revision (``relay migrate``):
+# relays of protocol 2 claim without asking whether the sent log is complete.
+least_protocol = 3
+_RELEASE = "the release of migration 0015"
+# ``relay.db.buckets.EVERY_PROTOCOL``, as migration 0013 left the row.
+_BEFORE = (1, "any release")
+# A journal row holds at most as many entries as an ack statement (``IDS_PER_STATEMENT``).
+_JOURNAL_ROW_ENTRIES = 1000
+
+
+def upgrade() -> None:
+    postgresql_ = op.get_bind().dialect.name == "postgresql"
+    if postgresql_:
+        op.execute("ALTER TABLE outbox_sent SET UNLOGGED")
+        op.create_table(
+            "outbox_sent_journal",
+            sa.Column("sent_at", UTCDateTime(), primary_key=True),
+            sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=False),
+            sa.Column("message_keys", postgresql.ARRAY(sa.Uuid(as_uuid=False)), nullable=False),
+            sa.Column("ids", postgresql.ARRAY(sa.BigInteger()), nullable=False),
+            sa.Column("created_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
+        )
+        # In time order, so that the purge frees whole pages from the first one on.
+        op.execute(
+            "INSERT INTO outbox_sent_journal (sent_at, id, message_keys, ids, created_at) "
+            "SELECT sent_at, min(id), array_agg(key ORDER BY id), array_agg(id ORDER BY id), "
+            "array_agg(created_at ORDER BY id) FROM outbox_sent "
+            f"GROUP BY sent_at, div(id, {_JOURNAL_ROW_ENTRIES}) ORDER BY 1, 2"
+        )
+    state = op.create_table(
+        "outbox_sent_state",
+        sa.Column("log", sa.SmallInteger(), primary_key=True, autoincrement=False),
+        sa.Column("complete", sa.Boolean(), nullable=False),
+        sa.Column("rebuilt_at", UTCDateTime(), nullable=True),
+        sa.Column("rebuilt_id", sa.BigInteger(), nullable=True),
+        prefixes=["UNLOGGED"] if postgresql_ else [],
+    )
+    op.bulk_insert(state, [{"log": SENT_LOG, "complete": True}])
+    _least_protocol(least_protocol, _RELEASE)
+
+
+def downgrade() -> None:
+    _least_protocol(*_BEFORE)
+    op.drop_table("outbox_sent_state")
+    if op.get_bind().dialect.name == "postgresql":
+        # A log a crash emptied and no relay rebuilt is rebuilt here first: the releases
+        # before read only the log.
+        op.execute(
+            "INSERT INTO outbox_sent (key, id, created_at, sent_at) "
+            "SELECT entry.key, entry.id, entry.created_at, j.sent_at FROM outbox_sent_journal j, "
+            "unnest(j.message_keys, j.ids, j.created_at) AS entry(key, id, created_at) "
+            "ON CONFLICT DO NOTHING"
+        )
+        op.drop_table("outbox_sent_journal")
+        op.execute("ALTER TABLE outbox_sent SET LOGGED")
+
+
+def _least_protocol(protocol: int, release: str) -> None:
+    row = sa.table("outbox_protocol", sa.column("least_protocol"), sa.column("least_release"))
+    op.execute(sa.update(row).values(least_protocol=protocol, least_release=release))
