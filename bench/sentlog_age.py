@@ -44,9 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 
 from devtools.procfs import cpu_seconds, tree_cpu_seconds
-from devtools.servers import PostgresServer, wait_until
+from devtools.servers import MariaDBServer, PostgresServer, wait_until
+from relay.db.migrate import migrate
 
 HORIZON_S = 7 * 86_400
 AGE_STEP = 1_000_000  # entries per aging statement
@@ -430,6 +432,122 @@ def cycle(
     }
 
 
+# --- MariaDB -----------------------------------------------------------------------------------
+# InnoDB's redo log holds no page images (a page torn by a crash is restored from the
+# doublewrite buffer), so its log's age shows, if at all, as data pages written.
+_MARIADB_STATUS = (
+    "Innodb_lsn_current",
+    "Innodb_pages_written",
+    "Innodb_dblwr_pages_written",
+    "Innodb_buffer_pool_reads",
+)
+
+
+def mariadb(args: argparse.Namespace) -> None:
+    """The relay's own sent log (its migrations) on MariaDB with its defaults (a 128 MB
+    buffer pool, the doublewrite buffer, a flush per commit): a young one and one aged to
+    ``--entries``, in databases of one server (kept in ``--data``), each cycle of acks and
+    probes paced at ``--rate`` for ``--checkpoint-seconds``: per ack, the redo log's bytes,
+    the data pages written (and the doublewrite buffer's), buffer pool misses, and the
+    server's CPU."""
+    server = MariaDBServer(args.data or Path(f"/tmp/sentlog-age-{uuid.uuid4().hex[:8]}"))
+    server.start()
+    try:
+        for name, entries in (("young", 0), ("aged", args.entries)):
+            _mariadb_prepare(server, name, entries)
+        results: dict[str, list[dict[str, float]]] = {"young": [], "aged": []}
+        serial = int(time.time() * 1000)
+        for i in range(args.cycles + 1):
+            for name, rounds in results.items():
+                measured = _mariadb_cycle(server, name, args, serial)
+                serial += 1_000_000
+                print(f"  cycle {i} {name}: {json.dumps(measured)}", flush=True)
+                if i:
+                    rounds.append(measured)
+        for name, rounds in results.items():
+            medians = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
+            print(
+                json.dumps(
+                    {
+                        "database": "mariadb",
+                        "log": name,
+                        "entries": args.entries if name == "aged" else 0,
+                        **medians,
+                    }
+                )
+            )
+    finally:
+        server.stop()
+
+
+def _mariadb_prepare(server: MariaDBServer, name: str, entries: int) -> None:
+    database = f"sentlog_{name}"
+    there = server.sql(f"SHOW DATABASES LIKE '{database}'").strip()
+    if there and server.sql("SHOW TABLES LIKE 'aged'", database).strip():
+        return
+    server.sql(f"DROP DATABASE IF EXISTS {database}")
+    server.create_database(database)
+    migrate(server.url(database))
+    started = time.monotonic()
+    for first in range(1, entries + 1, AGE_STEP):
+        last = min(entries, first + AGE_STEP - 1)
+        server.sql(
+            "INSERT INTO outbox_sent (`key`, id, created_at, sent_at) "
+            "SELECT unhex(md5(concat('aged-', seq))), -seq, t, t FROM (SELECT seq, "
+            f"utc_timestamp(6) - INTERVAL ({HORIZON_S} * (1 - seq / {entries})) SECOND AS t "
+            f"FROM seq_{first}_to_{last}) AS aged",
+            database,
+        )
+        print(f"    {name}: {last} entries, {time.monotonic() - started:.0f} s", flush=True)
+    server.sql("CREATE TABLE aged (entries bigint)", database)
+    server.sql(f"INSERT INTO aged VALUES ({entries})", database)
+
+
+def _mariadb_cycle(
+    server: MariaDBServer, name: str, args: argparse.Namespace, serial: int
+) -> dict[str, float]:
+    acks = int(args.rate * args.checkpoint_seconds)
+    engine = sa.create_engine(server.url(f"sentlog_{name}"), isolation_level="AUTOCOMMIT")
+    conn = engine.connect()
+
+    def status() -> dict[str, float]:
+        rows = conn.exec_driver_sql("SHOW GLOBAL STATUS").all()
+        found = {k: float(v) for k, v in rows if k in _MARIADB_STATUS}
+        return {**found, "cpu": tree_cpu_seconds(server.pid())}
+
+    values = ", ".join(["(unhex(md5(%s)), %s, utc_timestamp(6), utc_timestamp(6))"] * args.batch)
+    ack = f"INSERT IGNORE INTO outbox_sent (`key`, id, created_at, sent_at) VALUES {values}"
+    probe = (
+        "SELECT count(*) FROM outbox_sent WHERE `key` IN ("
+        + ", ".join(["unhex(md5(%s))"] * args.batch)
+        + ")"
+    )
+    before = status()
+    started = time.monotonic()
+    done = 0
+    while done < acks:
+        ids = [f"m-{serial + done + i}" for i in range(args.batch)]
+        conn.exec_driver_sql(probe, tuple(ids)).all()
+        conn.exec_driver_sql(
+            ack, tuple(x for i, m in enumerate(ids) for x in (m, serial + done + i))
+        )
+        done += args.batch
+        wait = started + done / args.rate - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+    after = status()
+    conn.close()
+    engine.dispose()
+    per = {k: (after[k] - before[k]) / acks for k in before}
+    return {
+        "redo_per_ack": round(per["Innodb_lsn_current"], 1),
+        "pages_written_per_1k": round(1000 * per["Innodb_pages_written"], 1),
+        "doublewrite_pages_per_1k": round(1000 * per["Innodb_dblwr_pages_written"], 1),
+        "pool_misses_per_1k": round(1000 * per["Innodb_buffer_pool_reads"], 1),
+        "server_cpu_us": round(1e6 * per["cpu"], 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=12_000_000)
@@ -442,7 +560,11 @@ def main() -> int:
     parser.add_argument("--waldump", action="store_true", help="the WAL's records by kind")
     parser.add_argument("--designs", default="logged,unlogged,journal")
     parser.add_argument("--data", type=Path, help="the cluster's directory, kept for the next run")
+    parser.add_argument("--database", choices=("postgresql", "mariadb"), default="postgresql")
     args = parser.parse_args()
+    if args.database == "mariadb":
+        mariadb(args)
+        return 0
     per_generation = int(args.rate * args.checkpoint_seconds)
     chosen = designs(per_generation)
     names = args.designs.split(",")

@@ -47,11 +47,10 @@ class Dialect(abc.ABC):
     budget_cut_as_read: ClassVar[bool] = False
     # The claim's candidates carry ids only, the rows read by id at the end (``relay.db.due``).
     claims_carry_ids: ClassVar[bool] = False
-    # An ack deletes the row and logs its key in one statement (``relay.db.settles``).
-    ack_in_one_statement: ClassVar[bool] = False
     # The sent log is unlogged (no WAL, emptied by a crash) and each ack's entries are also
     # written to a logged journal it is rebuilt from (``relay.db.schema.outbox_sent_journal``,
-    # ``relay.db.sentlog``).
+    # ``relay.db.sentlog``); an ack deletes its rows, logs their keys and journals them in one
+    # statement (``relay.db.settles``). Elsewhere an ack is two statements of a transaction.
     journals_sent_log: ClassVar[bool] = False
     # Partial indexes (``relay.db.schema``).
     partial_indexes: ClassVar[bool] = True

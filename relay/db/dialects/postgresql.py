@@ -86,7 +86,6 @@ class PostgreSQL(Dialect):
     url_backends: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     epoch: ClassVar[str] = "'epoch'::timestamptz"
     aware_times: ClassVar[bool] = True
-    ack_in_one_statement: ClassVar[bool] = True
     # Its key index's page images made an ack cost nine times the INSERT's WAL once the log
     # was a few days old (``relay.db.schema.outbox_sent_journal``).
     journals_sent_log: ClassVar[bool] = True
