@@ -238,9 +238,13 @@ def _generations(per_generation: int) -> Design:
     )
 
 
-def _compact_generation(conn: psycopg.Connection[Any], per_generation: int) -> None:
-    """The current generation, sorted into arrays of its keys by block, under the next
-    generation number; its table emptied (TRUNCATE: nothing per entry)."""
+def _compact_generation(conn: psycopg.Connection[Any], per_generation: int) -> bool:
+    """The current generation, once it holds ``per_generation`` entries, sorted into arrays
+    of its keys by block, under the next generation number; its table emptied (TRUNCATE:
+    nothing per entry). Whether it was full."""
+    current = conn.execute("SELECT count(*) FROM generations.log").fetchone()
+    if current is None or current[0] < per_generation:
+        return False
     blocks = max(1, per_generation // PACKED_KEYS)
     conn.execute(
         "INSERT INTO generations.packed SELECT (SELECT max(gen) + 1 FROM generations.packed), "
@@ -249,6 +253,7 @@ def _compact_generation(conn: psycopg.Connection[Any], per_generation: int) -> N
         {},
     )
     conn.execute("TRUNCATE generations.log")
+    return True
 
 
 def designs(per_generation: int) -> dict[str, Design]:
@@ -404,9 +409,10 @@ def cycle(
         cpu1 = (cpu_seconds(acker_pid), cpu_seconds(prober_pid), tree_cpu_seconds(db.pg.pid()))
         purge_wal = purge_fpi = 0
         if args.purge:
-            if name == "generations":
-                _compact_generation(acker, acks)
-            left = acks if name != "generations" else 1
+            per_generation = int(args.rate * (args.generation_seconds or args.checkpoint_seconds))
+            left = acks
+            if name == "generations":  # the oldest generation goes when one is compacted
+                left = int(_compact_generation(acker, per_generation))
             while left > 0:
                 count = min(left, PURGE_CHUNK)
                 for statement in design.purge:
@@ -557,6 +563,12 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--rewritten", type=float, default=0.0)
     parser.add_argument("--purge", action="store_true")
+    parser.add_argument(
+        "--generation-seconds",
+        type=float,
+        default=0,
+        help="a generation's length (generations; default: a checkpoint interval)",
+    )
     parser.add_argument("--waldump", action="store_true", help="the WAL's records by kind")
     parser.add_argument("--designs", default="logged,unlogged,journal")
     parser.add_argument("--data", type=Path, help="the cluster's directory, kept for the next run")
@@ -565,7 +577,7 @@ def main() -> int:
     if args.database == "mariadb":
         mariadb(args)
         return 0
-    per_generation = int(args.rate * args.checkpoint_seconds)
+    per_generation = int(args.rate * (args.generation_seconds or args.checkpoint_seconds))
     chosen = designs(per_generation)
     names = args.designs.split(",")
     unknown = [n for n in names if n not in chosen]
@@ -620,7 +632,7 @@ def main() -> int:
                     {
                         "design": name,
                         "entries": args.entries,
-                        "acks_per_checkpoint": per_generation,
+                        "acks_per_checkpoint": int(args.rate * args.checkpoint_seconds),
                         "batch": args.batch,
                         **medians,
                     }
