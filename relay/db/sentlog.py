@@ -114,20 +114,21 @@ class SentLogRebuild:
                 after = state.rebuilt_at is not None
                 params = {
                     "rows": self._rows,
+                    "entries": self._slice_entries,
                     "after_at": state.rebuilt_at,
                     "after_id": state.rebuilt_id,
                 }
                 last = conn.execute(self._copies[after], params).one_or_none()
             mark = sa.update(_STATE).where(_STATE.c.log == SENT_LOG)
-            if last is None or last.rows < self._rows:  # the journal's last slice
+            if last is None or last.rows == last.read < self._rows:  # the journal's last slice
                 conn.execute(mark.values(complete=True, rebuilt_at=None, rebuilt_id=None))
             else:
                 conn.execute(mark.values(rebuilt_at=last.sent_at, rebuilt_id=last.id))
         if last is None:
             return None
-        # The next slice's rows, for about ``slice_entries`` entries.
+        # Rows to read for the next slice: about ``slice_entries`` entries' worth.
         per_row = max(1, int(last.entries) // int(last.rows))
-        self._rows = max(1, min(10 * self._rows, self._slice_entries // per_row))
+        self._rows = max(1, min(2 * self._rows, self._slice_entries // per_row))
         return int(last.entries)
 
     def close(self) -> None:
@@ -135,17 +136,32 @@ class SentLogRebuild:
 
 
 def _copy_slice(insert: sa.Insert, after: bool) -> sa.Select[Any]:
-    """The journal's next ``rows`` rows (with ``after``: those after ``after_at``,
-    ``after_id``) copied into the log by ``insert`` (an INSERT of the log that skips a key
-    already there); its one row: the last journal row's place, the rows and the entries
-    copied. No row once the journal is copied."""
+    """The journal's next rows (with ``after``: those after ``after_at``, ``after_id``) copied
+    into the log by ``insert`` (an INSERT of the log that skips a key already there): of the
+    next ``rows`` rows read, those whose entries add up to at most ``entries`` (the first
+    whatever its size), so that no slice outgrows a statement's time. Its one row: the last
+    copied row's place, the rows read and copied, the entries copied. No row once the journal
+    is copied."""
     place = (_JOURNAL.c.sent_at, _JOURNAL.c.id)
     rows = sa.select(_JOURNAL).order_by(*place).limit(sa.bindparam("rows"))
     if after:
         at = sa.bindparam("after_at", type_=_JOURNAL.c.sent_at.type)
         id_ = sa.bindparam("after_id", type_=sa.BigInteger())
         rows = rows.where(sa.tuple_(*place) > sa.tuple_(at, id_))
-    chunk = rows.cte("chunk")
+    read = rows.subquery("read")
+    size = sa.func.cardinality(read.c.message_keys)
+    counted = sa.select(
+        read,
+        sa.func.sum(size).over(order_by=(read.c.sent_at, read.c.id)).label("upto"),
+        sa.func.count().over().label("read"),
+    ).subquery("counted")
+    chunk = (
+        sa.select(counted)
+        .where(
+            counted.c.upto - sa.func.cardinality(counted.c.message_keys) < sa.bindparam("entries")
+        )
+        .cte("chunk")
+    )
     entry = (
         sa.func.unnest(chunk.c.message_keys, chunk.c.ids, chunk.c.created_at)
         .table_valued("key", "id", "created_at")
@@ -159,6 +175,7 @@ def _copy_slice(insert: sa.Insert, after: bool) -> sa.Select[Any]:
         sa.select(
             chunk.c.sent_at,
             chunk.c.id,
+            chunk.c.read,
             sa.func.count().over().label("rows"),
             sa.func.sum(sa.func.cardinality(chunk.c.message_keys)).over().label("entries"),
         )

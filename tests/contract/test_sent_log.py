@@ -212,25 +212,29 @@ def test_no_row_is_claimed_until_a_lost_sent_log_is_rebuilt(box: Outbox) -> None
 def test_a_rebuild_in_slices_by_two_relays_copies_every_entry_once(
     postgresql_url: str,
 ) -> None:
-    """Twenty acks, a slice of about three entries: two relays' rebuilds take turns, each
-    slice where the other left off, and every acked id is known again, no other."""
+    """Twenty acks of two entries and one of ten, slices of about three entries: two relays'
+    rebuilds take turns, each slice where the other left off (the ten in one slice of their
+    own), and every acked id is known again, no other."""
     box = Outbox(postgresql_url)
     try:
-        for n in range(20):
-            box.writer.enqueue([message(f"m-{n}-a"), message(f"m-{n}-b")])
+        acked = []
+        for n in range(21):
+            ids = [f"m-{n}-{k}" for k in range(10 if n == 7 else 2)]
+            box.writer.enqueue([message(m) for m in ids])
             box.relay_all()
+            acked += ids
         lose_the_log(postgresql_url)
         first, second = (SentLogRebuild(postgresql_url, slice_entries=3) for _ in range(2))
-        copied = 0
+        slices = []
         try:
             while (step := first.step()) is not None:
-                copied += step + (second.step() or 0)
+                slices += [step, second.step() or 0]
         finally:
             first.close()
             second.close()
-        assert copied == 40
-        again = [message(f"m-{n}-{s}") for n in range(20) for s in "ab"]
-        box.writer.enqueue([*again, message("new")])
+        assert sum(slices) == len(acked) == 50
+        assert max(slices) == 10, "a row larger than a slice is a slice of its own"
+        box.writer.enqueue([*(message(m) for m in acked), message("new")])
         assert claimable(box.store) == ["new"]
     finally:
         box.close()
