@@ -116,6 +116,10 @@ class Stream:
     per_s: float
     rewrite_every: int = 0
 
+    def row_id(self, row: int) -> str:
+        """The message id of the stream's ``row``-th row."""
+        return f"{self.prefix}-{row // self.rows}-{row % self.rows}"
+
 
 def _write(dsn: str, stream: Stream, stop: Any, written: Any, rewritten: Any) -> None:
     """Commit ``stream``'s transactions until ``stop``, paced on a schedule (a late one is
@@ -132,11 +136,15 @@ def _write(dsn: str, stream: Stream, stop: Any, written: Any, rewritten: Any) ->
             again = 0
             for i in range(stream.rows):
                 row = n * stream.rows + i
-                if stream.rewrite_every and n >= back and row % stream.rewrite_every == 0:
-                    values += [f"{stream.prefix}-{n - back}-{i}", QUEUE, body]
+                if stream.rewrite_every and n > back and row % stream.rewrite_every == 0:
+                    # A row ``back`` transactions before, not itself a re-write: its id was
+                    # written, and sent.
+                    earlier = row - back * stream.rows
+                    earlier -= earlier % stream.rewrite_every == 0
+                    values += [stream.row_id(earlier), QUEUE, body]
                     again += 1
                 else:
-                    values += [f"{stream.prefix}-{n}-{i}", QUEUE, body]
+                    values += [stream.row_id(row), QUEUE, body]
             with conn.transaction():
                 conn.execute(sql, values)
             n += 1
