@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.sentlog_rebuild --pg-data DIR [--database soak_aged]
                                               [--slice-entries 100000] [--relays 1]
+                                              [--setting shared_buffers=2GB ...]
 
 On PostgreSQL the sent log is unlogged and rebuilt from its journal after a crash or a
 failover (``relay.db.sentlog``); relays claim nothing until it is whole. This starts the kept
@@ -35,8 +36,11 @@ def main() -> int:
     parser.add_argument("--database", default="soak_aged")
     parser.add_argument("--slice-entries", type=int, default=SENT_LOG_REBUILD_ENTRIES)
     parser.add_argument("--relays", type=int, default=1)
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="NAME=VALUE", help="a server setting"
+    )
     args = parser.parse_args()
-    pg = PostgresServer(args.pg_data)
+    pg = PostgresServer(args.pg_data, settings=args.setting)
     pg.start()
     try:
         dsn = f"host=127.0.0.1 port={pg.port} user=postgres dbname={args.database}"
@@ -85,6 +89,7 @@ def main() -> int:
             "wal_mb": round(float(wal) / 2**20, 1),
             "relays": args.relays,
             "slice_entries": args.slice_entries,
+            "settings": args.setting,
         }
         print(json.dumps(result), flush=True)
     finally:
