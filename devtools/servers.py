@@ -380,9 +380,14 @@ class MariaDBServer:
         self.log_path = base / "mariadbd.err"
         self.pid_file = base / "mariadbd.pid"
         user = ["--user=root"] if os.geteuid() == 0 else []
+        # Its temporary files in a directory of its own: with the shared /tmp, servers
+        # installed side by side (test processes, other suites) failed now and then on a
+        # temporary table of another's ("Could not remove temporary table").
+        self.tmp = base / "tmp"
         self._common = [
             "--no-defaults",
             f"--datadir={self.data}",
+            f"--tmpdir={self.tmp}",
             "--innodb-log-file-size=64M",
             "--character-set-server=utf8mb4",
             "--collation-server=utf8mb4_unicode_ci",
@@ -402,6 +407,7 @@ class MariaDBServer:
 
     def start(self, timeout: float = 60.0) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(exist_ok=True)
         if not (self.data / "mysql").exists():
             self._run(
                 _mariadb_tool("mariadb-install-db"),
