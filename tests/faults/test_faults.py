@@ -43,9 +43,9 @@ from tests.faults.harness import (
     out_of_key_order,
     scenario,
 )
-from tests.faults.proxy import TcpProxy
 from tests.faults.silence import Silenced, port_of
 from tests.faults.silence import unavailable as silence_unavailable
+from tests.support.proxy import TcpProxy
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS, rabbit_node
 
 pytestmark = pytest.mark.timeout(180)
