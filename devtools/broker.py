@@ -22,6 +22,7 @@ class Delivered:
     content_type: str | None
     headers: dict[str, Any] | None
     delivery_mode: int | None
+    properties: pika.BasicProperties | None = None  # all of them, as they came
 
 
 def names(prefix: str) -> tuple[str, str]:
@@ -115,6 +116,7 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
                     props.content_type,
                     props.headers,
                     props.delivery_mode,
+                    props,
                 )
             )
     finally:

@@ -49,8 +49,19 @@ from relay.records import OutboxRow
 LEASE_SHORT = "claimed, not published: its bucket's lease was running out"
 LEASE_LAPSED = "claimed, not published: its bucket's lease lapsed since it was claimed"
 
+
+def _boot_clock() -> Callable[[], float]:
+    """``CLOCK_BOOTTIME`` where the platform has one (Linux, where the relay runs); elsewhere
+    the monotonic clock, which may stand still while the machine sleeps. The inbox, a library
+    that applications developed on any laptop embed, imports this module too."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic
+    return functools.partial(time.clock_gettime, boottime)
+
+
 # The clock leases are carried on (see the module docstring).
-lease_clock: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+lease_clock: Callable[[], float] = _boot_clock()
 
 
 def watch_period(confirm_timeout: float) -> float:

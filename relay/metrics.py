@@ -242,6 +242,13 @@ class InboxMetrics:
             ["consumer"],
             registry=r,
         ).labels(consumer)
+        self.copies_refused = Counter(
+            "inbox_copies_refused_total",
+            "Copies of deliveries (a retry's, a dead letter's) the broker refused (nacked or "
+            "returned): each delivery went back to its queue, uncounted.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
 
 
 class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):

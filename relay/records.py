@@ -207,7 +207,9 @@ class Answer(NamedTuple):
     """A consumer's answer for one delivery: its verdict; for ``DELAY``, the seconds; with
     ``pause``, the consumer stops consuming until its owner is ready again (the database is
     away: each delivery would fail the same way); for ``DEAD_LETTER``, the headers that say
-    why, put on the dead letter."""
+    why, put on the dead letter, and as ``delay`` the seconds it waits in a retry queue
+    instead when the dead letters' queue refuses it (full, say), to be dead-lettered when it
+    comes back (the messages behind it go on meanwhile)."""
 
     verdict: Verdict
     delay: float = 0.0

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 
+from relay.db.sqltext import Lexicon
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -57,6 +59,11 @@ class Dialect(abc.ABC):
     # as a plain INSERT first; a staging table's lock held by a session.
     copies_rows: ClassVar[bool] = False
     stage_locks: ClassVar[bool] = False
+    # How the database reads SQL text (``relay.db.sqltext``), and the statements that end a
+    # transaction besides the transaction's own (MySQL's implicit commits): what the inbox's
+    # guard refuses of a handler.
+    sql_lexicon: ClassVar[Lexicon] = Lexicon()
+    implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset()
 
     # Engines ------------------------------------------------------------------------------
 
@@ -217,10 +224,12 @@ class Dialect(abc.ABC):
         cannot set it, or None."""
         return None
 
-    def still_open(self, driver: Any) -> bool:
-        """Whether the driver's connection ``driver`` still has its transaction open, as it
-        knows without a round trip; True where it cannot tell."""
-        return True
+    def error_facts(self, error: BaseException) -> list[str]:
+        """What the driver's ``error`` says that names no value (its SQLSTATE or error number,
+        the constraint, table and column it concerns), for a record of a failure that must
+        not hold a payload or a statement's parameters (``relay.inbox.policy.describe``);
+        empty for an error that is not this driver's."""
+        return []
 
     # The Spark writer ---------------------------------------------------------------------
 

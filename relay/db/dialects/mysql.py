@@ -36,6 +36,7 @@ from relay.constants import (
     SPARK_STAGE_LOCK_WAIT_TIMEOUT_S,
 )
 from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
+from relay.db.sqltext import Lexicon
 from relay.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ MYSQL_RELAY_SESSION = f"SET {_LOCK_WAITS}, max_execution_time = {DB_STATEMENT_TI
 MARIADB_INBOX_SESSION = f"SET {_LOCK_WAITS}, max_statement_time = {DB_STATEMENT_TIMEOUT_MS // 1000}"
 MYSQL_INBOX_SESSION = MYSQL_RELAY_SESSION
 # JSON_TABLE's column types where the column's own type's name is not one: text of any length.
+# ER_DUP_ENTRY, and the key its message names (after the value it quotes).
+_DUPLICATE_ENTRY = 1062
+_DUPLICATE_KEY = re.compile(r"for key '([^']*)'$")
 _JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
 
 
@@ -66,6 +70,40 @@ class MySQL(Dialect):
     claims_carry_ids: ClassVar[bool] = True
     partial_indexes: ClassVar[bool] = False
     stage_locks: ClassVar[bool] = True
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(
+        hash_comments=True,
+        executable_comments=True,
+        dash_comment_needs_space=True,
+        backslash_escapes=True,
+    )
+    # Statements that commit the transaction before they run (MySQL's "statements that cause
+    # an implicit commit"): definitions, locks, accounts, administration, replication. A
+    # temporary table's CREATE and DROP do not, but are refused with the rest.
+    implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset(
+        (word,)
+        for word in [
+            "ALTER",
+            "CREATE",
+            "DROP",
+            "RENAME",
+            "TRUNCATE",
+            "LOCK",
+            "UNLOCK",
+            "GRANT",
+            "REVOKE",
+            "ANALYZE",
+            "OPTIMIZE",
+            "REPAIR",
+            "CACHE",
+            "FLUSH",
+            "RESET",
+            "INSTALL",
+            "UNINSTALL",
+            "START",
+            "STOP",
+            "CHANGE",
+        ]
+    ) | {("LOAD", "INDEX"), ("CHECK", "TABLE"), ("SET", "PASSWORD")}
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -178,6 +216,21 @@ class MySQL(Dialect):
         sql = rows.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         plan_row = conn.exec_driver_sql(f"EXPLAIN {sql}").mappings().one()
         return int(plan_row["rows"] or 0)
+
+    def error_facts(self, error: BaseException) -> list[str]:
+        # mysqlclient's and PyMySQL's (aiomysql's) errors alike: (number, message); the
+        # message quotes values ("Duplicate entry '4111...' for key 'pan'"), the key's name
+        # is kept alone.
+        args = getattr(error, "args", ())
+        if type(error).__module__.partition(".")[0] not in ("MySQLdb", "pymysql"):
+            return []
+        if not args or not isinstance(args[0], int):
+            return []
+        facts = [f"MySQL error {args[0]}"]
+        key = _DUPLICATE_KEY.search(str(args[1])) if len(args) > 1 else None
+        if args[0] == _DUPLICATE_ENTRY and key is not None:
+            facts.append(f"key {key.group(1)}")
+        return facts
 
     def durability_problem(self, conn: sa.Connection) -> str | None:
         # The flush is the server's alone.

@@ -19,7 +19,6 @@ import psycopg
 import psycopg.adapt
 import psycopg.postgres
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
 from sqlalchemy.dialects import postgresql
 
 from relay.constants import (
@@ -34,6 +33,7 @@ from relay.constants import (
     MERGE_WORK_MEM,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
+from relay.db.sqltext import Lexicon
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -89,6 +89,7 @@ class PostgreSQL(Dialect):
     ack_in_one_statement: ClassVar[bool] = True
     copies_rows: ClassVar[bool] = True
     stage_locks: ClassVar[bool] = True
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(nested_comments=True, dollar_quotes=True)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -163,9 +164,19 @@ class PostgreSQL(Dialect):
         (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar_one()
         return int(plan["Plan"]["Plan Rows"])
 
-    def still_open(self, driver: Any) -> bool:
-        info = getattr(driver, "info", None)
-        return info is None or bool(info.transaction_status == TransactionStatus.INTRANS)
+    def error_facts(self, error: BaseException) -> list[str]:
+        if not isinstance(error, psycopg.Error):
+            return []
+        facts = [f"SQLSTATE {error.sqlstate}"] if error.sqlstate else []
+        diag = error.diag
+        for name, value in (
+            ("constraint", diag.constraint_name),
+            ("table", diag.table_name),
+            ("column", diag.column_name),
+        ):
+            if value:
+                facts.append(f"{name} {value}")
+        return facts or ["no SQLSTATE: the connection failed"]
 
     def prepare_merge(self, conn: sa.Connection) -> None:
         conn.execute(sa.text(f"SET LOCAL work_mem = '{MERGE_WORK_MEM}'"))

@@ -8,6 +8,7 @@ lists and row changes travel as one JSON array, unpacked by ``json_each``.
 from __future__ import annotations
 
 import functools
+import sqlite3
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
@@ -98,8 +99,15 @@ class SQLite(Dialect):
             )
         ).subquery("change")
 
-    def still_open(self, driver: Any) -> bool:
-        return bool(getattr(driver, "in_transaction", True))
+    def error_facts(self, error: BaseException) -> list[str]:
+        name = getattr(error, "sqlite_errorname", None)
+        if not isinstance(error, sqlite3.Error) or not name:
+            return []
+        facts = [name]
+        if name.startswith("SQLITE_CONSTRAINT"):
+            # "UNIQUE constraint failed: cards.pan": the columns, never a value.
+            facts.append(str(error).strip().splitlines()[0])
+        return facts
 
     def url_problem(self, path: str, query: dict[str, list[str]]) -> str | None:
         if path in ("", "/", "/:memory:") or "memory" in query.get("mode", []):
