@@ -50,8 +50,8 @@ def add_commands(
             action="append",
             default=[],
             dest="ids",
-            metavar="MESSAGE_ID",
-            help="a message id (repeat)",
+            metavar="KEY",
+            help="a message id, or the ce-id of a message keyed by it (repeat)",
         )
         parser.add_argument("--all", action="store_true", help="every dead letter")
         parser.add_argument("--dry-run", action="store_true", help="show the letters, move nothing")
@@ -71,7 +71,7 @@ def list_command(settings: Settings, args: argparse.Namespace) -> int:
         by_reason[letter.error].append(letter)
     print(f"{len(letters)} dead letters in {dead_letter_queue(args.queue)}")
     for reason, group in sorted(by_reason.items(), key=lambda item: -len(item[1])):
-        ids = ", ".join(str(letter.message_id) for letter in group[:_SHOWN])
+        ids = ", ".join(str(letter.key or letter.message_id) for letter in group[:_SHOWN])
         more = f", and {len(group) - _SHOWN} more" if len(group) > _SHOWN else ""
         print(f"{len(group):>8}  {reason}\n          {ids}{more}")
     return 0
@@ -89,7 +89,7 @@ def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
     def chosen(letter: DeadLetter) -> bool:
         if args.reason and args.reason not in letter.error:
             return False
-        return not wanted or letter.message_id in wanted
+        return not wanted or letter.key in wanted
 
     if args.dry_run:
         moved = [letter for letter in _letters(settings, args.queue) if chosen(letter)]
@@ -99,13 +99,13 @@ def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
             settings.name,
             settings.amqp_tls,
             dead_letter_queue(args.queue),
-            chosen,
+            move=chosen,
+            before_moving=lambda letters: _forget_attempts(settings, letters),
         )
-        _forget_attempts(settings, moved)
     verb = "would move" if args.dry_run else "moved"
     print(f"{verb} {len(moved)} dead letters back to their queue")
     for letter in moved[:_SHOWN]:
-        print(f"  {letter.message_id}  ({letter.attempts} attempts: {letter.error})")
+        print(f"  {letter.key}  ({letter.attempts} attempts: {letter.error})")
     return 0
 
 
@@ -115,16 +115,17 @@ def _letters(settings: Settings, queue: str) -> list[DeadLetter]:
     )
 
 
-def _forget_attempts(settings: Settings, moved: list[DeadLetter]) -> None:
-    """The moved letters' failed attempts, deleted from their consumers' inboxes."""
+def _forget_attempts(settings: Settings, moving: list[DeadLetter]) -> None:
+    """The failed attempts of the letters about to move, deleted from their consumers'
+    inboxes (before they move: a letter moved first could fail again, and be dead-lettered
+    again, on its old count)."""
     consumers: dict[str, list[str]] = collections.defaultdict(list)
-    for letter in moved:
-        if letter.consumer and letter.message_id:
-            consumers[letter.consumer].append(letter.message_id)
-    for consumer, ids in consumers.items():
+    for letter in moving:
+        if letter.consumer and letter.key:
+            consumers[letter.consumer].append(letter.key)
+    for consumer, keys in consumers.items():
         store = InboxStore(settings.database_url, consumer)
         try:
-            for message_id in ids:
-                store.forget_attempts(message_id)
+            store.forget_attempts(keys)
         finally:
             store.close()

@@ -36,6 +36,7 @@ from tests.support.inbox import (
     recording,
     topology,
     value,
+    waiting,
     with_table,
 )
 from tests.support.inprocess import settings
@@ -94,12 +95,10 @@ def test_a_poison_message_is_dead_lettered_after_its_attempts_and_the_rest_flow(
     assert value(consumer, "inbox_failures_total", outcome="retried") == 2
     assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 1
     headers = dead_lettered[0].headers or {}
-    said = {k: headers[k] for k in ("x-inbox-error", "x-inbox-attempts", "x-inbox-consumer")}
-    assert said == {
-        "x-inbox-error": "ValueError: cannot process this one",
-        "x-inbox-attempts": 3,
-        "x-inbox-consumer": queue,
-    }
+    said = {k: headers[k] for k in ("x-inbox-attempts", "x-inbox-consumer")}
+    assert said == {"x-inbox-attempts": 3, "x-inbox-consumer": queue}
+    # Its type and where it was raised; its message may quote a payload: not kept.
+    assert str(headers["x-inbox-error"]).startswith("ValueError at tests.support.inbox:")
     assert headers["x-inbox-queue"] == queue
     first, last = (
         datetime.fromisoformat(str(headers[f"x-inbox-{n}-failure"])) for n in ("first", "last")
@@ -341,13 +340,9 @@ def test_dead_letters_are_listed_by_reason_and_moved_back_once_the_cause_is_fixe
 
     with consuming(with_effects, rabbit.url, queue, handler, flavour, **quick) as consumer:
         publish(rabbit.url, exchange, [("a", {}), ("b", {})])
-        wait_until(
-            lambda: value(consumer, "inbox_failures_total", outcome="dead_lettered") == 2,
-            30,
-            "both dead-lettered",
-        )
+        wait_until(lambda: waiting(rabbit.url, dead) == 2, 30, "both dead-lettered")
         listed = relay("list")
-        assert "2 dead letters" in listed and "ValueError: cannot process this one" in listed
+        assert "2 dead letters" in listed and "ValueError at tests.support.inbox" in listed
         assert "would move 1 " in relay("requeue", "--id", "a", "--dry-run")
         assert attempts(with_effects, queue, "a") == 2
         broken.clear()
@@ -357,3 +352,27 @@ def test_dead_letters_are_listed_by_reason_and_moved_back_once_the_cause_is_fixe
     assert calls["a"] == 3
     (left,) = drain(rabbit.url, dead, 1, timeout=5)
     assert left.message_id == "b"
+
+
+@pytest.mark.databases("postgresql", "sqlite")
+def test_a_requeued_letter_has_its_whole_schedule_again_whatever_its_key(
+    with_effects: str, rabbit: RabbitNode, capsys: pytest.CaptureFixture[str], flavour: str
+) -> None:
+    """Requeued while its cause is not fixed yet, a letter fails through its whole schedule
+    again (its attempts forgotten before it moves, not after: it could fail first), and one
+    keyed by its ce-id is chosen and forgotten by that key."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler, calls = recording(queue, fail=lambda _d: True)
+    quick = {"inbox_max_attempts": "2", "inbox_retry_delay": "0.1"}
+    environ = {"RELAY_DATABASE_URL": with_effects, "RELAY_AMQP_URL": rabbit.url}
+    with consuming(with_effects, rabbit.url, queue, handler, flavour, **quick) as consumer:
+        publish(rabbit.url, exchange, [("a", {}), (None, {"ce-id": "event-1"})])
+        wait_until(lambda: waiting(rabbit.url, dead) == 2, 30, "both dead-lettered")
+        for key in ("a", "event-1"):
+            assert main(["inbox", "requeue", "--id", key, "--queue", queue], environ) == 0
+            assert "moved 1 " in capsys.readouterr().out
+        wait_until(lambda: waiting(rabbit.url, dead) == 2, 30, "both dead-lettered again")
+        assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 4
+    assert (calls["a"], calls["event-1"]) == (4, 4)
+    letters = drain(rabbit.url, dead, 2, timeout=5)
+    assert sorted((letter.headers or {})["x-inbox-attempts"] for letter in letters) == [2, 2]
