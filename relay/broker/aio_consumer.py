@@ -186,6 +186,10 @@ class AsyncConsumer:
                 try:
                     message = await asyncio.wait_for(inbound.get(), self._tick)
                 except TimeoutError:
+                    # A connection lost while nothing was in hand raises nowhere: looked at
+                    # each tick, or the consumer would wait on it for good.
+                    if queue.channel.is_closed:
+                        raise ConnectionError("the broker's connection was lost") from None
                     continue
                 verdict = await self._handle(delivery_of(message))
                 try:
