@@ -19,8 +19,9 @@ holds its queue's subscriber alone. ``RELAY_INBOX_QUEUE`` names that queue (its 
 dead-letter queues are named after it).
 
 FastStream hands a subscriber's deliveries over concurrently; the middleware takes them one
-at a time, in the order they came (as the blocking and aio-pika inboxes do), so that a run's
-mark is only ever set for the one run under way. It answers the broker itself (on
+at a time, in the order they came, each from its processing to its answer (as the blocking
+and aio-pika inboxes do), so that a run's mark is only ever set for the one run under way. It
+answers the broker itself (on
 FastStream's channel, which has publisher confirms), after FastStream has published the
 handler's return value (to its ``@publisher`` targets, or as an RPC reply): that is, after
 the commit and before the ack. A delivery whose handler did not run to its commit (a
@@ -77,6 +78,7 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
     class InboxMiddleware(BaseMiddleware):
         verdict: Answer | None = None
         raw: AbstractIncomingMessage | None = None
+        holding = False  # ``one_at_a_time``, from the processing to the answer
 
         async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
             self.raw = msg.raw_message
@@ -87,13 +89,14 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
                 with self.context.scope(TRANSACTION, tx):
                     results.append(await call_next(msg))
 
-            async with one_at_a_time:
-                while True:
-                    await gate.passable()
-                    verdict = await inbox.process(handler, delivery)
-                    if not verdict.pause:
-                        break
-                    gate.close_until_database_answers()  # this delivery, uncounted, waits
+            await one_at_a_time.acquire()
+            self.holding = True
+            while True:
+                await gate.passable()
+                verdict = await _finished(inbox.process(handler, delivery))
+                if not verdict.pause:
+                    break
+                gate.close_until_database_answers()  # this delivery, uncounted, waits
             self.verdict = verdict
             if verdict.verdict is Verdict.ACK and results:  # run, and committed
                 return results[-1]
@@ -105,6 +108,13 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
             exc_val: BaseException | None = None,
             exc_tb: TracebackType | None = None,
         ) -> bool | None:
+            try:
+                return await self._answer(exc_val)
+            finally:
+                if self.holding:
+                    one_at_a_time.release()
+
+        async def _answer(self, exc_val: BaseException | None) -> bool | None:
             raw = self.raw
             if self.verdict is None or raw is None:  # the scope did not end: not answered
                 return None
@@ -132,6 +142,27 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
             return True  # answered here: nothing for FastStream to ack, reject or log
 
     return InboxMiddleware
+
+
+async def _finished(processing: Coroutine[Any, Any, Answer]) -> Answer:
+    """A delivery's processing, finished even when FastStream cancels its task (it does when
+    the delivery's channel closes, or the app stops): its transaction committed or rolled
+    back and its run's mark ended before the next delivery is taken, not cut off halfway (a
+    run cut off with its mark set was charged as a crash at its next delivery). The
+    cancellation goes on from there; the delivery, unanswered, comes again."""
+    task = asyncio.ensure_future(processing)
+    cancelled = False
+    while True:
+        try:
+            verdict = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return verdict
 
 
 class _Gate:
