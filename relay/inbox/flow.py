@@ -174,9 +174,11 @@ class Flow:
                 marked = True
                 if too_many_before(counted, self.inbox.inbox_max_attempts):
                     # Not run: its mark ended, or the next delivery (a dead letter the broker
-                    # refused comes back) would count a run that never was.
+                    # refused comes back) would count a run that never was. Its reason is
+                    # its last failure's: a crash, or what it was before the delivery came
+                    # again (its dead letter's ack lost, its dead letter held back).
                     yield call("ending a run", self.statements.end_run, key)
-                    return (yield from self._dead_letter(key, CRASHED))
+                    return (yield from self._dead_letter(key, None))
             return (yield from self._run(key, marked))
         except StoreError as exc:
             if marked:
@@ -249,27 +251,27 @@ class Flow:
         self.metrics.retried.inc()
         return answer
 
-    def _dead_letter(self, key: str, why: str) -> Steps[Answer]:
-        log.error(
-            "message %s dead-lettered after %d attempts: %s",
-            key,
-            self.inbox.inbox_max_attempts,
-            why,
-            extra={"action": "inbox_dead_letter", "message_id": key},
-        )
-        self.metrics.dead_lettered.inc()
+    def _dead_letter(self, key: str, why: str | None) -> Steps[Answer]:
+        """Dead-lettered with its counts and its last failure (``why`` where that is not
+        read, or it is not given)."""
         try:
             failures = yield call("reading attempts", self.statements.failures, key)
         except StoreError:  # the reason without its counts, rather than no dead letter
             failures = None
+        last = (failures.last_error if failures is not None else None) or why or CRASHED
+        log.error(
+            "message %s dead-lettered after %d attempts: %s",
+            key,
+            failures.attempts if failures is not None else self.inbox.inbox_max_attempts,
+            last,
+            extra={"action": "inbox_dead_letter", "message_id": key},
+        )
+        self.metrics.dead_lettered.inc()
         held = self.schedule.max_delay  # if the dead letters' queue refuses it
         if failures is None:
-            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(why, 0))
+            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(last, 0))
         reason = self._why(
-            failures.last_error or why,
-            failures.attempts,
-            first=failures.first_failed_at,
-            last=failures.last_failed_at,
+            last, failures.attempts, first=failures.first_failed_at, last=failures.last_failed_at
         )
         return Answer(Verdict.DEAD_LETTER, held, reason=reason)
 
