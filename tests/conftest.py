@@ -43,6 +43,7 @@ LAYERS = {
     "integration": pytest.mark.integration,
     "e2e": pytest.mark.e2e,
     "faults": pytest.mark.faults,
+    "model": pytest.mark.model,
     "cluster": pytest.mark.cluster,
     "spark": pytest.mark.spark,
     "deploy": pytest.mark.deploy,
