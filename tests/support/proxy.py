@@ -94,20 +94,26 @@ class TcpProxy:
     async def _pump(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, upstream: bool = False
     ) -> None:
-        while data := await source.read(65536):
-            if upstream and self.cut is not None and self.cut.exists():
-                # Whatever the client sent after asking (an ack, a statement) is lost with
-                # every connection.
-                self.cuts += 1
-                self._refusing_until = time.monotonic() + self._refuse_after_cut
-                for writer in list(self._writers):
-                    writer.transport.abort()
-                self.cut.unlink()
-                return
-            if self.mode == "blackhole":
-                continue
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            sink.write(data)
-            await sink.drain()
-        sink.transport.abort()
+        """Forward ``source`` to ``sink`` until either side goes; then the other side is cut
+        too, however this one went (a client SIGKILLed resets its socket: the read raises),
+        or the server's side stayed open under a dead client (PostgreSQL kept its
+        transaction, and the key it held, for good)."""
+        try:
+            while data := await source.read(65536):
+                if upstream and self.cut is not None and self.cut.exists():
+                    # Whatever the client sent after asking (an ack, a statement) is lost
+                    # with every connection.
+                    self.cuts += 1
+                    self._refusing_until = time.monotonic() + self._refuse_after_cut
+                    for writer in list(self._writers):
+                        writer.transport.abort()
+                    self.cut.unlink()
+                    return
+                if self.mode == "blackhole":
+                    continue
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                sink.write(data)
+                await sink.drain()
+        finally:
+            sink.transport.abort()
