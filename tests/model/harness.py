@@ -11,6 +11,8 @@ import collections
 import contextlib
 import json
 import multiprocessing
+import os
+import signal
 import threading
 import time
 import uuid
@@ -39,7 +41,6 @@ FLAVOURS = ("blocking", "asyncio", "faststream")
 # holds several deliveries when a consumer stops.
 MAX_ATTEMPTS = 3
 CONSUMER_SETTINGS = {
-    "RELAY_INBOX_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
     "RELAY_INBOX_IMMEDIATE_RETRIES": "1",
     "RELAY_INBOX_RETRY_DELAY": "0.05",
     "RELAY_INBOX_RETRY_DELAY_MAX": "0.2",
@@ -75,9 +76,17 @@ class FrontEnd:
     """One front end's consumer: its queue, directory, proxies and process."""
 
     def __init__(
-        self, flavour: str, queue: str, database_url: str, rabbit: RabbitNode, root: Path
+        self,
+        flavour: str,
+        queue: str,
+        *,
+        database_url: str,
+        rabbit: RabbitNode,
+        root: Path,
+        max_attempts: int,
     ) -> None:
         self.flavour = flavour
+        self.max_attempts = max_attempts
         self.queue = queue
         self.where = Where(root)
         self.where.runs.mkdir(parents=True)
@@ -115,6 +124,7 @@ class FrontEnd:
         self.where.database_cut.unlink(missing_ok=True)
         environ = {
             **CONSUMER_SETTINGS,
+            "RELAY_INBOX_MAX_ATTEMPTS": str(self.max_attempts),
             "RELAY_DATABASE_URL": self.database_url,
             "RELAY_AMQP_URL": self.broker.url(),
             "RELAY_INBOX_QUEUE": self.queue,
@@ -169,12 +179,25 @@ class Inboxes:
     """The three front ends, fed the same messages through one exchange; a supervisor thread
     starts again any that died."""
 
-    def __init__(self, rabbit: RabbitNode, database_urls: dict[str, str], root: Path) -> None:
+    def __init__(
+        self,
+        rabbit: RabbitNode,
+        database_urls: dict[str, str],
+        root: Path,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
         self.rabbit = rabbit
         self.exchange, queues, _dead = topology(rabbit.url, queues=len(FLAVOURS))
         self.context = forkserver()
         self.front_ends = [
-            FrontEnd(flavour, queue, database_urls[flavour], rabbit, root / flavour)
+            FrontEnd(
+                flavour,
+                queue,
+                database_url=database_urls[flavour],
+                rabbit=rabbit,
+                root=root / flavour,
+                max_attempts=max_attempts,
+            )
             for flavour, queue in zip(FLAVOURS, queues, strict=True)
         ]
         self.published: dict[str, tuple[list[str], str]] = {}
@@ -203,19 +226,22 @@ class Inboxes:
                     front_end.restarts += 1
                     front_end.start(self.context)
 
-    def publish(self, script: list[str]) -> str:
-        key = f"m-{len(self.published)}-{uuid.uuid4().hex[:6]}"
-        card = f"4111{uuid.uuid4().int % 10**12:012d}"
-        self.published[key] = (script, card)
+    def publish(self, *scripts: list[str]) -> list[str]:
+        """Each script's message, to every front end; their keys."""
         conn = pika.BlockingConnection(pika.URLParameters(self.rabbit.url))
         channel = conn.channel()
         channel.confirm_delivery()
-        body = json.dumps({"script": script, "card": card}).encode()
-        channel.basic_publish(
-            self.exchange, "", body, pika.BasicProperties(message_id=key, delivery_mode=2)
-        )
+        keys = []
+        for script in scripts:
+            key = f"m-{len(self.published)}-{uuid.uuid4().hex[:6]}"
+            card = f"4111{uuid.uuid4().int % 10**12:012d}"
+            self.published[key] = (script, card)
+            body = json.dumps({"script": script, "card": card}).encode()
+            properties = pika.BasicProperties(message_id=key, delivery_mode=2)
+            channel.basic_publish(self.exchange, "", body, properties)
+            keys.append(key)
         conn.close()
-        return key
+        return keys
 
     def restart(self) -> None:
         self._supervising.set()
@@ -293,3 +319,24 @@ def databases(kind: str, base_url: str | None, root: Path) -> dict[str, str]:
         metadata.create_all(engine)
         engine.dispose()
     return urls
+
+
+def kill(front_end: FrontEnd) -> None:
+    """SIGKILL, wherever the consumer is; returns once the supervisor started it again."""
+    process, restarts = front_end._process, front_end.restarts
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    until(lambda: front_end.restarts > restarts, 30, f"{front_end.flavour} started again")
+
+
+def processed(front_end: FrontEnd) -> int:
+    """Messages whose effects committed at ``front_end``."""
+    with front_end.engine.connect() as conn:
+        return int(
+            conn.scalar(
+                sa.select(sa.func.count()).where(
+                    effects.c.consumer == front_end.queue, effects.c.note == "full"
+                )
+            )
+            or 0
+        )
