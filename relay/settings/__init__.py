@@ -1,6 +1,7 @@
 """Settings: frozen objects, read once from ``RELAY_*`` variables, an env file and options; a
-module per component (``relay``, ``inbox``, ``tracing``) over one shared parser (``parse``)."""
+module per component (``relay``, ``inbox``, ``console``, ``tracing``) over one shared parser (``parse``)."""
 
+from relay.settings.console import ConsoleSettings
 from relay.settings.inbox import InboxSettings
 from relay.settings.parse import (
     ENV_FILE_VAR,
@@ -15,6 +16,7 @@ from relay.settings.tracing import TracingSettings
 
 __all__ = [
     "ENV_FILE_VAR",
+    "ConsoleSettings",
     "ENV_PREFIX",
     "InboxSettings",
     "SettingDoc",
