@@ -248,6 +248,7 @@ _partial_index(
     where=outbox.c.status == SENT,
 )
 
+
 # The operator console (``relay.db.console``) lists parked rows most recently parked first
 # (a parked row's ``next_attempt_at`` is when it was parked), by cause and by exchange, a
 # page at a time. Partial: a writer's INSERT (a pending row) adds no entry to any of them,

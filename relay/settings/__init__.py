@@ -1,5 +1,6 @@
 """Settings: frozen objects, read once from ``RELAY_*`` variables, an env file and options; a
-module per component (``relay``, ``inbox``, ``console``, ``tracing``) over one shared parser (``parse``)."""
+module per component (``relay``, ``inbox``, ``console``, ``tracing``) over one shared parser
+(``parse``)."""
 
 from relay.settings.console import ConsoleSettings
 from relay.settings.inbox import InboxSettings
@@ -16,8 +17,8 @@ from relay.settings.tracing import TracingSettings
 
 __all__ = [
     "ENV_FILE_VAR",
-    "ConsoleSettings",
     "ENV_PREFIX",
+    "ConsoleSettings",
     "InboxSettings",
     "SettingDoc",
     "Settings",

@@ -151,8 +151,7 @@ class ConsoleSettings(FromEnvironment):
     console_inbox_queues: tuple[str, ...] = setting(
         (),
         names,
-        "Queues consumed through the inbox whose dead letters the console shows "
-        "(comma-separated).",
+        "Queues consumed through the inbox whose dead letters the console shows (comma-separated).",
         shown="",
     )
 
