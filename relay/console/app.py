@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from prometheus_client import CollectorRegistry
@@ -172,5 +171,4 @@ async def _guard(
 
 
 def _error(console: Console, request: Request, status: int, reason: str) -> Response:
-    values: dict[str, Any] = {"status": status, "reason": reason}
-    return console.page(request, "error.html", None, status=status, **values)
+    return console.page(request, "error.html", None, status=status, code=status, reason=reason)

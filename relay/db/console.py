@@ -129,13 +129,10 @@ class ConsoleReads:
         (a recursive query: a skip scan), then each prefix's rows counted up to a cap and its
         first and last parking time (two index probes); prefixes of one cause merged."""
         parked = outbox.c.status == PARKED
-        first = sa.select(reason_key.label("p")).where(parked).order_by(reason_key).limit(1)
+        first = sa.select(sa.func.min(reason_key).label("p")).where(parked)
         steps = first.cte("prefixes", recursive=True)
         following = (
-            sa.select(reason_key)
-            .where(parked, reason_key > steps.c.p)
-            .order_by(reason_key)
-            .limit(1)
+            sa.select(sa.func.min(reason_key)).where(parked, reason_key > steps.c.p)
         ).scalar_subquery()
         steps = steps.union_all(sa.select(following).where(steps.c.p.is_not(None)))
         prefixes = list(
