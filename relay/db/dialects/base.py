@@ -246,8 +246,8 @@ class Dialect(abc.ABC):
         """The GRANT of ``privileges`` on ``table`` (of ``database``) to ``grantee``."""
         return f"GRANT {privileges} ON {table} TO {grantee}"
 
-    def writer_grants(self, grantee: str) -> list[str]:
-        """What a writer needs besides its INSERT."""
+    def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
+        """What inserting rows into ``tables`` needs besides the INSERT (their id's source)."""
         return []
 
     def url_problem(self, path: str, query: dict[str, list[str]]) -> str | None:

@@ -176,9 +176,9 @@ class PostgreSQL(Dialect):
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_unlock(*key)))
 
-    def writer_grants(self, grantee: str) -> list[str]:
-        # An INSERT that takes its id from the outbox's sequence needs to use it.
-        return [f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {grantee}"]
+    def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
+        # An INSERT that takes its id from a table's sequence needs to use it.
+        return [f"GRANT USAGE ON SEQUENCE {table}_id_seq TO {grantee}" for table in tables]
 
 
 def _connect_args(relay_session: bool, inbox_session: bool) -> dict[str, Any]:
