@@ -21,10 +21,11 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -126,6 +127,8 @@ def create_app(console: Console) -> Starlette:
         route("/login", login.login_form, ["POST"], "login_form"),
         route("/auth/callback", login.callback, ["GET"], "callback"),
         route("/logout", _logout, ["POST"], "logout"),
+        route("/healthz", _alive, ["GET"], "healthz"),
+        route("/readyz", _ready, ["GET"], "readyz"),
         Mount(
             "/static",
             StaticFiles(directory=str(resources.files("relay.console") / "static")),
@@ -134,6 +137,17 @@ def create_app(console: Console) -> Starlette:
     ]
     middleware = [Middleware(BaseHTTPMiddleware, dispatch=functools.partial(_guard, console))]
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+async def _alive(console: Console, request: Request) -> Response:
+    """Liveness: the process answers (nothing about the outbox: no login needed, none shown)."""
+    return PlainTextResponse("ok")
+
+
+async def _ready(console: Console, request: Request) -> Response:
+    """Readiness: the database answers."""
+    await run_in_threadpool(console.reads.now)
+    return PlainTextResponse("ok")
 
 
 async def _logout(console: Console, request: Request) -> Response:

@@ -37,6 +37,7 @@ from relay.db import console_rows
 from relay.db.clock import database_time
 from relay.db.console_rows import SUMMARY_COLUMNS, parked_time, summary
 from relay.db.decode import readable_text
+from relay.db.dialects import of
 from relay.db.due import due_backlog
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import (
@@ -52,10 +53,10 @@ from relay.db.statements import bounded_count
 from relay.records import PARKED, PENDING
 from relay.redact import redact_url
 
-# A cause's rows are counted exactly up to this many, and estimated by the planner beyond:
+# A reason's rows are counted exactly up to this many, and estimated by the planner beyond:
 # each counted row is an index entry and its heap tuple (an expression index is never read
-# alone), about 5 us here.
-CAUSE_EXACT_ROWS = 1000
+# alone), and a million parked rows may hold dozens of reasons (bench.console).
+CAUSE_EXACT_ROWS = 100
 reason_key = reason_prefix(outbox.c.last_error)
 
 
@@ -125,9 +126,11 @@ class ConsoleReads:
             return self._causes(conn)[0]
 
     def _causes(self, conn: sa.Connection) -> tuple[list[CauseGroup], bool]:
-        """Parked rows by cause: the distinct reason prefixes, read one index step each
-        (a recursive query: a skip scan), then each prefix's rows counted up to a cap and its
-        first and last parking time (two index probes); prefixes of one cause merged."""
+        """Parked rows by cause, in one statement: the distinct reason prefixes, one index
+        step each (a recursive query: a skip scan), and for each its first and last parking
+        time (an index probe each) and its rows counted up to ``CAUSE_EXACT_ROWS`` (an index
+        walk that stops there); beyond it, the planner's estimate. Prefixes of one cause
+        merged."""
         parked = outbox.c.status == PARKED
         first = sa.select(sa.func.min(reason_key).label("p")).where(parked)
         steps = first.cte("prefixes", recursive=True)
@@ -135,26 +138,39 @@ class ConsoleReads:
             sa.select(sa.func.min(reason_key)).where(parked, reason_key > steps.c.p)
         ).scalar_subquery()
         steps = steps.union_all(sa.select(following).where(steps.c.p.is_not(None)))
-        prefixes = list(
-            conn.scalars(
-                sa.select(steps.c.p).where(steps.c.p.is_not(None)).limit(CONSOLE_CAUSE_SCAN + 1)
-            )
+        mine = (parked, reason_key == steps.c.p)
+        beyond = (
+            sa.select(outbox.c.id).where(*mine).limit(1).offset(CAUSE_EXACT_ROWS).scalar_subquery()
         )
-        cut = len(prefixes) > CONSOLE_CAUSE_SCAN
-        groups: dict[str, list[tuple[str, int, bool, Any, Any]]] = defaultdict(list)
-        for prefix in prefixes[:CONSOLE_CAUSE_SCAN]:
-            rows = sa.select(outbox.c.id).where(parked, reason_key == prefix)
-            count = bounded_count(conn, rows, CAUSE_EXACT_ROWS)
-            times = conn.execute(
-                sa.select(sa.func.min(parked_time), sa.func.max(parked_time)).where(
-                    parked, reason_key == prefix
-                )
-            ).one()
-            shown = readable_text(prefix or "")
-            groups[cause_of(shown)].append(
-                (prefix, count, count > CAUSE_EXACT_ROWS, times[0], times[1])
+        counted = sa.select(sa.func.count()).where(*mine).scalar_subquery()
+        statement = (
+            sa.select(
+                steps.c.p,
+                sa.select(sa.func.min(parked_time)).where(*mine).scalar_subquery(),
+                sa.select(sa.func.max(parked_time)).where(*mine).scalar_subquery(),
+                sa.case((beyond.is_(None), counted), else_=sa.null()),
             )
-        found = [
+            .where(steps.c.p.is_not(None))
+            .limit(CONSOLE_CAUSE_SCAN + 1)
+        )
+        found = conn.execute(statement).all()
+        cut = len(found) > CONSOLE_CAUSE_SCAN
+        groups: dict[str, list[tuple[str, int, bool, Any, Any]]] = defaultdict(list)
+        for prefix, first_at, last_at, within in found[:CONSOLE_CAUSE_SCAN]:
+            rows = sa.select(outbox.c.id).where(parked, reason_key == prefix)
+            exact = within
+            estimate = None if exact is not None else of(conn).planner_estimate(conn, rows)
+            if exact is None and estimate is None:  # no planner to ask (SQLite): counted
+                counting = sa.select(sa.func.count()).select_from(rows.subquery())
+                exact = conn.execute(counting).scalar_one()
+            if exact is None:
+                count, estimated = max(CAUSE_EXACT_ROWS + 1, estimate or 0), True
+            else:
+                count, estimated = int(exact), False
+            groups[cause_of(readable_text(prefix))].append(
+                (prefix, count, estimated, first_at, last_at)
+            )
+        causes = [
             CauseGroup(
                 cause=cause,
                 prefixes=tuple(p for p, *_ in parts),
@@ -165,8 +181,8 @@ class ConsoleReads:
             )
             for cause, parts in groups.items()
         ]
-        found.sort(key=lambda g: (-g.rows, g.cause))
-        return found, cut
+        causes.sort(key=lambda g: (-g.rows, g.cause))
+        return causes, cut
 
     def _relays(self, conn: sa.Connection) -> list[RelayPresence]:
         live = conn.execute(
