@@ -250,6 +250,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replay", type=int, default=100_000)
     parser.add_argument("--quiet", type=float, default=10.0, help="seconds of a quiet round")
+    parser.add_argument(
+        "--parts", default="reads,indexes,replay", help="which measurements, comma-separated"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relay-console-") as tmp:
         pg = PostgresServer(Path(tmp) / "pg")
@@ -259,12 +262,14 @@ def main() -> int:
             url = pg.url("bench")
             migrate(url)
             conninfo = f"host=127.0.0.1 port={pg.port} user=postgres dbname=bench"
-            costs = index_cost(pg, conninfo, args)  # on empty tables, as bench.writers
+            parts = args.parts.split(",")
+            # The indexes' cost on empty tables, as bench.writers measures.
+            costs = index_cost(pg, conninfo, args) if "indexes" in parts else {}
             pg.psql("TRUNCATE outbox", database="bench")
             pg.psql(FILL.format(n=args.parked), database="bench")
             pg.psql("VACUUM ANALYZE outbox", database="bench")
-            read_ms = reads(url, args.repeats)
-            replay = replay_cost(pg, url, conninfo, args)
+            read_ms = reads(url, args.repeats) if "reads" in parts else {}
+            replay = replay_cost(pg, url, conninfo, args) if "replay" in parts else {}
         finally:
             pg.stop()
     summary = {

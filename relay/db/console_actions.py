@@ -6,13 +6,15 @@ Pinned to what the operator saw: a change names the ids, or a filter and the bou
 database's time when the page was drawn); a row parked after the bound is reported, never
 changed. A bulk change goes in chunks of ``CONSOLE_CHUNK_ROWS``, each its own short
 transaction, which locks parked rows only (no writer touches those) and updates its audit
-entry's count: an entry says what committed, even of a change cut short.
+entry's count (an entry says what committed, even of a change cut short), then a pause as
+long as the chunk took (``CONSOLE_CHUNK_PAUSE_SHARE``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.console.records import ActionResult, Actor, ParkedFilter
-from relay.constants import CONSOLE_CHUNK_ROWS
+from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
 from relay.db.console import parked_where
 from relay.db.console_rows import parked_time
@@ -70,6 +72,7 @@ def _text(bound: Any) -> str | None:
 class ConsoleActions:
     def __init__(self, url: str) -> None:
         self.engine = create_engine(url)
+        of(self.engine).short_reads(self.engine)
         self.where = redact_url(url)
 
     def replay(
@@ -243,6 +246,7 @@ class ConsoleActions:
         changed = 0
         audit_id: int | None = None
         for batch in batches:
+            began = time.monotonic()
             with transaction(self.engine, f"console {action}", self.where) as conn:
                 changed += chunk(conn, batch)
                 if audit_id is None:
@@ -255,6 +259,8 @@ class ConsoleActions:
                         .where(console_audit.c.id == audit_id)
                         .values(rows=changed)
                     )
+            # Paced: the database's time between chunks is the writers'.
+            time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
         with transaction(self.engine, f"console {action}", self.where) as conn:
             if audit_id is None:
                 self._audit(conn, actor, action, target=target, rows=0, result="done")

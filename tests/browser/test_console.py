@@ -149,7 +149,7 @@ def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
         assert page.locator("#replay-selected").count() == 0  # no such button for a viewer
         assert page.locator("#payload-hidden").count() == 0
         token = page.input_value("form.who input[name=csrf]")
-        form = {
+        form: dict[str, str | float | bool] = {
             "csrf": token,
             "action": "replay",
             "id": str(ids[0]),
@@ -163,9 +163,12 @@ def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
         operator = chromium.page()
         chromium.context.clear_cookies()
         log_in(operator, console.url, "otto")
-        without = {k: v for k, v in form.items() if k != "csrf"}
+        without: dict[str, str | float | bool] = {k: v for k, v in form.items() if k != "csrf"}
         assert operator.request.post(f"{console.url}/act", form=without).status == 403
-        forged = {**form, "csrf": token}  # the viewer's token, not this session's
+        forged: dict[str, str | float | bool] = {
+            **form,
+            "csrf": token,
+        }  # the viewer's token, not this session's
         assert operator.request.post(f"{console.url}/act", form=forged).status == 403
         assert chromium.dialogs == []
     assert statuses_of(sqlite_url, ids) == {ids[0]: "parked"}

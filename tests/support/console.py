@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from playwright.sync_api import BrowserContext, Page, sync_playwright
+from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
 
 from devtools.relayproc import relay_env
 from devtools.servers import free_port, port_open, wait_until
@@ -104,7 +104,11 @@ class ConsoleProcess:
 
     def __enter__(self) -> ConsoleProcess:
         env = relay_env(
-            RELAY_CONSOLE_PORT=str(self.port), RELAY_CONSOLE_METRICS_PORT="0", **self.env
+            **{
+                "RELAY_CONSOLE_PORT": str(self.port),
+                "RELAY_CONSOLE_METRICS_PORT": "0",
+                **self.env,
+            }
         )
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -146,7 +150,12 @@ class Browser:
 
     def page(self) -> Page:
         page = self.context.new_page()
-        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+        def dialog(opened: Dialog) -> None:
+            self.dialogs.append(opened.message)
+            opened.dismiss()
+
+        page.on("dialog", dialog)
         page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: self.errors.append(str(e)))
         return page

@@ -76,7 +76,7 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                     },
                 )
             elif url.path == "/jwks":
-                self._json(200, KeySet([provider.key]).as_dict(private=False))
+                self._json(200, dict(KeySet([provider.key]).as_dict(private=False)))
             elif url.path == "/authorize":
                 if (
                     query.get("client_id") != CLIENT_ID

@@ -70,6 +70,11 @@ class Dialect(abc.ABC):
     def async_engine(self, url: sa.URL) -> AsyncEngine:
         """An asyncio engine with an inbox's sessions (``relay.db.engine``)."""
 
+    def short_reads(self, engine: sa.Engine) -> None:
+        """Make ``engine``'s sessions plan for short reads only (the operator console's: a
+        page of an index, counts that stop at a cap)."""
+        return None  # nothing to set where the planner compiles nothing ahead
+
     def autocommit(self, engine: sa.Engine) -> sa.Engine:
         """``engine`` for statements that each commit on their own (the relay's claims and
         settles, whose transactions are explicit)."""
