@@ -265,6 +265,9 @@ CONSOLE_LOGIN_STATE_S = 600
 # a password.
 CONSOLE_LOGIN_ATTEMPTS = 5
 CONSOLE_LOGIN_WINDOW_S = 300
+# Names and addresses with failures the limiter keeps before it forgets those whose failures
+# have left the window (each a few hundred bytes).
+CONSOLE_LOGIN_KEYS_KEPT = 10_000
 # Password hashes (hashlib.scrypt): n=2**15, r=8, p=1 take about 32 MiB and 50-100 ms here,
 # the parameters RFC 7914 and OWASP name for interactive logins. Stored with each hash, so
 # raising them later leaves old hashes valid.

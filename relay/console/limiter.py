@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
+from relay.constants import CONSOLE_LOGIN_KEYS_KEPT
+
 
 class LoginLimiter:
     def __init__(self, attempts: int, window: float) -> None:
@@ -29,6 +31,17 @@ class LoginLimiter:
         return any(len(self._recent(key, now)) >= self.attempts for key in keys)
 
     def failed(self, keys: Iterable[str], now: float) -> None:
+        if len(self._failures) >= CONSOLE_LOGIN_KEYS_KEPT:
+            self.forget_before(now)
         for key in keys:
             self._recent(key, now)
             self._failures.setdefault(key, collections.deque()).append(now)
+
+    def forget_before(self, now: float) -> None:
+        """Every name and address whose failures have all left the window, forgotten: a
+        guesser trying many names does not grow the table for ever."""
+        for key in list(self._failures):
+            self._recent(key, now)
+
+    def __len__(self) -> int:
+        return len(self._failures)

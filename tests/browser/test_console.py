@@ -305,3 +305,36 @@ def test_openid_connect_logs_in_with_the_providers_groups(
             else:
                 assert page.inner_text("form.who span") == f"irene ({role})"
             assert chromium.dialogs == []
+
+
+def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (original,) = park(
+        sqlite_url,
+        [{"message_id": "typo", "routing_key": "order.payed", "payload": b"{}"}],
+        NO_ROUTE,
+    )
+    env = console_env(
+        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        page.goto(f"{console.url}/rows/{original}")
+        assert page.locator("form.edit").count() == 0  # an operator may not edit
+        chromium.context.clear_cookies()
+        log_in(page, console.url, "ada")
+        page.goto(f"{console.url}/rows/{original}")
+        page.fill("form.edit input[name=routing_key]", "order.paid")
+        page.click("form.edit button[type=submit]")
+        assert page.inner_text("#status") == "pending"
+        copy = int(page.url.rsplit("/", 1)[1])
+        assert copy != original and page.inner_text("#message-id") != "typo"
+        page.click(f"text=row {original}")
+        assert page.inner_text("#status") == "parked"
+        assert page.locator(f"text=row {copy}").count() == 1
+        assert chromium.dialogs == [] and chromium.errors == []
+    assert statuses_of(sqlite_url, [original, copy]) == {original: "parked", copy: "pending"}
+    (entry,) = audit_rows(sqlite_url)
+    assert (entry.actor, entry.role, entry.action) == ("ada", "admin", "edit_and_replay")

@@ -102,6 +102,14 @@ def test_failed_logins_are_refused_past_the_limit_until_the_window_passes() -> N
     assert not limiter.refused(keys, 300.5)
 
 
+def test_the_limiter_forgets_names_whose_failures_left_the_window() -> None:
+    limiter = LoginLimiter(attempts=3, window=300)
+    for n in range(100):
+        limiter.failed([f"user:guess-{n}"], now=n)
+    limiter.forget_before(now=350)
+    assert len(limiter) == 49  # the failures at 51 to 99 are still within the window
+
+
 @pytest.mark.parametrize(
     "address, trusted",
     [
