@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+from datetime import datetime
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -51,12 +52,21 @@ class _Change:
         return pairs + [("id", v) for v in self.ids] + [("letter", v) for v in self.letters]
 
 
-async def _chosen(console: Console, change: _Change) -> ParkedFilter:
+async def _bounded(console: Console, change: _Change) -> datetime:
+    """A change of parked rows needs the time its page was drawn, and one that has come: a
+    bound later than the database's time would sweep in rows parked after the page."""
     if change.bound is None:
-        raise InputError("bound: a bulk change needs the time its page was drawn")
+        raise InputError("bound: a change needs the time its page was drawn")
+    if change.bound > await run_in_threadpool(console.reads.now):
+        raise InputError("bound: later than the database's time; draw the page again")
+    return change.bound
+
+
+async def _chosen(console: Console, change: _Change) -> ParkedFilter:
+    bound = await _bounded(console, change)
     causes = await run_in_threadpool(console.reads.causes)
     by_cause = {group.cause: group.prefixes for group in causes}
-    return forms.parked_filter(change.fields, by_cause, change.bound)
+    return forms.parked_filter(change.fields, by_cause, bound)
 
 
 async def confirm(console: Console, request: Request) -> Response:
@@ -121,9 +131,8 @@ async def _act(console: Console, change: _Change, actor: Actor) -> ActionResult:
     if change.everything:
         chosen = await _chosen(console, change)
         return await run_in_threadpool(do, actor, None, chosen, change.bound)
-    if change.bound is None:
-        raise InputError("bound: a change needs the time its page was drawn")
-    return await run_in_threadpool(do, actor, forms.ids(change.ids), None, change.bound)
+    bound = await _bounded(console, change)
+    return await run_in_threadpool(do, actor, forms.ids(change.ids), None, bound)
 
 
 def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:

@@ -170,6 +170,9 @@ def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
             "csrf": token,
         }  # the viewer's token, not this session's
         assert operator.request.post(f"{console.url}/act", form=forged).status == 403
+        own = operator.input_value("form.who input[name=csrf]")
+        future = operator.request.post(f"{console.url}/act", form={**form, "csrf": own})
+        assert future.status == 400 and "later than the database" in future.text()
         assert chromium.dialogs == []
     assert statuses_of(sqlite_url, ids) == {ids[0]: "parked"}
     assert audit_rows(sqlite_url) == []
