@@ -250,3 +250,49 @@ TURNS_PER_LEASE = 3
 # gets its share within two turns (the others give up theirs at one, it takes at the next).
 # A turn is one short transaction on two tables of a few dozen rows.
 TURN_INTERVAL_MAX_S = 5.0
+
+# --- The operator console (relay.console) ---------------------------------------------------
+# A session idle this long ends (seconds): an unattended browser does not keep the power to
+# replay for a working day. Renewed by every request.
+CONSOLE_SESSION_IDLE_S = 900.0
+# A signing key shorter than this is refused: 32 random characters are 190 bits or more.
+CONSOLE_SESSION_SECRET_MIN = 32
+# A login (OIDC's round trip to the identity provider, or the login form) must finish
+# within this (seconds); its state cookie expires then.
+CONSOLE_LOGIN_STATE_S = 600
+# Failed logins allowed per user name and per address in the window (seconds) before logins
+# from them are refused until it has passed: enough for typing mistakes, far too few to guess
+# a password.
+CONSOLE_LOGIN_ATTEMPTS = 5
+CONSOLE_LOGIN_WINDOW_S = 300
+# Names and addresses with failures the limiter keeps before it forgets those whose failures
+# have left the window (each a few hundred bytes).
+CONSOLE_LOGIN_KEYS_KEPT = 10_000
+# Password hashes (hashlib.scrypt): n=2**15, r=8, p=1 take about 32 MiB and 50-100 ms here,
+# the parameters RFC 7914 and OWASP name for interactive logins. Stored with each hash, so
+# raising them later leaves old hashes valid.
+CONSOLE_SCRYPT_N = 2**15
+CONSOLE_SCRYPT_R = 8
+CONSOLE_SCRYPT_P = 1
+# A payload is shown as a preview of at most this many bytes: a megabyte payload is not
+# sent to a browser for a look.
+CONSOLE_PAYLOAD_PREVIEW_BYTES = 4096
+# Rows on a page of the list; and the rows of a key held behind a parked row, shown on its
+# page (the count beyond is said, not listed).
+CONSOLE_PAGE_ROWS = 50
+CONSOLE_HELD_ROWS = 20
+# Distinct last errors read to group parked rows by cause: each is a step of one index; a
+# table whose errors all differ (an id in each) shows this many and says there are more.
+CONSOLE_CAUSE_SCAN = 500
+# A bulk change moves this many rows per transaction: each transaction holds its row locks
+# (of parked rows only, which no writer touches) for milliseconds, and the relays see the
+# first chunks' rows while the rest are still moving.
+CONSOLE_CHUNK_ROWS = 200
+# After each chunk a bulk change pauses this share of the time the chunk took: writers get
+# the database (and, on a small host, its cores) back between chunks. Without a pause, a
+# 100,000-row replay raised four writers' p99 INSERT latency 1.33x on this 2-core machine
+# (bench.console).
+CONSOLE_CHUNK_PAUSE_SHARE = 1.0
+# Text the list and the causes show of a last error: the index on parked rows' errors holds
+# this prefix (an entry of a B-tree must stay under a third of a page).
+CONSOLE_REASON_PREFIX = 200

@@ -251,6 +251,47 @@ class InboxMetrics:
         ).labels(consumer)
 
 
+class ConsoleMetrics:
+    """The operator console's (``relay console``): its requests and the changes made through
+    it, in a registry of its own (or a host application's)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "console_requests_total",
+            "Requests the console answered, by route, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "console_request_seconds",
+            "Seconds the console took to answer a request, by route.",
+            ["route"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "console_actions_total",
+            "Changes made through the console (replay, discard, restore, edit_and_replay, "
+            "requeue_dead_letters), by result: done, refused (a role, a CSRF token) or failed.",
+            ["action", "result"],
+            registry=r,
+        )
+        self.rows_changed = Counter(
+            "console_rows_changed_total",
+            "Rows (or dead letters) the console's changes changed, by action.",
+            ["action"],
+            registry=r,
+        )
+        self.login_failures = Counter(
+            "console_login_failures_total",
+            "Failed or refused logins, by why: password, limited (too many failures), "
+            "provider (the identity provider's answer refused), no_role, proxy (identity "
+            "headers from an address that is not the proxy's).",
+            ["reason"],
+            registry=r,
+        )
+
+
 class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
 

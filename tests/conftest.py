@@ -47,6 +47,7 @@ LAYERS = {
     "cluster": pytest.mark.cluster,
     "spark": pytest.mark.spark,
     "deploy": pytest.mark.deploy,
+    "browser": pytest.mark.browser,
 }
 TESTS = Path(__file__).parent
 

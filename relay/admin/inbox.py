@@ -94,19 +94,27 @@ def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.dry_run:
         moved = [letter for letter in _letters(settings, args.queue) if chosen(letter)]
     else:
-        moved = dead_letters(
-            settings.amqp_urls,
-            settings.name,
-            settings.amqp_tls,
-            dead_letter_queue(args.queue),
-            move=chosen,
-            before_moving=lambda letters: _forget_attempts(settings, letters),
-        )
+        moved = requeue(settings, args.queue, chosen)
     verb = "would move" if args.dry_run else "moved"
     print(f"{verb} {len(moved)} dead letters back to their queue")
     for letter in moved[:_SHOWN]:
         print(f"  {letter.key}  ({letter.attempts} attempts: {letter.error})")
     return 0
+
+
+def requeue(
+    settings: Settings, queue: str, chosen: Callable[[DeadLetter], bool]
+) -> list[DeadLetter]:
+    """The dead letters of the inbox of ``queue`` that ``chosen`` picks, back to their queue,
+    their failed attempts forgotten first (``relay inbox requeue``, the console's)."""
+    return dead_letters(
+        settings.amqp_urls,
+        settings.name,
+        settings.amqp_tls,
+        dead_letter_queue(queue),
+        move=chosen,
+        before_moving=lambda letters: _forget_attempts(settings, letters),
+    )
 
 
 def _letters(settings: Settings, queue: str) -> list[DeadLetter]:

@@ -359,7 +359,7 @@ def test_migrate_refuses_a_downgrade_while_relays_hold_buckets(
         err = capsys.readouterr().err
         assert "a downgrade while relays hold buckets: relay-a (protocol 2, 64 buckets)" in err
         assert "or pass --force" in err
-        assert revision_of(database_url) == "0013"
+        assert revision_of(database_url) == "0014"
         store.close()
         assert main(["migrate", "--revision", "0012", "--downgrade"], environ) == 0
         assert revision_of(database_url) == "0012"

@@ -77,6 +77,11 @@ class Dialect(abc.ABC):
     def async_engine(self, url: sa.URL) -> AsyncEngine:
         """An asyncio engine with an inbox's sessions (``relay.db.engine``)."""
 
+    def short_reads(self, engine: sa.Engine) -> None:
+        """Make ``engine``'s sessions plan for short reads only (the operator console's: a
+        page of an index, counts that stop at a cap)."""
+        return None  # nothing to set where the planner compiles nothing ahead
+
     def autocommit(self, engine: sa.Engine) -> sa.Engine:
         """``engine`` for statements that each commit on their own (the relay's claims and
         settles, whose transactions are explicit)."""
@@ -255,8 +260,8 @@ class Dialect(abc.ABC):
         """The GRANT of ``privileges`` on ``table`` (of ``database``) to ``grantee``."""
         return f"GRANT {privileges} ON {table} TO {grantee}"
 
-    def writer_grants(self, grantee: str) -> list[str]:
-        """What a writer needs besides its INSERT."""
+    def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
+        """What inserting rows into ``tables`` needs besides the INSERT (their id's source)."""
         return []
 
     def url_problem(self, path: str, query: dict[str, list[str]]) -> str | None:
