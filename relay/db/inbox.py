@@ -155,12 +155,13 @@ class InboxStatements:
         self._mark_run = self.database.insert_or_ignore(inbox_attempts).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
         )
-        self._key_there = sa.select(sa.literal(1)).where(
+        self._key_there: sa.Select[Any] = sa.select(sa.literal_column("1")).where(
             inbox_received.c.consumer == sa.bindparam("consumer"),
             inbox_received.c.message_id == sa.bindparam("message_id"),
         )
+        self.key_there_sql = str(self._key_there.compile(dialect=dialect))
 
-    def error_facts(self, error: BaseException) -> list[str]:
+    def error_facts(self, error: BaseException) -> list[str] | None:
         """What the driver's ``error`` says that names no value (``Dialect.error_facts``)."""
         return self.database.error_facts(error)
 
@@ -184,12 +185,9 @@ class InboxStatements:
         80 us of Python more, a tenth of a delivery (bench.inbox). SQLAlchemy's transaction
         is the one psycopg begins here, and commits or rolls back as usual."""
         key = self.key_row(message_id)
-        driver = conn.connection.driver_connection
-        if isinstance(driver, psycopg.Connection):
-            try:
-                return driver.execute(self.key_sql, key).fetchone() is not None
-            except psycopg.Error as exc:
-                raise sa.exc.DBAPIError.instance(self.key_sql, key, exc, psycopg.Error) from exc
+        found = _row_through_psycopg(conn, self.key_sql, key)
+        if found is not None:
+            return found
         inserted = conn.execute(
             self.insert_key, key, execution_options={"preserve_rowcount": True}
         ).rowcount
@@ -199,8 +197,13 @@ class InboxStatements:
         """Whether the message's key is in ``conn``'s transaction, as the handler leaves it:
         inserted there, or committed (by a handler that committed its work through a door of
         its own: nothing is lost). Not there: the transaction that held it was rolled back
-        past ``Transaction``, and this one is another."""
-        return conn.execute(self._key_there, self.key_row(message_id)).first() is not None
+        past ``Transaction``, and this one is another. Straight through psycopg, as
+        ``add_key``: a look per delivery."""
+        key = self.key_row(message_id)
+        found = _row_through_psycopg(conn, self.key_there_sql, key)
+        if found is not None:
+            return found
+        return conn.execute(self._key_there, key).first() is not None
 
     def key_committed(self, conn: sa.Connection, message_id: str) -> bool:
         """Whether the message's key is committed, seen from a transaction of its own."""
@@ -308,6 +311,25 @@ class InboxStatements:
     @staticmethod
     def ping(conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT 1"))
+
+
+def _row_through_psycopg(conn: sa.Connection, sql: str, parameters: dict[str, str]) -> bool | None:
+    """Whether ``sql`` (compiled for psycopg) returns a row, run straight through psycopg's
+    blocking connection under ``conn``; None on another driver. Its error as SQLAlchemy's
+    would be, the connection invalidated when the error says it was lost (``lost``)."""
+    driver = conn.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        return None
+    try:
+        return driver.execute(sql, parameters).fetchone() is not None
+    except psycopg.Error as exc:
+        error: Any = exc  # psycopg's, which SQLAlchemy's dialect knows by its own name
+        gone = conn.dialect.is_disconnect(error, conn.connection.dbapi_connection, None)
+        if gone:
+            conn.invalidate(exc)
+        raise sa.exc.DBAPIError.instance(
+            sql, parameters, exc, psycopg.Error, connection_invalidated=gone
+        ) from exc
 
 
 def lost(exc: BaseException, conn: sa.Connection) -> bool:

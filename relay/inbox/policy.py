@@ -74,8 +74,9 @@ def key_text(message_id: object, headers: Mapping[str, object]) -> str | None:
 
 
 # A database error's facts that name no value: its SQLSTATE or error number, and the names of
-# the constraint, table and column it concerns (``relay.db.dialects``'s ``error_facts``).
-Facts = Callable[[BaseException], list[str]]
+# the constraint, table and column it concerns (``relay.db.dialects``'s ``error_facts``);
+# None for an error that is not a database driver's.
+Facts = Callable[[BaseException], list[str] | None]
 # Code a handler runs through that is not its own: the standard library, this package, and
 # the drivers and frameworks the inbox calls it through (a handler's own frames are the ones
 # an operator needs; an application installed as a package is its own all the same).
@@ -137,11 +138,18 @@ def _one(error: BaseException, facts: Facts, messages: bool) -> str:
     driver = getattr(error, "orig", None)  # SQLAlchemy's wrapper of the driver's error
     if isinstance(driver, BaseException):
         name = f"{name}: {type(driver).__name__}"
-        known = facts(driver)
+        known = facts(driver) or []
     else:
-        known = facts(error)
-    if known or isinstance(driver, BaseException):
-        return f"{name} ({', '.join(known)})" if known else name
+        found = facts(error)
+        if found is None:
+            return _described(error, name, messages)
+        known = found
+    return f"{name} ({', '.join(known)})" if known else name
+
+
+def _described(error: BaseException, name: str, messages: bool) -> str:
+    """An exception that is not a database's: its words where they are this package's own
+    (or with ``messages``), else its name."""
     if isinstance(error, StoreError):
         return f"{name}: {error.summary}" if error.summary else name
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""

@@ -226,8 +226,10 @@ class Wrapped(Exception):
         self.orig = orig
 
 
-def _facts(error: BaseException) -> list[str]:
-    return ["SQLSTATE 23505", "constraint cards_pan_key"] if isinstance(error, DriverError) else []
+def _facts(error: BaseException) -> list[str] | None:
+    return (
+        ["SQLSTATE 23505", "constraint cards_pan_key"] if isinstance(error, DriverError) else None
+    )
 
 
 def _value_error() -> None:
@@ -291,6 +293,13 @@ def test_a_failure_is_recorded_without_a_value(make: Any, messages: bool, parts:
     if not messages:
         assert "4111" not in recorded
     assert "parameters" not in recorded
+
+
+def test_a_drivers_error_without_facts_keeps_no_words() -> None:
+    """A database driver's error that says nothing of its own (no SQLSTATE: a client-side
+    error), raised by the handler straight from the driver: its name, never its message."""
+    recorded = describe(DriverError("4111"), lambda _e: [], messages=True)
+    assert recorded == "DriverError"
 
 
 def test_a_recorded_failure_is_bounded() -> None:

@@ -229,12 +229,12 @@ class Dialect(abc.ABC):
         cannot set it, or None."""
         return None
 
-    def error_facts(self, error: BaseException) -> list[str]:
+    def error_facts(self, error: BaseException) -> list[str] | None:
         """What the driver's ``error`` says that names no value (its SQLSTATE or error number,
         the constraint, table and column it concerns), for a record of a failure that must
         not hold a payload or a statement's parameters (``relay.inbox.policy.describe``);
-        empty for an error that is not this driver's."""
-        return []
+        None for an error that is not this driver's."""
+        return None
 
     # The Spark writer ---------------------------------------------------------------------
 

@@ -217,13 +217,13 @@ class MySQL(Dialect):
         plan_row = conn.exec_driver_sql(f"EXPLAIN {sql}").mappings().one()
         return int(plan_row["rows"] or 0)
 
-    def error_facts(self, error: BaseException) -> list[str]:
+    def error_facts(self, error: BaseException) -> list[str] | None:
         # mysqlclient's and PyMySQL's (aiomysql's) errors alike: (number, message); the
         # message quotes values ("Duplicate entry '4111...' for key 'pan'"), the key's name
         # is kept alone.
         args = getattr(error, "args", ())
         if type(error).__module__.partition(".")[0] not in ("MySQLdb", "pymysql"):
-            return []
+            return None
         if not args or not isinstance(args[0], int):
             return []
         facts = [f"MySQL error {args[0]}"]

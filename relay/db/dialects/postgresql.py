@@ -170,9 +170,9 @@ class PostgreSQL(Dialect):
         (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar_one()
         return int(plan["Plan"]["Plan Rows"])
 
-    def error_facts(self, error: BaseException) -> list[str]:
+    def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, psycopg.Error):
-            return []
+            return None
         facts = [f"SQLSTATE {error.sqlstate}"] if error.sqlstate else []
         diag = error.diag
         for name, value in (
@@ -182,7 +182,7 @@ class PostgreSQL(Dialect):
         ):
             if value:
                 facts.append(f"{name} {value}")
-        return facts or ["no SQLSTATE: the connection failed"]
+        return facts
 
     def prepare_merge(self, conn: sa.Connection) -> None:
         conn.execute(sa.text(f"SET LOCAL work_mem = '{MERGE_WORK_MEM}'"))

@@ -99,9 +99,11 @@ class SQLite(Dialect):
             )
         ).subquery("change")
 
-    def error_facts(self, error: BaseException) -> list[str]:
+    def error_facts(self, error: BaseException) -> list[str] | None:
+        if not isinstance(error, sqlite3.Error):
+            return None
         name = getattr(error, "sqlite_errorname", None)
-        if not isinstance(error, sqlite3.Error) or not name:
+        if not name:
             return []
         facts = [name]
         if name.startswith("SQLITE_CONSTRAINT"):
