@@ -48,6 +48,24 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.05)
 
 
+def wait_while_progressing(
+    left: Callable[[], int], stall: float, what: str, *, poll: float = 0.2
+) -> None:
+    """Until ``left()`` is 0, however long that takes while it keeps going down: fails
+    only once it has not gone down for ``stall`` seconds. For work whose speed is the
+    machine's (a backlog drained beside other work), where a deadline would measure the
+    machine, not the code."""
+    lowest = left()
+    since = time.monotonic()
+    while lowest > 0:
+        time.sleep(poll)
+        now = left()
+        if now < lowest:
+            lowest, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            raise ServerError(f"{what}: {lowest} left, none done for {stall:g}s")
+
+
 class RabbitNode:
     """A rabbitmq-server node named ``<name>-<pid>@127.0.0.1`` listening on 127.0.0.1.
 
