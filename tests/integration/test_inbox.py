@@ -319,10 +319,9 @@ def test_a_handler_failing_its_first_attempts_goes_through_every_retry_queue_onc
     # retry queue in turn, when the broker expired it there.
     retry_queues = [f"{queue}.retry.{ttl}ms" for ttl in (500, 1000, 2000)]
     assert {i: came_from[i] for i in ids} == {i: ["", "", *retry_queues] for i in ids}
-    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-    for name in retry_queues:  # empty again
-        assert conn.channel().queue_declare(name, passive=True).method.message_count == 0
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as conn:
+        for name in retry_queues:  # empty again
+            assert conn.channel().queue_declare(name, passive=True).method.message_count == 0
 
 
 def expired_from(headers: Mapping[str, object]) -> str:
