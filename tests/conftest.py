@@ -93,8 +93,8 @@ def collected(request: pytest.FixtureRequest) -> Iterator[None]:
     the connections hold themselves in reference cycles, which only the cycle collector
     frees, whenever it runs: the warning failed whichever test ran then. Collected here, it
     fails the test that left it, in its teardown. ``PYTHONTRACEMALLOC=20`` adds where the
-    object was made. Not for the unit layer: no servers, and a collection a test there would
-    double its time."""
+    object was made. Not for the unit layer: it has no servers, and a collection after each
+    of its tests would double its time."""
     yield
     if request.node.get_closest_marker("unit") is None:
         gc.collect()
