@@ -70,22 +70,20 @@ def _toml(value: Any) -> str:
 
 def declare_bound(url: str, exchange: str, queue: str) -> None:
     """A durable topic exchange and a durable queue bound to it for every routing key."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, exchange, "#")
 
 
 def fresh_queue(url: str, queue: str, arguments: dict[str, Any] | None = None) -> None:
     """``queue``, durable and empty: deleted and declared again (a queue still holding an
     earlier measurement's messages confirms more slowly), with ``arguments``."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.queue_delete(queue)
-    channel.queue_declare(queue, durable=True, arguments=arguments)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.queue_delete(queue)
+        channel.queue_declare(queue, durable=True, arguments=arguments)
 
 
 def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Delivered]:
@@ -93,8 +91,7 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
     for a moment, or the deadline passes; never trusts the queue's counters."""
     out: list[Delivered] = []
     deadline = time.monotonic() + timeout
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
         channel = conn.channel()
         quiet_since = None
         while time.monotonic() < deadline:
@@ -119,6 +116,4 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
                     props,
                 )
             )
-    finally:
-        conn.close()
     return out

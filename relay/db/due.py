@@ -67,13 +67,21 @@ def stored_sizes(dialect: sa.Dialect) -> tuple[sa.ColumnElement[int], sa.ColumnE
 
 
 def claim_statement(
-    dialect: sa.Dialect, owner: str, margin: float, *, ordered: bool, keyset: bool
+    dialect: sa.Dialect,
+    owner: str,
+    margin: float,
+    *,
+    ordered: bool,
+    keyset: bool,
+    window: bool = False,
 ) -> sa.Select[Any]:
     """The claim: due rows of ``owner``'s buckets bound as ``buckets`` that are leased to it
     for at least ``margin`` seconds more, at most ``limit`` of them, the rows bound as
     ``held`` and the exchanges bound as ``skip`` left out, reading on after the position
     ``after_at``, ``after_id`` (with ``keyset``) or from the start; with ``ordered``, a row
-    whose key has an earlier row pending is left out too.
+    whose key has an earlier row pending is left out too. With ``window`` (and ``ordered``),
+    only the first ``scan`` due rows not held (of every relay's buckets) are looked at
+    (``relay.constants.ORDERED_LOOK_PER_ROW`` says why).
 
     Payloads add up to at most ``max_bytes`` (the first row whatever its size with
     ``first_always``): their sizes are the database's to tell (``stored_sizes``), so a claim
@@ -104,25 +112,39 @@ def claim_statement(
     # row's payload is dropped where it is first read, before any step could copy it.
     lean = of(dialect).claims_carry_ids
     carried = [outbox.c.id] if lean else _unless_oversize(RAW_COLUMNS, oversize)
-    candidates = (
-        sa.select(
-            *carried,
-            _DUE_AT,
-            size.label("size"),
-            message_size.label("message_size"),
-            oversize.label("over"),
-        )
-        .where(
-            due_now(),
-            of(dialect).in_once(bucket_column(outbox.c.id), mine),
-            sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
-            sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
-        )
-        .order_by(outbox.c.next_attempt_at, outbox.c.id)
-        .limit(sa.bindparam("limit"))
-    )
+    ours = of(dialect).in_once(bucket_column(outbox.c.id), mine)
+    takeable = [
+        sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
+        sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
+    ]
     if keyset:
-        candidates = candidates.where(_after_position(lean))
+        takeable.append(_after_position(lean))
+    candidates = sa.select(
+        *carried,
+        _DUE_AT,
+        size.label("size"),
+        message_size.label("message_size"),
+        oversize.label("over"),
+    )
+    if ordered and window:
+        # The front of the backlog, of every relay's buckets: a bound the planners walk the
+        # due index for (with this relay's buckets in it, PostgreSQL misjudged how few rows
+        # match, and read and sorted all of them).
+        looked = (
+            sa.select(outbox.c.id)
+            .where(due_now(), *takeable)
+            .order_by(outbox.c.next_attempt_at, outbox.c.id)
+            .limit(sa.bindparam("scan", type_=sa.Integer()))
+            .subquery("looked")
+        )
+        candidates = candidates.select_from(outbox.join(looked, outbox.c.id == looked.c.id)).where(
+            ours
+        )
+    else:
+        candidates = candidates.where(due_now(), ours, *takeable)
+    candidates = candidates.order_by(outbox.c.next_attempt_at, outbox.c.id).limit(
+        sa.bindparam("limit")
+    )
     if ordered:
         earlier = outbox.alias("earlier")
         candidates = candidates.where(

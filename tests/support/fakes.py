@@ -255,13 +255,18 @@ class InMemoryStore:
         self._check()
         now = self.clock.now
         ids = []
+        # Looked up once per call, not per row: per row, 10,050 rows took a minute.
+        known = {s.row.message_id for s in self.rows.values()}
+        last = max(self.rows, default=0)
         for m in messages:
             message_id = m.message_id or str(uuid.uuid4())
-            if any(s.row.message_id == message_id for s in self.rows.values()):
+            if message_id in known:
                 raise StoreError(f"duplicate message_id {message_id}")
+            known.add(message_id)
             # Ids from the shared table, as a database sequence would give them.
+            last += 1
             row = OutboxRow(
-                max(self.rows, default=0) + 1,
+                last,
                 message_id,
                 m.exchange,
                 m.routing_key,
