@@ -73,9 +73,6 @@ def test_a_dead_letter_keeps_nothing_the_broker_would_refuse_or_expire(
     with consuming(
         with_effects, rabbit.url, queue, handler, flavour, inbox_max_attempts="1"
     ) as consumer:
-        conn = pika.BlockingConnection(pika.URLParameters(producer))
-        channel = conn.channel()
-        channel.confirm_delivery()
         properties = pika.BasicProperties(
             message_id="m-1",
             user_id=PRODUCER,
@@ -84,8 +81,10 @@ def test_a_dead_letter_keeps_nothing_the_broker_would_refuse_or_expire(
             headers={"tenant": "a"},
             delivery_mode=2,
         )
-        channel.basic_publish(exchange, "", b"{}", properties)
-        conn.close()
+        with pika.BlockingConnection(pika.URLParameters(producer)) as conn:
+            channel = conn.channel()
+            channel.confirm_delivery()
+            channel.basic_publish(exchange, "", b"{}", properties)
         (letter,) = drain(rabbit.url, dead, 1, timeout=30)
         assert value(consumer, "inbox_failures_total", outcome="dead_lettered") == 1
     assert letter.properties is not None
@@ -207,9 +206,8 @@ def test_faststream_publishes_a_handlers_return_value_once_after_its_commit(
     message (processed before) runs nothing and publishes nothing."""
     exchange, (queue,), _dead = topology(rabbit.url)
     target = f"{queue}.done"
-    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-    conn.channel().queue_declare(target, durable=True)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as conn:
+        conn.channel().queue_declare(target, durable=True)
     with faststream_with_a_publisher(with_effects, rabbit.url, queue, target) as inbox:
         publish(rabbit.url, exchange, [("m-1", {}), ("m-2", {}), ("m-1", {})])
         wait_until(lambda: value(inbox, "inbox_duplicates_total") == 1, 30, "the duplicate")

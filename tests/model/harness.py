@@ -228,19 +228,18 @@ class Inboxes:
 
     def publish(self, *scripts: list[str]) -> list[str]:
         """Each script's message, to every front end; their keys."""
-        conn = pika.BlockingConnection(pika.URLParameters(self.rabbit.url))
-        channel = conn.channel()
-        channel.confirm_delivery()
         keys = []
-        for script in scripts:
-            key = f"m-{len(self.published)}-{uuid.uuid4().hex[:6]}"
-            card = f"4111{uuid.uuid4().int % 10**12:012d}"
-            self.published[key] = (script, card)
-            body = json.dumps({"script": script, "card": card}).encode()
-            properties = pika.BasicProperties(message_id=key, delivery_mode=2)
-            channel.basic_publish(self.exchange, "", body, properties)
-            keys.append(key)
-        conn.close()
+        with pika.BlockingConnection(pika.URLParameters(self.rabbit.url)) as conn:
+            channel = conn.channel()
+            channel.confirm_delivery()
+            for script in scripts:
+                key = f"m-{len(self.published)}-{uuid.uuid4().hex[:6]}"
+                card = f"4111{uuid.uuid4().int % 10**12:012d}"
+                self.published[key] = (script, card)
+                body = json.dumps({"script": script, "card": card}).encode()
+                properties = pika.BasicProperties(message_id=key, delivery_mode=2)
+                channel.basic_publish(self.exchange, "", body, properties)
+                keys.append(key)
         return keys
 
     def restart(self) -> None:

@@ -221,11 +221,8 @@ def attempts(database_url: str, consumer: str, key: str) -> int:
 def waiting(url: str, queue: str) -> int:
     """Messages ready in ``queue`` (a dead-letter queue, which nothing consumes): the letters
     published there, which the consumer's metric counts a moment before."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
         return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
 
 
 def copies(consumer: AnyInbox, expected: int) -> bool:
