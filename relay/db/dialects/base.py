@@ -195,6 +195,10 @@ class Dialect(abc.ABC):
         """A stored value's length in bytes, without reading it where the database can."""
         return sa.func.octet_length(value)
 
+    def stored_bytes(self, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """A binary column's value as the claim reads it: the bytes stored."""
+        return value  # a binary column holds bytes only
+
     @abc.abstractmethod
     def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
         """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
