@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from relay.constants import PROTOCOL_BEFORE_FENCES, TURN_INTERVAL_MAX_S
+from relay.db.buckets import holders
 from relay.db.clock import database_time
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import outbox_buckets, outbox_relays
@@ -54,31 +55,24 @@ def migrate(
 
 def live_relays(conn: sa.Connection) -> list[LiveRelay]:
     """The relays present (a presence row renewed within a turn's longest interval: those
-    waiting renew theirs every turn) or holding buckets under a live lease, by name; none
-    on a schema before owned buckets (0005). A relay of a release before protocols (or a
-    schema before 0012) speaks protocol 1."""
+    waiting renew theirs every turn) or holding buckets under a live lease, present or not
+    (``relay.db.buckets.holders``, as the fence counts them), by name; none on a schema
+    before owned buckets (0005). A relay of a release before protocols (or a schema before
+    0012) speaks protocol 1."""
     inspector = sa.inspect(conn)
     if not inspector.has_table(outbox_buckets.name):
         return []
-    said = {column["name"] for column in inspector.get_columns(outbox_relays.name)}
+    columns = {column["name"] for column in inspector.get_columns(outbox_relays.name)}
     relay = outbox_relays.c
-    protocol = relay.protocol if "protocol" in said else sa.null()
+    protocol = relay.protocol if "protocol" in columns else sa.null()
     present = sa.select(relay.owner, protocol).where(
         relay.alive_until > database_time(-TURN_INTERVAL_MAX_S)
     )
-    protocols = {owner: said_protocol for owner, said_protocol in conn.execute(present)}
-    lease = outbox_buckets.c
-    holding = (
-        sa.select(lease.owner, sa.func.count())
-        .where(lease.owner.is_not(None), lease.lease_until > database_time())
-        .group_by(lease.owner)
-    )
-    held = {owner: int(count) for owner, count in conn.execute(holding)}
-    owners = sorted(protocols.keys() | held.keys())
-    return [
-        LiveRelay(owner, protocols.get(owner) or PROTOCOL_BEFORE_FENCES, held.get(owner, 0))
-        for owner in owners
-    ]
+    protocols = {owner: said or PROTOCOL_BEFORE_FENCES for owner, said in conn.execute(present)}
+    held: dict[str, int] = {}
+    for owner, said, buckets in conn.execute(holders(protocol)):
+        protocols[owner], held[owner] = said, int(buckets)
+    return [LiveRelay(owner, protocols[owner], held.get(owner, 0)) for owner in sorted(protocols)]
 
 
 def _steps(config: Config, conn: sa.Connection, revision: str, downgrade: bool) -> list[int | None]:

@@ -14,13 +14,15 @@ from alembic.migration import MigrationContext
 
 from devtools.outbox import statuses
 from relay.cli import main
+from relay.constants import PROTOCOL
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time, seconds_between
-from relay.db.migrate import migrate
+from relay.db.migrate import live_relays, migrate
 from relay.db.outbox import OutboxWriter
-from relay.db.schema import metadata, outbox
+from relay.db.schema import metadata, outbox, outbox_buckets
 from relay.errors import SchemaMissingError, StoreError
 from relay.records import NewMessage, SettleBatch
+from relay.upgrade import LiveRelay
 from tests.support.privileges import definer_functions
 
 
@@ -405,6 +407,34 @@ def test_migrate_refuses_a_migration_older_relays_cannot_run_beside(
     assert main(["migrate"], environ) == 0
     assert "live relay idle: protocol 1, 0 buckets" in capsys.readouterr().out
     assert differences(database_url) == []
+
+
+def test_migrate_and_the_fence_see_the_same_bucket_holders(database_url: str) -> None:
+    """A relay that holds buckets is live to ``relay migrate``, whether present or not: one
+    of this release that cannot publish says its protocol while it holds any; one that says
+    none, or has left the relays (a release before protocols, when its broker went away),
+    is of protocol 1."""
+    store = ClaimStore(database_url, "relay-a", 60.0)
+    writer = OutboxWriter(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        store.turn()
+        writer.enqueue([NewMessage(b"x", "ex", "k")])
+        assert len(store.claim(10, 2**62)) == 1
+        store.turn(active=False)  # it keeps the bucket of the row it holds
+        with engine.begin() as conn:  # another bucket leased to relay-old, not present
+            conn.execute(
+                sa.update(outbox_buckets)
+                .where(outbox_buckets.c.owner.is_(None), outbox_buckets.c.bucket == 63)
+                .values(owner="relay-old", lease_until=database_time(60))
+            )
+        with engine.connect() as conn:
+            live = live_relays(conn)
+        assert live == [LiveRelay("relay-a", PROTOCOL, 1), LiveRelay("relay-old", 1, 1)]
+    finally:
+        engine.dispose()
+        writer.close()
+        store.close()
 
 
 def test_a_relay_on_a_schema_it_needs_migrated_names_the_missing_table(database_url: str) -> None:
