@@ -151,7 +151,7 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     if settings.metrics_port:
         try:
             server = HealthServer(
-                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.ready
+                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.unready
             )
         except OSError as exc:
             raise ConfigError(

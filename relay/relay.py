@@ -213,8 +213,18 @@ class Relay:
     def alive(self) -> bool:
         return self._clock() - self._last_beat < LIVENESS_LIMIT_S
 
+    def unready(self) -> str | None:
+        """Why this relay cannot work now, or None: it is ready (``/readyz``). A relay
+        waiting on a protocol fence is ready: its turns work, and it takes its share once
+        the relays in its way have stopped (a rollout must go on to stop them)."""
+        if (problem := self.store.problem) is not None:
+            return problem
+        if not self.publisher.state().connected:
+            return "no confirm channel to the broker (see the broker_retry log lines)"
+        return None
+
     def ready(self) -> bool:
-        return self.store.ok and self.publisher.state().connected
+        return self.unready() is None
 
     def _beat(self) -> None:
         self._last_beat = self._clock()

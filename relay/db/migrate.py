@@ -9,13 +9,14 @@ run beside, and any downgrade, is refused while such a relay holds buckets, unle
 from __future__ import annotations
 
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import sqlalchemy as sa
 
 from relay.constants import PROTOCOL_BEFORE_FENCES, TURN_INTERVAL_MAX_S
 from relay.db.buckets import holders
 from relay.db.clock import database_time
+from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import outbox_buckets, outbox_relays
 from relay.errors import ConfigError, MigrationRefusedError
@@ -26,12 +27,23 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 
+class Migrated(NamedTuple):
+    """What ``migrate`` found: the live relays before it moved; and, when the schema was
+    newer than this release's newest migration and left as it was, both revisions."""
+
+    live: list[LiveRelay]
+    ahead: tuple[str, str] | None = None  # the schema's revision, this release's newest
+
+
 def migrate(
     url: str, revision: str = "head", *, downgrade: bool = False, force: bool = False
-) -> list[LiveRelay]:
-    """Move the database to ``revision`` (down to it with ``downgrade``); returns the live
-    relays found before. Refused (``MigrationRefusedError``, nothing changed) while live
-    relays stand in its way (``relay.upgrade.blockers``), unless ``force``."""
+) -> Migrated:
+    """Move the database to ``revision`` (down to it with ``downgrade``). Refused
+    (``MigrationRefusedError``, nothing changed) while live relays stand in its way
+    (``relay.upgrade.blockers``), unless ``force``. One at a time on a database: the next
+    waits for the lock (``Dialect.lock_migrations``). A schema a later release migrated
+    is left as it is by an upgrade to this release's newest (a rollback's pods run one
+    before they start: the schema's least protocol says whether they may claim)."""
     # Alembic is imported here, not with the module: the CLI imports this module for every
     # command, and only `relay migrate` needs Alembic.
     from alembic import command
@@ -42,13 +54,16 @@ def migrate(
     engine = create_engine(url)
     try:
         with transaction(engine, "migrate", redact_url(url)) as conn:
+            of(conn).lock_migrations(conn)
             live = live_relays(conn)
+            if revision == "head" and not downgrade and (ahead := _ahead(config, conn)):
+                return Migrated(live, ahead)
             least = least_protocol(_steps(config, conn, revision, downgrade))
             if (standing := blockers(live, least, downgrade)) and not force:
                 raise MigrationRefusedError(_refusal(standing, least, downgrade))
             config.attributes["connection"] = conn
             (command.downgrade if downgrade else command.upgrade)(config, revision)
-        return live
+        return Migrated(live)
     finally:
         engine.dispose()
 
@@ -73,6 +88,19 @@ def live_relays(conn: sa.Connection) -> list[LiveRelay]:
     for owner, said, buckets in conn.execute(holders(protocol)):
         protocols[owner], held[owner] = said, int(buckets)
     return [LiveRelay(owner, protocols[owner], held.get(owner, 0)) for owner in sorted(protocols)]
+
+
+def _ahead(config: Config, conn: sa.Connection) -> tuple[str, str] | None:
+    """The schema's revision and this release's newest, when this release's migrations do
+    not know the schema's (a later release's); else None."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    current = MigrationContext.configure(conn).get_current_revision()
+    script = ScriptDirectory.from_config(config)
+    if current is None or current in {step.revision for step in script.walk_revisions()}:
+        return None
+    return current, str(script.get_current_head())
 
 
 def _steps(config: Config, conn: sa.Connection, revision: str, downgrade: bool) -> list[int | None]:

@@ -299,6 +299,57 @@ def test_a_relay_that_cannot_renew_its_lease_publishes_nothing_once_it_runs_shor
     run(scenario())
 
 
+def test_a_relay_whose_turns_fail_is_not_ready_saying_why_though_its_claims_work() -> None:
+    """Its claims and settles work (their success said it ready again): it is not ready while
+    its turns fail, with their error, nor said available; ready once a turn works."""
+    store = TurnsFail()
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(relay.ready)
+        store.turns_fail = True
+        await wait(lambda: not relay.ready())
+        fill(store, 5)
+        await wait(lambda: set(statuses(store).values()) == {SENT})  # claimed and settled
+        errors = sample_value(relay.metrics, "relay_database_errors_total")
+        ready_between = False
+        while sample_value(relay.metrics, "relay_database_errors_total") < errors + 4:
+            ready_between |= relay.ready()  # claims (polls) work between the failed turns
+            await asyncio.sleep(0.001)
+        assert not ready_between
+        assert relay.unready() == "the database's turns fail: turn failed (simulated)"
+        assert sample_value(relay.metrics, "relay_database_connected") == 0
+        store.turns_fail = False
+        await wait(relay.ready)
+        assert sample_value(relay.metrics, "relay_database_connected") == 1
+        relay.stop()
+        await task
+
+    run(scenario())
+
+
+def test_a_relay_waiting_on_a_protocol_fence_is_ready() -> None:
+    """Its turns work: it is ready, so that a rollout goes on and stops the older relays it
+    waits for."""
+    store = InMemoryStore()
+    older = InMemoryStore("older", clock=store.clock, protocol=None)
+    older.rows, older.buckets, older.relays = store.rows, store.buckets, store.relays
+    older.turn()
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: sample_value(relay.metrics, "relay_fenced") == 1)
+        assert relay.ready()
+        relay.stop()
+        await task
+
+    run(scenario())
+
+
 def acked_order(ordered: bool) -> dict[str, list[int]]:
     """Rows of three keys, interleaved; the first attempt of each key's first row is nacked.
     Returns, per key, the ids in the order the broker acked them."""

@@ -244,6 +244,14 @@ class Dialect(abc.ABC):
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         raise NotImplementedError(f"{self.name} holds no staging table locks")
 
+    # Migrations ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        """Wait for the lock of this database's migrations, and hold it while ``conn`` is
+        open: one ``relay migrate`` at a time, the next reading the schema as the one before
+        left it (two at once failed on the tables the first was creating)."""
+
     # Roles and settings -------------------------------------------------------------------
 
     def grant(self, privileges: str, table: str, grantee: str, database: str) -> str:

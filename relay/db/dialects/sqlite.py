@@ -115,6 +115,12 @@ class SQLite(Dialect):
     def still_open(self, driver: Any) -> bool:
         return bool(getattr(driver, "in_transaction", True))
 
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        # The write lock, taken first (the driver begins a transaction only before a row's
+        # change, so the migration's reads and DDL ran outside one): another `relay migrate`
+        # waits for it at its start, for the busy timeout, and reads the schema it left.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
     def url_problem(self, path: str, query: dict[str, list[str]]) -> str | None:
         if path in ("", "/", "/:memory:") or "memory" in query.get("mode", []):
             # An in-memory database lives and dies with one connection: the relay and its
