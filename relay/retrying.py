@@ -118,6 +118,10 @@ class RetryingStore:
         self._turned = True
         return asked_at + seconds
 
+    def may_hold(self, first: int, last: int) -> bool:
+        """The store's own (no I/O: not retried)."""
+        return self._store.may_hold(first, last)
+
     async def hasten(self, exchanges: Sequence[str]) -> int:
         return await self._call("hasten", functools.partial(self._store.hasten, exchanges))
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from relay.broker.confirms import ConfirmWindow
 from relay.broker.quarantine import Quarantine
-from relay.buckets import Fence, bucket_of, fence, retired, turn
+from relay.buckets import Fence, any_in, bucket_of, fence, retired, turn
 from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS, PROTOCOL, PROTOCOL_BEFORE_FENCES
 from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease, Waiting
@@ -157,6 +157,9 @@ class InMemoryStore:
             if until > now - self.lease
         }
         return fence(self.protocol, holding, announced, least=max(self.admits))
+
+    def may_hold(self, first: int, last: int) -> bool:
+        return any_in(first, last, self._claim_from)
 
     def _owns(self, row_id: int, *, leased: bool = True) -> bool:
         """The row's bucket is this relay's: under a lease with more than the margin left, or
