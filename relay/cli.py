@@ -183,10 +183,20 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     --downgrade move it down to --revision. Lists the live relays first, and refuses while
     relays of a protocol the migration does not admit hold buckets (any relay holding
     buckets, for a downgrade), unless --force."""
-    live = migrate(settings.database_url, args.revision, downgrade=args.downgrade, force=args.force)
-    for relay in live:
+    migrated = migrate(
+        settings.database_url, args.revision, downgrade=args.downgrade, force=args.force
+    )
+    for relay in migrated.live:
         print(f"live relay {relay.owner}: protocol {relay.protocol}, {relay.buckets} buckets")
-    print(f"outbox schema is at revision {args.revision}")
+    if migrated.ahead is not None:
+        schema, newest = migrated.ahead
+        print(
+            f"outbox schema is at revision {schema}, newer than this release's ({newest}): "
+            "left as it is (a relay of this release runs on it while the schema admits its "
+            "protocol)"
+        )
+    else:
+        print(f"outbox schema is at revision {args.revision}")
     return EXIT_OK
 
 

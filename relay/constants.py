@@ -80,6 +80,12 @@ PROBE_IDLE_BACKOFF = 8
 # defaults (a row's times and message id).
 MARIADB_MIN_VERSION = (10, 6)
 MYSQL_MIN_VERSION = (8, 0, 13)
+# `relay migrate` runs one at a time on a database (every new pod of the Deployment runs one
+# before it starts): the next waits this long for the one before (seconds; a migration that
+# rewrites a big table can take minutes), then fails and is run again by its pod. The lock's
+# key on PostgreSQL (its advisory locks are a database's own): "outbox migrate" in ASCII.
+MIGRATION_LOCK_WAIT_S = 600
+MIGRATION_LOCK_KEY = 0x6F7574626F786D
 # SQLite has one writer at a time: others queue for up to this long instead of failing at once
 # with "database is locked" (milliseconds; the same value for Spark's JDBC writer).
 SQLITE_BUSY_TIMEOUT_MS = 30_000

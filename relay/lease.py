@@ -75,6 +75,18 @@ def margin_for(confirm_timeout: float) -> float:
     return confirm_timeout + watch_period(confirm_timeout) + min(HALF_OPEN_CLOSE_S, confirm_timeout)
 
 
+def longest_confirm_timeout(lease: float) -> float:
+    """The confirm timeouts a lease of ``lease`` seconds outlives twice (``margin_for``: what
+    the settings ask) are those below this: ``margin_for`` inverted, piece by piece."""
+    half = lease / 2
+    whole_watch = 4 * WATCH_PERIOD_MAX_S  # from here the watcher looks every second
+    if half <= margin_for(whole_watch):  # the watcher a quarter, the close as long
+        return half / (2 + 1 / 4)
+    if half <= margin_for(HALF_OPEN_CLOSE_S):  # the close as long
+        return (half - WATCH_PERIOD_MAX_S) / 2
+    return half - WATCH_PERIOD_MAX_S - HALF_OPEN_CLOSE_S
+
+
 class Lease:
     def __init__(self, margin: float, clock: Callable[[], float] = lease_clock) -> None:
         self.margin = margin

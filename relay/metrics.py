@@ -121,7 +121,9 @@ class Metrics:
             registry=r,
         )
         self.database_connected = Gauge(
-            "relay_database_connected", "1 while the last database call succeeded.", registry=r
+            "relay_database_connected",
+            "1 while the database calls work: 0 while one kind (claims, settles, turns) fails.",
+            registry=r,
         )
         self.store_errors = Counter(
             "relay_database_errors_total",
@@ -302,7 +304,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class HealthServer:
-    """Serves /metrics, /healthz (the loop is alive) and /readyz (database and broker up)."""
+    """Serves /metrics, /healthz (the loop is alive) and /readyz (the relay can work: 503
+    with the reason why not, which ``unready`` gives)."""
 
     def __init__(
         self,
@@ -310,11 +313,11 @@ class HealthServer:
         host: str,
         port: int,
         alive: Callable[[], bool],
-        ready: Callable[[], bool],
+        unready: Callable[[], str | None],
     ) -> None:
         self._metrics_app = make_wsgi_app(metrics.registry)
         self._alive = alive
-        self._ready = ready
+        self._unready = unready
         self._server = make_server(
             host, port, self._app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
         )
@@ -333,10 +336,12 @@ class HealthServer:
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path in ("/healthz", "/readyz"):
-            ok = self._alive() if path == "/healthz" else self._ready()
-            status = "200 OK" if ok else "503 Service Unavailable"
+            why = (
+                (None if self._alive() else "not alive") if path == "/healthz" else self._unready()
+            )
+            status = "200 OK" if why is None else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n" if ok else b"unavailable\n"]
+            return [b"ok\n" if why is None else f"unavailable: {why}\n".encode()]
         if path == "/metrics":
             return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])

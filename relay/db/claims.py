@@ -33,7 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.buckets import Fence, retired
+from relay.buckets import Fence, any_in, retired
 from relay.constants import (
     BACKLOG_EXACT_ROWS,
     MAX_MESSAGE_SIZE,
@@ -252,6 +252,9 @@ class ClaimStore:
         ]
         rows.sort(key=_ID)
         return rows
+
+    def may_hold(self, first: int, last: int) -> bool:
+        return any_in(first, last, self._claim_from)
 
     def settle(self, batch: SettleBatch) -> None:
         if not batch:

@@ -31,7 +31,6 @@ from relay.records import PENDING, BacklogStats
 # The claimed columns as the driver returns them, without SQLAlchemy's result processing
 # (``relay.db.decode`` says why).
 _RAW = sa.types.NullType()
-RAW_COLUMNS = [sa.type_coerce(c, _RAW).label(c.name) for c in ROW_COLUMNS]
 # A claimed row's place in the due order, as the driver returns it: bound back unchanged
 # (``relay.held``'s position), it compares with the stored values as they compare among
 # themselves.
@@ -55,6 +54,13 @@ def due_backlog(conn: sa.Connection, exact_upto: int) -> BacklogStats:
     count = bounded_count(conn, due_ids, exact_upto)
     age = conn.execute(oldest).scalar_one()
     return BacklogStats(due=count, oldest_due_age=max(0.0, age or 0.0))
+
+
+def _read_columns(dialect: sa.Dialect) -> list[sa.Label[Any]]:
+    """``ROW_COLUMNS`` as the claim reads them: as the driver returns them, the payload as
+    the bytes stored (``Dialect.stored_bytes``)."""
+    read = {outbox.c.payload.name: of(dialect).stored_bytes(outbox.c.payload)}
+    return [sa.type_coerce(read.get(c.name, c), _RAW).label(c.name) for c in ROW_COLUMNS]
 
 
 def stored_sizes(dialect: sa.Dialect) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
@@ -111,7 +117,8 @@ def claim_statement(
     # per claimed row, ids only 7.7 us. Elsewhere the columns are carried, and an oversized
     # row's payload is dropped where it is first read, before any step could copy it.
     lean = of(dialect).claims_carry_ids
-    carried = [outbox.c.id] if lean else _unless_oversize(RAW_COLUMNS, oversize)
+    row_columns = _read_columns(dialect)
+    carried = [outbox.c.id] if lean else _unless_oversize(row_columns, oversize)
     ours = of(dialect).in_once(bucket_column(outbox.c.id), mine)
     takeable = [
         sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
@@ -182,7 +189,7 @@ def claim_statement(
     )
     if lean:
         source: sa.FromClause = outbox.join(sized, outbox.c.id == sized.c.id)
-        columns = _unless_oversize(RAW_COLUMNS, sized.c.over)
+        columns = _unless_oversize(row_columns, sized.c.over)
     else:
         source = sized
         columns = [sized.c[col.name] for col in ROW_COLUMNS]

@@ -207,6 +207,10 @@ class Dialect(abc.ABC):
         """A stored value's length in bytes, without reading it where the database can."""
         return sa.func.octet_length(value)
 
+    def stored_bytes(self, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """A binary column's value as the claim reads it: the bytes stored."""
+        return value  # a binary column holds bytes only
+
     @abc.abstractmethod
     def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
         """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
@@ -253,6 +257,14 @@ class Dialect(abc.ABC):
 
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         raise NotImplementedError(f"{self.name} holds no staging table locks")
+
+    # Migrations ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        """Wait for the lock of this database's migrations, and hold it while ``conn`` is
+        open: one ``relay migrate`` at a time, the next reading the schema as the one before
+        left it (two at once failed on the tables the first was creating)."""
 
     # Roles and settings -------------------------------------------------------------------
 

@@ -32,12 +32,13 @@ from relay.constants import (
     DB_STATEMENT_TIMEOUT_MS,
     DB_TCP_USER_TIMEOUT_S,
     MARIADB_MIN_VERSION,
+    MIGRATION_LOCK_WAIT_S,
     MYSQL_MIN_VERSION,
     SPARK_STAGE_LOCK_WAIT_TIMEOUT_S,
 )
 from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
 from relay.db.sqltext import Lexicon
-from relay.errors import ConfigError
+from relay.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -256,6 +257,16 @@ class MySQL(Dialect):
 
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         conn.execute(sa.select(sa.func.release_lock(name)))
+
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        # A named lock, the session's (its DDL commits at once: no transaction holds a
+        # migration), released when the migration's connection closes. Names are the
+        # server's and at most 64 characters: this database's, hashed.
+        name = sa.func.concat("outbox-relay-migrate-", sa.func.md5(sa.func.database()))
+        if conn.execute(sa.select(sa.func.get_lock(name, MIGRATION_LOCK_WAIT_S))).scalar() != 1:
+            raise StoreError(
+                f"another `relay migrate` held this database for {MIGRATION_LOCK_WAIT_S} s"
+            )
 
     def grant(self, privileges: str, table: str, grantee: str, database: str) -> str:
         return f"GRANT {privileges} ON `{database}`.`{table}` TO {grantee}"

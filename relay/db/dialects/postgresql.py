@@ -31,6 +31,7 @@ from relay.constants import (
     DB_STATEMENT_TIMEOUT_MS,
     DB_TCP_USER_TIMEOUT_S,
     MERGE_WORK_MEM,
+    MIGRATION_LOCK_KEY,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
 from relay.db.sqltext import Lexicon
@@ -192,6 +193,10 @@ class PostgreSQL(Dialect):
 
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_unlock(*key)))
+
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        # Held until the migration's transaction ends (its DDL is transactional too).
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
 
     def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
         # An INSERT that takes its id from a table's sequence needs to use it.
