@@ -28,9 +28,8 @@ from relay.inbox.policy import (
     DEAD_HEADERS,
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
-    key_text,
 )
-from relay.records import RETRY_HEADER
+from relay.records import RETRY_HEADER, key_of
 from relay.settings import TlsOptions
 
 
@@ -114,7 +113,7 @@ def _described(properties: pika.BasicProperties) -> DeadLetter:
         return "" if value is None else str(value)
 
     message_id = properties.message_id
-    key = key_text(message_id, headers)
+    key = key_of(message_id, headers)
     if isinstance(message_id, bytes):
         message_id = message_id.decode("utf-8", "replace")
     attempts = headers.get(DEAD_ATTEMPTS)
