@@ -32,6 +32,9 @@ from relay.inbox.policy import (
 from relay.records import RETRY_HEADER, key_of
 from relay.settings import TlsOptions
 
+# The header a quorum queue counts a message's deliveries in.
+DELIVERY_COUNT = "x-delivery-count"
+
 
 @dataclass(frozen=True)
 class DeadLetter:
@@ -46,6 +49,9 @@ class DeadLetter:
     consumer: str
     queue: str
     last_failure: str
+    # Times the broker delivered it (a quorum queue's count, each read here among them: at
+    # its delivery limit the broker drops it), or 0 where the queue counts none.
+    deliveries: int = 0
 
 
 def dead_letters(
@@ -117,6 +123,7 @@ def _described(properties: pika.BasicProperties) -> DeadLetter:
     if isinstance(message_id, bytes):
         message_id = message_id.decode("utf-8", "replace")
     attempts = headers.get(DEAD_ATTEMPTS)
+    deliveries = headers.get(DELIVERY_COUNT)
     return DeadLetter(
         message_id=message_id,
         key=key,
@@ -125,4 +132,5 @@ def _described(properties: pika.BasicProperties) -> DeadLetter:
         consumer=text(DEAD_CONSUMER),
         queue=text(DEAD_QUEUE),
         last_failure=text(DEAD_LAST_FAILURE),
+        deliveries=deliveries if isinstance(deliveries, int) else 0,
     )
