@@ -22,6 +22,7 @@ class Delivered:
     content_type: str | None
     headers: dict[str, Any] | None
     delivery_mode: int | None
+    properties: pika.BasicProperties | None = None  # all of them, as they came
 
 
 def names(prefix: str) -> tuple[str, str]:
@@ -69,22 +70,20 @@ def _toml(value: Any) -> str:
 
 def declare_bound(url: str, exchange: str, queue: str) -> None:
     """A durable topic exchange and a durable queue bound to it for every routing key."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, exchange, "#")
 
 
 def fresh_queue(url: str, queue: str, arguments: dict[str, Any] | None = None) -> None:
     """``queue``, durable and empty: deleted and declared again (a queue still holding an
     earlier measurement's messages confirms more slowly), with ``arguments``."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.queue_delete(queue)
-    channel.queue_declare(queue, durable=True, arguments=arguments)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.queue_delete(queue)
+        channel.queue_declare(queue, durable=True, arguments=arguments)
 
 
 def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Delivered]:
@@ -92,8 +91,7 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
     for a moment, or the deadline passes; never trusts the queue's counters."""
     out: list[Delivered] = []
     deadline = time.monotonic() + timeout
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
         channel = conn.channel()
         quiet_since = None
         while time.monotonic() < deadline:
@@ -115,8 +113,7 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
                     props.content_type,
                     props.headers,
                     props.delivery_mode,
+                    props,
                 )
             )
-    finally:
-        conn.close()
     return out

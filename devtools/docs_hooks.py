@@ -8,15 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relay.settings import InboxSettings, Settings, describe
+from relay.settings import ConsoleSettings, InboxSettings, Settings, describe
 
 MARKER = "<!-- settings -->"
 INBOX_MARKER = "<!-- inbox-settings -->"
+CONSOLE_MARKER = "<!-- console-settings -->"
 README_MARKER = "<!-- readme -->"
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def settings_table(settings: type[Settings] | type[InboxSettings] = Settings) -> str:
+def settings_table(
+    settings: type[Settings] | type[InboxSettings] | type[ConsoleSettings] = Settings,
+) -> str:
     """Every setting as a Markdown table: variable, default, meaning."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for _name, env, default, text, see in describe(settings):
@@ -36,5 +39,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return (
         markdown.replace(MARKER, settings_table())
         .replace(INBOX_MARKER, settings_table(InboxSettings))
+        .replace(CONSOLE_MARKER, settings_table(ConsoleSettings))
         .replace(README_MARKER, home_page())
     )

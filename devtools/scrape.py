@@ -12,7 +12,8 @@ def http_get(url: str) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, ""
+        with exc:
+            return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
 

@@ -48,6 +48,24 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.05)
 
 
+def wait_while_progressing(
+    left: Callable[[], int], stall: float, what: str, *, poll: float = 0.2
+) -> None:
+    """Until ``left()`` is 0, however long that takes while it keeps going down: fails
+    only once it has not gone down for ``stall`` seconds. For work whose speed is the
+    machine's (a backlog drained beside other work), where a deadline would measure the
+    machine, not the code."""
+    lowest = left()
+    since = time.monotonic()
+    while lowest > 0:
+        time.sleep(poll)
+        now = left()
+        if now < lowest:
+            lowest, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            raise ServerError(f"{what}: {lowest} left, none done for {stall:g}s")
+
+
 class RabbitNode:
     """A rabbitmq-server node named ``<name>-<pid>@127.0.0.1`` listening on 127.0.0.1.
 
@@ -379,10 +397,16 @@ class MariaDBServer:
         self.socket = base / "mariadb.sock"
         self.log_path = base / "mariadbd.err"
         self.pid_file = base / "mariadbd.pid"
+        # Its temporary files in a folder of its own, not the machine's /tmp: servers
+        # bootstrapping at once there (test processes side by side, other sessions on the
+        # machine) lost each other's temporary tables ("Could not remove temporary table
+        # '/tmp/#sql-temptable-...'", and mariadb-install-db failed).
+        self.tmp = base / "tmp"
         user = ["--user=root"] if os.geteuid() == 0 else []
         self._common = [
             "--no-defaults",
             f"--datadir={self.data}",
+            f"--tmpdir={self.tmp}",
             "--innodb-log-file-size=64M",
             "--character-set-server=utf8mb4",
             "--collation-server=utf8mb4_unicode_ci",
@@ -401,7 +425,7 @@ class MariaDBServer:
         return f"mysql+mysqldb://root@127.0.0.1:{self.port}/{database}"
 
     def start(self, timeout: float = 60.0) -> None:
-        self.base.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
         if not (self.data / "mysql").exists():
             self._run(
                 _mariadb_tool("mariadb-install-db"),

@@ -19,7 +19,7 @@ before.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
@@ -29,6 +29,17 @@ from relay.errors import RetiredError
 def bucket_of(row_id: int) -> int:
     """The bucket of the row with this id (the same expression as the claim's SQL)."""
     return (row_id // BUCKET_SPAN_ROWS * BUCKET_STRIDE) % OUTBOX_BUCKETS
+
+
+def any_in(first: int, last: int, buckets: Collection[int]) -> bool:
+    """Whether a row with an id from ``first`` to ``last`` lies in one of ``buckets``: the
+    probe of new rows says the newest id moved on, and a relay claims only for rows of its
+    own buckets. (``OUTBOX_BUCKETS`` runs in a row cover every bucket: the stride and the
+    count share no factor.)"""
+    runs = range(first // BUCKET_SPAN_ROWS, last // BUCKET_SPAN_ROWS + 1)
+    if len(runs) >= OUTBOX_BUCKETS:
+        return bool(buckets)
+    return any(run * BUCKET_STRIDE % OUTBOX_BUCKETS in buckets for run in runs)
 
 
 def fair_share(relays: int) -> int:

@@ -1,4 +1,5 @@
-"""The ``relay`` command: run, migrate, enqueue, and the admin commands status, replay, purge.
+"""The ``relay`` command: run, migrate, enqueue, the admin commands status, replay, purge, and
+the operator console.
 
 Options are generated from ``relay.settings``: every option shows its ``RELAY_*`` variable.
 """
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 from relay import __version__, daemon, logs
 from relay.admin import commands as admin
 from relay.admin import inbox as inbox_admin
+from relay.console import command as console_command
 from relay.db.migrate import migrate
 from relay.db.outbox import OutboxWriter
 from relay.errors import ConfigError, InputError, RelayError
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     try:
         settings = _settings(args, environ)
         args.tracing = TracingSettings.load(environ)
+        args.environ = environ
     except ConfigError as exc:
         print(f"relay: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -150,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     enq.set_defaults(command="enqueue", handler=_enqueue)
     admin.add_commands(sub, common, lambda p: _add_settings(p, _DB_ONLY))
     inbox_admin.add_commands(sub, common, lambda p: _add_settings(p, _INBOX_ADMIN))
+    console_command.add_commands(
+        sub, common, lambda p: _add_settings(p, console_command.RELAY_SETTINGS)
+    )
     return parser
 
 
@@ -177,10 +183,20 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     --downgrade move it down to --revision. Lists the live relays first, and refuses while
     relays of a protocol the migration does not admit hold buckets (any relay holding
     buckets, for a downgrade), unless --force."""
-    live = migrate(settings.database_url, args.revision, downgrade=args.downgrade, force=args.force)
-    for relay in live:
+    migrated = migrate(
+        settings.database_url, args.revision, downgrade=args.downgrade, force=args.force
+    )
+    for relay in migrated.live:
         print(f"live relay {relay.owner}: protocol {relay.protocol}, {relay.buckets} buckets")
-    print(f"outbox schema is at revision {args.revision}")
+    if migrated.ahead is not None:
+        schema, newest = migrated.ahead
+        print(
+            f"outbox schema is at revision {schema}, newer than this release's ({newest}): "
+            "left as it is (a relay of this release runs on it while the schema admits its "
+            "protocol)"
+        )
+    else:
+        print(f"outbox schema is at revision {args.revision}")
     return EXIT_OK
 
 

@@ -38,6 +38,20 @@ DB_TCP_USER_TIMEOUT_S = DB_KEEPALIVE_IDLE_S + DB_KEEPALIVE_COUNT * DB_KEEPALIVE_
 # the claims passed). A claim from the start steps over the rows in flight again: once a
 # second, among dozens of claims, costs little.
 READ_ON_MAX_S = 1.0
+# An ordered claim (``RELAY_ORDERING``) takes each key's earliest pending row only. A backlog
+# on few keys is then mostly rows waiting behind their key's earlier ones, and a claim that
+# read the due rows until it found enough read all of them: behind 50,000 rows of 300 keys,
+# 0.3 to 0.4 s of MariaDB a claim (seconds beside other work), so the deeper the backlog, the
+# slower the relays drained it. So an ordered claim looks at the first ORDERED_LOOK_PER_ROW
+# due rows not held (of every relay's buckets: with three relays, about five of its own) per
+# row it asks for: each key's earliest rows are the oldest, at the front (37 to 43 ms there).
+# A key's first row deeper than that (a new key's, or a row without a key behind a long run
+# of others) is found by a claim that looks at every due row, made at least every
+# ORDERED_LOOK_ALL_S, and no more than ORDERED_LOOK_ALL_SHARE of the time (a look at all of
+# a deep backlog is long).
+ORDERED_LOOK_PER_ROW = 16
+ORDERED_LOOK_ALL_S = 1.0
+ORDERED_LOOK_ALL_SHARE = 0.2
 # Seconds between looks for due rows when idle (``poll_interval``'s default). New rows are
 # found by the probe (below) within milliseconds; the poll finds the rest: rows due again
 # after a back-off, and a row that committed after a later one (``relay.db.probe``).
@@ -66,6 +80,12 @@ PROBE_IDLE_BACKOFF = 8
 # defaults (a row's times and message id).
 MARIADB_MIN_VERSION = (10, 6)
 MYSQL_MIN_VERSION = (8, 0, 13)
+# `relay migrate` runs one at a time on a database (every new pod of the Deployment runs one
+# before it starts): the next waits this long for the one before (seconds; a migration that
+# rewrites a big table can take minutes), then fails and is run again by its pod. The lock's
+# key on PostgreSQL (its advisory locks are a database's own): "outbox migrate" in ASCII.
+MIGRATION_LOCK_WAIT_S = 600
+MIGRATION_LOCK_KEY = 0x6F7574626F786D
 # SQLite has one writer at a time: others queue for up to this long instead of failing at once
 # with "database is locked" (milliseconds; the same value for Spark's JDBC writer).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -121,6 +141,13 @@ INBOX_PREFETCH = 50
 INBOX_DEDUPE_WINDOW_S = 14 * 24 * 3600.0
 # Ids deleted per transaction by the inbox's purge: short transactions beside the handlers'.
 INBOX_PURGE_CHUNK = 1000
+# The inbox's connection lost under one message's run this many times in a row, the database
+# answering in between: the message breaks it (too large a write, a statement that kills its
+# backend) and is counted as failing, not taken for the database away for ever.
+INBOX_LOST_AT_ONE_MESSAGE = 3
+# How often an asyncio consumer looks again for the run lock of an SQLite database that
+# another consumer holds (``relay.db.runlock``): a run takes milliseconds.
+INBOX_RUN_LOCK_POLL_S = 0.005
 # The longest the inbox's purge holds its consumer's connection at a time (seconds): chunks
 # follow each other for this long, then the connection is serviced (heartbeats, deliveries)
 # until the next tick. Far below any heartbeat timeout.
@@ -260,3 +287,49 @@ TURNS_PER_LEASE = 3
 # gets its share within two turns (the others give up theirs at one, it takes at the next).
 # A turn is one short transaction on two tables of a few dozen rows.
 TURN_INTERVAL_MAX_S = 5.0
+
+# --- The operator console (relay.console) ---------------------------------------------------
+# A session idle this long ends (seconds): an unattended browser does not keep the power to
+# replay for a working day. Renewed by every request.
+CONSOLE_SESSION_IDLE_S = 900.0
+# A signing key shorter than this is refused: 32 random characters are 190 bits or more.
+CONSOLE_SESSION_SECRET_MIN = 32
+# A login (OIDC's round trip to the identity provider, or the login form) must finish
+# within this (seconds); its state cookie expires then.
+CONSOLE_LOGIN_STATE_S = 600
+# Failed logins allowed per user name and per address in the window (seconds) before logins
+# from them are refused until it has passed: enough for typing mistakes, far too few to guess
+# a password.
+CONSOLE_LOGIN_ATTEMPTS = 5
+CONSOLE_LOGIN_WINDOW_S = 300
+# Names and addresses with failures the limiter keeps before it forgets those whose failures
+# have left the window (each a few hundred bytes).
+CONSOLE_LOGIN_KEYS_KEPT = 10_000
+# Password hashes (hashlib.scrypt): n=2**15, r=8, p=1 take about 32 MiB and 50-100 ms here,
+# the parameters RFC 7914 and OWASP name for interactive logins. Stored with each hash, so
+# raising them later leaves old hashes valid.
+CONSOLE_SCRYPT_N = 2**15
+CONSOLE_SCRYPT_R = 8
+CONSOLE_SCRYPT_P = 1
+# A payload is shown as a preview of at most this many bytes: a megabyte payload is not
+# sent to a browser for a look.
+CONSOLE_PAYLOAD_PREVIEW_BYTES = 4096
+# Rows on a page of the list; and the rows of a key held behind a parked row, shown on its
+# page (the count beyond is said, not listed).
+CONSOLE_PAGE_ROWS = 50
+CONSOLE_HELD_ROWS = 20
+# Distinct last errors read to group parked rows by cause: each is a step of one index; a
+# table whose errors all differ (an id in each) shows this many and says there are more.
+CONSOLE_CAUSE_SCAN = 500
+# A bulk change moves this many rows per transaction: each transaction holds its row locks
+# (of parked rows only, which no writer touches) for milliseconds, and the relays see the
+# first chunks' rows while the rest are still moving.
+CONSOLE_CHUNK_ROWS = 200
+# After each chunk a bulk change pauses this share of the time the chunk took: writers get
+# the database (and, on a small host, its cores) back between chunks. Without a pause, a
+# 100,000-row replay raised four writers' p99 INSERT latency 1.33x on this 2-core machine
+# (bench.console).
+CONSOLE_CHUNK_PAUSE_SHARE = 1.0
+# Text the list and the causes show of a last error: the index on parked rows' errors holds
+# this prefix (an entry of a B-tree must stay under a third of a page).
+CONSOLE_REASON_PREFIX = 200

@@ -155,7 +155,7 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     if settings.metrics_port:
         try:
             server = HealthServer(
-                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.ready
+                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.unready
             )
         except OSError as exc:
             raise ConfigError(
@@ -262,10 +262,10 @@ async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:
     backoff = Backoff(min(1.0, settings.reconnect_max), settings.reconnect_max)
     failures = 0
 
-    def changed() -> None:  # in the probe's thread
+    def changed(after: int | None, newest: int | None) -> None:  # in the probe's thread
         nonlocal failures
         failures = 0
-        loop.call_soon_threadsafe(relay.wake)
+        loop.call_soon_threadsafe(relay.new_rows, after, newest)
 
     watch = functools.partial(
         probe.watch, changed, settings.probe_interval, stopped, relay.idle, settings.linger

@@ -10,7 +10,13 @@ class ConfigError(RelayError):
 
 
 class StoreError(RelayError):
-    """The outbox database failed a call; the call may be retried."""
+    """The outbox database failed a call; the call may be retried. ``summary``: the message
+    without the driver's own words, which may quote a value (what failed, on which database),
+    for a record that must not hold one (``relay.inbox.policy.describe``)."""
+
+    def __init__(self, message: str, *, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class SchemaMissingError(StoreError):

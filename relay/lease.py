@@ -49,8 +49,19 @@ from relay.records import OutboxRow
 LEASE_SHORT = "claimed, not published: its bucket's lease was running out"
 LEASE_LAPSED = "claimed, not published: its bucket's lease lapsed since it was claimed"
 
+
+def _boot_clock() -> Callable[[], float]:
+    """``CLOCK_BOOTTIME`` where the platform has one (Linux, where the relay runs); elsewhere
+    the monotonic clock, which may stand still while the machine sleeps. The inbox, a library
+    that applications developed on any laptop embed, imports this module too."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic
+    return functools.partial(time.clock_gettime, boottime)
+
+
 # The clock leases are carried on (see the module docstring).
-lease_clock: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+lease_clock: Callable[[], float] = _boot_clock()
 
 
 def watch_period(confirm_timeout: float) -> float:
@@ -62,6 +73,18 @@ def margin_for(confirm_timeout: float) -> float:
     """The lease a row needs left to go out: the most that may pass between its publish and
     the moment the relay has given it up and dropped its connection."""
     return confirm_timeout + watch_period(confirm_timeout) + min(HALF_OPEN_CLOSE_S, confirm_timeout)
+
+
+def longest_confirm_timeout(lease: float) -> float:
+    """The confirm timeouts a lease of ``lease`` seconds outlives twice (``margin_for``: what
+    the settings ask) are those below this: ``margin_for`` inverted, piece by piece."""
+    half = lease / 2
+    whole_watch = 4 * WATCH_PERIOD_MAX_S  # from here the watcher looks every second
+    if half <= margin_for(whole_watch):  # the watcher a quarter, the close as long
+        return half / (2 + 1 / 4)
+    if half <= margin_for(HALF_OPEN_CLOSE_S):  # the close as long
+        return (half - WATCH_PERIOD_MAX_S) / 2
+    return half - WATCH_PERIOD_MAX_S - HALF_OPEN_CLOSE_S
 
 
 class Lease:

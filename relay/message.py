@@ -148,7 +148,8 @@ def cloudevent(
     ``ce-specversion`` 1.0: a row may repeat them, not change them. ``ce-source``, ``ce-type``
     and ``ce-time`` are the row's own if it has them (the time an RFC 3339 time with its
     offset), else ``source``, the routing key and the row's creation. ``ce-subject`` and
-    ``ce-dataschema``, if present, are text that is not empty. An extension's name is
+    ``ce-dataschema``, if present, are text that is not empty, as are the id and the data
+    content type. An extension's name is
     lower-case letters and digits; ``data`` and ``datacontenttype`` are not the row's to
     set (the data content type is its ``content_type``)."""
     headers: dict[str, Any] = {}
@@ -166,6 +167,8 @@ def cloudevent(
         headers[lowered] = _attribute(lowered[len(_CE) :], name, value, row)
     if not row.content_type:
         raise Unpublishable("a CloudEvent's data content type (content_type) must not be empty")
+    if not row.message_id:
+        raise Unpublishable("a CloudEvent's id (the row's message_id) must not be empty")
     headers.setdefault("ce-source", source)
     headers.setdefault("ce-type", row.routing_key)
     for attribute, fallback in (

@@ -127,7 +127,9 @@ class Metrics:
             registry=r,
         )
         self.database_connected = Gauge(
-            "relay_database_connected", "1 while the last database call succeeded.", registry=r
+            "relay_database_connected",
+            "1 while the database calls work: 0 while one kind (claims, settles, turns) fails.",
+            registry=r,
         )
         self.store_errors = Counter(
             "relay_database_errors_total",
@@ -248,6 +250,61 @@ class InboxMetrics:
             ["consumer"],
             registry=r,
         ).labels(consumer)
+        self.internal_errors = Counter(
+            "inbox_internal_errors_total",
+            "Deliveries the inbox itself failed on (a fault of its own, or of its drivers): "
+            "counted as failed attempts, or requeued uncounted where they could not be.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
+        self.copies_refused = Counter(
+            "inbox_copies_refused_total",
+            "Copies of deliveries (a retry's, a dead letter's) the broker refused (nacked or "
+            "returned): each delivery went back to its queue, uncounted.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
+
+
+class ConsoleMetrics:
+    """The operator console's (``relay console``): its requests and the changes made through
+    it, in a registry of its own (or a host application's)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "console_requests_total",
+            "Requests the console answered, by route, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "console_request_seconds",
+            "Seconds the console took to answer a request, by route.",
+            ["route"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "console_actions_total",
+            "Changes made through the console (replay, discard, restore, edit_and_replay, "
+            "requeue_dead_letters), by result: done, refused (a role, a CSRF token) or failed.",
+            ["action", "result"],
+            registry=r,
+        )
+        self.rows_changed = Counter(
+            "console_rows_changed_total",
+            "Rows (or dead letters) the console's changes changed, by action.",
+            ["action"],
+            registry=r,
+        )
+        self.login_failures = Counter(
+            "console_login_failures_total",
+            "Failed or refused logins, by why: password, limited (too many failures), "
+            "provider (the identity provider's answer refused), no_role, proxy (identity "
+            "headers from an address that is not the proxy's).",
+            ["reason"],
+            registry=r,
+        )
 
 
 class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
@@ -260,7 +317,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class HealthServer:
-    """Serves /metrics, /healthz (the loop is alive) and /readyz (database and broker up)."""
+    """Serves /metrics, /healthz (the loop is alive) and /readyz (the relay can work: 503
+    with the reason why not, which ``unready`` gives)."""
 
     def __init__(
         self,
@@ -268,11 +326,11 @@ class HealthServer:
         host: str,
         port: int,
         alive: Callable[[], bool],
-        ready: Callable[[], bool],
+        unready: Callable[[], str | None],
     ) -> None:
         self._metrics_app = make_wsgi_app(metrics.registry)
         self._alive = alive
-        self._ready = ready
+        self._unready = unready
         self._server = make_server(
             host, port, self._app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
         )
@@ -291,10 +349,12 @@ class HealthServer:
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path in ("/healthz", "/readyz"):
-            ok = self._alive() if path == "/healthz" else self._ready()
-            status = "200 OK" if ok else "503 Service Unavailable"
+            why = (
+                (None if self._alive() else "not alive") if path == "/healthz" else self._unready()
+            )
+            status = "200 OK" if why is None else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n" if ok else b"unavailable\n"]
+            return [b"ok\n" if why is None else f"unavailable: {why}\n".encode()]
         if path == "/metrics":
             return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])

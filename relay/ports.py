@@ -46,6 +46,10 @@ class Store(Protocol):
         """Pending rows for these exchanges that wait out a back-off, and that no relay
         holds, due now (their destination was found again); returns how many."""
 
+    def may_hold(self, first: int, last: int) -> bool:
+        """Whether a row with an id from ``first`` to ``last`` would lie in this relay's
+        share as its last turn left it (``relay.buckets.any_in``). No I/O: any thread."""
+
     def backlog(self) -> BacklogStats: ...
 
 

@@ -87,12 +87,16 @@ class Relay:
         # ``linger`` after that one began, however soon it is woken: a steady stream is claimed
         # a few times a second, not once per new row. While claims find rows, the next is made
         # then unwoken (the stream goes on); once one finds none, the probe and the poll wake it.
+        # Without a linger no claim is made unwoken: each new row is claimed when the probe
+        # says it came (a claim "a linger later" was one at every turn of the loop: a row's
+        # confirm and its settle each turned it, three claims a row, two of them empty).
         self._claim_not_before = clock()
         # Set once claims found nothing for a poll interval: only then does the probe of new
         # rows (``relay.db.probe``) look; while a stream flows, the claims themselves look for
         # it, a linger apart. Not at the first claim that finds nothing: with several relays,
         # a stream's runs of ids reach each relay's buckets with gaps longer than a linger,
-        # and probing in each gap cost more than the claims it saved.
+        # and probing in each gap cost more than the claims it saved. Without a linger, always
+        # set: the probe is what finds a stream's rows.
         self.idle = threading.Event()
         self.idle.set()
         self._found_at = float("-inf")  # when a claim last found rows
@@ -175,6 +179,14 @@ class Relay:
         self._claim_wanted.set()
         self._woken.set()
 
+    def new_rows(self, after: int | None, newest: int | None) -> None:
+        """The outbox's newest id grew from ``after`` to ``newest`` (the probe of new rows:
+        ``relay.db.probe``; None: unknown, or no row): ``wake`` if the rows in between may
+        lie in this relay's buckets. Every relay's probe sees every commit, and a row lies
+        in one relay's buckets: woken for each, two relays made an empty claim a row."""
+        if after is None or newest is None or self.store.may_hold(after + 1, newest):
+            self.wake()
+
     def _answered(self) -> None:
         """The publisher has news (an answer, a connect), or claimed rows are ready: turn the
         loop to publish and settle. By itself no reason to look for due rows: after a claim found
@@ -213,8 +225,18 @@ class Relay:
     def alive(self) -> bool:
         return self._clock() - self._last_beat < LIVENESS_LIMIT_S
 
+    def unready(self) -> str | None:
+        """Why this relay cannot work now, or None: it is ready (``/readyz``). A relay
+        waiting on a protocol fence is ready: its turns work, and it takes its share once
+        the relays in its way have stopped (a rollout must go on to stop them)."""
+        if (problem := self.store.problem) is not None:
+            return problem
+        if not self.publisher.state().connected:
+            return "no confirm channel to the broker (see the broker_retry log lines)"
+        return None
+
     def ready(self) -> bool:
-        return self.store.ok and self.publisher.state().connected
+        return self.unready() is None
 
     def _beat(self) -> None:
         self._last_beat = self._clock()
@@ -256,7 +278,7 @@ class Relay:
                 self._publish_ready()  # here, not a turn of the loop later
                 if rows:
                     self._found_at = began
-                streaming = began - self._found_at < self.poll_interval
+                streaming = self.linger > 0 and began - self._found_at < self.poll_interval
                 if streaming:
                     self.idle.clear()
                 else:

@@ -67,7 +67,20 @@ class RetryingStore:
         self._metrics = metrics
         self._beat = beat
         self.deadline = float("inf")
-        self.ok = False  # the last call worked
+        # The kinds of call failing now (each failed again after its retry at once), with
+        # the last error of each; and whether a turn has worked yet (``problem``).
+        self._failing: dict[str, str] = {}
+        self._turned = False
+        self._up = False  # said available (``relay_database_connected`` 1)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the relay cannot work with its database now, or None. One kind of call
+        failing is enough: a relay whose turns fail owns no part of the outbox, though its
+        claims (of no bucket) work; and until a turn has worked it owns none yet."""
+        for call, error in self._failing.items():
+            return f"the database's {call}s fail: {error}"
+        return None if self._turned else "no turn has worked yet: this relay owns no buckets"
 
     @property
     def fenced(self) -> Fence | None:
@@ -92,25 +105,31 @@ class RetryingStore:
                 store.settle(settle_first)
             return store.claim(limit, max_bytes, first_always, skip)
 
-        return await self._call(call)
+        return await self._call("claim", call)
 
     async def settle(self, batch: SettleBatch) -> None:
-        await self._call(functools.partial(self._store.settle, batch))
+        await self._call("settle", functools.partial(self._store.settle, batch))
 
     async def turn(self, active: bool) -> float:
         """The store's turn; returns when its buckets' lease ends on ``clock``: the seconds
         it leased them for, from the start of the attempt that worked (``relay.lease``)."""
-        seconds, asked_at = await self._attempts(functools.partial(self._store.turn, active))
+        turn = functools.partial(self._store.turn, active)
+        seconds, asked_at = await self._attempts("turn", turn)
+        self._turned = True
         return asked_at + seconds
 
-    async def hasten(self, exchanges: Sequence[str]) -> int:
-        return await self._call(functools.partial(self._store.hasten, exchanges))
+    def may_hold(self, first: int, last: int) -> bool:
+        """The store's own (no I/O: not retried)."""
+        return self._store.may_hold(first, last)
 
-    async def _call(self, call: Callable[[], T]) -> T:
-        result, _ = await self._attempts(call)
+    async def hasten(self, exchanges: Sequence[str]) -> int:
+        return await self._call("hasten", functools.partial(self._store.hasten, exchanges))
+
+    async def _call(self, name: str, call: Callable[[], T]) -> T:
+        result, _ = await self._attempts(name, call)
         return result
 
-    async def _attempts(self, call: Callable[[], T]) -> tuple[T, float]:
+    async def _attempts(self, name: str, call: Callable[[], T]) -> tuple[T, float]:
         """``call``'s result, and the clock's reading when the attempt that worked began.
 
         The first attempt is made before tenacity's loop is set up (which cost about as much
@@ -123,27 +142,32 @@ class RetryingStore:
         except StoreError:
             self._metrics.store_errors.inc()
         else:
-            if not self.ok:
-                self._available()
+            self._worked(name)
             return result, began
         retrying = tenacity.AsyncRetrying(
             wait=self._retry.wait,
             retry=tenacity.retry_if_exception_type(StoreError),
             stop=lambda _state: self._clock() >= self.deadline,
             sleep=self._sleep,
-            before_sleep=self._failed,
+            before_sleep=functools.partial(self._failed, name),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
                 began = self._clock()
                 result = await in_thread(call)
-        if not self.ok:
-            self._available()
+        self._worked(name)
         return result, began
 
+    def _worked(self, name: str) -> None:
+        """A ``name`` call worked: once no kind of call fails, the database is available
+        (said once, not whenever some other kind of call works while one still fails)."""
+        self._failing.pop(name, None)
+        if not self._up and not self._failing:
+            self._available()
+
     def _available(self) -> None:
-        self.ok = True
+        self._up = True
         self._metrics.database_connected.set(1)
         log.info("database available", extra={"action": "database_connected"})
 
@@ -154,8 +178,10 @@ class RetryingStore:
             self._beat()
             await asyncio.sleep(min(1.0, end - now))
 
-    def _failed(self, state: tenacity.RetryCallState) -> None:
-        self.ok = False
+    def _failed(self, name: str, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        self._failing[name] = str(error)
+        self._up = False
         self._metrics.database_connected.set(0)
         self._metrics.store_errors.inc()
         _log_database_retry(state)

@@ -50,8 +50,8 @@ def add_commands(
             action="append",
             default=[],
             dest="ids",
-            metavar="MESSAGE_ID",
-            help="a message id (repeat)",
+            metavar="KEY",
+            help="a message id, or the ce-id of a message keyed by it (repeat)",
         )
         parser.add_argument("--all", action="store_true", help="every dead letter")
         parser.add_argument("--dry-run", action="store_true", help="show the letters, move nothing")
@@ -70,8 +70,15 @@ def list_command(settings: Settings, args: argparse.Namespace) -> int:
     for letter in letters:
         by_reason[letter.error].append(letter)
     print(f"{len(letters)} dead letters in {dead_letter_queue(args.queue)}")
+    counted = max((letter.deliveries for letter in letters), default=0)
+    if counted:
+        print(
+            f"warning: this queue counts deliveries (a quorum queue; up to {counted} so far): "
+            "each read spends one, and at its delivery limit the broker drops the letter. "
+            "Make it a classic queue, or its delivery limit -1 (none)"
+        )
     for reason, group in sorted(by_reason.items(), key=lambda item: -len(item[1])):
-        ids = ", ".join(str(letter.message_id) for letter in group[:_SHOWN])
+        ids = ", ".join(str(letter.key or letter.message_id) for letter in group[:_SHOWN])
         more = f", and {len(group) - _SHOWN} more" if len(group) > _SHOWN else ""
         print(f"{len(group):>8}  {reason}\n          {ids}{more}")
     return 0
@@ -89,24 +96,32 @@ def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
     def chosen(letter: DeadLetter) -> bool:
         if args.reason and args.reason not in letter.error:
             return False
-        return not wanted or letter.message_id in wanted
+        return not wanted or letter.key in wanted
 
     if args.dry_run:
         moved = [letter for letter in _letters(settings, args.queue) if chosen(letter)]
     else:
-        moved = dead_letters(
-            settings.amqp_urls,
-            settings.name,
-            settings.amqp_tls,
-            dead_letter_queue(args.queue),
-            chosen,
-        )
-        _forget_attempts(settings, moved)
+        moved = requeue(settings, args.queue, chosen)
     verb = "would move" if args.dry_run else "moved"
     print(f"{verb} {len(moved)} dead letters back to their queue")
     for letter in moved[:_SHOWN]:
-        print(f"  {letter.message_id}  ({letter.attempts} attempts: {letter.error})")
+        print(f"  {letter.key}  ({letter.attempts} attempts: {letter.error})")
     return 0
+
+
+def requeue(
+    settings: Settings, queue: str, chosen: Callable[[DeadLetter], bool]
+) -> list[DeadLetter]:
+    """The dead letters of the inbox of ``queue`` that ``chosen`` picks, back to their queue,
+    their failed attempts forgotten first (``relay inbox requeue``, the console's)."""
+    return dead_letters(
+        settings.amqp_urls,
+        settings.name,
+        settings.amqp_tls,
+        dead_letter_queue(queue),
+        move=chosen,
+        before_moving=lambda letters: _forget_attempts(settings, letters),
+    )
 
 
 def _letters(settings: Settings, queue: str) -> list[DeadLetter]:
@@ -115,16 +130,17 @@ def _letters(settings: Settings, queue: str) -> list[DeadLetter]:
     )
 
 
-def _forget_attempts(settings: Settings, moved: list[DeadLetter]) -> None:
-    """The moved letters' failed attempts, deleted from their consumers' inboxes."""
+def _forget_attempts(settings: Settings, moving: list[DeadLetter]) -> None:
+    """The failed attempts of the letters about to move, deleted from their consumers'
+    inboxes (before they move: a letter moved first could fail again, and be dead-lettered
+    again, on its old count)."""
     consumers: dict[str, list[str]] = collections.defaultdict(list)
-    for letter in moved:
-        if letter.consumer and letter.message_id:
-            consumers[letter.consumer].append(letter.message_id)
-    for consumer, ids in consumers.items():
+    for letter in moving:
+        if letter.consumer and letter.key:
+            consumers[letter.consumer].append(letter.key)
+    for consumer, keys in consumers.items():
         store = InboxStore(settings.database_url, consumer)
         try:
-            for message_id in ids:
-                store.forget_attempts(message_id)
+            store.forget_attempts(keys)
         finally:
             store.close()

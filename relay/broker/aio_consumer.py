@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -22,12 +23,21 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp import decode, encode
 from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters, tls_context
-from relay.broker.consumer import log_retry, retried, retry_queue
+from relay.broker.consumer import (
+    CopyRefused,
+    Refusals,
+    fits_a_frame,
+    log_retry,
+    log_unfitting,
+    retried,
+    retry_queue,
+)
 from relay.broker.rotation import Rotation
-from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
+from relay.records import RETRY_HEADER, Answer, Delivery, Verdict, key_of
 from relay.settings import TlsOptions
 
 log = logging.getLogger(__name__)
@@ -35,7 +45,7 @@ log = logging.getLogger(__name__)
 # An AMQP short string's longest, in bytes (its length is one octet).
 SHORT_STRING_MAX_BYTES = 255
 # What a broken connection or channel raises under aio-pika, and the socket's own.
-_LOST = (
+LOST = (
     aiormq.exceptions.AMQPError,
     aiormq.exceptions.ChannelInvalidStateError,
     ConnectionError,
@@ -110,6 +120,7 @@ class AsyncConsumer:
         dead_letters: str,
         tick: float,
         backoff: Backoff,
+        refused: Callable[[], None],
     ) -> None:
         self._urls = urls
         self._params = [connection_parameters(url, name, tls) for url in urls]
@@ -122,6 +133,7 @@ class AsyncConsumer:
         self._dead_letters = dead_letters
         self._tick = tick
         self._backoff = backoff
+        self._refusals = Refusals(backoff, refused)
         tolerate_bytes_in_short_strings()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -131,7 +143,7 @@ class AsyncConsumer:
             try:
                 await self._session(url, stop)
                 nodes.worked()
-            except _LOST as exc:
+            except LOST as exc:
                 delay = nodes.failed()
                 reason = f"{type(exc).__name__}: {exc}"
                 log_retry(address(params), self._queue, nodes.failures, delay, reason)
@@ -157,16 +169,24 @@ class AsyncConsumer:
                     self._queue,
                     extra={"action": "inbox_consuming", "queue": self._queue},
                 )
-                if not await self._consume(queue, stop):
+                paused = await self._consume(queue, stop)
+                if paused is None:
                     break
-                await self._wait_until_ready(stop)
+                if paused:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), paused)
+                else:
+                    await until_ready(self._ready, self._backoff, stop)
         finally:
-            with contextlib.suppress(*_LOST):
+            with contextlib.suppress(*LOST):
                 await connection.close()
 
-    async def _consume(self, queue: aio_pika.abc.AbstractQueue, stop: asyncio.Event) -> bool:
-        """Consume until ``stop`` (False) or an answer that pauses (True): then the
-        consumer is cancelled, and the deliveries prefetched go back to the queue."""
+    async def _consume(
+        self, queue: aio_pika.abc.AbstractQueue, stop: asyncio.Event
+    ) -> float | None:
+        """Consume until ``stop`` (None) or an answer that pauses: then the consumer is
+        cancelled, the deliveries prefetched go back to the queue, and the pause is the
+        database's (0: until it answers) or a refused copy's (its seconds)."""
         inbound: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         tag = await queue.consume(inbound.put)
         try:
@@ -174,22 +194,28 @@ class AsyncConsumer:
                 try:
                     message = await asyncio.wait_for(inbound.get(), self._tick)
                 except TimeoutError:
+                    # A connection lost while nothing was in hand raises nowhere: looked at
+                    # each tick, or the consumer would wait on it for good.
+                    if queue.channel.is_closed:
+                        raise ConnectionError("the broker's connection was lost") from None
                     continue
                 verdict = await self._handle(delivery_of(message))
-                await answer(message, verdict, self._queue, self._dead_letters)
+                try:
+                    await answer(message, verdict, self._queue, self._dead_letters, self._refusals)
+                except LOST:
+                    raise  # the connection's: its unacked deliveries go back with it
+                except Exception as exc:  # a copy refused, or an answer that failed otherwise
+                    await message.reject(requeue=True)
+                    return self._refusals.refused(self._queue, exc)
                 if verdict.pause:
-                    return True
-            return False
+                    return 0.0
+            return None
         finally:
-            with contextlib.suppress(*_LOST):
+            with contextlib.suppress(*LOST):
                 await queue.cancel(tag)
             while not inbound.empty():  # prefetched, not handled: back to the queue now
-                with contextlib.suppress(*_LOST):
+                with contextlib.suppress(*LOST):
                     await inbound.get_nowait().reject(requeue=True)
-
-    async def _wait_until_ready(self, stop: asyncio.Event) -> None:
-        """Paused: no delivery in hand, the connection serviced by the loop."""
-        await until_ready(self._ready, self._backoff, stop)
 
 
 async def until_ready(
@@ -205,24 +231,58 @@ async def until_ready(
             return
 
 
-async def answer(message: AbstractIncomingMessage, verdict: Answer, queue: str, dead: str) -> None:
+async def answer(
+    message: AbstractIncomingMessage,
+    verdict: Answer,
+    queue: str,
+    dead: str,
+    refusals: Refusals,
+) -> None:
     """Answer the broker for ``message`` (consumed from ``queue``) with ``verdict``, on the
     channel it came on (which must have publisher confirms): a delay publishes a copy to the
     retry queue for its delay, a dead letter with reasons publishes a copy to ``dead``, each
-    confirmed before the delivery is acked; a retry requeues it; a dead letter without
-    reasons goes to the queue's own dead-letter exchange."""
+    confirmed before the delivery is acked (``CopyRefused`` when the broker refuses it: the
+    delivery is not answered; a dead letter its queue refuses waits in a retry queue
+    instead, ``Answer``); a retry requeues it; a dead letter without reasons goes to the
+    queue's own dead-letter exchange."""
     if verdict.verdict is Verdict.ACK:
         await message.ack()
     elif verdict.verdict is Verdict.DELAY:
-        target = await _retry_queue(message.channel, queue, verdict.delay)
-        await _publish_copy(message, target, retried(message.headers))
+        await _retry_copy(message, queue, verdict.delay)
         await message.ack()
     elif verdict.verdict is Verdict.DEAD_LETTER and verdict.reason is not None:
-        await message.channel.queue_declare(dead, durable=True)
-        await _publish_copy(message, dead, verdict.reason)
+        try:
+            await _ensure_queue(message.channel, dead)
+            await _publish_copy(message, dead, verdict.reason)
+        except CopyRefused as exc:
+            refusals.held_back(message.message_id, verdict.delay, exc)
+            await _retry_copy(message, queue, verdict.delay)
         await message.ack()
     else:
         await message.reject(requeue=verdict.verdict is Verdict.RETRY)
+    if verdict.verdict in (Verdict.DELAY, Verdict.DEAD_LETTER):
+        refusals.accepted()
+
+
+async def _retry_copy(message: AbstractIncomingMessage, queue: str, delay: float) -> None:
+    """A copy of ``message`` in ``queue``'s retry queue of ``delay``, confirmed."""
+    target = await _retry_queue(message.channel, queue, delay)
+    await _publish_copy(message, target, retried(message.headers))
+
+
+async def _ensure_queue(channel: aiormq.abc.AbstractChannel, queue: str) -> None:
+    """``relay.broker.consumer.ensure_queue`` on aio-pika: ``queue`` declared durable unless
+    it is there, as it is, on channels of its own (the delivery's is FastStream's, or the
+    consumer's: a look at a queue that is not there would close it)."""
+    look = await channel.connection.channel()
+    try:
+        await look.queue_declare(queue, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        declare = await channel.connection.channel()
+        await declare.queue_declare(queue, durable=True)
+        await declare.close()
+    else:
+        await look.close()
 
 
 async def _retry_queue(channel: aiormq.abc.AbstractChannel, queue: str, delay: float) -> str:
@@ -235,16 +295,33 @@ async def _retry_queue(channel: aiormq.abc.AbstractChannel, queue: str, delay: f
 async def _publish_copy(
     message: AbstractIncomingMessage, queue: str, more: Mapping[str, object]
 ) -> None:
-    """A persistent copy of ``message`` with ``more`` headers to ``queue``, confirmed (a nack
-    or a return raises, and the delivery is not acked)."""
-    properties = message.properties
+    """A persistent copy of ``message`` with ``more`` headers to ``queue``, confirmed
+    (``CopyRefused`` for a nack or a return: the delivery is not acked). Without a
+    ``user_id`` or an ``expiration`` (``relay.broker.consumer._with_headers`` says why)."""
+    properties = copy.copy(message.properties)  # the delivery's own, for another copy
     properties.headers = {**(message.headers or {}), **more}  # type: ignore[dict-item]
     properties.delivery_mode = 2
-    confirmed = await message.channel.basic_publish(
-        message.body, exchange="", routing_key=queue, properties=properties, mandatory=True
-    )
-    if not isinstance(confirmed, Basic.Ack):
-        raise aiormq.exceptions.DeliveryError(None, None)  # type: ignore[arg-type]
+    properties.user_id = None
+    properties.expiration = None
+    ce_id = key_of(None, message.headers or {})
+    if not properties.message_id and ce_id and len(ce_id.encode()) <= SHORT_STRING_MAX_BYTES:
+        # aiormq gives a message published without an id a random one: a copy of a message
+        # keyed by its ce-id would come back under another key (processed again, its
+        # attempts counted afresh). Its ce-id as its id keeps the key it had (one too long
+        # for an id is no key: such a message is only ever dead-lettered).
+        properties.message_id = ce_id
+    frame_max = message.channel.connection.connection_tune.frame_max
+    if not fits_a_frame(len(ContentHeader(0, len(message.body), properties).marshal()), frame_max):
+        log_unfitting(message.message_id, more)
+        properties.headers = message.headers
+    try:
+        confirmed = await message.channel.basic_publish(
+            message.body, exchange="", routing_key=queue, properties=properties, mandatory=True
+        )
+    except (aiormq.exceptions.DeliveryError, aiormq.exceptions.PublishError) as exc:
+        raise CopyRefused(f"{queue}: {type(exc).__name__}") from exc
+    if not isinstance(confirmed, Basic.Ack):  # a return, where returns do not raise
+        raise CopyRefused(f"{queue}: returned")
 
 
 def delivery_of(message: AbstractIncomingMessage) -> Delivery:

@@ -23,6 +23,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters
 from relay.broker.rotation import Rotation
+from relay.errors import BrokerError
 from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
 from relay.settings import TlsOptions
 
@@ -30,6 +31,64 @@ log = logging.getLogger(__name__)
 
 # What a broken connection or channel raises in pika's blocking adapter, and the socket's own.
 _LOST = (pika.exceptions.AMQPError, OSError)
+# A content header frame's fixed bytes (class, weight, body size) and a frame's envelope
+# (type, channel, size, end), around the properties.
+CONTENT_HEADER_FIXED = 12
+FRAME_ENVELOPE = 8
+# AMQP's reply code for a queue that is not there.
+_NOT_FOUND = 404
+# What a confirmed, mandatory publish raises when the broker refuses the message.
+_REFUSED = (pika.exceptions.NackError, pika.exceptions.UnroutableError)
+
+
+class CopyRefused(BrokerError):
+    """The broker refused a copy of a delivery (a retry's, a dead letter's): nacked (a queue
+    at its length limit that rejects publishes, a quorum queue without a leader) or returned
+    (its queue deleted). The delivery goes back to its queue, uncounted, and the consumer
+    pauses, with back-off while the refusals go on: nothing is dropped."""
+
+
+class Refusals:
+    """A consumer's copies refused in a row: each one pauses it longer (``Backoff``), and is
+    told to ``counted`` (a metric)."""
+
+    def __init__(self, backoff: Backoff, counted: Callable[[], None]) -> None:
+        self._backoff = backoff
+        self._counted = counted
+        self.count = 0
+
+    def refused(self, queue: str, exc: BaseException) -> float:
+        """One more refusal, or answer that failed otherwise (an error of the consumer's own,
+        the delivery unanswered): logged, counted; the seconds to pause."""
+        self.count += 1
+        self._counted()
+        delay = self._backoff.delay(self.count)
+        refused = isinstance(exc, (CopyRefused, *_REFUSED))
+        log.log(
+            logging.WARNING if refused else logging.ERROR,
+            "%s a delivery of %s (%s): the delivery goes back, uncounted; consuming again in %.1fs",
+            "the broker refused a copy of" if refused else "the consumer failed to answer for",
+            queue,
+            type(exc).__name__,
+            delay,
+            extra={"action": "inbox_copy_refused" if refused else "inbox_answer_failed"},
+        )
+        return delay
+
+    def held_back(self, message_id: object, delay: float, exc: BaseException) -> None:
+        """A dead letter its queue refused, held in a retry queue instead: logged, counted."""
+        self._counted()
+        log.warning(
+            "the dead letters' queue refused message %s (%s): it waits %g s in a retry queue, "
+            "and is dead-lettered when it comes back",
+            message_id,
+            type(exc).__name__,
+            delay,
+            extra={"action": "inbox_dead_letter_held", "delay_s": delay},
+        )
+
+    def accepted(self) -> None:
+        self.count = 0
 
 
 class Consumer:
@@ -38,7 +97,8 @@ class Consumer:
     for ``tick`` seconds (and at least that often while busy), where its owner's periodic work
     goes. An answer that pauses cancels the consumer until ``ready`` says yes (asked with
     back-off, the connection serviced meanwhile); a dead letter with its reasons goes to the
-    queue ``dead_letters``. ``run`` returns once ``stop`` is set."""
+    queue ``dead_letters``; a copy the broker refuses is told to ``refused``. ``run`` returns
+    once ``stop`` is set."""
 
     def __init__(
         self,
@@ -54,6 +114,7 @@ class Consumer:
         dead_letters: str,
         tick: float,
         backoff: Backoff,
+        refused: Callable[[], None],
     ) -> None:
         self._params = [connection_parameters(url, name, tls) for url in urls]
         self._queue = queue
@@ -65,6 +126,7 @@ class Consumer:
         self._dead_declared = False
         self._tick = tick
         self._backoff = backoff
+        self._refusals = Refusals(backoff, refused)
 
     def run(self, stop: threading.Event) -> None:
         nodes = Rotation(self._params, self._backoff)
@@ -95,9 +157,13 @@ class Consumer:
                     address(params),
                     extra={"action": "inbox_consuming", "queue": self._queue},
                 )
-                if not self._consume(channel, retry_queues, stop):
+                paused = self._consume(channel, retry_queues, stop)
+                if paused is None:
                     break
-                self._wait_until_ready(connection, stop)
+                if paused:
+                    self._sleep(connection, paused, stop)
+                else:
+                    self._wait_until_ready(connection, stop)
         finally:
             if connection.is_open:
                 with contextlib.suppress(*_LOST):
@@ -108,9 +174,10 @@ class Consumer:
         channel: BlockingChannel,
         retry_queues: dict[float, str],
         stop: threading.Event,
-    ) -> bool:
-        """Consume until ``stop`` (False) or an answer that pauses (True): then the
-        consumer is cancelled, and the deliveries prefetched go back to the queue."""
+    ) -> float | None:
+        """Consume until ``stop`` (None) or an answer that pauses: then the consumer is
+        cancelled, the deliveries prefetched go back to the queue, and the pause is the
+        database's (0: until it answers) or a refused copy's (its seconds)."""
         last_idle = time.monotonic()
         for method, properties, body in channel.consume(self._queue, inactivity_timeout=self._tick):
             if stop.is_set():
@@ -121,28 +188,81 @@ class Consumer:
             if method is not None:
                 answer = self._handle(_delivery(method, properties, body))
                 tag = method.delivery_tag
-                if answer.verdict is Verdict.ACK:
-                    channel.basic_ack(tag)
-                elif answer.verdict is Verdict.DELAY:
-                    queue = retry_queues.get(answer.delay) or self._retry_queue(
-                        channel, answer.delay, retry_queues
+                try:
+                    self._answer(
+                        channel,
+                        tag,
+                        properties=properties,
+                        body=body,
+                        answer=answer,
+                        retry_queues=retry_queues,
                     )
-                    again = _with_headers(properties, retried(properties.headers))
-                    channel.basic_publish("", queue, body, again, mandatory=True)
-                    channel.basic_ack(tag)
-                elif answer.verdict is Verdict.DEAD_LETTER and answer.reason is not None:
-                    dead = _with_headers(properties, answer.reason)
-                    channel.basic_publish("", self._dead_queue(channel), body, dead, mandatory=True)
-                    channel.basic_ack(tag)
-                else:
-                    channel.basic_reject(tag, requeue=answer.verdict is Verdict.RETRY)
+                except Exception as exc:  # a copy refused, or an answer that failed otherwise
+                    if isinstance(exc, _LOST) and not isinstance(exc, _REFUSED):
+                        raise  # the connection's: its unacked deliveries go back with it
+                    # Declared afresh next time: a queue deleted under the consumer returns.
+                    retry_queues.clear()
+                    self._dead_declared = False
+                    channel.basic_reject(tag, requeue=True)
+                    channel.cancel()
+                    return self._refusals.refused(self._queue, exc)
                 if answer.pause:
                     channel.cancel()  # its unacked deliveries go back now
-                    return True
+                    return 0.0
             if stop.is_set():  # now, not after the next delivery or tick
                 break
         # Unacked deliveries go back to the queue with the connection.
-        return False
+        return None
+
+    def _answer(
+        self,
+        channel: BlockingChannel,
+        tag: int,
+        *,
+        properties: pika.BasicProperties,
+        body: bytes,
+        answer: Answer,
+        retry_queues: dict[float, str],
+    ) -> None:
+        """The broker answered for a delivery as ``answer`` says; a copy (a retry's, a dead
+        letter's) confirmed before the delivery is acked (``_REFUSED`` when it is not). A
+        dead letter its queue refuses waits in a retry queue instead (``Answer``)."""
+        if answer.verdict is Verdict.ACK:
+            channel.basic_ack(tag)
+        elif answer.verdict is Verdict.DELAY:
+            self._retry_copy(channel, answer.delay, properties, body, retry_queues)
+            channel.basic_ack(tag)
+        elif answer.verdict is Verdict.DEAD_LETTER and answer.reason is not None:
+            dead = _with_headers(properties, answer.reason, self._frame_max(channel))
+            try:
+                channel.basic_publish("", self._dead_queue(channel), body, dead, mandatory=True)
+            except _REFUSED as exc:
+                self._dead_declared = False  # declared afresh: it may have been deleted
+                self._refusals.held_back(properties.message_id, answer.delay, exc)
+                self._retry_copy(channel, answer.delay, properties, body, retry_queues)
+            channel.basic_ack(tag)
+        else:
+            channel.basic_reject(tag, requeue=answer.verdict is Verdict.RETRY)
+        if answer.verdict in (Verdict.DELAY, Verdict.DEAD_LETTER):
+            self._refusals.accepted()
+
+    def _retry_copy(
+        self,
+        channel: BlockingChannel,
+        delay: float,
+        properties: pika.BasicProperties,
+        body: bytes,
+        retry_queues: dict[float, str],
+    ) -> None:
+        """A copy of the delivery in the retry queue of ``delay``, confirmed."""
+        queue = retry_queues.get(delay) or self._retry_queue(channel, delay, retry_queues)
+        again = _with_headers(properties, retried(properties.headers), self._frame_max(channel))
+        channel.basic_publish("", queue, body, again, mandatory=True)
+
+    @staticmethod
+    def _frame_max(channel: BlockingChannel) -> int:
+        """The frame size the broker and this connection agreed on."""
+        return int(channel.connection._impl.params.frame_max)
 
     def _retry_queue(
         self, channel: BlockingChannel, delay: float, retry_queues: dict[float, str]
@@ -154,9 +274,10 @@ class Consumer:
         return name
 
     def _dead_queue(self, channel: BlockingChannel) -> str:
-        """The queue dead letters go to with their reasons, declared durable on first use."""
+        """The queue dead letters go to with their reasons, declared durable on first use
+        unless it is there already, as it is (``ensure_queue``)."""
         if not self._dead_declared:
-            channel.queue_declare(self._dead_letters, durable=True)
+            ensure_queue(channel.connection, self._dead_letters)
             self._dead_declared = True
         return self._dead_letters
 
@@ -166,11 +287,35 @@ class Consumer:
         failures = 0
         while not stop.is_set():
             failures += 1
-            deadline = time.monotonic() + self._backoff.delay(failures)
-            while not stop.is_set() and time.monotonic() < deadline:
-                connection.sleep(min(self._tick, max(0.0, deadline - time.monotonic())))
+            self._sleep(connection, self._backoff.delay(failures), stop)
             if stop.is_set() or self._ready():
                 return
+
+    def _sleep(
+        self, connection: pika.BlockingConnection, seconds: float, stop: threading.Event
+    ) -> None:
+        """``seconds`` or until ``stop``, the connection serviced (heartbeats) meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and time.monotonic() < deadline:
+            connection.sleep(min(self._tick, max(0.0, deadline - time.monotonic())))
+
+
+def ensure_queue(connection: pika.BlockingConnection, queue: str) -> None:
+    """``queue`` declared durable unless it is there, as it is: an operator may have declared
+    the dead letters' queue with arguments of their own (a length limit, a type), which a
+    declare with others would fail on. On channels of its own: a look at a queue that is not
+    there closes its channel."""
+    look = connection.channel()
+    try:
+        look.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != _NOT_FOUND:
+            raise
+        declare = connection.channel()
+        declare.queue_declare(queue, durable=True)
+        declare.close()
+    else:
+        look.close()
 
 
 def log_retry(where: str, queue: str, failures: int, delay: float, reason: str) -> None:
@@ -201,21 +346,55 @@ def retry_queue(queue: str, delay: float) -> tuple[str, dict[str, Any]]:
 
 def retried(headers: Mapping[str, object] | None) -> dict[str, object]:
     """The header that marks a delivery's copy in a retry queue (``RETRY_HEADER``, counting
-    its retries), which the inbox treats as a delivery that came again."""
-    retries = (headers or {}).get(RETRY_HEADER, 0)
-    return {RETRY_HEADER: int(retries or 0) + 1}  # type: ignore[call-overload]
+    its retries), which the inbox treats as a delivery that came again (a producer's own
+    header of that name that is not a count counts as none)."""
+    retries = (headers or {}).get(RETRY_HEADER)
+    counted = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+    return {RETRY_HEADER: max(counted, 0) + 1}
+
+
+def fits_a_frame(header_size: int, frame_max: int) -> bool:
+    """Whether a message's content header of ``header_size`` bytes (its fixed part and its
+    properties) fits a frame: the broker closes the connection on one that does not (a
+    message whose own headers come near the negotiated ``frame_max``, plus the inbox's)."""
+    return header_size + FRAME_ENVELOPE <= frame_max
 
 
 def _with_headers(
-    properties: pika.BasicProperties, more: Mapping[str, object]
+    properties: pika.BasicProperties, more: Mapping[str, object], frame_max: int
 ) -> pika.BasicProperties:
     """A delivery's properties for a copy the consumer publishes: as they were, persistent,
-    with ``more`` headers."""
-    headers = {**(properties.headers or {}), **more}
+    with ``more`` headers (unless they would not fit a frame: then without, logged);
+    without a ``user_id`` (the broker refuses one that is not the consumer's own user,
+    closing the channel) or an ``expiration`` (a copy waits out its retry queue's delay,
+    and a dead letter stays until an operator moves it)."""
+    copied = _copied(properties, {**(properties.headers or {}), **more})
+    header_size = CONTENT_HEADER_FIXED + sum(map(len, copied.encode()))
+    if more and not fits_a_frame(header_size, frame_max):
+        log_unfitting(properties.message_id, more)
+        copied = _copied(properties, properties.headers)
+    return copied
+
+
+def log_unfitting(message_id: object, more: Mapping[str, object]) -> None:
+    """A copy published without the inbox's headers: with them, its properties would not
+    fit a frame."""
+    log.error(
+        "message %s's copy goes without the inbox's headers (%s): with them its properties "
+        "would not fit a frame",
+        message_id,
+        ", ".join(more),
+        extra={"action": "inbox_copy_headers_dropped", "message_id": message_id},
+    )
+
+
+def _copied(
+    properties: pika.BasicProperties, headers: Mapping[str, object] | None
+) -> pika.BasicProperties:
     return pika.BasicProperties(
         content_type=properties.content_type,
         content_encoding=properties.content_encoding,
-        headers=headers,
+        headers=dict(headers) if headers is not None else None,
         delivery_mode=2,
         priority=properties.priority,
         correlation_id=properties.correlation_id,
@@ -223,7 +402,6 @@ def _with_headers(
         message_id=properties.message_id,
         timestamp=properties.timestamp,
         type=properties.type,
-        user_id=properties.user_id,
         app_id=properties.app_id,
     )
 
@@ -242,6 +420,6 @@ def _delivery(method: Any, properties: pika.BasicProperties, body: bytes) -> Del
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, pika.exceptions.ChannelClosedByBroker) and exc.reply_code == 404:
+    if isinstance(exc, pika.exceptions.ChannelClosedByBroker) and exc.reply_code == _NOT_FOUND:
         return f"the queue does not exist ({exc.reply_text})"
     return f"{type(exc).__name__}: {exc}"

@@ -2,10 +2,12 @@
 message of a dead-letter queue without taking it, and move those chosen back to the queue
 they came from.
 
-Each message is fetched unacknowledged (``basic.get``), so none is seen twice in one pass; a
-chosen one is published to its queue with confirms and then acked; the others go back to the
-dead-letter queue together at the end, in their order. A pass that fails midway (the
-connection lost) leaves every message not yet acked where it was.
+Each message is fetched unacknowledged (``basic.get``), so none is seen twice in one pass; the
+chosen ones are handed to ``before_moving`` (the inbox's attempts of theirs forgotten, so
+that each comes back with its whole retry schedule), then each is published to its queue
+with confirms and then acked; the others go back to the dead-letter queue together at the
+end, in their order. A pass that fails midway (the connection lost, ``before_moving``
+raising) leaves every message not yet acked where it was.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from relay.inbox.policy import (
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
 )
-from relay.records import RETRY_HEADER
+from relay.records import RETRY_HEADER, key_of
 from relay.settings import TlsOptions
+
+# The header a quorum queue counts a message's deliveries in.
+DELIVERY_COUNT = "x-delivery-count"
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,16 @@ class DeadLetter:
     inbox: a queue's delivery limit, a TTL)."""
 
     message_id: str | None
+    # What the inbox kept it under: its message id, or its ce-id (None: it had no such key).
+    key: str | None
     error: str
     attempts: int
     consumer: str
     queue: str
     last_failure: str
+    # Times the broker delivered it (a quorum queue's count, each read here among them: at
+    # its delivery limit the broker drops it), or 0 where the queue counts none.
+    deliveries: int = 0
 
 
 def dead_letters(
@@ -49,10 +59,13 @@ def dead_letters(
     name: str,
     tls: TlsOptions | None,
     dead_queue: str,
+    *,
     move: Callable[[DeadLetter], bool] | None = None,
+    before_moving: Callable[[list[DeadLetter]], None] | None = None,
 ) -> list[DeadLetter]:
-    """Every message of ``dead_queue``, described; with ``move``, the ones it picks are put
-    back into the queue they came from (their reason headers taken off) and returned alone."""
+    """Every message of ``dead_queue``, described; with ``move``, the ones it picks are handed
+    to ``before_moving``, then put back into the queue they came from (their reason headers
+    taken off) and returned alone."""
     try:
         connection = pika.BlockingConnection(connection_parameters(urls[0], name, tls))
     except (pika.exceptions.AMQPError, OSError) as exc:
@@ -65,6 +78,7 @@ def dead_letters(
         except pika.exceptions.ChannelClosedByBroker as exc:
             raise BrokerError(f"no dead-letter queue {dead_queue!r}: {exc.reply_text}") from exc
         found: list[DeadLetter] = []
+        chosen: list[tuple[int, pika.BasicProperties, bytes, DeadLetter]] = []
         for _ in range(waiting):
             method, properties, body = channel.basic_get(dead_queue, auto_ack=False)
             if method is None:
@@ -73,15 +87,18 @@ def dead_letters(
             if move is None:
                 found.append(letter)
             elif letter.queue and move(letter):
-                headers = {
-                    k: v
-                    for k, v in (properties.headers or {}).items()
-                    if k not in DEAD_HEADERS and k != RETRY_HEADER
-                }
-                properties.headers = headers
-                channel.basic_publish("", letter.queue, body, properties, mandatory=True)
-                channel.basic_ack(method.delivery_tag)
+                chosen.append((method.delivery_tag, properties, body, letter))
                 found.append(letter)
+        if chosen and before_moving is not None:
+            before_moving(found)
+        for tag, properties, body, letter in chosen:
+            properties.headers = {
+                k: v
+                for k, v in (properties.headers or {}).items()
+                if k not in DEAD_HEADERS and k != RETRY_HEADER
+            }
+            channel.basic_publish("", letter.queue, body, properties, mandatory=True)
+            channel.basic_ack(tag)
         # The rest back to the dead-letter queue, in their order.
         channel.basic_nack(0, multiple=True, requeue=True)
         return found
@@ -102,14 +119,18 @@ def _described(properties: pika.BasicProperties) -> DeadLetter:
         return "" if value is None else str(value)
 
     message_id = properties.message_id
+    key = key_of(message_id, headers)
     if isinstance(message_id, bytes):
         message_id = message_id.decode("utf-8", "replace")
     attempts = headers.get(DEAD_ATTEMPTS)
+    deliveries = headers.get(DELIVERY_COUNT)
     return DeadLetter(
         message_id=message_id,
+        key=key,
         error=text(DEAD_ERROR) or "(no reason: dead-lettered by the broker, not the inbox)",
         attempts=attempts if isinstance(attempts, int) else 0,
         consumer=text(DEAD_CONSUMER),
         queue=text(DEAD_QUEUE),
         last_failure=text(DEAD_LAST_FAILURE),
+        deliveries=deliveries if isinstance(deliveries, int) else 0,
     )

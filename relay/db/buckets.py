@@ -85,13 +85,14 @@ def refresh(
     if active and protocol is not None:
         admits = _admits(conn)
         fenced = fence(protocol, *_protocols(conn, owner, lease), least=admits.protocol)
-    _present(conn, owner, lease, active, protocol=protocol, waiting=fenced is not None)
-    active = active and fenced is None
+    if active:
+        _present(conn, owner, lease, protocol=protocol, until=0.0 if fenced else lease)
+    publishing = active and fenced is None
     live = sa.select(sa.func.count()).where(outbox_relays.c.alive_until > database_time())
     relays = int(conn.execute(live).scalar_one())
     mine = sa.select(outbox_buckets.c.bucket).where(outbox_buckets.c.owner == owner)
     owned = _lease(conn, mine, lease)
-    plan = turn(owned, relays, held, active)
+    plan = turn(owned, relays, held, publishing)
     taken: set[int] = set()
     if plan.take:
         free = sa.or_(
@@ -105,6 +106,13 @@ def refresh(
             .where(outbox_buckets.c.owner == owner, outbox_buckets.c.bucket.in_(plan.release))
             .values(owner=None, lease_until=None)
         )
+    if not active:
+        # Present while it holds buckets, and not counted: the fence counts bucket holders,
+        # and takes one not present for a relay of a release before protocols (which leaves
+        # the relays when it cannot publish, and keeps the buckets of the rows it holds).
+        # Written after its buckets' leases, so that it is not forgotten while they last.
+        keeps = protocol is not None and bool(owned - plan.release)
+        _present(conn, owner, lease, protocol=protocol, until=0.0 if keeps else None)
     return Refreshed(plan.claim_from | taken, fenced, admits)
 
 
@@ -119,24 +127,35 @@ def _admits(conn: sa.Connection) -> Admits:
     return Admits(*row) if row else EVERY_PROTOCOL
 
 
-def _protocols(conn: sa.Connection, owner: str, lease: float) -> tuple[set[int], set[int]]:
-    """The protocols of the other relays that hold buckets under a live lease, and of every
-    other relay present (those waiting included: their presence ran out less than a lease
-    ago)."""
-    relay = outbox_relays.c
-    their = sa.func.coalesce(relay.protocol, PROTOCOL_BEFORE_FENCES)
-    holding = (
-        sa.select(their)
-        .distinct()
-        .select_from(outbox_buckets.join(outbox_relays, outbox_buckets.c.owner == relay.owner))
-        .where(relay.owner != owner, outbox_buckets.c.lease_until > database_time())
+def holders(protocol: sa.ColumnElement[Any] = outbox_relays.c.protocol) -> sa.Select[Any]:
+    """The relays that hold buckets under a live lease, present or not: owner, protocol and
+    buckets held. A holder's protocol is its presence's (``protocol``: that column, or NULL
+    on a schema before protocols); a holder that says none, or is not present, is of a
+    release before protocols, which leaves the relays when it cannot publish and keeps the
+    buckets of the rows it holds (a relay of this release stays present while it holds
+    any). The fence and ``relay migrate`` both count relays by it."""
+    lease = outbox_buckets.c
+    said = sa.func.coalesce(protocol, PROTOCOL_BEFORE_FENCES)
+    return (
+        sa.select(lease.owner, said, sa.func.count())
+        .select_from(outbox_buckets.outerjoin(outbox_relays, lease.owner == outbox_relays.c.owner))
+        .where(lease.owner.is_not(None), lease.lease_until > database_time())
+        .group_by(lease.owner, said)
     )
+
+
+def _protocols(conn: sa.Connection, owner: str, lease: float) -> tuple[set[int], set[int]]:
+    """The protocols of the other relays that hold buckets under a live lease (``holders``),
+    and of every other relay present (those waiting included: their presence ran out less
+    than a lease ago)."""
+    relay = outbox_relays.c
+    holding = {said for holder, said, _ in conn.execute(holders()) if holder != owner}
     present = (
-        sa.select(their)
+        sa.select(sa.func.coalesce(relay.protocol, PROTOCOL_BEFORE_FENCES))
         .distinct()
         .where(relay.owner != owner, relay.alive_until > database_time(-lease))
     )
-    return set(conn.scalars(holding)), set(conn.scalars(present))
+    return holding, set(conn.scalars(present))
 
 
 def _locked(conn: sa.Connection, keys: sa.Select[Any]) -> set[Any]:
@@ -162,20 +181,14 @@ def _lease(
 
 
 def _present(
-    conn: sa.Connection,
-    owner: str,
-    lease: float,
-    active: bool,
-    *,
-    protocol: int | None,
-    waiting: bool,
+    conn: sa.Connection, owner: str, lease: float, *, protocol: int | None, until: float | None
 ) -> None:
-    """``owner`` counts among the relays for one more lease; or, ``waiting``, is seen but not
-    counted (its presence runs out now, renewed each turn); or, inactive, is no more.
-    Relays gone for a lease are forgotten (those another relay is forgetting now skipped)."""
-    if active:
-        until = database_time(0.0 if waiting else lease)
-        alive: dict[str, Any] = {"owner": owner, "alive_until": until}
+    """``owner`` is present for ``until`` seconds more: counted among the relays for a
+    lease, or, 0, seen but not counted (renewed each turn: waiting, or holding buckets while
+    it cannot publish); or, None, is no more. Relays gone for a lease are forgotten (those
+    another relay is forgetting now skipped)."""
+    if until is not None:
+        alive: dict[str, Any] = {"owner": owner, "alive_until": database_time(until)}
         if protocol is not None:
             alive["protocol"] = protocol
         renewed = {name: value for name, value in alive.items() if name != "owner"}

@@ -33,8 +33,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.buckets import Fence, retired
-from relay.constants import BACKLOG_EXACT_ROWS, MAX_MESSAGE_SIZE, PROTOCOL, READ_ON_MAX_S
+from relay.buckets import Fence, any_in, retired
+from relay.constants import (
+    BACKLOG_EXACT_ROWS,
+    MAX_MESSAGE_SIZE,
+    ORDERED_LOOK_ALL_S,
+    ORDERED_LOOK_ALL_SHARE,
+    ORDERED_LOOK_PER_ROW,
+    PROTOCOL,
+    READ_ON_MAX_S,
+)
 from relay.db.buckets import refresh
 from relay.db.clock import database_time
 from relay.db.decode import decode_row
@@ -106,9 +114,16 @@ class ClaimStore:
         self._cut_here = of(dialect).budget_cut_as_read
         self._unchecked_text = of(dialect).lenient_text
         self._claims = {
-            keyset: claim_statement(dialect, owner, margin, ordered=ordered, keyset=keyset)
+            (keyset, window): claim_statement(
+                dialect, owner, margin, ordered=ordered, keyset=keyset, window=window
+            )
             for keyset in (False, True)
+            for window in (False, True)
         }
+        # With ordering, most claims look at the front of the backlog only; one looks at all
+        # of it once this time has come (``ORDERED_LOOK_PER_ROW``).
+        self._ordered = ordered
+        self._look_all_at = time.monotonic()
         # With ordering, a claim reading on would pass the rows of keys with an earlier row
         # pending, which lie behind it once that row is settled (``relay.held``).
         self.held = HeldRows(read_on=not ordered)
@@ -206,7 +221,11 @@ class ClaimStore:
             }
             if after is not None:
                 params["after_at"], params["after_id"] = after
-            statement = self._claims[after is not None]
+            began = time.monotonic()
+            window = self._ordered and began < self._look_all_at
+            if window:
+                params["scan"] = limit * ORDERED_LOOK_PER_ROW
+            statement = self._claims[after is not None, window]
             options = {BINARY_RESULTS: True}
             # Closed when read: a SQLite statement left unread holds its snapshot open.
             with (
@@ -218,6 +237,9 @@ class ClaimStore:
                     if self._cut_here
                     else result.all()
                 )
+            if self._ordered and not window:
+                took = time.monotonic() - began
+                self._look_all_at = began + max(ORDERED_LOOK_ALL_S, took / ORDERED_LOOK_ALL_SHARE)
             due = _DECODED  # each row's due time follows the columns decoded
             # Read on from the last row only if its due time can be bound back: on SQLite a
             # writer's garbage time comes as text that is not UTF-8 (relay.db.dialects.sqlite).
@@ -230,6 +252,9 @@ class ClaimStore:
         ]
         rows.sort(key=_ID)
         return rows
+
+    def may_hold(self, first: int, last: int) -> bool:
+        return any_in(first, last, self._claim_from)
 
     def settle(self, batch: SettleBatch) -> None:
         if not batch:

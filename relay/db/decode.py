@@ -190,11 +190,12 @@ def _not_utf8(values: Sequence[Any]) -> str | None:
 
 
 def _payload(value: Any) -> bytes:
+    # Published as the bytes stored, or not at all: the claim reads a payload as bytes on
+    # every database (SQLite's TEXT as its BLOB: ``relay.db.dialects``), and a text here
+    # would have been decoded once already.
     if isinstance(value, bytes | memoryview):
         return bytes(value)
-    if isinstance(value, str):  # written as text by plain SQL on SQLite: its UTF-8 bytes
-        return value.encode("utf-8", "surrogatepass")
-    raise _Unreadable(f"payload is {_stored(value)}, not bytes or text")
+    raise _Unreadable(f"payload is {_stored(value)}, not bytes")
 
 
 def _time(value: Any) -> datetime:

@@ -32,7 +32,6 @@ from relay.records import PENDING, BacklogStats
 # The claimed columns as the driver returns them, without SQLAlchemy's result processing
 # (``relay.db.decode`` says why).
 _RAW = sa.types.NullType()
-RAW_COLUMNS = [sa.type_coerce(c, _RAW).label(c.name) for c in ROW_COLUMNS]
 # A claimed row's place in the due order, as the driver returns it: bound back unchanged
 # (``relay.held``'s position), it compares with the stored values as they compare among
 # themselves.
@@ -58,6 +57,13 @@ def due_backlog(conn: sa.Connection, exact_upto: int) -> BacklogStats:
     return BacklogStats(due=count, oldest_due_age=max(0.0, age or 0.0))
 
 
+def _read_columns(dialect: sa.Dialect) -> list[sa.Label[Any]]:
+    """``ROW_COLUMNS`` as the claim reads them: as the driver returns them, the payload as
+    the bytes stored (``Dialect.stored_bytes``)."""
+    read = {outbox.c.payload.name: of(dialect).stored_bytes(outbox.c.payload)}
+    return [sa.type_coerce(read.get(c.name, c), _RAW).label(c.name) for c in ROW_COLUMNS]
+
+
 def stored_sizes(dialect: sa.Dialect) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
     """A row's payload, and its payload and headers, in bytes, as the database stores them,
     without reading them (PostgreSQL's ``octet_length`` of a TOASTed value reads its header
@@ -68,13 +74,21 @@ def stored_sizes(dialect: sa.Dialect) -> tuple[sa.ColumnElement[int], sa.ColumnE
 
 
 def claim_statement(
-    dialect: sa.Dialect, owner: str, margin: float, *, ordered: bool, keyset: bool
+    dialect: sa.Dialect,
+    owner: str,
+    margin: float,
+    *,
+    ordered: bool,
+    keyset: bool,
+    window: bool = False,
 ) -> sa.Select[Any]:
     """The claim: due rows of ``owner``'s buckets bound as ``buckets`` that are leased to it
     for at least ``margin`` seconds more, at most ``limit`` of them, the rows bound as
     ``held`` and the exchanges bound as ``skip`` left out, reading on after the position
     ``after_at``, ``after_id`` (with ``keyset``) or from the start; with ``ordered``, a row
-    whose key has an earlier row pending is left out too.
+    whose key has an earlier row pending is left out too. With ``window`` (and ``ordered``),
+    only the first ``scan`` due rows not held (of every relay's buckets) are looked at
+    (``relay.constants.ORDERED_LOOK_PER_ROW`` says why).
 
     Payloads add up to at most ``max_bytes`` (the first row whatever its size with
     ``first_always``): their sizes are the database's to tell (``stored_sizes``), so a claim
@@ -104,29 +118,44 @@ def claim_statement(
     # per claimed row, ids only 7.7 us. Elsewhere the columns are carried, and an oversized
     # row's payload is dropped where it is first read, before any step could copy it.
     lean = of(dialect).claims_carry_ids
-    carried = [outbox.c.id] if lean else _unless_oversize(RAW_COLUMNS, oversize)
-    candidates = (
-        sa.select(
-            *carried,
-            _DUE_AT,
-            size.label("size"),
-            message_size.label("message_size"),
-            oversize.label("over"),
-        )
-        .where(
-            due_now(),
-            # No row while the sent log is not whole (a crash emptied it, ``relay.db.sentlog``):
-            # its dedupe could not tell a message sent before.
-            sent_log_complete(),
-            of(dialect).in_once(bucket_column(outbox.c.id), mine),
-            sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
-            sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
-        )
-        .order_by(outbox.c.next_attempt_at, outbox.c.id)
-        .limit(sa.bindparam("limit"))
-    )
+    row_columns = _read_columns(dialect)
+    carried = [outbox.c.id] if lean else _unless_oversize(row_columns, oversize)
+    ours = of(dialect).in_once(bucket_column(outbox.c.id), mine)
+    takeable = [
+        # No row while the sent log is not whole (a crash emptied it, ``relay.db.sentlog``):
+        # its dedupe could not tell a message sent before.
+        sent_log_complete(),
+        sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
+        sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
+    ]
     if keyset:
-        candidates = candidates.where(_after_position(lean))
+        takeable.append(_after_position(lean))
+    candidates = sa.select(
+        *carried,
+        _DUE_AT,
+        size.label("size"),
+        message_size.label("message_size"),
+        oversize.label("over"),
+    )
+    if ordered and window:
+        # The front of the backlog, of every relay's buckets: a bound the planners walk the
+        # due index for (with this relay's buckets in it, PostgreSQL misjudged how few rows
+        # match, and read and sorted all of them).
+        looked = (
+            sa.select(outbox.c.id)
+            .where(due_now(), *takeable)
+            .order_by(outbox.c.next_attempt_at, outbox.c.id)
+            .limit(sa.bindparam("scan", type_=sa.Integer()))
+            .subquery("looked")
+        )
+        candidates = candidates.select_from(outbox.join(looked, outbox.c.id == looked.c.id)).where(
+            ours
+        )
+    else:
+        candidates = candidates.where(due_now(), ours, *takeable)
+    candidates = candidates.order_by(outbox.c.next_attempt_at, outbox.c.id).limit(
+        sa.bindparam("limit")
+    )
     if ordered:
         earlier = outbox.alias("earlier")
         candidates = candidates.where(
@@ -164,7 +193,7 @@ def claim_statement(
     )
     if lean:
         source: sa.FromClause = outbox.join(sized, outbox.c.id == sized.c.id)
-        columns = _unless_oversize(RAW_COLUMNS, sized.c.over)
+        columns = _unless_oversize(row_columns, sized.c.over)
     else:
         source = sized
         columns = [sized.c[col.name] for col in ROW_COLUMNS]

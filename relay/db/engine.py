@@ -97,11 +97,13 @@ def db_errors(what: str, where: str) -> Iterator[None]:
         if _missing_table(exc):
             raise schema_missing(where, _missing_table_name(exc)) from exc
         first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+        summary = f"{what} on {where} failed"
         raise StoreError(
-            f"{what} on {where} failed: {type(exc.orig).__name__}: {first_line}"
+            f"{summary}: {type(exc.orig).__name__}: {first_line}", summary=summary
         ) from exc
     except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"{what} on {where} failed: {exc}") from exc
+        summary = f"{what} on {where} failed"
+        raise StoreError(f"{summary}: {exc}", summary=summary) from exc
 
 
 @contextmanager

@@ -5,7 +5,7 @@ psycopg's asyncio connection, aiomysql and aiosqlite."""
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -14,15 +14,10 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import (
-    InboxStatements,
-    Outcome,
-    Ran,
-    TransactionEnded,
-    guarded,
-    still_open,
-)
+from relay.db.inbox import InboxStatements, classified, guarded, lost, run_lock
+from relay.errors import StoreError
 from relay.redact import redact_url
 
 T = TypeVar("T")
@@ -32,10 +27,11 @@ class AsyncTransaction:
     """``relay.db.inbox.Transaction`` for asyncio handlers: write and read in the transaction
     that holds the message's key (``await tx.execute(...)``), never end it."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_database")
 
     def __init__(self, conn: AsyncConnection) -> None:
         self._conn = conn
+        self._database = of(conn.dialect)
 
     @property
     def dialect(self) -> sa.Dialect:
@@ -45,7 +41,7 @@ class AsyncTransaction:
         self, statement: Any, parameters: Any = None, **options: Any
     ) -> sa.CursorResult[Any]:
         result: sa.CursorResult[Any] = await self._conn.execute(
-            guarded(statement), parameters, execution_options=options
+            guarded(statement, self._database), parameters, execution_options=options
         )
         return result
 
@@ -64,13 +60,14 @@ class AsyncTransaction:
 
 class AsyncInboxStore:
     """``relay.db.inbox.InboxStore`` on an asyncio engine: each statement in a transaction of
-    its own (``call``), a handler's run in the transaction that holds its key (``run``)."""
+    its own (``call``), a delivery's steps through ``message``."""
 
     def __init__(self, url: str, consumer: str) -> None:
         self.engine = create_async_engine(url)
         self.consumer = consumer
         self.where = redact_url(url)
         self.statements = InboxStatements(self.engine.dialect, consumer)
+        self._run_lock = run_lock(self.engine.url)
 
     async def call(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         """One of ``self.statements`` in a transaction of its own; StoreError when it fails."""
@@ -78,45 +75,112 @@ class AsyncInboxStore:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(statement, *args)
 
-    async def run(
-        self, message_id: str, handler: Callable[[AsyncTransaction], Awaitable[object]]
-    ) -> Ran:
-        """``handler`` in the transaction whose first statement inserts the message's key,
-        unless the key was there; StoreError when the inbox's own statements fail."""
-        with db_errors("the inbox's transaction", self.where):
-            async with self.engine.connect() as conn:
-                tx = await conn.begin()
-                if not await self._add_key(conn, message_id):
-                    await tx.rollback()
-                    return Ran(Outcome.DUPLICATE)
-                started = time.perf_counter()
-                try:
-                    await handler(AsyncTransaction(conn))
-                except Exception as exc:
-                    await tx.rollback()
-                    return Ran(Outcome.FAILED, error=exc)
-                if conn.sync_connection is None or not still_open(conn.sync_connection):
-                    await tx.rollback()
-                    ended = "the handler's transaction was ended before its commit"
-                    return Ran(Outcome.ENDED, error=TransactionEnded(ended))
-                await tx.commit()
-        return Ran(Outcome.DONE, time.perf_counter() - started)
+    @asynccontextmanager
+    async def message(
+        self, handler: Callable[[AsyncTransaction], Awaitable[object]]
+    ) -> AsyncIterator[AsyncMessageRun]:
+        """A delivery's steps (``relay.inbox.flow.Doer``, awaited), ``handler`` run in the
+        message's transaction; whatever they leave open is rolled back at the end."""
+        run = AsyncMessageRun(self, handler)
+        if self._run_lock is not None:
+            await self._run_lock.acquire()
+        try:
+            yield run
+        finally:
+            try:
+                await run.rollback(discard=False)
+            finally:
+                if self._run_lock is not None:
+                    self._run_lock.release()
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+        if self._run_lock is not None:
+            self._run_lock.close()
+
+
+class AsyncMessageRun:
+    """``relay.db.inbox.MessageRun`` on an asyncio engine."""
+
+    def __init__(
+        self, store: AsyncInboxStore, handler: Callable[[AsyncTransaction], Awaitable[object]]
+    ) -> None:
+        self._store = store
+        self._handler = handler
+        self._conn: AsyncConnection | None = None
+        self.call = store.call
+
+    async def open(self, key: str) -> bool:
+        with db_errors("the inbox's transaction", self._store.where):
+            self._conn = await self._store.engine.connect()
+            await self._conn.begin()
+            return await self._add_key(self._conn, key)
 
     async def _add_key(self, conn: AsyncConnection, message_id: str) -> bool:
         """``InboxStatements.add_key``; on psycopg's asyncio connection awaited on the driver
         itself (as the blocking store does: a statement through SQLAlchemy, and its hop into
         ``run_sync``, cost more than a tenth of a delivery)."""
+        statements = self._store.statements
         raw = await conn.get_raw_connection()
         driver = raw.driver_connection
         if not isinstance(driver, psycopg.AsyncConnection):
-            return await conn.run_sync(self.statements.add_key, message_id)
-        key = self.statements.key_row(message_id)
-        sql = self.statements.key_sql
+            return await conn.run_sync(statements.add_key, message_id)
+        key = statements.key_row(message_id)
+        sql = statements.key_sql
         try:
             cursor = await driver.execute(sql, key)
             return await cursor.fetchone() is not None
         except psycopg.Error as exc:
             raise sa.exc.DBAPIError.instance(sql, key, exc, psycopg.Error) from exc
 
-    async def close(self) -> None:
-        await self.engine.dispose()
+    async def handle(self) -> Exception | None:
+        conn = self._sync()
+        try:
+            await self._handler(AsyncTransaction(self._held()))
+        except Exception as exc:
+            if lost(exc, conn):
+                summary = f"the handler's connection to {self._store.where} was lost"
+                raise StoreError(summary, summary=summary) from exc
+            return exc
+        return None
+
+    async def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
+        with classified(what, self._store.where, self._sync()):
+            return await self._held().run_sync(statement, *args)
+
+    async def commit(self) -> None:
+        try:
+            with classified("the inbox's commit", self._store.where, self._sync()):
+                await self._held().commit()
+        finally:
+            await self._release(discard=False)
+
+    async def rollback(self, discard: bool) -> None:
+        if self._conn is not None:
+            await self._release(discard)
+
+    def _held(self) -> AsyncConnection:
+        assert self._conn is not None
+        return self._conn
+
+    def _sync(self) -> sa.Connection:
+        conn = self._held().sync_connection
+        assert conn is not None
+        return conn
+
+    async def _release(self, discard: bool) -> None:
+        """``relay.db.inbox.MessageRun._release``: never raises."""
+        conn, self._conn = self._conn, None
+        assert conn is not None
+        sync = conn.sync_connection
+        try:
+            if (
+                sync is not None
+                and not sync.invalidated
+                and (discard or of(sync).session_changed(sync.connection.driver_connection))
+            ):
+                await conn.invalidate()  # rolled back by the server as the connection closes
+            await conn.close()
+        except sa.exc.SQLAlchemyError:
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                await conn.invalidate()

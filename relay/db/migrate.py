@@ -9,12 +9,14 @@ run beside, and any downgrade, is refused while such a relay holds buckets, unle
 from __future__ import annotations
 
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import sqlalchemy as sa
 
 from relay.constants import PROTOCOL_BEFORE_FENCES, TURN_INTERVAL_MAX_S
+from relay.db.buckets import holders
 from relay.db.clock import database_time
+from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import outbox_buckets, outbox_relays
 from relay.errors import ConfigError, MigrationRefusedError
@@ -25,12 +27,23 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 
+class Migrated(NamedTuple):
+    """What ``migrate`` found: the live relays before it moved; and, when the schema was
+    newer than this release's newest migration and left as it was, both revisions."""
+
+    live: list[LiveRelay]
+    ahead: tuple[str, str] | None = None  # the schema's revision, this release's newest
+
+
 def migrate(
     url: str, revision: str = "head", *, downgrade: bool = False, force: bool = False
-) -> list[LiveRelay]:
-    """Move the database to ``revision`` (down to it with ``downgrade``); returns the live
-    relays found before. Refused (``MigrationRefusedError``, nothing changed) while live
-    relays stand in its way (``relay.upgrade.blockers``), unless ``force``."""
+) -> Migrated:
+    """Move the database to ``revision`` (down to it with ``downgrade``). Refused
+    (``MigrationRefusedError``, nothing changed) while live relays stand in its way
+    (``relay.upgrade.blockers``), unless ``force``. One at a time on a database: the next
+    waits for the lock (``Dialect.lock_migrations``). A schema a later release migrated
+    is left as it is by an upgrade to this release's newest (a rollback's pods run one
+    before they start: the schema's least protocol says whether they may claim)."""
     # Alembic is imported here, not with the module: the CLI imports this module for every
     # command, and only `relay migrate` needs Alembic.
     from alembic import command
@@ -41,44 +54,53 @@ def migrate(
     engine = create_engine(url)
     try:
         with transaction(engine, "migrate", redact_url(url)) as conn:
+            of(conn).lock_migrations(conn)
             live = live_relays(conn)
+            if revision == "head" and not downgrade and (ahead := _ahead(config, conn)):
+                return Migrated(live, ahead)
             least = least_protocol(_steps(config, conn, revision, downgrade))
             if (standing := blockers(live, least, downgrade)) and not force:
                 raise MigrationRefusedError(_refusal(standing, least, downgrade))
             config.attributes["connection"] = conn
             (command.downgrade if downgrade else command.upgrade)(config, revision)
-        return live
+        return Migrated(live)
     finally:
         engine.dispose()
 
 
 def live_relays(conn: sa.Connection) -> list[LiveRelay]:
     """The relays present (a presence row renewed within a turn's longest interval: those
-    waiting renew theirs every turn) or holding buckets under a live lease, by name; none
-    on a schema before owned buckets (0005). A relay of a release before protocols (or a
-    schema before 0012) speaks protocol 1."""
+    waiting renew theirs every turn) or holding buckets under a live lease, present or not
+    (``relay.db.buckets.holders``, as the fence counts them), by name; none on a schema
+    before owned buckets (0005). A relay of a release before protocols (or a schema before
+    0012) speaks protocol 1."""
     inspector = sa.inspect(conn)
     if not inspector.has_table(outbox_buckets.name):
         return []
-    said = {column["name"] for column in inspector.get_columns(outbox_relays.name)}
+    columns = {column["name"] for column in inspector.get_columns(outbox_relays.name)}
     relay = outbox_relays.c
-    protocol = relay.protocol if "protocol" in said else sa.null()
+    protocol = relay.protocol if "protocol" in columns else sa.null()
     present = sa.select(relay.owner, protocol).where(
         relay.alive_until > database_time(-TURN_INTERVAL_MAX_S)
     )
-    protocols = {owner: said_protocol for owner, said_protocol in conn.execute(present)}
-    lease = outbox_buckets.c
-    holding = (
-        sa.select(lease.owner, sa.func.count())
-        .where(lease.owner.is_not(None), lease.lease_until > database_time())
-        .group_by(lease.owner)
-    )
-    held = {owner: int(count) for owner, count in conn.execute(holding)}
-    owners = sorted(protocols.keys() | held.keys())
-    return [
-        LiveRelay(owner, protocols.get(owner) or PROTOCOL_BEFORE_FENCES, held.get(owner, 0))
-        for owner in owners
-    ]
+    protocols = {owner: said or PROTOCOL_BEFORE_FENCES for owner, said in conn.execute(present)}
+    held: dict[str, int] = {}
+    for owner, said, buckets in conn.execute(holders(protocol)):
+        protocols[owner], held[owner] = said, int(buckets)
+    return [LiveRelay(owner, protocols[owner], held.get(owner, 0)) for owner in sorted(protocols)]
+
+
+def _ahead(config: Config, conn: sa.Connection) -> tuple[str, str] | None:
+    """The schema's revision and this release's newest, when this release's migrations do
+    not know the schema's (a later release's); else None."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    current = MigrationContext.configure(conn).get_current_revision()
+    script = ScriptDirectory.from_config(config)
+    if current is None or current in {step.revision for step in script.walk_revisions()}:
+        return None
+    return current, str(script.get_current_head())
 
 
 def _steps(config: Config, conn: sa.Connection, revision: str, downgrade: bool) -> list[int | None]:

@@ -10,6 +10,10 @@
   as sent would never be published).
 - **consumer**: an inbox consumer (``relay.inbox``): its keys and attempts, nothing of the
   outbox's (and what its handler writes, which is the user's to grant).
+- **console**: ``relay console``: reads the outbox and the relays' tables; changes parked
+  rows (replay: UPDATE; discard: DELETE into the archive; restore and an edited copy:
+  INSERT), writes its audit log and links, and forgets a requeued dead letter's attempts.
+  Nothing of the sent log's but its count, nothing of the inbox's keys.
 
 The docs (Operations, least privilege) print these statements, and the tests run each role
 with them and no more.
@@ -23,6 +27,7 @@ from relay.db.schema import WRITER_COLUMNS, built_on, metadata
 RELAY = "relay"
 WRITER = "writer"
 CONSUMER = "consumer"
+CONSOLE = "console"
 
 # Privileges per role, per table.
 PRIVILEGES: dict[str, dict[str, str]] = {
@@ -41,7 +46,21 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "inbox_received": "SELECT, INSERT, DELETE",
         "inbox_attempts": "SELECT, INSERT, UPDATE, DELETE",
     },
+    CONSOLE: {
+        "outbox": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_sent": "SELECT",
+        "outbox_buckets": "SELECT",
+        "outbox_relays": "SELECT",
+        "outbox_protocol": "SELECT",
+        # UPDATE: a restore locks the rows it moves (FOR UPDATE needs it), and changes none.
+        "outbox_archive": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_edits": "SELECT, INSERT",
+        "console_audit": "SELECT, INSERT, UPDATE",
+        "inbox_attempts": "SELECT, DELETE",
+    },
 }
+# Tables whose new rows take their ids from a sequence, per role (PostgreSQL's USAGE).
+SEQUENCES = {WRITER: ("outbox",), CONSOLE: ("outbox", "console_audit")}
 
 
 def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[str]:
@@ -54,4 +73,4 @@ def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[st
         for table, privileges in PRIVILEGES[role].items()
         if built_on(metadata.tables[table], dialect)
     ]
-    return [*statements, *own.writer_grants(grantee)] if role == WRITER else statements
+    return [*statements, *own.sequence_grants(grantee, SEQUENCES.get(role, ()))]

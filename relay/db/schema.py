@@ -25,7 +25,12 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
+from relay.constants import (
+    BUCKET_SPAN_ROWS,
+    BUCKET_STRIDE,
+    CONSOLE_REASON_PREFIX,
+    OUTBOX_BUCKETS,
+)
 from relay.db.dialects import of
 from relay.records import PARKED, PENDING, SENT, STATUSES
 
@@ -243,6 +248,38 @@ _partial_index(
     where=outbox.c.status == SENT,
 )
 
+
+# The operator console (``relay.db.console``) lists parked rows most recently parked first
+# (a parked row's ``next_attempt_at`` is when it was parked), by cause and by exchange, a
+# page at a time. Partial: a writer's INSERT (a pending row) adds no entry to any of them,
+# only a row being parked does. Not on MySQL (no partial indexes): there every writer's
+# INSERT would pay for them, and the console reads its pages by walking the parked range
+# of the due index instead.
+def reason_prefix(column: sa.ColumnElement[str | None]) -> sa.ColumnElement[str]:
+    """The first ``CONSOLE_REASON_PREFIX`` characters of a last error, as the console's index
+    holds them (a B-tree entry must stay small; an error may be long). Its numbers are
+    literals, so that a query's expression is the index's."""
+    return sa.func.substr(
+        column, sa.literal_column("1"), sa.literal_column(str(CONSOLE_REASON_PREFIX))
+    )
+
+
+CONSOLE_INDEXES = (
+    ("outbox_parked_time_idx", outbox.c.next_attempt_at, outbox.c.id),
+    (
+        "outbox_parked_reason_idx",
+        reason_prefix(outbox.c.last_error),
+        outbox.c.next_attempt_at,
+        outbox.c.id,
+    ),
+    ("outbox_parked_exchange_idx", outbox.c.exchange, outbox.c.next_attempt_at, outbox.c.id),
+)
+for _name, *_columns in CONSOLE_INDEXES:
+    _parked = outbox.c.status == PARKED
+    sa.Index(_name, *_columns, postgresql_where=_parked, sqlite_where=_parked).ddl_if(
+        callable_=_has_partial_indexes
+    )
+
 # The sent log: what is left of an acked row when acked rows leave the outbox (the default,
 # ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
 # horizon (the retention): a relay's claim probes it for every row it claims and drops,
@@ -420,3 +457,54 @@ inbox_attempts = sa.Table(
     sa.Column("first_failed_at", UTCDateTime(), nullable=True),
 )
 sa.Index("inbox_attempts_time_idx", inbox_attempts.c.updated_at)
+
+
+# The console's changes (``relay.db.console_actions``): who did what to which rows, written in
+# the transaction of the change itself, never a payload. ``target`` is JSON: the ids, or the
+# filter and the bound the operator saw.
+console_audit = sa.Table(
+    "console_audit",
+    metadata,
+    sa.Column("id", ROW_ID, primary_key=True),
+    sa.Column("at", UTCDateTime(), nullable=False, server_default=stored_now()),
+    sa.Column("actor", SHORT_TEXT, nullable=False),
+    sa.Column("role", SHORT_TEXT, nullable=False),
+    sa.Column("action", SHORT_TEXT, nullable=False),
+    sa.Column("target", LONG_TEXT, nullable=False),
+    sa.Column("rows", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("result", sa.Text(), nullable=False),
+    sqlite_autoincrement=True,
+)
+
+# Parked rows the console discarded: moved out of the outbox whole (the relays never see
+# them), restorable as they were. Their ids are the outbox's, never handed out again.
+outbox_archive = sa.Table(
+    "outbox_archive",
+    metadata,
+    sa.Column("id", ROW_ID, primary_key=True, autoincrement=False),
+    sa.Column("message_id", SHORT_TEXT, nullable=False),
+    sa.Column("exchange", SHORT_TEXT, nullable=False),
+    sa.Column("routing_key", SHORT_TEXT, nullable=False),
+    sa.Column("payload", PAYLOAD, nullable=False),
+    sa.Column("content_type", SHORT_TEXT, nullable=False),
+    sa.Column("headers", LONG_TEXT, nullable=True),
+    sa.Column("ordering_key", SHORT_TEXT, nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("last_error", sa.Text(), nullable=True),
+    sa.Column("archived_at", UTCDateTime(), nullable=False, server_default=stored_now()),
+    sa.Column("archived_by", SHORT_TEXT, nullable=False),
+)
+sa.Index("outbox_archive_time_idx", outbox_archive.c.archived_at)
+
+# An admin's edited copy of a parked row (a new row, a new id and message id), linked to its
+# original, which stays as it was: each row's page names the other.
+outbox_edits = sa.Table(
+    "outbox_edits",
+    metadata,
+    sa.Column("copy_id", ROW_ID, primary_key=True, autoincrement=False),
+    sa.Column("original_id", ROW_ID, nullable=False),
+    sa.Column("edited_at", UTCDateTime(), nullable=False, server_default=stored_now()),
+    sa.Column("edited_by", SHORT_TEXT, nullable=False),
+)
+sa.Index("outbox_edits_original_idx", outbox_edits.c.original_id)

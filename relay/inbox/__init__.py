@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -31,7 +30,7 @@ from relay.backoff import Backoff
 from relay.broker.consumer import Consumer
 from relay.constants import INBOX_TICK_S
 from relay.db.inbox import InboxStore, Transaction
-from relay.inbox.flow import Flow, Run, Step, drive
+from relay.inbox.flow import Flow, drive
 from relay.inbox.policy import dead_letter_queue
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery
@@ -65,7 +64,7 @@ class Inbox:
     def run(self, handler: Handler, stop: threading.Event) -> None:
         """Consume until ``stop`` is set (a signal handler's, another thread's); returns after
         the delivery under way is answered. Deliveries not answered yet go back to the queue."""
-        drive(self.flow.starting(self.settings.retention), self._do(None, None))
+        drive(self.flow.starting(self.settings.retention), self.store)
         consumer = Consumer(
             self.settings.amqp_urls,
             self.settings.name,
@@ -78,6 +77,7 @@ class Inbox:
             dead_letters=dead_letter_queue(self.inbox.inbox_queue),
             tick=INBOX_TICK_S,
             backoff=self._backoff,
+            refused=self.metrics.copies_refused.inc,
         )
         try:
             consumer.run(stop)
@@ -87,23 +87,14 @@ class Inbox:
     def process(self, handler: Handler, delivery: Delivery) -> Answer:
         """One delivery through the inbox (``relay.inbox.flow``): the verdict the broker is
         answered with."""
-
-        return drive(self.flow.process(delivery), self._do(handler, delivery))
-
-    def _do(self, handler: Handler | None, delivery: Delivery | None) -> Callable[[Step], Any]:
-        """How this inbox does a step of ``relay.inbox.flow``: a statement in a transaction
-        of its own, or ``handler``'s run on ``delivery``."""
-
-        def do(step: Step) -> Any:
-            if isinstance(step, Run):
-                assert handler is not None and delivery is not None
-                return self.store.run(step.key, lambda tx: handler(delivery, tx))
-            return self.store.call(step.what, step.statement, *step.args)
-
-        return do
+        try:
+            with self.store.message(lambda tx: handler(delivery, tx)) as run:
+                return drive(self.flow.process(delivery), run)
+        except Exception as exc:  # the inbox's own fault: counted, never the consumer's end
+            return drive(self.flow.broke(delivery, exc), self.store)
 
     def _database_answers(self) -> bool:
-        return drive(self.flow.database_answers(), self._do(None, None))
+        return drive(self.flow.database_answers(), self.store)
 
     def _purge_when_due(self) -> None:
         """A slice of the purge when one is due (``Flow.purge_slice``): the next at the next
@@ -111,5 +102,5 @@ class Inbox:
         window = self.inbox.inbox_dedupe_window
         if window == 0 or time.monotonic() < self._next_purge:
             return
-        if not drive(self.flow.purge_slice(), self._do(None, None)):
+        if not drive(self.flow.purge_slice(), self.store):
             self._next_purge = time.monotonic() + self.inbox.inbox_purge_interval

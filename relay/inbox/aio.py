@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -25,7 +24,7 @@ from relay.backoff import Backoff
 from relay.broker.aio_consumer import AsyncConsumer, until_ready
 from relay.constants import INBOX_TICK_S
 from relay.db.inbox_async import AsyncInboxStore, AsyncTransaction
-from relay.inbox.flow import Flow, Run, Step, drive_async
+from relay.inbox.flow import Flow, drive_async
 from relay.inbox.policy import dead_letter_queue
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery
@@ -67,6 +66,7 @@ class AsyncInbox:
             dead_letters=dead_letter_queue(self.inbox.inbox_queue),
             tick=INBOX_TICK_S,
             backoff=self.backoff,
+            refused=self.metrics.copies_refused.inc,
         )
         async with self.serving(stop):
             await consumer.run(stop)
@@ -76,7 +76,7 @@ class AsyncInbox:
         """What a consumer of this inbox runs inside (``run``'s, a FastStream app's): the
         start's warnings (``Flow.starting``), the purge as a task beside it, the engine
         closed at the end."""
-        await drive_async(self.flow.starting(self.settings.retention), self._do(None, None))
+        await drive_async(self.flow.starting(self.settings.retention), self.store)
         purging = asyncio.create_task(self.purge(stop))
         try:
             yield
@@ -94,10 +94,14 @@ class AsyncInbox:
     async def process(self, handler: AsyncHandler, delivery: Delivery) -> Answer:
         """One delivery through the inbox (``relay.inbox.flow``): the verdict the broker is
         answered with."""
-        return await drive_async(self.flow.process(delivery), self._do(handler, delivery))
+        try:
+            async with self.store.message(lambda tx: handler(delivery, tx)) as run:
+                return await drive_async(self.flow.process(delivery), run)
+        except Exception as exc:  # the inbox's own fault: counted, never the consumer's end
+            return await drive_async(self.flow.broke(delivery, exc), self.store)
 
     async def database_answers(self) -> bool:
-        return await drive_async(self.flow.database_answers(), self._do(None, None))
+        return await drive_async(self.flow.database_answers(), self.store)
 
     async def purge(self, stop: asyncio.Event) -> None:
         """The purge, a task beside the consumer: a slice (``Flow.purge_slice``), then the
@@ -105,20 +109,6 @@ class AsyncInbox:
         if self.inbox.inbox_dedupe_window == 0:
             return
         while not stop.is_set():
-            more = await drive_async(self.flow.purge_slice(), self._do(None, None))
+            more = await drive_async(self.flow.purge_slice(), self.store)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0 if more else self.inbox.inbox_purge_interval)
-
-    def _do(
-        self, handler: AsyncHandler | None, delivery: Delivery | None
-    ) -> Callable[[Step], Awaitable[Any]]:
-        """How this inbox does a step of ``relay.inbox.flow``: a statement in a transaction
-        of its own, or ``handler``'s run on ``delivery``."""
-
-        async def do(step: Step) -> Any:
-            if isinstance(step, Run):
-                assert handler is not None and delivery is not None
-                return await self.store.run(step.key, lambda tx: handler(delivery, tx))
-            return await self.store.call(step.what, step.statement, *step.args)
-
-        return do

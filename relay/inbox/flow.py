@@ -1,29 +1,41 @@
 """One delivery's way through the inbox, written once for the blocking and the asyncio
-inboxes: a generator that yields what it needs done (a statement of the inbox's own, or the
-handler's run in the transaction that holds the key) and decides from what it is sent back
-(or the StoreError thrown in) what the broker is answered. ``drive`` and ``drive_async``
-run it against a store; the decisions themselves do no I/O.
+inboxes: a generator that yields what it needs done (``Step``: a statement in a transaction
+of its own, or a move of the message's own transaction: open it with the key, run the
+handler, a statement in it, commit, roll back) and decides from what it is sent back (or
+the error thrown in) what the broker is answered. ``drive`` and ``drive_async`` run it
+against a ``Doer`` (``relay.db.inbox.InboxStore`` and its asyncio twin); the decisions
+themselves do no I/O.
 
-Only a handler that raised (or ended the inbox's transaction), or a run that died inside the
-handler, is charged an attempt: never a database error, a lock wait, or a delivery that came
-again without having reached its handler."""
+What counts as a failed attempt, and nothing else does:
+- the handler raised (not because the inbox's connection was lost: that is the database
+  away);
+- the message's transaction failed at its end, the connection alive: a deferred constraint
+  at the commit, a transaction the handler's swallowed error aborted;
+- the handler ended the inbox's transaction, by any door (its key is not in the transaction
+  at the end, or was committed by a handler that then raised: the key is deleted, so that
+  the retry runs);
+- a run that died inside the handler (its consumer killed): found by the next delivery, as
+  its run's mark still set.
+Never a database error of the inbox's own, a lock wait, or a delivery that came again
+without having reached its handler. A message whose key is there is acked as processed
+before anything is counted, however often it came."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from relay.constants import INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
-from relay.db.inbox import InboxStatements, Outcome, Ran
+from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
+from relay.db.inbox import CRASHED, InboxStatements, TransactionEnded, TransactionFailed
 from relay.errors import StoreError
 from relay.inbox.policy import (
     RetrySchedule,
     dead_letter_headers,
+    describe,
     key_problem,
     too_many_before,
     window_problem,
@@ -36,28 +48,79 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
-    """One of ``InboxStatements`` (``statement``, with ``args``), in a transaction of its own."""
+class Step:
+    """What the flow needs done: ``Doer``'s method ``method`` called with ``args``; ``what``
+    names it in an error."""
 
+    method: str
     what: str
-    statement: Callable[..., Any]
-    args: tuple[Any, ...]
+    args: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    """The handler's run in the transaction that holds ``key``; sent back: its ``Ran``."""
-
-    key: str
+def call(what: str, statement: Callable[..., Any], *args: Any) -> Step:
+    """One of ``InboxStatements``, in a transaction of its own."""
+    return Step("call", what, (what, statement, *args))
 
 
-Step = Call | Run
+def in_transaction(what: str, statement: Callable[..., Any], *args: Any) -> Step:
+    """One of ``InboxStatements``, in the message's open transaction."""
+    return Step("execute", what, (what, statement, *args))
+
+
+def open_with(key: str) -> Step:
+    return Step("open", "the inbox's transaction", (key,))
+
+
+HANDLE = Step("handle", "the handler")
+COMMIT = Step("commit", "the inbox's commit")
+
+
+def roll_back(discard: bool = False) -> Step:
+    return Step("rollback", "the inbox's rollback", (discard,))
+
+
+class Doer(Protocol):
+    """What does the flow's steps: the blocking one as here, the asyncio one awaited. Each
+    raises StoreError when the database fails it (``TransactionFailed`` where the message's
+    own transaction failed with the connection alive)."""
+
+    def call(self, what: str, statement: Callable[..., Any], *args: Any) -> Any:
+        """A statement in a transaction of its own."""
+
+    def open(self, key: str) -> bool:
+        """Begin the message's transaction with its key's insert: whether it went in (else
+        the message was processed before, and the transaction holds nothing)."""
+
+    def handle(self) -> Exception | None:
+        """Run the handler in the open transaction: its exception, or None. StoreError when
+        the inbox's connection was lost under it."""
+
+    def execute(self, what: str, statement: Callable[..., Any], *args: Any) -> Any:
+        """A statement in the open transaction."""
+
+    def commit(self) -> None: ...
+
+    def rollback(self, discard: bool) -> None:
+        """Roll back whatever is open (never raises); ``discard``: the connection's session
+        may have been changed by the handler, and is not used again."""
+
+
 R = TypeVar("R")
 Steps = Generator[Step, Any, R]
 
 
+@dataclass(slots=True)
+class _Run:
+    """A delivery's run: its key, whether it came again, whether its run is marked."""
+
+    key: str
+    redelivered: bool
+    marked: bool = False
+
+
 class Flow:
-    """The inbox's decisions for one consumer: its settings, its statements, its metrics."""
+    """The inbox's decisions for one consumer: its settings, its statements, its metrics,
+    and the runs whose marks it could not end while the database was away."""
 
     def __init__(
         self, inbox: InboxSettings, statements: InboxStatements, metrics: InboxMetrics
@@ -66,6 +129,16 @@ class Flow:
         self.statements = statements
         self.metrics = metrics
         self.schedule = RetrySchedule.of(inbox)
+        # Keys whose run this consumer marked and could not end (the database went away in
+        # it): no crash, ended once the database answers, before the key is run again.
+        self._unended: set[str] = set()
+        # The key whose run the connection was last lost under, and how many times in a row.
+        self._lost_at: tuple[str, int] | None = None
+
+    def describe(self, error: BaseException) -> str:
+        return describe(
+            error, self.statements.error_facts, messages=self.inbox.inbox_error_messages
+        )
 
     def starting(self, retention: float) -> Steps[None]:
         """What a consumer says as it starts: a dedupe window shorter than the relay's memory
@@ -74,9 +147,7 @@ class Flow:
         if problem is not None:
             log.warning("%s", problem, extra={"action": "inbox_window_short"})
         try:
-            durability = yield Call(
-                "reading the server's durability", self.statements.durability, ()
-            )
+            durability = yield call("reading the server's durability", self.statements.durability)
         except StoreError:  # a database away now is the consumer's to wait out
             return
         if durability is not None:
@@ -93,85 +164,193 @@ class Flow:
                 extra={"action": "inbox_unkeyed"},
             )
             self.metrics.dead_lettered.inc()
-            return Answer(Verdict.DEAD_LETTER, reason=self._why(problem, 0))
+            held = self.schedule.max_delay  # if the dead letters' queue refuses it
+            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(problem, 0))
         key = delivery.key
         assert key is not None  # key_problem says so
-        marked = False
-        ran: Ran
+        run = _Run(key, delivery.redelivered)
         try:
-            # A delivery that comes again may follow a run that died inside its handler: its
-            # run is marked, outside the transaction (SQLite has one writer, and the
-            # transaction holds it), and the mark of a run that died is counted.
-            if delivery.redelivered:
-                counted = yield Call("marking a run", self.statements.start_run, (key,))
-                marked = True
-                if too_many_before(counted, self.inbox.inbox_max_attempts):
-                    why = "its earlier runs died inside the handler"
-                    return (yield from self._dead_letter(key, why))
-            ran = yield Run(key)
+            if key in self._unended:
+                yield call("ending a run", self.statements.end_run, key)
+                self._unended.discard(key)
+            return (yield from self._run(run))
         except StoreError as exc:
-            if marked:
-                with contextlib.suppress(StoreError):
-                    yield Call("ending a run", self.statements.end_run, (key,))
+            if run.marked:
+                self._unended.add(key)
             return self._store_failed(key, exc)
-        if ran.outcome is Outcome.DUPLICATE:
+
+    def _mark(self, run: _Run) -> Steps[Answer | None]:
+        """A delivery that comes again may follow a run that died inside its handler: its
+        run is marked, in a transaction of its own, and the mark of a run that died is counted
+        (``InboxStatements.start_run``); the answer when that is the end of it (processed
+        before: acked; its attempts used up: dead-lettered), else None."""
+        counted = yield call("marking a run", self.statements.start_run, run.key)
+        if counted is None:  # processed (its ack lost): acked, nothing counted
             self.metrics.duplicates.inc()
             return Answer(Verdict.ACK)
-        if ran.outcome is Outcome.DONE:
-            self.metrics.handler_seconds.observe(ran.seconds)
-            self.metrics.processed.inc()
-            return Answer(Verdict.ACK)
-        assert ran.error is not None
-        if ran.outcome is Outcome.ENDED:  # its key may have committed with part of the work
-            with contextlib.suppress(StoreError):
-                yield Call("forgetting a key", self.statements.forget, (key,))
-        return (yield from self._failed(key, ran.error))
+        run.marked = True
+        if not too_many_before(counted, self.inbox.inbox_max_attempts):
+            return None
+        # Not run: its mark ended, or the next delivery (a dead letter the broker refused
+        # comes back) would count a run that never was. Its reason is its last failure's: a
+        # crash, or what it was before the delivery came again (its dead letter's ack lost,
+        # its dead letter held back).
+        yield call("ending a run", self.statements.end_run, run.key)
+        return (yield from self._dead_letter(run.key, None))
 
-    def _failed(self, key: str, exc: Exception) -> Steps[Answer]:
-        error = f"{type(exc).__name__}: {exc}"
+    def _run(self, run: _Run) -> Steps[Answer]:
+        """The handler's run in the transaction that holds the message's key. A redelivered
+        run is marked once the key is held (no other consumer's live run can hold it then:
+        a mark found set is a run that died), where a second connection can write beside
+        the open transaction; with one writer (SQLite) before the key, a lock around the
+        delivery (``relay.db.inbox``'s run lock) keeping another consumer's run out."""
+        key = run.key
+        one_writer = self.statements.database.one_writer
+        if run.redelivered and one_writer and (answer := (yield from self._mark(run))):
+            return answer
+        if not (yield open_with(key)):  # processed before
+            if run.marked:
+                yield in_transaction("ending a run", self.statements.end_run, key)
+                yield COMMIT
+            else:
+                yield roll_back()
+            self.metrics.duplicates.inc()
+            return Answer(Verdict.ACK)
+        if run.redelivered and not one_writer and (answer := (yield from self._mark(run))):
+            yield roll_back()
+            return answer
         try:
-            attempts = yield Call(
-                "counting an attempt", self.statements.count_attempt, (key, error)
-            )
-        except StoreError as failed:  # uncounted: as a database failure
-            return self._store_failed(key, failed)
+            return (yield from self._handled(run))
+        except StoreError as exc:
+            if isinstance(exc, TransactionFailed):
+                raise
+            return (yield from self._lost(run, exc))
+
+    def _handled(self, run: _Run) -> Steps[Answer]:
+        """The handler, then the commit or the rollback, and the answer."""
+        key, started = run.key, time.perf_counter()
+        error: Exception | None = yield HANDLE
+        # Whether the key committed with part of the work: a handler that ended the
+        # transaction by some door and then failed. The key is then deleted with the count,
+        # so that the retry runs. Looked at from a connection of its own while the message's
+        # transaction is still open: only a committed key is seen there, never another
+        # consumer's (a second delivery of the message waits on the open key).
+        committed = False
+        if error is None:
+            try:
+                if (yield in_transaction("checking the key", self.statements.holds_key, key)):
+                    if run.marked:
+                        yield in_transaction("ending a run", self.statements.end_run, key)
+                    try:
+                        yield COMMIT
+                    except TransactionFailed as failed:  # over, and nothing of it committed
+                        return (yield from self._failed(key, failed, forget_key=False))
+                    self.metrics.handler_seconds.observe(time.perf_counter() - started)
+                    self.metrics.processed.inc()
+                    self._lost_at = None
+                    return Answer(Verdict.ACK)
+                # Rolled back past ``Transaction`` (through the driver, a procedure): the
+                # transaction here is another, without the key, and is rolled back too.
+                error = TransactionEnded(
+                    "the handler ended the inbox's transaction: its key was not in the "
+                    "transaction at the end"
+                )
+            except TransactionFailed as failed:
+                error = failed
+                committed = yield call("looking for the key", self.statements.key_committed, key)
+        else:
+            committed = yield call("looking for the key", self.statements.key_committed, key)
+        # A connection whose transaction the handler ended may have had its session changed
+        # too: it is not used again.
+        yield roll_back(discard=committed or isinstance(error, TransactionEnded))
+        return (yield from self._failed(key, error, forget_key=committed))
+
+    def _lost(self, run: _Run, exc: StoreError) -> Steps[Answer]:
+        """The message's connection was lost under its run: the database away, uncounted
+        (raised on), unless it was lost at this very message ``INBOX_LOST_AT_ONE_MESSAGE``
+        times in a row, the database answering each time in between (the consumer takes
+        deliveries again only then): then the message is what breaks it (a write larger
+        than the server takes, a statement that kills its backend), and it is counted as a
+        failure, or it would hold its queue for ever."""
+        key = run.key
+        seen = self._lost_at[1] + 1 if self._lost_at and self._lost_at[0] == key else 1
+        self._lost_at = (key, seen)
+        if seen < INBOX_LOST_AT_ONE_MESSAGE:
+            raise exc
+        self._lost_at = None
+        yield roll_back()
+        log.warning(
+            "message %s: the database's connection was lost under it %d times in a row, the "
+            "database answering in between: counted as its failure",
+            key,
+            seen,
+            extra={"action": "inbox_lost_at_message", "message_id": key},
+        )
+        return (yield from self._failed(key, exc, forget_key=False))
+
+    def broke(self, delivery: Delivery, error: Exception) -> Steps[Answer]:
+        """The inbox itself failed on ``delivery`` (a fault of this package's, or of what it
+        runs on, that this message set off): logged, and counted as a failed attempt, so that
+        a message that sets it off every time is dead-lettered, never dropped nor tried for
+        ever; requeued uncounted, the consumer paused, where it cannot be counted."""
+        key = None if key_problem(delivery) else delivery.key
+        log.error(
+            "message %s: the inbox failed on it: %s",
+            key,
+            self.describe(error),
+            extra={"action": "inbox_internal_error", "message_id": key},
+        )
+        self.metrics.internal_errors.inc()
+        if key is None:
+            return Answer(Verdict.RETRY, pause=True)
+        try:
+            return (yield from self._failed(key, error, forget_key=False))
+        except StoreError as exc:
+            return self._store_failed(key, exc)
+
+    def _failed(self, key: str, error: Exception, *, forget_key: bool) -> Steps[Answer]:
+        why = self.describe(error)
+        attempts = yield call(
+            "counting an attempt", self.statements.count_attempt, key, why, forget_key
+        )
         answer = self.schedule.after(attempts)
         if answer.verdict is Verdict.DEAD_LETTER:
-            return (yield from self._dead_letter(key, error))
+            return (yield from self._dead_letter(key, why))
         log.warning(
             "message %s failed (attempt %d of %d), %s: %s",
             key,
             attempts,
             self.inbox.inbox_max_attempts,
             f"again in {answer.delay:g} s" if answer.delay else "requeued",
-            error,
+            why,
             extra={"action": "inbox_retry", "message_id": key, "delay_s": answer.delay},
         )
         self.metrics.retried.inc()
         return answer
 
-    def _dead_letter(self, key: str, why: str) -> Steps[Answer]:
+    def _dead_letter(self, key: str, why: str | None) -> Steps[Answer]:
+        """Dead-lettered with its counts and its last failure (``why`` where that is not
+        read, or it is not given)."""
+        try:
+            failures = yield call("reading attempts", self.statements.failures, key)
+        except StoreError:  # the reason without its counts, rather than no dead letter
+            failures = None
+        last = (failures.last_error if failures is not None else None) or why or CRASHED
         log.error(
             "message %s dead-lettered after %d attempts: %s",
             key,
-            self.inbox.inbox_max_attempts,
-            why,
+            failures.attempts if failures is not None else self.inbox.inbox_max_attempts,
+            last,
             extra={"action": "inbox_dead_letter", "message_id": key},
         )
         self.metrics.dead_lettered.inc()
-        try:
-            failures = yield Call("reading attempts", self.statements.failures, (key,))
-        except StoreError:  # the reason without its counts, rather than no dead letter
-            failures = None
+        held = self.schedule.max_delay  # if the dead letters' queue refuses it
         if failures is None:
-            return Answer(Verdict.DEAD_LETTER, reason=self._why(why, 0))
+            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(last, 0))
         reason = self._why(
-            failures.last_error or why,
-            failures.attempts,
-            first=failures.first_failed_at,
-            last=failures.last_failed_at,
+            last, failures.attempts, first=failures.first_failed_at, last=failures.last_failed_at
         )
-        return Answer(Verdict.DEAD_LETTER, reason=reason)
+        return Answer(Verdict.DEAD_LETTER, held, reason=reason)
 
     def _why(
         self,
@@ -191,26 +370,34 @@ class Flow:
         )
 
     def _store_failed(self, key: str, exc: StoreError) -> Answer:
-        """The inbox's own statements failed (the database is away): the delivery is not
-        counted, and the consumer stops taking deliveries until the database answers (each
-        would fail the same way, and a requeue loop would spend a quorum queue's delivery
-        limit): requeued with the consumer cancelled (``Inbox``, ``AsyncInbox``), or held
-        (the FastStream middleware)."""
+        """The database failed the inbox (it is away, or its connection was lost under the
+        handler): the delivery is not counted, and the consumer stops taking deliveries
+        until the database answers (each would fail the same way, and a requeue loop would
+        spend a quorum queue's delivery limit): requeued with the consumer cancelled
+        (``Inbox``, ``AsyncInbox``), or held (the FastStream middleware)."""
         log.warning(
             "message %s not handled, uncounted: consuming paused until the database answers: %s",
             key,
-            exc,
+            self.describe(exc),
             extra={"action": "inbox_database_retry", "message_id": key},
         )
         self.metrics.database_errors.inc()
         return Answer(Verdict.RETRY, pause=True)
 
     def database_answers(self) -> Steps[bool]:
-        """Whether the database answers again, for a consumer paused while it was away."""
+        """Whether the database answers again, for a consumer paused while it was away; the
+        marks of the runs it was away in are ended first (they were no crash)."""
         try:
-            yield Call("reaching the database", self.statements.ping, ())
+            yield call("reaching the database", self.statements.ping)
+            for key in sorted(self._unended):
+                yield call("ending a run", self.statements.end_run, key)
+                self._unended.discard(key)
         except StoreError as exc:
-            log.info("database still away: %s", exc, extra={"action": "inbox_database_waiting"})
+            log.info(
+                "database still away: %s",
+                self.describe(exc),
+                extra={"action": "inbox_database_waiting"},
+            )
             return False
         log.info("database answers: consuming again", extra={"action": "inbox_resumed"})
         return True
@@ -224,11 +411,15 @@ class Flow:
         window = self.inbox.inbox_dedupe_window
         while full and time.monotonic() < until:
             try:
-                count = yield Call(
-                    "purging the inbox", self.statements.purge_one, (window, INBOX_PURGE_CHUNK)
+                count = yield call(
+                    "purging the inbox", self.statements.purge_one, window, INBOX_PURGE_CHUNK
                 )
             except StoreError as exc:
-                log.warning("inbox purge failed: %s", exc, extra={"action": "inbox_purge_failed"})
+                log.warning(
+                    "inbox purge failed: %s",
+                    self.describe(exc),
+                    extra={"action": "inbox_purge_failed"},
+                )
                 return False
             deleted += count
             full = count == INBOX_PURGE_CHUNK
@@ -239,8 +430,9 @@ class Flow:
         return full
 
 
-def drive(steps: Steps[R], do: Callable[[Step], Any]) -> R:
-    """Run ``steps`` to their answer, each step done by ``do`` (its StoreError thrown back)."""
+def drive(steps: Steps[R], doer: Any) -> R:
+    """Run ``steps`` to their answer, each done by ``doer`` (``Doer``; its StoreError thrown
+    back in)."""
     reply: Any = None
     error: StoreError | None = None
     while True:
@@ -251,13 +443,13 @@ def drive(steps: Steps[R], do: Callable[[Step], Any]) -> R:
             return result
         reply, error = None, None
         try:
-            reply = do(step)
+            reply = getattr(doer, step.method)(*step.args)
         except StoreError as exc:
             error = exc
 
 
-async def drive_async(steps: Steps[R], do: Callable[[Step], Awaitable[Any]]) -> R:
-    """``drive`` for a ``do`` that is awaited."""
+async def drive_async(steps: Steps[R], doer: Any) -> R:
+    """``drive`` for a ``doer`` whose methods are awaited."""
     reply: Any = None
     error: StoreError | None = None
     while True:
@@ -268,6 +460,6 @@ async def drive_async(steps: Steps[R], do: Callable[[Step], Awaitable[Any]]) -> 
             return result
         reply, error = None, None
         try:
-            reply = await do(step)
+            reply = await getattr(doer, step.method)(*step.args)
         except StoreError as exc:
             error = exc

@@ -4,10 +4,15 @@ relay's memory of a message."""
 
 from __future__ import annotations
 
+import os
+import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 
 from relay.constants import LAST_ERROR_MAX_CHARS
+from relay.errors import RelayError, StoreError
 from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings
 
@@ -23,13 +28,12 @@ def key_problem(delivery: Delivery) -> str | None:
     name, raw = _raw_key(delivery)
     if raw is None:
         return "the message has neither a message_id nor a ce-id header: it cannot be deduplicated"
-    if isinstance(raw, bytes):
+    if isinstance(raw, bytes | bytearray):
         try:
-            raw.decode("utf-8")
+            raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
             byte = raw[exc.start]
             return f"its {name} is not UTF-8 text (byte 0x{byte:02x} at {exc.start})"
-        raw = raw.decode("utf-8")
     if not isinstance(raw, str):
         return f"its {name} is not text but {type(raw).__name__}"
     if "\x00" in raw:
@@ -42,13 +46,125 @@ def key_problem(delivery: Delivery) -> str | None:
 
 def _raw_key(delivery: Delivery) -> tuple[str, object]:
     """The value the inbox keys ``delivery`` on, as the broker gave it, and its name: the
-    message id, else the ``ce-id`` header (a CloudEvents producer that sets no message id)."""
+    message id, else the ``ce-id`` header (a CloudEvents producer that sets no message id;
+    ``relay.records.key_of`` gives it as text)."""
     if delivery.message_id:
         return "message_id", delivery.message_id
     ce_id = delivery.headers.get("ce-id")
     if ce_id is None or ce_id in ("", b""):  # a tuple: a header may be unhashable
         return "ce-id", None
     return "ce-id", ce_id
+
+
+# A database error's facts that name no value: its SQLSTATE or error number, and the names of
+# the constraint, table and column it concerns (``relay.db.dialects``'s ``error_facts``);
+# None for an error that is not a database driver's.
+Facts = Callable[[BaseException], list[str] | None]
+# Code a handler runs through that is not its own: the standard library, this package, and
+# the drivers and frameworks the inbox calls it through (a handler's own frames are the ones
+# an operator needs; an application installed as a package is its own all the same).
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_FRAMEWORKS = frozenset(
+    [
+        "relay",
+        "sqlalchemy",
+        "psycopg",
+        "psycopg_pool",
+        "MySQLdb",
+        "pymysql",
+        "aiomysql",
+        "aiosqlite",
+        "sqlite3",
+        "greenlet",
+        "pika",
+        "aio_pika",
+        "aiormq",
+        "pamqp",
+        "faststream",
+        "fast_depends",
+        "anyio",
+        "pydantic",
+        "pydantic_core",
+    ]
+)
+
+
+def describe(error: BaseException, facts: Facts, *, messages: bool = False) -> str:
+    """What an attempt's failure is recorded as (``x-inbox-error``, ``inbox_attempts``, the
+    logs): the exception's type and where the handler raised it, with the types it was
+    raised from, and a database error's facts (``Facts``). Never a message that may hold a
+    payload or a statement's parameters: a database's message quotes values (PostgreSQL's
+    ``DETAIL: Key (pan)=(4111...)``, MySQL's ``Duplicate entry '4111...'``), SQLAlchemy's
+    lists the parameters, and ``int(text)``'s or a validation error's quote the input. Only
+    with ``messages`` (``RELAY_INBOX_ERROR_MESSAGES``) is a non-database exception's own
+    message kept. This package's own errors say what happened in words of its own, always
+    (a database error's words excepted)."""
+    parts = [_one(error, facts, messages)]
+    place = _raised_at(error.__traceback__)
+    if place:
+        parts.append(f"at {place}")
+    seen = {id(error)}
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen and len(seen) < _CAUSES_SHOWN:
+        seen.add(id(cause))
+        parts.append(f"from {_one(cause, facts, messages)}")
+        cause = cause.__cause__ or cause.__context__
+    return " ".join(parts)[:LAST_ERROR_MAX_CHARS]
+
+
+# The causes named after an exception (a handler's error wrapping a database's, say).
+_CAUSES_SHOWN = 3
+
+
+def _one(error: BaseException, facts: Facts, messages: bool) -> str:
+    name = type(error).__name__
+    driver = getattr(error, "orig", None)  # SQLAlchemy's wrapper of the driver's error
+    if isinstance(driver, BaseException):
+        name = f"{name}: {type(driver).__name__}"
+        known = facts(driver) or []
+    else:
+        found = facts(error)
+        if found is None:
+            return _described(error, name, messages)
+        known = found
+    return f"{name} ({', '.join(known)})" if known else name
+
+
+def _described(error: BaseException, name: str, messages: bool) -> str:
+    """An exception that is not a database's: its words where they are this package's own
+    (or with ``messages``), else its name."""
+    if isinstance(error, StoreError):
+        return f"{name}: {error.summary}" if error.summary else name
+    if not (isinstance(error, RelayError) or messages):
+        return name
+    try:
+        text = str(error).strip()
+    except Exception:  # an exception whose own str() fails: its name
+        return name
+    return f"{name}: {text.splitlines()[0]}" if text else name
+
+
+def _raised_at(tb: TracebackType | None) -> str:
+    """The innermost frame of the traceback in code of the handler's own (not the standard
+    library's, an installed package's, or this package's), as ``module:line in function``;
+    the innermost frame of all where there is none."""
+    innermost, own = "", ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        module = tb.tb_frame.f_globals.get("__name__", code.co_filename)
+        innermost = f"{module}:{tb.tb_lineno} in {code.co_name}"
+        if not _library(module, code.co_filename):
+            own = innermost
+        tb = tb.tb_next
+    return own or innermost
+
+
+def _library(module: str, filename: str) -> bool:
+    return (
+        module.partition(".")[0] in _FRAMEWORKS
+        or filename.startswith("<frozen")
+        or os.path.abspath(filename).startswith(_STDLIB)
+    )
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Settings: frozen objects, read once from ``RELAY_*`` variables, an env file and options; a
-module per component (``relay``, ``inbox``, ``tracing``) over one shared parser (``parse``)."""
+module per component (``relay``, ``inbox``, ``console``, ``tracing``) over one shared parser
+(``parse``)."""
 
+from relay.settings.console import ConsoleSettings
 from relay.settings.inbox import InboxSettings
 from relay.settings.parse import (
     ENV_FILE_VAR,
@@ -16,6 +18,7 @@ from relay.settings.tracing import TracingSettings
 __all__ = [
     "ENV_FILE_VAR",
     "ENV_PREFIX",
+    "ConsoleSettings",
     "InboxSettings",
     "SettingDoc",
     "Settings",

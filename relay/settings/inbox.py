@@ -16,6 +16,7 @@ from relay.errors import ConfigError
 from relay.settings.parse import (
     FromEnvironment,
     env_name,
+    flag,
     non_negative_int,
     positive_float,
     positive_int,
@@ -79,6 +80,15 @@ class InboxSettings(FromEnvironment):
         "longest queueing (0 keeps ids forever).",
         shown="1209600 (14 days)",
         see="inbox.md#the-dedupe-window",
+    )
+    inbox_error_messages: bool = setting(
+        False,
+        flag,
+        "Keep a failed handler's exception message, not only its type and where it was "
+        "raised, in its dead letter's x-inbox-error, its attempts and the logs: only for "
+        "handlers whose exceptions never quote a payload or a value (a database error's "
+        "message is never kept: it quotes values).",
+        see="inbox.md#what-a-failure-is-recorded-as",
     )
     inbox_purge_interval: float = setting(
         600.0, positive_float, "Seconds between the consumer's purges of expired ids."

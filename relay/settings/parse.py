@@ -222,7 +222,7 @@ def components() -> list[type[FromEnvironment]]:
 def known_env_names() -> list[str]:
     declared = [f for component in components() for f in _fields(component)]
     names = [env_name(f.name) for f in declared] + [ENV_FILE_VAR]
-    return names + [n for f in _secret_fields() for n in _secret_file_vars(f.name)]
+    return names + [n for f in _secret_fields() for n in _secret_file_vars(f.name) if n]
 
 
 def _secret_fields() -> list[dataclasses.Field[Any]]:
@@ -231,9 +231,12 @@ def _secret_fields() -> list[dataclasses.Field[Any]]:
 
 
 def _secret_file_vars(field_name: str) -> tuple[str, str]:
-    """(the file of the whole value, the file of only the URL's password)"""
-    stem = field_name.removesuffix("_url")
-    return env_name(field_name) + "_FILE", env_name(stem) + "_PASSWORD_FILE"
+    """(the file of the whole value, the file of only the URL's password; empty for a secret
+    that is not a URL)"""
+    whole = env_name(field_name) + "_FILE"
+    if not field_name.endswith("_url"):
+        return whole, ""
+    return whole, env_name(field_name.removesuffix("_url")) + "_PASSWORD_FILE"
 
 
 def _read_secret_files(raw: dict[str, str]) -> None:
@@ -244,7 +247,7 @@ def _read_secret_files(raw: dict[str, str]) -> None:
             if key in raw:
                 raise ConfigError(f"set {key} or {value_file}, not both")
             raw[key] = _read_secret(value_file, raw.pop(value_file))
-        if password_file in raw:
+        if password_file and password_file in raw:
             password = _read_secret(password_file, raw.pop(password_file))
             raw[key] = _with_password(key, raw.get(key, str(f.default)), password)
 
@@ -317,6 +320,10 @@ def describe(settings: type[FromEnvironment]) -> list[SettingDoc]:
         text = f.metadata["help"]
         if f.metadata["secret"]:
             whole, password = _secret_file_vars(f.name)
-            text += f" Or from files: the URL [{whole}], or its password [{password}]."
+            text += (
+                f" Or from files: the URL [{whole}], or its password [{password}]."
+                if password
+                else f" Or from a file [{whole}]."
+            )
         rows.append(SettingDoc(f.name, env_name(f.name), shown, text, f.metadata["see"]))
     return rows

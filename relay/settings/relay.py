@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from relay.constants import (
     PROBE_INTERVAL_S,
 )
 from relay.errors import ConfigError
-from relay.lease import margin_for
+from relay.lease import longest_confirm_timeout, margin_for
 from relay.records import KEEP_IDS, KEEP_MESSAGES
 from relay.redact import redact_url
 from relay.settings.parse import (
@@ -233,12 +234,17 @@ class Settings(FromEnvironment):
     def __post_init__(self) -> None:
         margin = margin_for(self.confirm_timeout)
         if self.lease <= 2 * margin:
+            # The release before asked only for a lease over twice the timeout: say what
+            # to set (a whole lease, a timeout cut to hundredths, both on the safe side).
+            shorter = math.floor(longest_confirm_timeout(self.lease) * 100) / 100
             raise ConfigError(
                 f"{env_name('lease')}={self.lease:g} must be more than {2 * margin:g}: twice "
                 f"what a publish may take with {env_name('confirm_timeout')}="
                 f"{self.confirm_timeout:g} (the timeout, the watcher's look, the connection's "
                 "close): a row's lease must outlive its confirm wait, or another relay could "
-                "publish it meanwhile"
+                f"publish it meanwhile; set {env_name('lease')} to "
+                f"{math.floor(2 * margin) + 1} or more, or {env_name('confirm_timeout')} "
+                f"below {shorter:g}"
             )
         if self.backoff_max < self.backoff_initial:
             raise ConfigError(

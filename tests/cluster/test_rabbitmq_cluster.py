@@ -55,9 +55,8 @@ def fresh_cluster(cluster: RabbitCluster) -> RabbitCluster:
             node.start()
         node.signal(signal.SIGCONT)
         node.ctl("start_app")  # a no-op on a running node
-    conn = pika.BlockingConnection(pika.URLParameters(cluster.nodes[0].url))
-    conn.channel().queue_delete(QUEUE)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(cluster.nodes[0].url)) as conn:
+        conn.channel().queue_delete(QUEUE)
     return cluster
 
 
@@ -111,9 +110,8 @@ def test_c2_the_queue_leader_stopped_while_the_relay_is_on_a_follower(
     first, _, last = fresh_cluster.nodes
     # A quorum queue's first leader is the node that declares it: declared on the last
     # node, while the relays use the first.
-    conn = pika.BlockingConnection(pika.URLParameters(last.url))
-    conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(last.url)) as conn:
+        conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
     assert leader(fresh_cluster, first) == last.name
 
     def stop_leader(relays: list[FaultRelay]) -> float:

@@ -1,120 +1,377 @@
-"""The inbox's database side (``relay.db.inbox``) on SQLite, PostgreSQL and MariaDB: a key
-goes in once, with the writes of its transaction or not at all; a second delivery of a
-message under way waits for the first and finds it; attempts and purges per consumer."""
+"""The inbox's database side on SQLite, PostgreSQL and MariaDB, through the blocking store
+(``relay.db.inbox``) and the asyncio one (``relay.db.inbox_async``) alike, each driven by the
+inbox's own decisions (``relay.inbox.flow``): a key goes in once, with the writes of its
+transaction or not at all; a handler cannot end that transaction by any door without its
+retry running; only real failures are counted; nothing recorded quotes a value."""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from devtools.servers import PostgresServer
-from relay.db.inbox import InboxStore, TransactionEnded
+from devtools.servers import PostgresServer, wait_until
+from relay.db.engine import create_engine
+from relay.db.inbox import InboxStore
+from relay.db.inbox_async import AsyncInboxStore
 from relay.db.roles import CONSUMER, grants
 from relay.db.schema import inbox_attempts, inbox_received
+from relay.errors import StoreError
+from relay.inbox import InboxSettings
+from relay.inbox.flow import Flow, drive, drive_async
+from relay.metrics import InboxMetrics
+from relay.records import Answer, Delivery, Verdict
+from tests.support import inbox_script
+from tests.support.inbox_script import SECRET, Script, effects
+from tests.support.proxy import TcpProxy
 
-effects = sa.Table("effects", sa.MetaData(), sa.Column("note", sa.String(64)))
+KINDS = ("blocking", "asyncio")
+# How long a handler holds its run while a second consumer of its name takes the message.
+HELD_S = 0.5
+
+
+class Consumer:
+    """A consumer's store of one kind and its flow, one delivery at a time."""
+
+    def __init__(self, kind: str, url: str, name: str = "billing") -> None:
+        self.kind = kind
+        settings = InboxSettings.load({}, {"inbox_queue": name, "inbox_max_attempts": "3"})
+        self.loop = asyncio.new_event_loop()
+        if kind == "blocking":
+            self.store: Any = InboxStore(url, name)
+        else:
+            self.store = self.loop.run_until_complete(_async_store(url, name))
+        self.flow = Flow(settings, self.store.statements, InboxMetrics(name))
+
+    def process(self, key: str, script: Script, *, redelivered: bool = False) -> Answer:
+        delivery = Delivery(key, b"{}", "x", "k", None, {}, redelivered)
+        if self.kind == "blocking":
+            with self.store.message(inbox_script.blocking(script)) as run:
+                return drive(self.flow.process(delivery), run)
+
+        async def process() -> Answer:
+            async with self.store.message(inbox_script.asyncio(script)) as run:
+                return await drive_async(self.flow.process(delivery), run)
+
+        return self.loop.run_until_complete(process())
+
+    def statement(self, name: str, *args: Any) -> Any:
+        statement = getattr(self.store.statements, name)
+        if self.kind == "blocking":
+            return self.store.call(name, statement, *args)
+        return self.loop.run_until_complete(self.store.call(name, statement, *args))
+
+    def close(self) -> None:
+        if self.kind == "blocking":
+            self.store.close()
+        else:
+            self.loop.run_until_complete(self.store.close())
+        self.loop.close()
+
+
+async def _async_store(url: str, name: str) -> AsyncInboxStore:
+    return AsyncInboxStore(url, name)  # its engine made on the loop it runs on
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def store(database_url: str) -> Iterator[InboxStore]:
-    inbox = InboxStore(database_url, "billing")
-    effects.create(inbox.engine)
-    yield inbox
-    inbox.close()
+def url(database_url: str) -> str:
+    engine = create_engine(database_url)
+    effects.create(engine)
+    engine.dispose()
+    return database_url
 
 
-def noted(store: InboxStore) -> list[str]:
-    with store.engine.connect() as conn:
-        return sorted(conn.scalars(sa.select(effects.c.note)))
+@pytest.fixture
+def consumer(kind: str, url: str) -> Iterator[Consumer]:
+    made = Consumer(kind, url)
+    yield made
+    made.close()
 
 
-def test_a_key_goes_in_once_with_its_transactions_writes(store: InboxStore) -> None:
-    with store.receive("m-1") as tx:
-        assert tx is not None
-        tx.execute(effects.insert(), {"note": "first"})
-    with store.receive("m-1") as tx:
-        assert tx is None
-    with pytest.raises(RuntimeError), store.receive("m-2") as tx:
-        assert tx is not None
-        tx.execute(effects.insert(), {"note": "rolled back"})
-        raise RuntimeError("the handler failed")
-    with store.receive("m-2") as tx:  # its key went with the rollback: not a duplicate
-        assert tx is not None
-        tx.execute(effects.insert(), {"note": "second"})
-    assert noted(store) == ["first", "second"]
+def noted(url: str) -> list[str]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        notes = sorted(conn.scalars(sa.select(effects.c.note)))
+    engine.dispose()
+    return notes
 
 
-def test_consumers_keep_their_own_keys(store: InboxStore, database_url: str) -> None:
-    other = InboxStore(database_url, "audit")
+def keys(url: str) -> list[str]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        found = sorted(conn.scalars(sa.select(inbox_received.c.message_id)))
+    engine.dispose()
+    return found
+
+
+def attempts(url: str) -> list[tuple[str, int, str, bool]]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                inbox_attempts.c.message_id,
+                inbox_attempts.c.attempts,
+                inbox_attempts.c.last_error,
+                inbox_attempts.c.running,
+            ).order_by(inbox_attempts.c.message_id)
+        )
+        found = [(m, a, e or "", r) for m, a, e, r in rows]
+    engine.dispose()
+    return found
+
+
+WRITE = [("write", "done")]
+
+
+def test_a_key_goes_in_once_with_its_transactions_writes(consumer: Consumer, url: str) -> None:
+    assert consumer.process("m-1", [("write", "first")]).verdict is Verdict.ACK
+    assert consumer.process("m-1", [("write", "twice")]).verdict is Verdict.ACK
+    assert consumer.process("m-2", [("write", "rolled back"), ("raise", "")]).verdict is (
+        Verdict.RETRY
+    )
+    assert consumer.process("m-2", [("write", "second")]).verdict is Verdict.ACK
+    assert noted(url) == ["first", "second"]
+
+
+def test_consumers_keep_their_own_keys(consumer: Consumer, url: str, kind: str) -> None:
+    other = Consumer(kind, url, "audit")
     try:
-        for inbox in (store, other):
-            with inbox.receive("m-1") as tx:
-                assert tx is not None
-        assert other.count_attempt("m-2", "boom") == 1
-        assert store.attempts("m-2") == 0
+        assert consumer.process("m-1", [("write", "billing")]).verdict is Verdict.ACK
+        assert other.process("m-1", [("write", "audit")]).verdict is Verdict.ACK
+        assert other.statement("count_attempt", "m-2", "boom") == 1
+        assert consumer.statement("attempts", "m-2") == 0
     finally:
         other.close()
+    assert noted(url) == ["audit", "billing"]
 
 
-def test_a_second_delivery_waits_for_the_first_and_finds_it(
-    store: InboxStore, database_url: str
-) -> None:
+def test_a_second_delivery_waits_for_the_first_and_finds_it(url: str) -> None:
     """Two consumers of one name with the same message (redelivered after a lost connection):
     the second's insert waits on the first's uncommitted key, then sees it committed."""
-    twin = InboxStore(database_url, "billing")
-    inserted = threading.Event()
-    second: list[object] = []
+    store, twin = InboxStore(url, "billing"), Consumer("blocking", url)
+    inserted, second = threading.Event(), threading.Event()
+    answers: list[Answer] = []
 
     def redelivered() -> None:
-        inserted.wait(10)
-        with twin.receive("m-1") as tx:
-            second.append(tx)
+        inserted.wait(30)
+        answers.append(twin.process("m-1", [("write", "twice")], redelivered=True))
+        second.set()
+
+    def slow(tx: Any) -> None:
+        tx.execute(effects.insert(), {"note": "once"})
+        inserted.set()
+        assert not second.wait(0.5)  # the twin is still waiting on this key
 
     thread = threading.Thread(target=redelivered)
     thread.start()
+    flow = Flow(
+        InboxSettings.load({}, {"inbox_queue": "billing"}), store.statements, twin.flow.metrics
+    )
     try:
-        with store.receive("m-1") as tx:
-            assert tx is not None
-            tx.execute(effects.insert(), {"note": "once"})
-            inserted.set()
-            time.sleep(0.5)
-            assert second == []  # still waiting on the first one's key
-        thread.join(30)
-        assert second == [None]
-        assert noted(store) == ["once"]
+        with store.message(slow) as run:
+            delivery = Delivery("m-1", b"{}", "x", "k", None, {}, False)
+            assert drive(flow.process(delivery), run).verdict is Verdict.ACK
+        thread.join(60)
+        assert [answer.verdict for answer in answers] == [Verdict.ACK]
+        assert noted(url) == ["once"]
     finally:
-        thread.join(30)
+        thread.join(60)
         twin.close()
+        store.close()
 
 
-def test_attempts_are_counted_in_transactions_of_their_own(store: InboxStore) -> None:
-    with pytest.raises(RuntimeError), store.receive("m-1") as tx:
-        assert tx is not None
-        assert store.attempts("m-1") == 0
-        raise RuntimeError
-    assert [store.count_attempt("m-1", f"failure {n}") for n in range(3)] == [1, 2, 3]
-    with store.engine.connect() as conn:
-        row = conn.execute(sa.select(inbox_attempts)).one()
-    assert (row.consumer, row.attempts, row.last_error) == ("billing", 3, "failure 2")
+# name -> (the scripts of a message's deliveries, each redelivered after the first, with the
+# verdicts; the notes left; the attempts counted at the end (and whether a run is marked))
+DOORS: dict[str, tuple[list[tuple[Script, Verdict]], list[str], int]] = {
+    "COMMIT as SQL text: refused, rolled back, retried": (
+        [
+            ([("write", "a"), ("sql", "COMMIT"), ("write", "b")], Verdict.RETRY),
+            (WRITE, Verdict.ACK),
+        ],
+        ["done"],
+        1,
+    ),
+    "a comment before COMMIT: refused alike": (
+        [([("write", "a"), ("sql", "/* settle */ COMMIT")], Verdict.RETRY), (WRITE, Verdict.ACK)],
+        ["done"],
+        1,
+    ),
+    "SET autocommit as SQL text: refused": (
+        [([("write", "a"), ("sql", "SET @@autocommit = 1")], Verdict.RETRY), (WRITE, Verdict.ACK)],
+        ["done"],
+        1,
+    ),
+    "committed through the driver, then raised: the key forgotten, the retry runs": (
+        [
+            ([("write", "half"), ("driver", "commit"), ("raise", "")], Verdict.RETRY),
+            (WRITE, Verdict.ACK),
+        ],
+        ["done", "half"],
+        1,
+    ),
+    "committed through the driver, then went on and returned: all of it committed": (
+        [
+            ([("write", "a"), ("driver", "commit"), ("write", "b")], Verdict.ACK),
+            (WRITE, Verdict.ACK),
+        ],
+        ["a", "b"],
+        0,
+    ),
+    "rolled back through the driver, then went on and returned: nothing committed, retried": (
+        [
+            ([("write", "a"), ("driver", "rollback"), ("write", "b")], Verdict.RETRY),
+            (WRITE, Verdict.ACK),
+        ],
+        ["done"],
+        1,
+    ),
+}
 
 
-def test_the_purge_deletes_expired_keys_in_chunks_and_nothing_else(
-    store: InboxStore, database_url: str
+@pytest.mark.parametrize("door", DOORS, ids=list(DOORS))
+def test_a_handler_cannot_end_the_transaction_without_its_retry_running(
+    consumer: Consumer, url: str, door: str
 ) -> None:
+    deliveries, notes, counted = DOORS[door]
+    for n, (script, verdict) in enumerate(deliveries):
+        assert consumer.process("m-1", script, redelivered=n > 0).verdict is verdict
+    assert noted(url) == notes
+    assert keys(url) == ["m-1"]
+    assert [row[1] for row in attempts(url)] == ([counted] if counted else [])
+
+
+@pytest.mark.databases("mysql")
+@pytest.mark.parametrize(
+    "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]
+)
+def test_mysqls_implicit_commits_are_refused(consumer: Consumer, url: str, text: str) -> None:
+    assert consumer.process("m-1", [("write", "a"), ("sql", text)]).verdict is Verdict.RETRY
+    assert noted(url) == []
+    assert keys(url) == []
+
+
+def test_a_transaction_aborted_under_the_handler_is_a_failure_not_an_ack(
+    consumer: Consumer, url: str
+) -> None:
+    """A handler that swallowed a database error and returned: on PostgreSQL its transaction
+    can only roll back (a commit there is a silent rollback: the message would be acked and
+    lost); elsewhere it commits what it wrote."""
+    answer = consumer.process("m-1", [("write", "a"), ("swallow", "")])
+    if consumer.store.engine.dialect.name == "postgresql":
+        assert answer.verdict is Verdict.RETRY
+        assert (noted(url), keys(url)) == ([], [])
+    else:
+        assert answer.verdict is Verdict.ACK
+        assert (noted(url), keys(url)) == (["a"], ["m-1"])
+
+
+@pytest.mark.databases("postgresql")
+def test_a_failure_at_the_commit_is_the_messages_counted_to_its_dead_letter(
+    consumer: Consumer, url: str
+) -> None:
+    """A deferred constraint that fails at the commit: counted like a handler's failure (not
+    taken for the database away, which would run it again and again uncounted)."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE parents (id int PRIMARY KEY)"))
+        conn.execute(
+            sa.text(
+                "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY "
+                "DEFERRED)"
+            )
+        )
+    engine.dispose()
+    orphan = [("sql", "INSERT INTO children VALUES (42)")]
+    verdicts = [consumer.process("m-1", orphan, redelivered=n > 0).verdict for n in range(3)]
+    assert verdicts == [Verdict.RETRY, Verdict.DELAY, Verdict.DEAD_LETTER]
+    (row,) = attempts(url)
+    assert row[1] == 3
+    assert "IntegrityError" in row[2]
+    assert "SQLSTATE 23503" in row[2]
+
+
+def test_nothing_recorded_of_a_failure_quotes_a_value(consumer: Consumer, url: str) -> None:
+    """The database's message (PostgreSQL's DETAIL, MySQL's "Duplicate entry"), SQLAlchemy's
+    parameters, and the handler's own message: none of them in the attempts or the dead
+    letter."""
+    for n in range(3):
+        answer = consumer.process("m-1", [("duplicate", "a")], redelivered=n > 0)
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    (row,) = attempts(url)
+    for recorded in (row[2], str(answer.reason)):
+        assert "IntegrityError" in recorded
+        assert SECRET not in recorded
+        assert "parameters" not in recorded
+    answer = consumer.process("m-2", [("raise", "")])
+    assert SECRET not in attempts(url)[1][2]
+    assert "Failed at tests.support.inbox_script" in attempts(url)[1][2]
+
+
+def test_only_a_run_that_died_inside_its_handler_is_counted(consumer: Consumer, url: str) -> None:
+    """A delivery that comes again marks its run; the next one counts it only if the mark is
+    still there. A run that committed, a duplicate, and deliveries that never reached a
+    handler count nothing; a message processed is acked however its run was marked."""
+    assert consumer.statement("start_run", "m-1") == 0  # came again: marked, nothing counted
+    assert consumer.statement("start_run", "m-1") == 1  # the mark was there: it died inside
+    consumer.statement("end_run", "m-1")  # this run ended without dying (the database away)
+    assert consumer.process("m-1", [("raise", "")], redelivered=True).verdict is Verdict.DELAY
+    assert [(row[1], row[3]) for row in attempts(url)] == [(2, False)]  # the count ended it
+    assert consumer.statement("count_attempt", "m-1", "ValueError") == 3
+    assert consumer.process("m-2", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert consumer.process("m-2", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert consumer.statement("start_run", "m-2") is None  # processed: not marked, not counted
+    assert [(row[0], row[1], row[3]) for row in attempts(url)] == [
+        ("m-1", 3, False),
+        ("m-2", 0, False),
+    ]
+    failures = consumer.statement("failures", "m-1")
+    assert (failures.attempts, failures.last_error) == (3, "ValueError")
+    assert failures.first_failed_at <= failures.last_failed_at
+    assert consumer.statement("failures", "m-3") is None
+
+
+def test_a_processed_message_whose_ack_was_lost_is_never_dead_lettered(
+    consumer: Consumer, url: str
+) -> None:
+    """It failed twice, then ran and committed; its ack lost, it comes again, and again: acked
+    as processed each time, its handler not run, nothing counted (the allowance is 3)."""
+    fail, done = [("raise", "")], [("write", "done")]
+    assert consumer.process("m-1", fail).verdict is Verdict.RETRY
+    assert consumer.process("m-1", fail, redelivered=True).verdict is Verdict.DELAY
+    assert consumer.process("m-1", done, redelivered=True).verdict is Verdict.ACK
+    for _ in range(3):
+        assert consumer.process("m-1", [("write", "again")], redelivered=True).verdict is (
+            Verdict.ACK
+        )
+    assert noted(url) == ["done"]
+    assert [row[1] for row in attempts(url)] == [2]
+
+
+def test_the_purge_deletes_expired_keys_in_chunks_and_nothing_else(url: str) -> None:
+    """The purge's statements are the blocking store's, which the asyncio one runs too."""
     old = datetime.now(UTC) - timedelta(days=2)
+    consumer = Consumer("blocking", url)
+    store: InboxStore = consumer.store
     with store.engine.begin() as conn:
-        for consumer in ("billing", "audit"):
+        for name in ("billing", "audit"):
             conn.execute(
                 inbox_received.insert(),
                 [
-                    {"consumer": consumer, "message_id": f"old-{n}", "received_at": old}
+                    {"consumer": name, "message_id": f"old-{n}", "received_at": old}
                     for n in range(25)
                 ],
             )
@@ -122,8 +379,7 @@ def test_the_purge_deletes_expired_keys_in_chunks_and_nothing_else(
             inbox_attempts.insert(),
             [{"consumer": "billing", "message_id": "old-0", "attempts": 2, "updated_at": old}],
         )
-    with store.receive("new") as tx:
-        assert tx is not None
+    assert consumer.process("new", WRITE).verdict is Verdict.ACK
     assert store.purge(86400.0, chunk=10) == 26
     with store.engine.connect() as conn:
         left = conn.execute(sa.select(inbox_received.c.consumer, inbox_received.c.message_id))
@@ -132,102 +388,141 @@ def test_the_purge_deletes_expired_keys_in_chunks_and_nothing_else(
         )
         assert conn.scalar(sa.select(sa.func.count()).select_from(inbox_attempts)) == 0
     assert store.purge(86400.0, chunk=10) == 0
+    consumer.close()
 
 
 def test_a_consumer_with_the_consumer_roles_grants_does_all_it_does(
-    postgres: PostgresServer, postgresql_url: str
+    postgres: PostgresServer, postgresql_url: str, kind: str
 ) -> None:
-    """Keys, attempts and the purge with exactly the grants ``relay.db.roles`` gives the
-    consumer role (and INSERT on its handler's own table)."""
+    """Keys, marks, attempts, the look for a committed key and the purge with exactly the
+    grants ``relay.db.roles`` gives the consumer role (and its handler's own table)."""
     name, password = f"r_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     database = sa.make_url(postgresql_url).database or ""
-    owner = InboxStore(postgresql_url, "owner")
-    effects.create(owner.engine)
-    owner.close()
+    engine = create_engine(postgresql_url)
+    effects.create(engine)
+    engine.dispose()
     postgres.psql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
     statements = [*grants("postgresql", CONSUMER, name), f"GRANT INSERT ON effects TO {name}"]
     postgres.psql("; ".join(statements), database=database)
     url = sa.make_url(postgresql_url).set(username=name, password=password)
-    store = InboxStore(url.render_as_string(hide_password=False), "billing")
+    consumer = Consumer(kind, url.render_as_string(hide_password=False))
     try:
-        with store.receive("m-1") as tx:
-            assert tx is not None
-            tx.execute(effects.insert(), {"note": "done"})
-        with store.receive("m-1") as tx:
-            assert tx is None
-        assert store.count_attempt("m-2", "boom") == 1
-        assert store.purge(0.0, chunk=10) == 2
+        assert consumer.process("m-1", WRITE).verdict is Verdict.ACK
+        assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+        assert consumer.process("m-2", [("raise", "")], redelivered=True).verdict is Verdict.RETRY
+        assert consumer.statement("purge_one", 0.0, 10) == 2
     finally:
-        store.close()
-
-
-def test_only_a_run_that_died_inside_its_handler_is_counted(store: InboxStore) -> None:
-    """A delivery that comes again marks its run; the next one counts it only if the mark is
-    still there. A run that ended without a failure (the database failed around it) and
-    deliveries that never reached a handler count nothing."""
-    assert store.start_run("m-1") == 0  # came again: marked, nothing counted
-    store.end_run("m-1")  # say, the key's insert timed out: not the handler's doing
-    assert store.start_run("m-1") == 0
-    assert store.start_run("m-1") == 1  # the last run's mark was there: it died in the handler
-    assert store.count_attempt("m-1", "ValueError: no") == 2  # a handler that raised
-    assert store.start_run("m-1") == 2  # its run was over: not counted again
-    failures = store.failures("m-1")
-    assert failures is not None
-    assert (failures.attempts, failures.last_error) == (2, "ValueError: no")
-    assert failures.first_failed_at is not None and failures.last_failed_at is not None
-    assert failures.first_failed_at <= failures.last_failed_at
-    assert store.failures("m-2") is None
-
-
-def test_the_handlers_transaction_cannot_be_ended_by_the_handler(store: InboxStore) -> None:
-    """``commit``, ``rollback`` and ``close`` are not there; a transaction statement as SQL
-    text is refused; a savepoint rolls back a part alone."""
-    with pytest.raises(TransactionEnded), store.receive("m-1") as tx:
-        assert tx is not None
-        tx.execute(effects.insert(), {"note": "before"})
-        for method in ("commit", "rollback", "close", "begin"):
-            assert not hasattr(tx, method)
-        with tx.savepoint():
-            tx.execute(effects.insert(), {"note": "kept"})
-        with contextlib.suppress(RuntimeError), tx.savepoint():
-            tx.execute(effects.insert(), {"note": "undone"})
-            raise RuntimeError("a part failed")
-        assert tx.scalar(sa.select(sa.func.count()).select_from(effects)) == 2
-        tx.execute("  commit")
-    assert noted(store) == []  # the whole transaction rolled back, its key with it
-    with store.receive("m-1") as tx:
-        assert tx is not None
-        tx.execute(effects.insert(), {"note": "again"})
-    assert noted(store) == ["again"]
-
-
-@pytest.mark.databases("postgresql", "sqlite")
-def test_a_transaction_ended_through_the_driver_fails_and_forgets_its_key(
-    store: InboxStore,
-) -> None:
-    """Past ``Transaction``, through the driver's own connection: found at the end (on
-    PostgreSQL and SQLite the driver says so without a round trip)."""
-    with pytest.raises(TransactionEnded), store.receive("m-1") as tx:
-        assert tx is not None
-        tx._conn.connection.dbapi_connection.commit()  # type: ignore[union-attr]
-    store.forget("m-1")
-    with store.receive("m-1") as tx:
-        assert tx is not None
+        consumer.close()
 
 
 @pytest.mark.databases("postgresql")
-def test_the_inboxs_commits_are_durable_whatever_the_servers_default(
-    store: InboxStore, postgres: PostgresServer, database_url: str
+def test_the_inboxs_sessions_are_durable_and_bounded_whatever_the_servers_default(
+    consumer: Consumer, postgres: PostgresServer, url: str, kind: str
 ) -> None:
-    database = sa.make_url(database_url).database
+    database = sa.make_url(url).database
     postgres.psql(f"ALTER DATABASE {database} SET synchronous_commit = off")
-    fresh = InboxStore(database_url, "billing")
+    fresh = Consumer(kind, url)
+    shown = [
+        ("sql", "INSERT INTO effects (note) SELECT current_setting('synchronous_commit')"),
+        ("sql", "INSERT INTO effects (note) SELECT current_setting('lock_timeout')"),
+        ("sql", "INSERT INTO effects (note) SELECT current_setting('statement_timeout')"),
+    ]
     try:
-        with fresh.engine.connect() as conn:
-            assert conn.scalar(sa.text("SHOW synchronous_commit")) == "on"
-            # Bounded as the relay's: a lock wait or a statement that hangs fails.
-            assert conn.scalar(sa.text("SHOW lock_timeout")) == "5s"
-            assert conn.scalar(sa.text("SHOW statement_timeout")) == "30s"
-        assert fresh.durability_problem() is None
+        assert fresh.process("m-1", shown).verdict is Verdict.ACK
+        assert fresh.statement("durability") is None
     finally:
         fresh.close()
+    assert noted(url) == ["30s", "5s", "on"]
+
+
+def test_a_connection_left_in_autocommit_is_not_used_again(consumer: Consumer, url: str) -> None:
+    """A handler turned autocommit on through the driver and returned (its work committed
+    with its key): the connection is discarded, and the next message, on the pool's next
+    connection, is all or nothing again (it was committed a statement at a time)."""
+    after = [("write", "door"), ("autocommit", ""), ("write", "after")]
+    assert consumer.process("m-1", after).verdict is Verdict.ACK
+    innocent = [("write", "innocent"), ("raise", "")]
+    assert consumer.process("m-2", innocent).verdict is Verdict.RETRY
+    assert noted(url) == ["after", "door"]
+    assert keys(url) == ["m-1"]
+
+
+@pytest.mark.databases("postgresql")
+def test_a_setting_that_would_outlive_the_message_is_refused(consumer: Consumer, url: str) -> None:
+    """``SET`` (not ``SET LOCAL``) would stay on the pooled connection for the messages after
+    it: refused, a failure; ``SET LOCAL`` lasts the transaction, and is allowed."""
+    session = [("write", "a"), ("sql", "SET synchronous_commit = off")]
+    assert consumer.process("m-1", session).verdict is Verdict.RETRY
+    local = [("sql", "SET LOCAL synchronous_commit = off"), ("write", "b")]
+    assert consumer.process("m-2", local).verdict is Verdict.ACK
+    assert noted(url) == ["b"]
+
+
+@pytest.mark.databases("postgresql", "mysql")
+def test_the_database_lost_as_the_handler_raises_is_the_database_away(
+    kind: str, url: str, tmp_path: Path
+) -> None:
+    """The handler raised, and the database went away before the inbox could look for the
+    key: the delivery is requeued uncounted (the consumer pauses), and nothing raises out
+    of the inbox; once the database answers, the message is processed."""
+    cut = tmp_path / "cut"
+    server = sa.make_url(url)
+    assert server.port is not None
+    with TcpProxy(server.port, cut=cut, refuse_after_cut=1.0) as proxy:
+        through = server.set(port=proxy.port).render_as_string(hide_password=False)
+        consumer = Consumer(kind, through)
+        try:
+            raised = [("write", "a"), ("touch", str(cut)), ("raise", "")]
+            answer = consumer.process("m-1", raised)
+            assert (answer.verdict, answer.pause) == (Verdict.RETRY, True)
+            assert proxy.cuts == 1
+            wait_until(lambda: answers(consumer), 30, "the database answering again")
+            assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+        finally:
+            consumer.close()
+    assert (noted(url), [row[1] for row in attempts(url)]) == (["done"], [0])
+
+
+def answers(consumer: Consumer) -> bool:
+    try:
+        consumer.statement("ping")
+    except StoreError:
+        return False
+    return True
+
+
+def test_a_live_run_is_never_counted_as_one_that_died(url: str, kind: str) -> None:
+    """Two consumers of one name with one message (redelivered to the second while the first
+    still works on it, after a lost connection or a replay): the second waits for the
+    first's run (its key, or on SQLite the run lock) and finds it processed; it never takes
+    the first's mark for a run that died."""
+    first, second = Consumer(kind, url), Consumer(kind, url)
+    inside, started = threading.Event(), threading.Event()
+    seen: list[Answer] = []
+
+    def again() -> None:
+        assert inside.wait(30)
+        started.set()
+        seen.append(second.process("m-1", [("write", "twice")], redelivered=True))
+
+    def hold() -> None:
+        inside.set()
+        assert started.wait(30)
+        # The second's run meanwhile reaches the first's key (or the run lock): a run that
+        # marked the message and counted a crash before its key would have done so by now.
+        time.sleep(HELD_S)
+
+    inbox_script.CALLS["hold"] = hold
+    thread = threading.Thread(target=again)
+    thread.start()
+    try:
+        slow = [("write", "once"), ("call", "hold")]
+        assert first.process("m-1", slow, redelivered=True).verdict is Verdict.ACK
+        thread.join(60)
+        assert [answer.verdict for answer in seen] == [Verdict.ACK]
+    finally:
+        thread.join(60)
+        first.close()
+        second.close()
+    assert noted(url) == ["once"]
+    assert [(row[1], row[3]) for row in attempts(url)] == [(0, False)]

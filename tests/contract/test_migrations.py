@@ -3,6 +3,8 @@ downgrade cleanly: the one schema definition and the shipped migrations cannot d
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -11,18 +13,23 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from devtools.outbox import statuses
 from relay.cli import main
 from relay.constants import PROTOCOL
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time, seconds_between
-from relay.db.migrate import migrate
+from relay.db.migrate import live_relays, migrate
 from relay.db.outbox import OutboxWriter
-from relay.db.schema import built_on, metadata, outbox, outbox_sent, sent_key
+from relay.db.schema import built_on, metadata, outbox, outbox_buckets, outbox_sent, sent_key
 from relay.errors import SchemaMissingError, StoreError
 from relay.records import NewMessage, SettleBatch
+from relay.upgrade import LiveRelay
 from tests.support.privileges import definer_functions
+
+# This release's newest revision, which an upgrade to "head" reaches.
+HEAD = str(ScriptDirectory(str(resources.files("relay.db.migrations"))).get_current_head())
 
 
 def differences(url: str) -> list[object]:
@@ -338,10 +345,6 @@ def test_no_revision_up_or_down_leaves_code_that_runs_with_its_owners_rights(
     assert differences(database_url) == []
 
 
-# The newest revision.
-HEAD = "0015"
-
-
 def revision_of(url: str) -> str | None:
     engine = sa.create_engine(url)
     try:
@@ -419,6 +422,92 @@ def test_migrate_refuses_a_migration_older_relays_cannot_run_beside(
     assert main(["migrate"], environ) == 0
     assert "live relay idle: protocol 1, 0 buckets" in capsys.readouterr().out
     assert differences(database_url) == []
+
+
+def test_migrate_and_the_fence_see_the_same_bucket_holders(database_url: str) -> None:
+    """A relay that holds buckets is live to ``relay migrate``, whether present or not: one
+    of this release that cannot publish says its protocol while it holds any; one that says
+    none, or has left the relays (a release before protocols, when its broker went away),
+    is of protocol 1."""
+    store = ClaimStore(database_url, "relay-a", 60.0)
+    writer = OutboxWriter(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        store.turn()
+        writer.enqueue([NewMessage(b"x", "ex", "k")])
+        assert len(store.claim(10, 2**62)) == 1
+        store.turn(active=False)  # it keeps the bucket of the row it holds
+        with engine.begin() as conn:  # another bucket leased to relay-old, not present
+            conn.execute(
+                sa.update(outbox_buckets)
+                .where(outbox_buckets.c.owner.is_(None), outbox_buckets.c.bucket == 63)
+                .values(owner="relay-old", lease_until=database_time(60))
+            )
+        with engine.connect() as conn:
+            live = live_relays(conn)
+        assert live == [LiveRelay("relay-a", PROTOCOL, 1), LiveRelay("relay-old", 1, 1)]
+    finally:
+        engine.dispose()
+        writer.close()
+        store.close()
+
+
+# A `relay migrate` in a process of its own (Alembic's context is one per process), which
+# says it is ready and waits for a line before it migrates.
+MIGRATE_ON_CUE = (
+    "import sys; from relay.db.migrate import migrate; "
+    "print('ready', flush=True); sys.stdin.readline(); migrate(sys.argv[1])"
+)
+
+
+def test_migrations_run_side_by_side_one_after_the_other(database_url: str) -> None:
+    """Every new pod of a Deployment migrates before it starts (its init container): two
+    `relay migrate` at once, on an empty database, both succeed, the second finding the
+    schema current (it failed on the tables the first was creating)."""
+    migrate(database_url, "base", downgrade=True)
+    both = [
+        subprocess.Popen(
+            [sys.executable, "-c", MIGRATE_ON_CUE, database_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for process in both:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    for process in both:  # cued together
+        assert process.stdin is not None
+        process.stdin.write("\n")
+        process.stdin.flush()
+    ended = [process.communicate(timeout=120) for process in both]
+    assert [process.returncode for process in both] == [0, 0], ended
+    assert revision_of(database_url) == HEAD
+    assert differences(database_url) == []
+
+
+def test_migrate_leaves_a_schema_newer_than_its_release_as_it_is(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rollback's pods run the older release's `relay migrate` first (its init container):
+    on a schema a later release migrated it changes nothing and succeeds, so that they
+    start (the schema's least protocol says whether they may claim); a revision asked for
+    by name is still refused."""
+    environ = {"RELAY_DATABASE_URL": database_url}
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    assert main(["migrate"], environ) == 0
+    assert f"outbox schema is at revision 9999, newer than this release's ({HEAD})" in (
+        capsys.readouterr().out
+    )
+    assert main(["migrate", "--revision", HEAD], environ) == 2
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "9999"
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = :head"), {"head": HEAD})
+        conn.commit()
+    engine.dispose()
 
 
 def test_a_relay_on_a_schema_it_needs_migrated_names_the_missing_table(database_url: str) -> None:

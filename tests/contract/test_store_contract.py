@@ -15,7 +15,13 @@ import pytest
 import sqlalchemy as sa
 
 from relay.buckets import Fence
-from relay.constants import BACKLOG_EXACT_ROWS, PROTOCOL
+from relay.constants import (
+    BACKLOG_EXACT_ROWS,
+    ORDERED_LOOK_ALL_S,
+    ORDERED_LOOK_PER_ROW,
+    OUTBOX_BUCKETS,
+    PROTOCOL,
+)
 from relay.db.buckets import refresh
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
@@ -146,6 +152,22 @@ def advance(store: InMemoryStore | SqlStore, seconds: float) -> None:
         store.clock.advance(seconds)
     else:
         store.advance(seconds)
+
+
+def owned(store: InMemoryStore | SqlStore, owner: str) -> int:
+    """The buckets ``owner`` holds under a live lease, as ``store`` sees the outbox."""
+    if isinstance(store, InMemoryStore):
+        now = store.clock.now
+        return sum(
+            1
+            for b in store.buckets.values()
+            if b.owner == owner and b.lease_until is not None and b.lease_until > now
+        )
+    held = sa.select(sa.func.count()).where(
+        outbox_buckets.c.owner == owner, outbox_buckets.c.lease_until > database_time()
+    )
+    with store.writer.engine.connect() as conn:
+        return int(conn.execute(held).scalar_one())
 
 
 def admit(store: InMemoryStore | SqlStore, protocol: int, release: str) -> None:
@@ -347,6 +369,45 @@ def test_a_relay_of_a_release_before_protocols_is_waited_for(make_store: StoreFa
     assert len(new.claim(10, NO_BYTE_LIMIT)) == 1
 
 
+def test_an_older_relay_that_left_the_relays_but_holds_a_bucket_is_waited_for(
+    make_store: StoreFactory,
+) -> None:
+    """A relay of a release before protocols whose broker went away deletes its presence and
+    keeps the buckets of the rows it holds: the fence counts bucket holders, as ``relay
+    migrate`` does, so the newer relay takes nothing until that relay has given them up
+    (it saw only the relays present, and took the other buckets: two protocols at once)."""
+    old = make_store("old", protocol=None)
+    old.enqueue(msgs(2))
+    held = old.claim(10, NO_BYTE_LIMIT)
+    old.turn(active=False)  # its broker blipped: it keeps only the held rows' bucket
+    new = make_store("new")
+    assert new.fenced is Fence.WAIT_FOR_OLDER
+    assert owned(new, "new") == 0
+    old.settle(SettleBatch(sent=tuple(r.id for r in held)))
+    old.turn(active=False)  # nothing held: every bucket given up
+    new.turn()
+    assert new.fenced is None and owned(new, "new") > 0
+
+
+def test_a_relay_that_cannot_publish_and_holds_a_bucket_fences_none_of_its_protocol(
+    make_store: StoreFactory,
+) -> None:
+    """A relay of this release whose broker went away keeps the buckets of the rows it holds,
+    and says its protocol while it does (present, not counted): the others of its protocol
+    are not fenced by it, and share out the rest of the outbox."""
+    a = make_store("a")
+    a.enqueue(msgs(1))
+    held = a.claim(10, NO_BYTE_LIMIT)
+    a.turn(active=False)
+    b = make_store("b")
+    assert b.fenced is None
+    assert owned(b, "a") == 1 and owned(b, "b") == OUTBOX_BUCKETS - 1
+    a.settle(SettleBatch(sent=tuple(r.id for r in held)))
+    a.turn(active=False)
+    b.turn()
+    assert owned(b, "a") == 0 and owned(b, "b") == OUTBOX_BUCKETS
+
+
 def test_a_relay_the_schema_no_longer_admits_gives_its_buckets_up_and_stops(
     make_store: StoreFactory,
 ) -> None:
@@ -527,6 +588,39 @@ def test_ordered_claims_take_each_keys_earliest_pending_row_only(
     assert [r.payload for r in a.claim(10, NO_BYTE_LIMIT)] == [b"k1-2"]
     advance(a, delay)
     assert [r.payload for r in a.claim(10, NO_BYTE_LIMIT)] == [b"k2-1"]
+
+
+class Ticking:
+    """``time`` as the claim store reads it, standing still until moved."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_ordered_claims_look_at_the_front_of_a_backlog_and_at_all_of_it_every_second(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's first row behind more rows than a claim looks at (rows of a key with an
+    earlier row held) is taken by the claim that looks at every due row, made once
+    ORDERED_LOOK_ALL_S have passed since the last; the claims between look at the front
+    only, however deep the backlog (each read all of it: a second a claim on a busy MariaDB
+    behind 20,000 rows, and the relays fell behind their writers for good)."""
+    if make_store.__name__ == "memory":
+        pytest.skip("the fake reads every row anyway")
+    clock = Ticking()
+    monkeypatch.setattr("relay.db.claims.time", clock)
+    a = make_store("a", ordered=True)
+    looked_at = 2 * ORDERED_LOOK_PER_ROW  # by a claim of two rows
+    a.enqueue(keyed(*["k"] * (looked_at + 5)))
+    assert [r.payload for r in a.claim(2, NO_BYTE_LIMIT)] == [b"k-0"]  # looks at all
+    a.enqueue(keyed("j"))  # its key's first row, behind every k row
+    assert a.claim(2, NO_BYTE_LIMIT) == [], "looked at the whole backlog"
+    clock.now += ORDERED_LOOK_ALL_S
+    assert [r.payload for r in a.claim(2, NO_BYTE_LIMIT)] == [b"j-0"]
+    assert a.claim(2, NO_BYTE_LIMIT) == []
 
 
 def test_parked_rows_do_not_block_their_key_and_unordered_stores_ignore_keys(

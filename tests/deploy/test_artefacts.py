@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
 UNIT = ROOT / "deploy" / "systemd" / "outbox-relay.service"
+MIGRATE_UNIT = UNIT.with_name("outbox-relay-migrate.service")
 DASHBOARD = ROOT / "deploy" / "grafana" / "outbox-relay.json"
 DEFAULTS = Settings.load({})
 
@@ -108,12 +109,42 @@ def test_deployment_probes_ports_drain_and_sandbox_fit_the_relay() -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     # Secret files are read from a mounted Secret volume.
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    secret_volumes = {v["name"] for v in pod["volumes"] if "secret" in v}
+    # (The init container's owner password is a Secret volume the relay does not mount.)
+    secret_volumes = {v["name"] for v in pod["volumes"] if "secret" in v} & mounts.keys()
     for env in container["env"]:
         if env["name"].endswith("_FILE"):
             assert any(env["value"].startswith(mounts[v] + "/") for v in secret_volumes), env
     topology = Path(config["RELAY_TOPOLOGY_FILE"])
     assert mounts["config"] == str(topology.parent) and "topology.toml" in config
+
+
+def test_every_new_pod_migrates_the_schema_before_its_relay_starts() -> None:
+    """`kubectl apply -k` applied a migration Job beside the Deployment, in no order, and a
+    changed image on a finished Job is refused: new pods ran on the old schema, unready
+    for ever (their turns fail), and the rollout stopped. The Deployment's pods run
+    `relay migrate` first, from the relay's image, with the table owner's role, whose
+    password only that init container mounts."""
+    assert [d for docs in manifests().values() for d in docs if d["kind"] == "Job"] == []
+    pod = kind("Deployment")["spec"]["template"]["spec"]
+    (migrate,) = pod["initContainers"]
+    (relay,) = pod["containers"]
+    assert migrate["args"] == ["migrate"] and migrate["image"] == relay["image"]
+    env = {e["name"]: e for e in migrate["env"]}
+    url = env["RELAY_DATABASE_URL"]["valueFrom"]["configMapKeyRef"]
+    (config,) = [d for d in manifests()["configmap.yaml"] if d["metadata"]["name"] == url["name"]]
+    assert config["data"][url["key"]].startswith("postgresql://outbox_owner@")
+    mounts = {m["name"]: m["mountPath"] for m in migrate["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (secret,) = mounts
+    assert volumes[secret]["secret"]["secretName"] == "outbox-relay-migrate"
+    assert env["RELAY_DATABASE_PASSWORD_FILE"]["value"].startswith(mounts[secret] + "/")
+    assert secret not in {m["name"] for m in relay["volumeMounts"]}
+    assert migrate["securityContext"] == relay["securityContext"]
+    assert set(migrate["resources"]) == {"requests", "limits"}
+    # The rollout waits for a new pod's readiness (its relay can work) before it stops an
+    # old one.
+    assert kind("Deployment")["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert relay["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_service_and_servicemonitor_select_the_relay_pods() -> None:
@@ -127,7 +158,7 @@ def test_service_and_servicemonitor_select_the_relay_pods() -> None:
 
 
 def test_every_relay_variable_in_the_deploy_files_is_a_real_setting() -> None:
-    texts = [p.read_text() for p in (*KUBE.glob("*.yaml"), COMPOSE, UNIT)]
+    texts = [p.read_text() for p in (*KUBE.glob("*.yaml"), COMPOSE, UNIT, MIGRATE_UNIT)]
     named = {n for text in texts for n in re.findall(r"\bRELAY_[A-Z_]+\b", text)}
     assert len(named) >= 8
     assert sorted(named - set(known_env_names())) == []
@@ -203,13 +234,30 @@ def test_compose_relay_waits_for_its_servers_and_reads_secrets_from_files() -> N
 
 def verify_unit(path: Path, tmp_path: Path) -> str:
     """systemd-analyze verify's complaints about the unit (it exits 0 on most of them), with
-    ExecStart pointing at this environment's relay so that the binary exists."""
-    copy = tmp_path / path.name
+    ExecStart pointing at this environment's relay so that the binary exists, beside the
+    other shipped unit (the relay's requires the migration's)."""
     relay = Path(sys.executable).with_name("relay")
+    for unit in (UNIT, MIGRATE_UNIT):
+        if not (tmp_path / unit.name).exists():
+            (tmp_path / unit.name).write_text(
+                unit.read_text().replace("/usr/local/bin/relay", str(relay))
+            )
+    copy = tmp_path / path.name
     copy.write_text(path.read_text().replace("/usr/local/bin/relay", str(relay)))
     result = run(tool("systemd-analyze"), "verify", copy)
     assert result.returncode == 0 or result.stderr, result
     return "\n".join(line for line in result.stderr.splitlines() if copy.name in line)
+
+
+SANDBOX = (
+    "DynamicUser=yes",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=yes",
+    "PrivateTmp=yes",
+    "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+    "MemoryDenyWriteExecute=yes",
+)
 
 
 def test_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
@@ -219,14 +267,33 @@ def test_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
     broken.write_text(UNIT.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     assert "restart specifier" in verify_unit(broken, tmp_path / "broken")
     text = UNIT.read_text()
-    for directive in (
-        "DynamicUser=yes",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "Restart=on-failure",
-        "EnvironmentFile=",
-        "LoadCredential=",
-    ):
+    for directive in (*SANDBOX, "Restart=on-failure", "EnvironmentFile=", "LoadCredential="):
         assert directive in text
     stop = int(re.search(r"TimeoutStopSec=(\d+)", text)[1])  # type: ignore[index]
     assert stop > DEFAULTS.drain_timeout + 5
+
+
+def test_systemd_relay_starts_only_after_relay_migrate(tmp_path: Path) -> None:
+    """Nothing ran `relay migrate` before a new version's relay started on the old schema.
+    Every start of the relay's unit runs the migration's (a oneshot: again at each start)
+    first, and does not start when it fails; the migration reads the table owner's URL and
+    password from files of its own, not the relay's."""
+    assert verify_unit(MIGRATE_UNIT, tmp_path) == ""
+    relay, migrate = UNIT.read_text(), MIGRATE_UNIT.read_text()
+    assert f"Requires={MIGRATE_UNIT.name}" in relay
+    (after,) = re.findall(r"^After=(.*)$", relay, re.MULTILINE)
+    assert MIGRATE_UNIT.name in after.split()
+    assert "Type=oneshot" in migrate and "RemainAfterExit" not in migrate
+    assert "ExecStart=/usr/local/bin/relay migrate\n" in migrate
+    for directive in ("EnvironmentFile=", "LoadCredential="):
+        (own,) = re.findall(rf"^{directive}(.*)$", migrate, re.MULTILINE)
+        assert own not in relay, own
+    for directive in SANDBOX:
+        assert directive in migrate
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / UNIT.name).write_text(relay)  # without the migration's unit beside it
+    assert (
+        "outbox-relay-migrate.service not found"
+        in run(tool("systemd-analyze"), "verify", broken / UNIT.name).stderr
+    )

@@ -39,15 +39,15 @@ def test_each_inbox_example_consumes_once_and_stops_on_sigterm(
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE payments (message_id TEXT PRIMARY KEY, body BLOB)"))
     _exchange, queue = names("docs")
-    connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-    channel = connection.channel()
-    channel.queue_declare(queue, durable=True)
-    channel.confirm_delivery()
-    for n in range(3):
-        properties = pika.BasicProperties(message_id=f"pay-{n}", delivery_mode=2)
-        channel.basic_publish("", queue, f"{n}".encode(), properties)
-    channel.basic_publish("", queue, b"0", pika.BasicProperties(message_id="pay-0"))  # again
-    connection.close()
+    with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.confirm_delivery()
+        for n in range(3):
+            properties = pika.BasicProperties(message_id=f"pay-{n}", delivery_mode=2)
+            channel.basic_publish("", queue, f"{n}".encode(), properties)
+        again = pika.BasicProperties(message_id="pay-0")
+        channel.basic_publish("", queue, b"0", again)
     env = relay_env(
         RELAY_DATABASE_URL=sqlite_url, RELAY_AMQP_URL=rabbit.url, RELAY_INBOX_QUEUE=queue
     )

@@ -186,7 +186,8 @@ def test_relay_runs_with_least_privilege(
     ]:
         with pytest.raises(ServerError, match=r"permission denied|must be owner"):
             postgres.psql(f"SET ROLE {role}; {sql}", database=database)
-    conn = pika.BlockingConnection(pika.URLParameters(env["RELAY_AMQP_URL"]))
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+    with (
+        pika.BlockingConnection(pika.URLParameters(env["RELAY_AMQP_URL"])) as conn,
+        pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"),
+    ):
         conn.channel().exchange_declare(f"{exchange}.new", "topic")
-    conn.close()

@@ -67,30 +67,26 @@ def migrated(tmp_path: Path, rabbit: RabbitNode, **variables: str) -> tuple[str,
 
 def declare(url: str, exchange: str, full: str, plain: str) -> None:
     """``full`` holds one message and nacks the next (reject-publish) until consumed."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(
-        full, durable=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
-    )
-    channel.queue_bind(full, exchange, "order.*")
-    channel.queue_declare(plain, durable=True)
-    channel.queue_bind(plain, exchange, "other.*")
-    channel.confirm_delivery()
-    channel.basic_publish(exchange, "order.filler", b"filler")
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.queue_declare(
+            full, durable=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+        )
+        channel.queue_bind(full, exchange, "order.*")
+        channel.queue_declare(plain, durable=True)
+        channel.queue_bind(plain, exchange, "other.*")
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "order.filler", b"filler")
 
 
 def get(url: str, queue: str) -> tuple[bytes, dict[str, Any]]:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
         method, props, body = conn.channel().basic_get(queue, auto_ack=True)
         assert method is not None, f"no message in {queue}"
         return body, {
             k: v.decode() if isinstance(v, bytes) else v for k, v in (props.headers or {}).items()
         }
-    finally:
-        conn.close()
 
 
 def test_one_trace_runs_from_the_writer_through_each_publish_attempt_to_the_consumer(

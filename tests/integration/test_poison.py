@@ -211,6 +211,130 @@ def test_on_sqlite_text_that_is_not_utf8_parks_its_row_only(
     assert len({d.message_id for d in drain(rabbit.url, queue, expect=2 * GOOD)}) == 2 * GOOD
 
 
+# A payload as SQLite stores it (SQL of the value) -> the body published: the writer's bytes,
+# exactly, whatever its storage class, or the row parked naming why.
+STORED_PAYLOADS = {
+    "text not UTF-8": ("CAST(X'FF41C3A9' AS TEXT)", b"\xffA\xc3\xa9"),
+    "text with a NUL inside": ("CAST(X'6100FF62' AS TEXT)", b"a\x00\xffb"),
+    "text, UTF-8": ("'h\u00e9llo'", "h\u00e9llo".encode()),
+    "empty text": ("''", b""),
+    "blob": ("X'FF00C3A920'", b"\xff\x00\xc3\xa9 "),
+    "empty blob": ("X''", b""),
+    "integer": ("42", "unreadable row: payload is an INTEGER, not bytes"),
+    "real": ("4.5", "unreadable row: payload is a REAL, not bytes"),
+}
+
+
+def test_on_sqlite_a_payload_is_published_as_its_stored_bytes_whatever_its_storage_class(
+    sqlite_url: str, rabbit: RabbitNode
+) -> None:
+    """A TEXT payload that is not UTF-8 (a C writer's, or ``CAST(X'FF41C3A9' AS TEXT)``) was
+    published as other bytes (``ED B3 BF 41 C3 A9``: its lone surrogate's), acked and
+    deleted. Each storage class a payload can have, written as plain SQL: published as the
+    bytes stored, or parked saying why; NULL is refused to the writer."""
+    exchange, queue = names("payloads")
+    running = Running(settings(sqlite_url, rabbit.url), simple_topology(exchange, queue))
+    engine = sa.create_engine(sqlite_url)
+    published = {
+        name: body for name, (_, body) in STORED_PAYLOADS.items() if isinstance(body, bytes)
+    }
+    parked = {name: why for name, (_, why) in STORED_PAYLOADS.items() if isinstance(why, str)}
+
+    async def scenario() -> None:
+        async with running as parts:
+            enqueue(parts, around(exchange, "before"))
+            with engine.begin() as conn:
+                for name, (stored, _) in STORED_PAYLOADS.items():
+                    values = f"VALUES (:m, :e, {stored})"
+                    query = f"INSERT INTO outbox (message_id, exchange, payload) {values}"
+                    conn.execute(sa.text(query), {"m": name, "e": exchange})
+            with pytest.raises(sa.exc.IntegrityError, match="NOT NULL"), engine.begin() as conn:
+                query = (
+                    "INSERT INTO outbox (message_id, exchange, payload) VALUES ('null', :e, NULL)"
+                )
+                conn.execute(sa.text(query), {"e": exchange})
+            enqueue(parts, around(exchange, "after"))
+            await wait_for(
+                lambda: (
+                    statuses(sqlite_url)
+                    == {"sent": 2 * GOOD + len(published), "parked": len(parked)}
+                ),
+                60,
+                "good rows sent, the bad ones parked",
+            )
+
+    asyncio.run(scenario())
+    assert running.drained is True
+    with engine.connect() as conn:
+        query = sa.text("SELECT message_id, last_error FROM outbox WHERE status = 'parked'")
+        reasons = {m: e for m, e in conn.execute(query)}
+    engine.dispose()
+    assert set(reasons) == set(parked)
+    for name, why in parked.items():
+        assert f"rejected: {why}" in reasons[name], reasons[name]
+    delivered = drain(rabbit.url, queue, expect=2 * GOOD + len(published))
+    bodies = {d.message_id: d.body for d in delivered if d.message_id in published}
+    assert bodies == published
+
+
+# TEXT payloads longer in bytes than SQLite's length() counts: a NUL inside (length() stops
+# there) and characters of two bytes each (it counts characters).
+UNDERCOUNTED = {
+    "a NUL inside": "a\x00" + "b" * 1500,
+    "two bytes a character": "\u00e9" * 751,
+}
+
+
+@pytest.mark.parametrize("payload", UNDERCOUNTED.values(), ids=list(UNDERCOUNTED))
+def test_on_sqlite_a_text_payload_over_the_largest_message_is_parked_unread(
+    sqlite_url: str, rabbit: RabbitNode, payload: str
+) -> None:
+    """The claim asks the database for a row's size before reading it: a TEXT payload's is
+    its bytes, not its characters before the first NUL (such a row was read and published,
+    larger than RELAY_MAX_MESSAGE_SIZE)."""
+    size = len(payload.encode())
+    parked, _, counts = relay_with_a_bad_row(
+        sqlite_url,
+        rabbit.url,
+        {"payload": payload},
+        reason=f"row not read: its payload and headers are {size} bytes",
+        max_message_size=1000,
+    )
+    assert parked.attempts == 1 and counts["published"] == 2 * GOOD
+
+
+def test_a_payload_is_published_as_the_writers_bytes(database_url: str, rabbit: RabbitNode) -> None:
+    """Bytes that are no text, NULs and trailing spaces included, bound as a writer binds
+    them: the body is those bytes, on every database."""
+    exchange, queue = names("exact")
+    running = Running(settings(database_url, rabbit.url), simple_topology(exchange, queue))
+    payloads = {
+        "not utf-8": b"\xffA\xc3\xa9",
+        "nul inside": b"a\x00\xffb\x00",
+        "trailing spaces": b"x  ",
+        "every byte": bytes(range(256)),
+        "empty": b"",
+    }
+
+    async def scenario() -> None:
+        async with running:
+            insert(
+                database_url,
+                [
+                    {"message_id": m, "exchange": exchange, "payload": p}
+                    for m, p in payloads.items()
+                ],
+            )
+            await wait_for(
+                lambda: statuses(database_url) == {"sent": len(payloads)}, 30, "every row sent"
+            )
+
+    asyncio.run(scenario())
+    assert running.drained is True
+    delivered = drain(rabbit.url, queue, expect=len(payloads))
+    assert {d.message_id: d.body for d in delivered} == payloads
+
+
 def test_on_sqlite_an_epoch_created_at_is_read_as_unix_seconds(
     sqlite_url: str, rabbit: RabbitNode
 ) -> None:

@@ -51,18 +51,17 @@ def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
     suffix = uuid.uuid4().hex[:8]
     exchange, broker_dead = f"inbox.x.{suffix}", f"inbox.dead.{suffix}"
     names = [f"inbox.q{n}.{suffix}" for n in range(queues)]
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "fanout", durable=True)
-    channel.exchange_declare(broker_dead, "fanout", durable=True)
-    channel.queue_declare(broker_dead, durable=True)
-    channel.queue_bind(broker_dead, broker_dead)
-    for queue in names:
-        arguments = {"x-dead-letter-exchange": broker_dead}
-        channel.queue_declare(queue, durable=True, arguments=arguments)
-        channel.queue_bind(queue, exchange)
-        channel.queue_declare(dead_letter_queue(queue), durable=True)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.exchange_declare(exchange, "fanout", durable=True)
+        channel.exchange_declare(broker_dead, "fanout", durable=True)
+        channel.queue_declare(broker_dead, durable=True)
+        channel.queue_bind(broker_dead, broker_dead)
+        for queue in names:
+            arguments = {"x-dead-letter-exchange": broker_dead}
+            channel.queue_declare(queue, durable=True, arguments=arguments)
+            channel.queue_bind(queue, exchange)
+            channel.queue_declare(dead_letter_queue(queue), durable=True)
     return exchange, names, dead_letter_queue(names[0])
 
 
@@ -70,15 +69,14 @@ def publish(
     url: str, exchange: str, messages: Sequence[tuple[str | bytes | None, Mapping[str, str]]]
 ) -> None:
     """(message id, headers) pairs, each published as it is, with confirms."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    channel = conn.channel()
-    channel.confirm_delivery()
-    for message_id, headers in messages:
-        properties = pika.BasicProperties(
-            message_id=message_id, headers=dict(headers), delivery_mode=2
-        )
-        channel.basic_publish(exchange, "", b"{}", properties)
-    conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for message_id, headers in messages:
+            properties = pika.BasicProperties(
+                message_id=message_id, headers=dict(headers), delivery_mode=2
+            )
+            channel.basic_publish(exchange, "", b"{}", properties)
 
 
 class Recorder:
@@ -218,6 +216,13 @@ def attempts(database_url: str, consumer: str, key: str) -> int:
         return store.attempts(key)
     finally:
         store.close()
+
+
+def waiting(url: str, queue: str) -> int:
+    """Messages ready in ``queue`` (a dead-letter queue, which nothing consumes): the letters
+    published there, which the consumer's metric counts a moment before."""
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
 
 
 def copies(consumer: AnyInbox, expected: int) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.buckets import Turn, bucket_of, fair_share, turn
+from relay.buckets import Turn, any_in, bucket_of, fair_share, turn
 from relay.constants import BUCKET_SPAN_ROWS, BUCKET_STRIDE, OUTBOX_BUCKETS
 
 ALL = frozenset(range(OUTBOX_BUCKETS))
@@ -112,3 +112,25 @@ def test_a_relay_that_cannot_publish_gives_its_idle_buckets_up(
     owned: set[int], held: list[int], expected: Turn
 ) -> None:
     assert turn(owned, 2, held, active=False) == expected
+
+
+SPAN = BUCKET_SPAN_ROWS
+# (first id, last id, buckets) -> whether a row of those ids lies in one of the buckets.
+ANY_IN = {
+    "one id, its bucket": ((5, 5, {0}), True),
+    "one id, another bucket": ((5, 5, {1, 63}), False),
+    "the next run's bucket": ((SPAN - 1, SPAN, {BUCKET_STRIDE}), True),
+    "a run short of it": ((SPAN, 2 * SPAN - 1, {0}), False),
+    "a whole round of runs holds every bucket": ((0, OUTBOX_BUCKETS * SPAN - 1, {17}), True),
+    "more than a round": ((3, 10**9, {63}), True),
+    "no buckets": ((0, 10**9, set()), False),
+}
+
+
+@pytest.mark.parametrize(("given", "expected"), ANY_IN.values(), ids=list(ANY_IN))
+def test_any_in_says_whether_new_ids_may_lie_in_a_relays_buckets(
+    given: tuple[int, int, set[int]], expected: bool
+) -> None:
+    first, last, buckets = given
+    assert any_in(first, last, buckets) is expected
+    assert expected == any(bucket_of(i) in buckets for i in range(first, min(last, 10**5) + 1))

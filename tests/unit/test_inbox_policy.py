@@ -9,12 +9,16 @@ from typing import Any
 
 import pytest
 
+from relay.constants import LAST_ERROR_MAX_CHARS
+from relay.db.inbox import TransactionEnded
+from relay.errors import StoreError
 from relay.inbox import Inbox, InboxSettings, Settings
 from relay.inbox.policy import (
     DEAD_HEADERS,
     RetrySchedule,
     dead_letter_headers,
     dead_letter_queue,
+    describe,
     key_problem,
     too_many_before,
     window_problem,
@@ -199,3 +203,105 @@ def test_a_dead_letter_says_why_in_its_headers(
     assert headers == {"x-inbox-consumer": "billing", "x-inbox-queue": "orders", **expected}
     assert set(headers) <= set(DEAD_HEADERS)
     assert dead_letter_queue("orders") == "orders.dead-letters"
+
+
+def _raised(make: Any) -> BaseException:
+    """The exception ``make()`` raises, with its traceback (raised here, in a test's frame)."""
+    try:
+        make()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("it did not raise")
+
+
+class DriverError(Exception):
+    """A driver's error whose message quotes a value, as a database's does."""
+
+
+class Wrapped(Exception):
+    """SQLAlchemy's wrapper of a driver's error (``orig``), its message listing parameters."""
+
+    def __init__(self, orig: BaseException) -> None:
+        super().__init__(f"({type(orig).__name__}) {orig} [parameters: {{'pan': '4111'}}]")
+        self.orig = orig
+
+
+def _facts(error: BaseException) -> list[str] | None:
+    return (
+        ["SQLSTATE 23505", "constraint cards_pan_key"] if isinstance(error, DriverError) else None
+    )
+
+
+def _value_error() -> None:
+    int("4111")
+    raise ValueError("not a card: 4111")
+
+
+def _wrapped() -> None:
+    raise Wrapped(DriverError("Key (pan)=(4111) already exists"))
+
+
+def _handlers_own() -> None:
+    try:
+        _wrapped()
+    except Wrapped as exc:
+        raise RuntimeError("charging card 4111 failed") from exc
+
+
+# name -> (what raises, keep messages, what is recorded: parts that must be there)
+DESCRIBED: dict[str, tuple[Any, bool, list[str]]] = {
+    "an exception: its type and where the handler raised it": (
+        _value_error,
+        False,
+        ["ValueError at tests.unit.test_inbox_policy:", "in _value_error"],
+    ),
+    "with messages kept: the message too": (
+        _value_error,
+        True,
+        ["ValueError: not a card: 4111 at tests.unit.test_inbox_policy:"],
+    ),
+    "a database error: its facts, never its message or parameters": (
+        _wrapped,
+        True,
+        ["Wrapped: DriverError (SQLSTATE 23505, constraint cards_pan_key) at"],
+    ),
+    "a handler's error from a database's: both named": (
+        _handlers_own,
+        False,
+        ["RuntimeError at", "in _handlers_own from Wrapped: DriverError (SQLSTATE 23505"],
+    ),
+    "this package's own error: its words": (
+        lambda: (_ for _ in ()).throw(TransactionEnded("a handler may not end it (COMMIT)")),
+        False,
+        ["TransactionEnded: a handler may not end it (COMMIT)"],
+    ),
+    "a database error of this package's: what failed, not the driver's words": (
+        lambda: (_ for _ in ()).throw(
+            StoreError("the commit on db failed: Key (pan)=(4111)", summary="the commit on db")
+        ),
+        False,
+        ["StoreError: the commit on db"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("make", "messages", "parts"), DESCRIBED.values(), ids=list(DESCRIBED))
+def test_a_failure_is_recorded_without_a_value(make: Any, messages: bool, parts: list[str]) -> None:
+    recorded = describe(_raised(make), _facts, messages=messages)
+    for part in parts:
+        assert part in recorded
+    if not messages:
+        assert "4111" not in recorded
+    assert "parameters" not in recorded
+
+
+def test_a_drivers_error_without_facts_keeps_no_words() -> None:
+    """A database driver's error that says nothing of its own (no SQLSTATE: a client-side
+    error), raised by the handler straight from the driver: its name, never its message."""
+    recorded = describe(DriverError("4111"), lambda _e: [], messages=True)
+    assert recorded == "DriverError"
+
+
+def test_a_recorded_failure_is_bounded() -> None:
+    recorded = describe(ValueError("x" * 10_000), _facts, messages=True)
+    assert len(recorded) == LAST_ERROR_MAX_CHARS

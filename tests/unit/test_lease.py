@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from relay.lease import Lease, Waiting, lease_clock, margin_for
+from relay.lease import Lease, Waiting, lease_clock, longest_confirm_timeout, margin_for
 from tests.support.rows import row
 
 
@@ -23,6 +23,16 @@ def test_the_margin_covers_the_timeout_the_watchers_look_and_the_close(
     confirm_timeout: float, margin: float
 ) -> None:
     assert margin_for(confirm_timeout) == pytest.approx(margin)
+
+
+@pytest.mark.parametrize("confirm_timeout", [0.4, 2.0, 4.0, 4.5, 5.0, 7.0, 10.0, 30.0, 300.0])
+def test_the_longest_confirm_timeout_a_lease_outlives_inverts_the_margin(
+    confirm_timeout: float,
+) -> None:
+    """The settings' error says which timeouts a lease outlives: those below the one whose
+    margin is half the lease."""
+    lease = 2 * margin_for(confirm_timeout)
+    assert longest_confirm_timeout(lease) == pytest.approx(confirm_timeout)
 
 
 def test_the_lease_clock_is_never_behind_the_monotonic_one() -> None:

@@ -12,7 +12,12 @@ import pytest
 
 from relay.backoff import Backoff
 from relay.broker.confirms import RELEASED
-from relay.constants import HELD_CHARGE_INTERVAL_S, PROTOCOL
+from relay.constants import (
+    HELD_CHARGE_INTERVAL_S,
+    POLL_INTERVAL_S,
+    PROTOCOL,
+    TURN_INTERVAL_MAX_S,
+)
 from relay.errors import RetiredError, StoreError
 from relay.lease import LEASE_SHORT, Lease
 from relay.metrics import Metrics
@@ -299,6 +304,57 @@ def test_a_relay_that_cannot_renew_its_lease_publishes_nothing_once_it_runs_shor
     run(scenario())
 
 
+def test_a_relay_whose_turns_fail_is_not_ready_saying_why_though_its_claims_work() -> None:
+    """Its claims and settles work (their success said it ready again): it is not ready while
+    its turns fail, with their error, nor said available; ready once a turn works."""
+    store = TurnsFail()
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(relay.ready)
+        store.turns_fail = True
+        await wait(lambda: not relay.ready())
+        fill(store, 5)
+        await wait(lambda: set(statuses(store).values()) == {SENT})  # claimed and settled
+        errors = sample_value(relay.metrics, "relay_database_errors_total")
+        ready_between = False
+        while sample_value(relay.metrics, "relay_database_errors_total") < errors + 4:
+            ready_between |= relay.ready()  # claims (polls) work between the failed turns
+            await asyncio.sleep(0.001)
+        assert not ready_between
+        assert relay.unready() == "the database's turns fail: turn failed (simulated)"
+        assert sample_value(relay.metrics, "relay_database_connected") == 0
+        store.turns_fail = False
+        await wait(relay.ready)
+        assert sample_value(relay.metrics, "relay_database_connected") == 1
+        relay.stop()
+        await task
+
+    run(scenario())
+
+
+def test_a_relay_waiting_on_a_protocol_fence_is_ready() -> None:
+    """Its turns work: it is ready, so that a rollout goes on and stops the older relays it
+    waits for."""
+    store = InMemoryStore()
+    older = InMemoryStore("older", clock=store.clock, protocol=None)
+    older.rows, older.buckets, older.relays = store.rows, store.buckets, store.relays
+    older.turn()
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(lambda: sample_value(relay.metrics, "relay_fenced") == 1)
+        assert relay.ready()
+        relay.stop()
+        await task
+
+    run(scenario())
+
+
 def acked_order(ordered: bool) -> dict[str, list[int]]:
     """Rows of three keys, interleaved; the first attempt of each key's first row is nacked.
     Returns, per key, the ids in the order the broker acked them."""
@@ -440,14 +496,19 @@ class Watched(InMemoryStore):
             return set(statuses(self).values()) == {SENT}
 
 
-def stream(linger: float, every: float, seconds: float) -> tuple[Watched, dict[str, float]]:
+def stream(
+    linger: float, every: float, seconds: float, answer_after: float = 0.0
+) -> tuple[Watched, dict[str, float]]:
     """A row every ``every`` seconds for ``seconds``, each announced at once (as the probe of
-    new rows would, wake for wake), relayed with ``linger``; the store, and each row's delay
-    from its commit to its publish."""
+    new rows would, wake for wake), relayed with ``linger``, the broker answering each
+    publish ``answer_after`` seconds later; the store, and each row's delay from its commit
+    to its publish."""
     loop = VirtualTimeLoop()
     store = Watched(loop)
-    publisher = ScriptedPublisher(lambda row: "ack", window=1000)
+    publisher = ScriptedPublisher(lambda row: "ack", window=1000, answer_after=answer_after)
     relay = make(store, publisher, batch_size=500, linger=linger)
+    # The defaults: a few polls and turns a stream (each may claim).
+    relay.poll_interval, relay.turn_interval = POLL_INTERVAL_S, TURN_INTERVAL_MAX_S
     committed: dict[str, float] = {}
     published: dict[str, float] = {}
     publish = publisher.publish
@@ -486,6 +547,23 @@ def test_a_steady_stream_is_claimed_and_settled_once_a_linger_however_fast_it_co
     assert max(delays.values()) <= 0.05 + 0.002, "a row waited longer than a linger"
     eager, _ = stream(linger=0.0, every=0.002, seconds=2.0)
     assert len(eager.claims) > 5 * len(store.claims)
+
+
+def test_without_a_linger_each_new_row_is_claimed_at_once_by_one_claim() -> None:
+    """RELAY_LINGER=0 claims every new row at once: a row every 10 ms, each announced (as
+    the probe announces the newest id's change), the broker answering in 3 ms. Each row is
+    published as it is announced, by the one claim its announcement asked for; no claim
+    comes back empty but a poll's. (Every turn of the loop claimed once a claim had found
+    rows within a poll interval: its publish's confirm and its settle each turned the loop,
+    three claims a row, two of them empty.)"""
+    seconds, every = 2.0, 0.01
+    store, delays = stream(linger=0.0, every=every, seconds=seconds, answer_after=0.003)
+    rows = len(delays)
+    unasked = seconds / POLL_INTERVAL_S + seconds / TURN_INTERVAL_MAX_S + 2  # polls, turns
+    assert max(delays.values()) < every / 2, "a row waited for its claim"
+    empty = [at for at, n in store.claims if n == 0]
+    assert len(empty) <= unasked, f"{len(empty)} empty claims for {rows} rows"
+    assert len(store.claims) <= rows + unasked
 
 
 def test_a_backlog_is_claimed_and_settled_without_lingering() -> None:
@@ -532,6 +610,71 @@ def test_the_probe_listens_only_while_the_relay_is_idle() -> None:
 
     run(scenario())
     assert seen == [True, False, True]
+
+
+def test_two_relays_without_a_linger_claim_each_new_row_once_between_them() -> None:
+    """Every relay's probe sees every commit (the newest id), but a row lies in one relay's
+    buckets: a relay claims only for new ids that may lie in its own. Two relays woken for
+    every row made a claim each per row, one of them empty."""
+    loop = VirtualTimeLoop()
+    shared = Watched(loop)
+    stores = [Watched(loop), Watched(loop)]
+    for owner, store in zip(("a", "b"), stores, strict=True):
+        store.owner, store.clock = owner, shared.clock
+        store.rows, store.buckets, store.relays = shared.rows, shared.buckets, shared.relays
+        store.protocols, store.admits, store.lock = shared.protocols, shared.admits, shared.lock
+    relays = [make(s, ScriptedPublisher(lambda row: "ack", answer_after=0.003)) for s in stores]
+    for relay in relays:
+        relay.poll_interval, relay.turn_interval = POLL_INTERVAL_S, TURN_INTERVAL_MAX_S
+    rows = 200
+
+    async def scenario() -> None:
+        tasks = [asyncio.create_task(r.run()) for r in relays]
+        await wait(lambda: all(s.held == set() for s in stores))
+        for s in stores:  # the buckets shared out, as the relays' turns do
+            s.turn()
+        for s in stores:
+            s.turn()
+        newest = max(shared.rows, default=0)
+        for _ in range(rows):
+            # A row every 10 ms, ids in runs of the span: the two relays' buckets take turns.
+            message = NewMessage(b"x", "ex", "rk")
+            (_,) = shared.enqueue([message])
+            for relay in relays:
+                relay.new_rows(newest, newest + 1)  # what each relay's probe says
+            newest += 1
+            await asyncio.sleep(0.01)
+        await wait(shared.all_sent)
+        for relay in relays:
+            relay.stop()
+        assert all([await t for t in tasks])
+
+    run(scenario(), loop)
+    claims = [n for s in stores for _, n in s.claims]
+    unasked = 2 * (rows * 0.01 / POLL_INTERVAL_S + rows * 0.01 / TURN_INTERVAL_MAX_S + 3)
+    assert claims.count(0) <= unasked, f"{claims.count(0)} empty claims for {rows} rows"
+    assert sum(claims) == rows
+
+
+def test_without_a_linger_the_probe_listens_while_rows_flow() -> None:
+    """No claim looks for the stream unasked without a linger: the probe must, so ``idle``
+    stays set while claims find rows."""
+    store = InMemoryStore()
+    relay = make(store, ScriptedPublisher(lambda row: "ack"), linger=0.0)
+    listening: list[bool] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        for _ in range(5):
+            fill(store, 3)
+            relay.wake()
+            await wait(lambda: set(statuses(store).values()) == {SENT})
+            listening.append(relay.idle.is_set())
+        relay.stop()
+        assert await task
+
+    run(scenario())
+    assert listening == [True] * 5
 
 
 def one_keys_rows_sent_after(settle_linger: float | None) -> float:

@@ -275,6 +275,16 @@ def test_every_cloudevent_the_relay_publishes_the_sdk_reads(
         assert event.get_id() == "m-1" and event.get_type() == decoded.headers["ce-type"]
 
 
+def test_a_cloudevent_of_an_empty_message_id_is_unpublishable_naming_the_column() -> None:
+    """ce-id is the message id: an empty one went out as ``ce-id: ""``, which the SDK's
+    reader refuses ("Attribute 'id' must not be None or empty"). Without CloudEvents an
+    empty message id is the row's to send."""
+    stored = row(1, message_id="")
+    with pytest.raises(Unpublishable, match=r"CloudEvent's id \(the row's message_id\)"):
+        build(stored, cloudevents_source="/shop")
+    assert pika_decoded(build(stored).properties).message_id == ""
+
+
 def test_trace_headers_go_with_a_cloudevents_attributes() -> None:
     message = build(row(1), trace={"traceparent": "relay's"}, cloudevents_source="/shop")
     headers = pika_decoded(message.properties).headers

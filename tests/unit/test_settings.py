@@ -3,6 +3,7 @@ setting; secrets never appear in errors or in the redacted view."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,42 @@ def test_bad_values_name_the_setting(environ: dict[str, str], message: str) -> N
         Settings.load(environ)
     assert str(err.value).startswith(message)
     assert "secret" not in str(err.value)
+
+
+# (RELAY_LEASE, RELAY_CONFIRM_TIMEOUT), refused: the release before took them (it asked for a
+# lease over twice the timeout), so the error says what to set instead.
+TOO_SHORT_LEASES = [(30, 10), (50, 30), (20, 9), (16, 7), (10, 4.5), (8, 3), (3, 1)]
+
+
+@pytest.mark.parametrize(("lease", "confirm_timeout"), TOO_SHORT_LEASES)
+def test_a_lease_too_short_for_the_confirm_timeout_says_what_to_set_instead(
+    lease: float, confirm_timeout: float
+) -> None:
+    given = {"RELAY_LEASE": str(lease), "RELAY_CONFIRM_TIMEOUT": str(confirm_timeout)}
+    with pytest.raises(ConfigError) as err:
+        Settings.load(given)
+    said = re.search(
+        r"set RELAY_LEASE to (\d+) or more, or RELAY_CONFIRM_TIMEOUT below ([\d.]+)$",
+        str(err.value),
+    )
+    assert said is not None, str(err.value)
+    enough, shorter = int(said[1]), float(said[2])
+    Settings.load(given | {"RELAY_LEASE": str(enough)})
+    with pytest.raises(ConfigError):
+        Settings.load(given | {"RELAY_LEASE": str(enough - 1)})
+    Settings.load(given | {"RELAY_CONFIRM_TIMEOUT": str(shorter - 0.01)})
+    with pytest.raises(ConfigError):
+        Settings.load(given | {"RELAY_CONFIRM_TIMEOUT": str(shorter + 0.01)})
+
+
+def test_a_lease_of_30_with_a_confirm_timeout_of_10_is_refused_saying_so() -> None:
+    """Issue 57: the release before started with these."""
+    with pytest.raises(ConfigError) as err:
+        Settings.load({"RELAY_LEASE": "30", "RELAY_CONFIRM_TIMEOUT": "10"})
+    assert str(err.value).startswith("RELAY_LEASE=30 must be more than 32: twice what")
+    assert str(err.value).endswith(
+        "set RELAY_LEASE to 33 or more, or RELAY_CONFIRM_TIMEOUT below 9"
+    )
 
 
 def test_malformed_env_file_names_the_line(tmp_path: Path) -> None:

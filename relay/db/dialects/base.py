@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
+
+from relay.db.sqltext import Lexicon
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -60,6 +63,11 @@ class Dialect(abc.ABC):
     # as a plain INSERT first; a staging table's lock held by a session.
     copies_rows: ClassVar[bool] = False
     stage_locks: ClassVar[bool] = False
+    # How the database reads SQL text (``relay.db.sqltext``), and the statements that end a
+    # transaction besides the transaction's own (MySQL's implicit commits): what the inbox's
+    # guard refuses of a handler.
+    sql_lexicon: ClassVar[Lexicon] = Lexicon()
+    implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset()
 
     # Engines ------------------------------------------------------------------------------
 
@@ -72,6 +80,11 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def async_engine(self, url: sa.URL) -> AsyncEngine:
         """An asyncio engine with an inbox's sessions (``relay.db.engine``)."""
+
+    def short_reads(self, engine: sa.Engine) -> None:
+        """Make ``engine``'s sessions plan for short reads only (the operator console's: a
+        page of an index, counts that stop at a cap)."""
+        return None  # nothing to set where the planner compiles nothing ahead
 
     def autocommit(self, engine: sa.Engine) -> sa.Engine:
         """``engine`` for statements that each commit on their own (the relay's claims and
@@ -198,6 +211,10 @@ class Dialect(abc.ABC):
         """A stored value's length in bytes, without reading it where the database can."""
         return sa.func.octet_length(value)
 
+    def stored_bytes(self, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """A binary column's value as the claim reads it: the bytes stored."""
+        return value  # a binary column holds bytes only
+
     @abc.abstractmethod
     def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
         """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
@@ -220,10 +237,28 @@ class Dialect(abc.ABC):
         cannot set it, or None."""
         return None
 
-    def still_open(self, driver: Any) -> bool:
-        """Whether the driver's connection ``driver`` still has its transaction open, as it
-        knows without a round trip; True where it cannot tell."""
-        return True
+    def run_lock_path(self, url: sa.URL) -> Path | None:
+        """Where the inbox's consumers of the database at ``url`` take their runs one at a
+        time (``relay.db.runlock``), where one writer at a time calls for it; else None."""
+        return None
+
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        """Whether a statement of these words (``relay.db.sqltext``) changes its connection's
+        session beyond the transaction: a handler's setting would outlive its message."""
+        return False
+
+    def session_changed(self, driver: Any) -> bool:
+        """Whether the driver's connection ``driver`` is in a state the inbox's transactions
+        cannot work in (autocommit on: each statement its own transaction), as the driver
+        knows without a round trip; a handler can leave it so, past ``Transaction``."""
+        return False
+
+    def error_facts(self, error: BaseException) -> list[str] | None:
+        """What the driver's ``error`` says that names no value (its SQLSTATE or error number,
+        the constraint, table and column it concerns), for a record of a failure that must
+        not hold a payload or a statement's parameters (``relay.inbox.policy.describe``);
+        None for an error that is not this driver's."""
+        return None
 
     # The Spark writer ---------------------------------------------------------------------
 
@@ -243,14 +278,22 @@ class Dialect(abc.ABC):
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         raise NotImplementedError(f"{self.name} holds no staging table locks")
 
+    # Migrations ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        """Wait for the lock of this database's migrations, and hold it while ``conn`` is
+        open: one ``relay migrate`` at a time, the next reading the schema as the one before
+        left it (two at once failed on the tables the first was creating)."""
+
     # Roles and settings -------------------------------------------------------------------
 
     def grant(self, privileges: str, table: str, grantee: str, database: str) -> str:
         """The GRANT of ``privileges`` on ``table`` (of ``database``) to ``grantee``."""
         return f"GRANT {privileges} ON {table} TO {grantee}"
 
-    def writer_grants(self, grantee: str) -> list[str]:
-        """What a writer needs besides its INSERT."""
+    def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
+        """What inserting rows into ``tables`` needs besides the INSERT (their id's source)."""
         return []
 
     def url_problem(self, path: str, query: dict[str, list[str]]) -> str | None:

@@ -32,11 +32,13 @@ from relay.constants import (
     DB_STATEMENT_TIMEOUT_MS,
     DB_TCP_USER_TIMEOUT_S,
     MARIADB_MIN_VERSION,
+    MIGRATION_LOCK_WAIT_S,
     MYSQL_MIN_VERSION,
     SPARK_STAGE_LOCK_WAIT_TIMEOUT_S,
 )
 from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
-from relay.errors import ConfigError
+from relay.db.sqltext import Lexicon
+from relay.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -57,6 +59,9 @@ MYSQL_RELAY_SESSION = f"SET {_LOCK_WAITS}, max_execution_time = {DB_STATEMENT_TI
 MARIADB_INBOX_SESSION = f"SET {_LOCK_WAITS}, max_statement_time = {DB_STATEMENT_TIMEOUT_MS // 1000}"
 MYSQL_INBOX_SESSION = MYSQL_RELAY_SESSION
 # JSON_TABLE's column types where the column's own type's name is not one: text of any length.
+# ER_DUP_ENTRY, and the key its message names (after the value it quotes).
+_DUPLICATE_ENTRY = 1062
+_DUPLICATE_KEY = re.compile(r"for key '([^']*)'$")
 _JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
 
 
@@ -66,6 +71,45 @@ class MySQL(Dialect):
     claims_carry_ids: ClassVar[bool] = True
     partial_indexes: ClassVar[bool] = False
     stage_locks: ClassVar[bool] = True
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(
+        hash_comments=True,
+        executable_comments=True,
+        dash_comment_needs_space=True,
+        backslash_escapes=True,
+    )
+    # Statements that commit the transaction before they run (MySQL's "statements that cause
+    # an implicit commit"): definitions, locks, accounts, administration, replication,
+    # MariaDB's backup stages; and dynamic SQL (PREPARE, EXECUTE, EXECUTE IMMEDIATE), whose
+    # statement the guard cannot read. A temporary table's CREATE and DROP do not commit, but
+    # are refused with the rest.
+    implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset(
+        (word,)
+        for word in [
+            "ALTER",
+            "CREATE",
+            "DROP",
+            "RENAME",
+            "TRUNCATE",
+            "LOCK",
+            "UNLOCK",
+            "GRANT",
+            "REVOKE",
+            "ANALYZE",
+            "OPTIMIZE",
+            "REPAIR",
+            "CACHE",
+            "FLUSH",
+            "RESET",
+            "INSTALL",
+            "UNINSTALL",
+            "START",
+            "STOP",
+            "CHANGE",
+            "BACKUP",
+            "PREPARE",
+            "EXECUTE",
+        ]
+    ) | {("LOAD", "INDEX"), ("CHECK", "TABLE"), ("SET", "PASSWORD")}
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -179,6 +223,34 @@ class MySQL(Dialect):
         plan_row = conn.exec_driver_sql(f"EXPLAIN {sql}").mappings().one()
         return int(plan_row["rows"] or 0)
 
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        # Only user variables (SET @name = ...) stay the statement's; any system variable
+        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is the
+        # session's.
+        if words[0] != "SET":
+            return False
+        user_only = len(words) > 1 and words[1].startswith("@") and not words[1].startswith("@@")
+        return not user_only or any(word.startswith("@@") for word in words)
+
+    def session_changed(self, driver: Any) -> bool:
+        # mysqlclient's, PyMySQL's and aiomysql's: the server's status of its last answer.
+        return bool(driver.get_autocommit())
+
+    def error_facts(self, error: BaseException) -> list[str] | None:
+        # mysqlclient's and PyMySQL's (aiomysql's) errors alike: (number, message); the
+        # message quotes values ("Duplicate entry '4111...' for key 'pan'"), the key's name
+        # is kept alone.
+        args = getattr(error, "args", ())
+        if type(error).__module__.partition(".")[0] not in ("MySQLdb", "pymysql"):
+            return None
+        if not args or not isinstance(args[0], int):
+            return []
+        facts = [f"MySQL error {args[0]}"]
+        key = _DUPLICATE_KEY.search(str(args[1])) if len(args) > 1 else None
+        if args[0] == _DUPLICATE_ENTRY and key is not None:
+            facts.append(f"key {key.group(1)}")
+        return facts
+
     def durability_problem(self, conn: sa.Connection) -> str | None:
         # The flush is the server's alone.
         flush = int(conn.scalar(sa.text("SELECT @@innodb_flush_log_at_trx_commit")) or 0)
@@ -203,6 +275,16 @@ class MySQL(Dialect):
 
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         conn.execute(sa.select(sa.func.release_lock(name)))
+
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        # A named lock, the session's (its DDL commits at once: no transaction holds a
+        # migration), released when the migration's connection closes. Names are the
+        # server's and at most 64 characters: this database's, hashed.
+        name = sa.func.concat("outbox-relay-migrate-", sa.func.md5(sa.func.database()))
+        if conn.execute(sa.select(sa.func.get_lock(name, MIGRATION_LOCK_WAIT_S))).scalar() != 1:
+            raise StoreError(
+                f"another `relay migrate` held this database for {MIGRATION_LOCK_WAIT_S} s"
+            )
 
     def grant(self, privileges: str, table: str, grantee: str, database: str) -> str:
         return f"GRANT {privileges} ON `{database}`.`{table}` TO {grantee}"

@@ -19,7 +19,6 @@ import psycopg
 import psycopg.adapt
 import psycopg.postgres
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
 from sqlalchemy.dialects import postgresql
 
 from relay.constants import (
@@ -32,8 +31,10 @@ from relay.constants import (
     DB_STATEMENT_TIMEOUT_MS,
     DB_TCP_USER_TIMEOUT_S,
     MERGE_WORK_MEM,
+    MIGRATION_LOCK_KEY,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
+from relay.db.sqltext import Lexicon
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -91,6 +92,7 @@ class PostgreSQL(Dialect):
     journals_sent_log: ClassVar[bool] = True
     copies_rows: ClassVar[bool] = True
     stage_locks: ClassVar[bool] = True
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(nested_comments=True, dollar_quotes=True)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -102,6 +104,12 @@ class PostgreSQL(Dialect):
         sa.event.listen(engine, "before_cursor_execute", _binary_results)
         sa.event.listen(engine, "connect", _register_dumpers)
         return engine
+
+    def short_reads(self, engine: sa.Engine) -> None:
+        # The console's statements read an index for a page, or count up to a cap, but the
+        # planner costs a correlated count for every row it could reach: at a million parked
+        # rows its estimate passed jit_above_cost, and compiling took 1.2 s of a 30 ms query.
+        sa.event.listen(engine, "connect", _no_jit)
 
     def async_engine(self, url: sa.URL) -> AsyncEngine:
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -165,9 +173,29 @@ class PostgreSQL(Dialect):
         (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar_one()
         return int(plan["Plan"]["Plan Rows"])
 
-    def still_open(self, driver: Any) -> bool:
-        info = getattr(driver, "info", None)
-        return info is None or bool(info.transaction_status == TransactionStatus.INTRANS)
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        # SET LOCAL and SET CONSTRAINTS last the transaction; SET, RESET and DISCARD the
+        # session.
+        if words[0] in ("RESET", "DISCARD"):
+            return True
+        return words[0] == "SET" and words[1:2] not in (("LOCAL",), ("CONSTRAINTS",))
+
+    def session_changed(self, driver: Any) -> bool:
+        return bool(getattr(driver, "autocommit", False))
+
+    def error_facts(self, error: BaseException) -> list[str] | None:
+        if not isinstance(error, psycopg.Error):
+            return None
+        facts = [f"SQLSTATE {error.sqlstate}"] if error.sqlstate else []
+        diag = error.diag
+        for name, value in (
+            ("constraint", diag.constraint_name),
+            ("table", diag.table_name),
+            ("column", diag.column_name),
+        ):
+            if value:
+                facts.append(f"{name} {value}")
+        return facts
 
     def prepare_merge(self, conn: sa.Connection) -> None:
         conn.execute(sa.text(f"SET LOCAL work_mem = '{MERGE_WORK_MEM}'"))
@@ -178,9 +206,13 @@ class PostgreSQL(Dialect):
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_unlock(*key)))
 
-    def writer_grants(self, grantee: str) -> list[str]:
-        # An INSERT that takes its id from the outbox's sequence needs to use it.
-        return [f"GRANT USAGE ON SEQUENCE outbox_id_seq TO {grantee}"]
+    def lock_migrations(self, conn: sa.Connection) -> None:
+        # Held until the migration's transaction ends (its DDL is transactional too).
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+
+    def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
+        # An INSERT that takes its id from a table's sequence needs to use it.
+        return [f"GRANT USAGE ON SEQUENCE {table}_id_seq TO {grantee}" for table in tables]
 
 
 def _connect_args(relay_session: bool, inbox_session: bool) -> dict[str, Any]:
@@ -199,6 +231,12 @@ def _connect_args(relay_session: bool, inbox_session: bool) -> dict[str, Any]:
     if relay_session:
         connect_args["application_name"] = APPLICATION_NAME
     return connect_args
+
+
+def _no_jit(dbapi_connection: Any, _record: Any) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET jit = off")
+    dbapi_connection.commit()
 
 
 def _binary_results(

@@ -18,7 +18,7 @@ log is rewritten unlogged and copied into the journal, which locks it for a whil
 minute per ten million entries here).
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-11-28
 """
 
@@ -29,14 +29,14 @@ from sqlalchemy.dialects import postgresql
 from relay.db.schema import SENT_LOG, UTCDateTime
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 # The least protocol of the relays that may run beside this revision (``relay migrate``):
 # relays of protocol 2 claim without asking whether the sent log is complete.
 least_protocol = 3
 _RELEASE = "the release of migration 0015"
-# ``relay.db.buckets.EVERY_PROTOCOL``, as migration 0013 left the row.
+# ``relay.db.buckets.EVERY_PROTOCOL``, as migration 0013 left the row (0014 leaves it as it is).
 _BEFORE = (1, "any release")
 # A journal row holds at most as many entries as an ack statement (``IDS_PER_STATEMENT``).
 _JOURNAL_ROW_ENTRIES = 1000

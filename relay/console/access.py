@@ -1,0 +1,93 @@
+"""Who may do what: each request's session (from its cookie, or a trusted proxy's headers),
+its role checked against what the route needs, and a change's CSRF token checked. Closed by
+default: no session, no page (the login page aside); a forged proxy header, a role too low
+or a form without its token, refused."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from relay.console.identity import from_proxy, groups_of, role_of
+from relay.console.records import Actor
+from relay.console.sessions import Session
+from relay.console.state import COOKIE, Console
+
+
+class Refused(Exception):
+    """A request refused: its status and the one line the page says."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def session_of(console: Console, request: Request) -> Session | None:
+    """The request's session: a live signed cookie; behind a trusted proxy, the proxy's
+    identity (a cookie kept for its CSRF nonce while it names the same user and role)."""
+    now = console.clock()
+    found = console.sessions.read(request.cookies.get(COOKIE), now)
+    if console.config.console_auth != "proxy":
+        return found
+    peer = request.client.host if request.client else None
+    if not from_proxy(peer, console.config.console_proxy_addresses):
+        console.metrics.login_failures.labels("proxy").inc()
+        raise Refused(403, "identity headers are believed from the configured proxy only")
+    user = request.headers.get(console.config.console_proxy_user_header, "").strip()
+    if not user:
+        raise Refused(401, "the proxy sent no user")
+    groups = groups_of(request.headers.get(console.config.console_proxy_groups_header, ""))
+    role = role_of(groups, console.config)
+    if role is None:
+        console.metrics.login_failures.labels("no_role").inc()
+        raise Refused(403, f"{user} is in none of the console's groups")
+    if found is not None and found.user == user and found.role == role:
+        return found
+    token = console.sessions.issue(user, role, now)
+    return console.sessions.read(token, now)
+
+
+def require(console: Console, request: Request, role: str) -> Session | Response:
+    """The session if its role is ``role`` or above; else where to log in (a page) or a
+    refusal (``Refused``)."""
+    session = session_of(console, request)
+    if session is None:
+        if request.method == "GET":
+            return RedirectResponse(request.scope.get("root_path", "") + "/login", 303)
+        raise Refused(401, "log in first")
+    if not Actor(session.user, session.role).may(role):
+        raise Refused(403, f"this needs the {role} role; {session.user} is a {session.role}")
+    return session
+
+
+async def form_of(request: Request) -> list[tuple[str, str]]:
+    """A posted form's fields (``application/x-www-form-urlencoded``), in their order."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != (
+        "application/x-www-form-urlencoded"
+    ):
+        raise Refused(415, "forms only")
+    body = (await request.body()).decode("utf-8", "replace")
+    return parse_qsl(body, keep_blank_values=True)
+
+
+def check_csrf(console: Console, session: Session, fields: list[tuple[str, str]]) -> None:
+    given = [value for name, value in fields if name == "csrf"]
+    if len(given) != 1 or not console.sessions.csrf_ok(session, given[0]):
+        raise Refused(403, "the form's CSRF token is missing or not this session's")
+
+
+def keep_session(console: Console, response: Response, session: Session, root: str) -> Response:
+    """The session's cookie renewed (its idle time starts again)."""
+    response.set_cookie(
+        COOKIE,
+        console.sessions.renewed(session, console.clock()),
+        max_age=int(console.config.console_session_idle),
+        path=root or "/",
+        secure=True,
+        httponly=True,
+        samesite="lax",
+    )
+    return response

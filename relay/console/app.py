@@ -1,0 +1,188 @@
+"""The console as an ASGI application (Starlette): ``create_app`` assembles its settings,
+database, sessions, templates and routes, to serve alone (``relay console``) or mounted in a
+host application (``Mount("/outbox", app=create_app(...))``: its links and cookies follow
+the mount's path).
+
+Every response carries a Content-Security-Policy that lets the page load only the console's
+own script and stylesheet (nothing inline, nothing from elsewhere), is never framed and
+never cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from relay.console import changes, login, pages
+from relay.console.access import Refused, check_csrf, form_of, session_of
+from relay.console.limiter import LoginLimiter
+from relay.console.oidc import OidcClient
+from relay.console.sessions import Sessions, Signer
+from relay.console.state import Console
+from relay.console.users import parse_users
+from relay.constants import CONSOLE_LOGIN_WINDOW_S
+from relay.db.console import ConsoleReads
+from relay.db.console_actions import ConsoleActions
+from relay.errors import ConfigError, InputError, StoreError
+from relay.metrics import ConsoleMetrics
+from relay.settings import ConsoleSettings, Settings
+
+log = logging.getLogger(__name__)
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+Handler = Callable[[Console, Request], Awaitable[Response]]
+
+
+def load_console(
+    settings: Settings,
+    config: ConsoleSettings,
+    registry: CollectorRegistry | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Console:
+    """The console's shared state; ``ConfigError`` (exit 2) for settings it cannot start
+    with, before anything listens."""
+    if (problem := config.problem()) is not None:
+        raise ConfigError(problem)
+    users = {}
+    if config.console_auth == "users":
+        path = config.console_users_file
+        assert path is not None  # problem() said so
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(f"RELAY_CONSOLE_USERS_FILE={path}: cannot read: {reason}") from None
+        users = parse_users(text, str(path))
+    templates = Environment(
+        loader=PackageLoader("relay.console", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+    )
+    secret = config.console_session_secret
+    return Console(
+        settings=settings,
+        config=config,
+        reads=ConsoleReads(settings.database_url),
+        actions=ConsoleActions(settings.database_url),
+        sessions=Sessions(secret, config.console_session_idle),
+        login_signer=Signer(secret, "login"),
+        templates=templates,
+        metrics=ConsoleMetrics(registry),
+        limiter=LoginLimiter(config.console_login_attempts, CONSOLE_LOGIN_WINDOW_S),
+        users=users,
+        oidc=OidcClient(config) if config.console_auth == "oidc" else None,
+        clock=clock,
+    )
+
+
+def create_app(console: Console) -> Starlette:
+    def route(path: str, handler: Handler, methods: list[str], name: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            return await handler(console, request)
+
+        return Route(path, endpoint, methods=methods, name=name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        console.reads.close()
+        console.actions.close()
+
+    routes = [
+        route("/", pages.overview, ["GET"], "overview"),
+        route("/rows", pages.rows, ["GET"], "rows"),
+        route("/rows/{row_id:int}", pages.row, ["GET"], "row"),
+        route("/rows/{row_id:int}/edit", changes.edit, ["POST"], "edit"),
+        route("/archive", pages.archive, ["GET"], "archive"),
+        route("/audit", pages.audit, ["GET"], "audit"),
+        route("/inbox/{queue:path}", pages.inbox, ["GET"], "inbox"),
+        route("/confirm", changes.confirm, ["POST"], "confirm"),
+        route("/act", changes.act, ["POST"], "act"),
+        route("/login", login.login_page, ["GET"], "login"),
+        route("/login", login.login_form, ["POST"], "login_form"),
+        route("/auth/callback", login.callback, ["GET"], "callback"),
+        route("/logout", _logout, ["POST"], "logout"),
+        route("/healthz", _alive, ["GET"], "healthz"),
+        route("/readyz", _ready, ["GET"], "readyz"),
+        Mount(
+            "/static",
+            StaticFiles(directory=str(resources.files("relay.console") / "static")),
+            name="static",
+        ),
+    ]
+    middleware = [Middleware(BaseHTTPMiddleware, dispatch=functools.partial(_guard, console))]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+async def _alive(console: Console, request: Request) -> Response:
+    """Liveness: the process answers (nothing about the outbox: no login needed, none shown)."""
+    return PlainTextResponse("ok")
+
+
+async def _ready(console: Console, request: Request) -> Response:
+    """Readiness: the database answers."""
+    await run_in_threadpool(console.reads.now)
+    return PlainTextResponse("ok")
+
+
+async def _logout(console: Console, request: Request) -> Response:
+    session = session_of(console, request)
+    if session is not None:
+        check_csrf(console, session, await form_of(request))
+    return await login.logout(console, request)
+
+
+async def _guard(
+    console: Console, request: Request, call_next: RequestResponseEndpoint
+) -> Response:
+    """Security headers on every response, refusals and bad input as pages, metrics."""
+    started = time.perf_counter()
+    route = "other"
+    for candidate in request.app.routes:
+        match, _scope = candidate.matches(request.scope)
+        if match.value == 2:  # Match.FULL
+            route = getattr(candidate, "name", "other") or "other"
+            break
+    try:
+        response = await call_next(request)
+    except Refused as refused:
+        response = _error(console, request, refused.status, refused.reason)
+    except InputError as exc:
+        response = _error(console, request, 400, str(exc))
+    except StoreError as exc:
+        log.warning("console: %s", exc, extra={"action": "console_store_error"})
+        response = _error(console, request, 503, "the database did not answer; try again")
+    for name, value in SECURITY_HEADERS.items():
+        response.headers[name] = value
+    console.metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+    console.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+    return response
+
+
+def _error(console: Console, request: Request, status: int, reason: str) -> Response:
+    return console.page(request, "error.html", None, status=status, code=status, reason=reason)

@@ -1,0 +1,183 @@
+"""The console's changes (POST), each behind its role and its form's CSRF token: a change is
+first shown with what it will change (``confirm``: the exact count, pinned to the ids or to
+the filter and the bound the page was drawn at) and made once confirmed (``act``); an admin's
+edited copy (``edit``). Every change is audited (``relay.db.console_actions``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from relay.admin.inbox import requeue
+from relay.console import forms
+from relay.console.access import Refused, check_csrf, form_of, keep_session, require
+from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, ParkedFilter
+from relay.console.state import Console
+from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE
+from relay.errors import InputError
+
+ACTIONS = (REPLAY, DISCARD, RESTORE, REQUEUE)
+
+
+def _root(request: Request) -> str:
+    return str(request.scope.get("root_path", ""))
+
+
+class _Change:
+    """A change as its form asks for it."""
+
+    def __init__(self, fields: list[tuple[str, str]]) -> None:
+        self.fields = dict(fields)
+        self.action = self.fields.get("action", "")
+        if self.action not in ACTIONS:
+            raise InputError("action: not one of " + ", ".join(ACTIONS))
+        self.ids = [v for name, v in fields if name == "id"]
+        self.letters = [v for name, v in fields if name == "letter"]
+        self.bound = forms.instant(self.fields, "bound")
+        self.everything = self.fields.get("scope") == "filter"
+
+    def hidden(self) -> list[tuple[str, str]]:
+        """The fields the confirmation posts again, as they came (but the token)."""
+        return [(name, value) for name, value in self._pairs() if name not in ("csrf", "confirmed")]
+
+    def _pairs(self) -> list[tuple[str, str]]:
+        pairs = [(n, v) for n, v in self.fields.items() if n not in ("id", "letter")]
+        return pairs + [("id", v) for v in self.ids] + [("letter", v) for v in self.letters]
+
+
+async def _bounded(console: Console, change: _Change) -> datetime:
+    """A change of parked rows needs the time its page was drawn, and one that has come: a
+    bound later than the database's time would sweep in rows parked after the page."""
+    if change.bound is None:
+        raise InputError("bound: a change needs the time its page was drawn")
+    if change.bound > await run_in_threadpool(console.reads.now):
+        raise InputError("bound: later than the database's time; draw the page again")
+    return change.bound
+
+
+async def _chosen(console: Console, change: _Change) -> ParkedFilter:
+    bound = await _bounded(console, change)
+    causes = await run_in_threadpool(console.reads.causes)
+    by_cause = {group.cause: group.prefixes for group in causes}
+    return forms.parked_filter(change.fields, by_cause, bound)
+
+
+async def confirm(console: Console, request: Request) -> Response:
+    session = require(console, request, OPERATOR)
+    assert not isinstance(session, Response)  # a POST is refused, never redirected
+    fields = await form_of(request)
+    check_csrf(console, session, fields)
+    change = _Change(fields)
+    within = since = 0
+    if change.action == REQUEUE:
+        within = len(change.letters)
+        if not within:
+            raise InputError("no dead letters chosen")
+    elif change.everything:
+        chosen = await _chosen(console, change)
+        within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
+    else:
+        within = len(forms.ids(change.ids))
+    response = console.page(
+        request,
+        "confirm.html",
+        session,
+        action=change.action,
+        within=within,
+        since=since,
+        everything=change.everything,
+        hidden=change.hidden(),
+        described=change.fields,
+    )
+    return keep_session(console, response, session, _root(request))
+
+
+async def act(console: Console, request: Request) -> Response:
+    session = require(console, request, OPERATOR)
+    assert not isinstance(session, Response)
+    fields = await form_of(request)
+    try:
+        check_csrf(console, session, fields)
+    except Refused:
+        console.metrics.actions.labels(dict(fields).get("action", ""), "refused").inc()
+        raise
+    change = _Change(fields)
+    actor = Actor(session.user, session.role)
+    try:
+        result = await _act(console, change, actor)
+    except Exception:
+        console.metrics.actions.labels(change.action, "failed").inc()
+        raise
+    console.metrics.actions.labels(change.action, "done").inc()
+    console.metrics.rows_changed.labels(change.action).inc(result.changed)
+    response = console.page(request, "done.html", session, action=change.action, result=result)
+    return keep_session(console, response, session, _root(request))
+
+
+async def _act(console: Console, change: _Change, actor: Actor) -> ActionResult:
+    actions = console.actions
+    if change.action == REQUEUE:
+        return await run_in_threadpool(_requeue, console, change, actor)
+    if change.action == RESTORE:
+        return await run_in_threadpool(actions.restore, actor, forms.ids(change.ids))
+    do = actions.replay if change.action == REPLAY else actions.discard
+    if change.everything:
+        chosen = await _chosen(console, change)
+        return await run_in_threadpool(do, actor, None, chosen, change.bound)
+    bound = await _bounded(console, change)
+    return await run_in_threadpool(do, actor, forms.ids(change.ids), None, bound)
+
+
+def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
+    """The chosen dead letters back to their queue (as ``relay inbox requeue``), their failed
+    attempts forgotten, then audited."""
+    queue = change.fields.get("queue", "")
+    if queue not in console.config.console_inbox_queues:
+        raise InputError("queue: not one of the console's inbox queues")
+    wanted = set(change.letters)
+    moved = requeue(console.settings, queue, lambda letter: letter.key in wanted)
+    target = json.dumps({"queue": queue, "message_ids": sorted(wanted)})
+    result = f"moved {len(moved)} of {len(wanted)}"
+    console.actions.record(actor, REQUEUE, target, len(moved), result)
+    return ActionResult(len(moved), left=len(wanted) - len(moved))
+
+
+async def edit(console: Console, request: Request) -> Response:
+    """An admin's edited copy of a parked or discarded row, replayed as a new row."""
+    session = require(console, request, ADMIN)
+    assert not isinstance(session, Response)
+    fields = await form_of(request)
+    check_csrf(console, session, fields)
+    given = dict(fields)
+    changes: dict[str, object] = {}
+    for name in ("exchange", "routing_key", "content_type"):
+        if name in given:
+            changes[name] = forms.text(given, name)
+    headers = forms.text(given, "headers") if "headers" in given else None
+    if headers:
+        try:
+            parsed = json.loads(headers)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise InputError("headers: not a JSON object")
+        changes["headers"] = headers
+    elif "headers" in given:
+        changes["headers"] = None
+    if "payload" in given:
+        changes["payload"] = given["payload"].encode("utf-8")
+    row_id = int(request.path_params["row_id"])
+    actor = Actor(session.user, session.role)
+    try:
+        result = await run_in_threadpool(console.actions.edit, actor, row_id, changes)
+    except Exception:
+        console.metrics.actions.labels("edit_and_replay", "failed").inc()
+        raise
+    console.metrics.actions.labels("edit_and_replay", "done").inc()
+    console.metrics.rows_changed.labels("edit_and_replay").inc()
+    response = RedirectResponse(f"{_root(request)}/rows/{result.new_ids[0]}", 303)
+    return keep_session(console, response, session, _root(request))

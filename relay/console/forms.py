@@ -1,0 +1,124 @@
+"""Pure: what a request asks of the console, read from its query or form fields and checked:
+a filter, a page's cursor, the bound a page was drawn at, ids; and a payload's preview.
+
+Any text is accepted as a filter value and bound as a parameter (never spliced into SQL);
+what no database can hold (a NUL, text over ``MAX_FIELD`` characters) is refused with the
+field's name.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+
+from relay.console.records import Cursor, ParkedFilter
+from relay.errors import InputError
+
+MAX_FIELD = 1000
+FILTER_FIELDS = ("reason", "cause", "exchange", "routing_key", "ordering_key", "message_id")
+_AGE = re.compile(r"\s*(\d+)\s*([smhd])\s*")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_PRINTABLE = set(string.printable) - set("\x0b\x0c")
+
+
+def text(fields: Mapping[str, str], name: str) -> str:
+    value = fields.get(name, "")
+    if len(value) > MAX_FIELD:
+        raise InputError(f"{name}: longer than {MAX_FIELD} characters")
+    if "\x00" in value:
+        raise InputError(f"{name}: holds a NUL character, which no row can")
+    return value
+
+
+def age(fields: Mapping[str, str]) -> timedelta | None:
+    """``parked_for``: rows parked at least this long ago (``90s``, ``15m``, ``2h``, ``7d``)."""
+    given = text(fields, "parked_for")
+    if not given:
+        return None
+    match = _AGE.fullmatch(given)
+    if match is None:
+        raise InputError(f"parked_for: {given!r} is not an age such as 15m, 2h or 7d")
+    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+
+
+def instant(fields: Mapping[str, str], name: str) -> datetime | None:
+    given = text(fields, name)
+    if not given:
+        return None
+    try:
+        value = datetime.fromisoformat(given)
+    except ValueError:
+        value = None
+    if value is None or value.tzinfo is None:
+        raise InputError(f"{name}: not a time with its offset")
+    return value
+
+
+def parked_filter(
+    fields: Mapping[str, str], causes: Mapping[str, tuple[str, ...]], now: datetime
+) -> ParkedFilter:
+    """The filter the fields ask for; ``cause`` named by its text, resolved to its reason
+    prefixes (``causes``); an age counted back from ``now`` (the database's time)."""
+    cause = text(fields, "cause")
+    if cause and cause not in causes:
+        raise InputError("cause: no parked row has this cause (any more)")
+    since = age(fields)
+    before = instant(fields, "parked_before")
+    if since is not None:
+        before = now - since
+    return ParkedFilter(
+        reason=text(fields, "reason"),
+        causes=causes.get(cause, ()) if cause else (),
+        exchange=text(fields, "exchange"),
+        routing_key=text(fields, "routing_key"),
+        ordering_key=text(fields, "ordering_key"),
+        message_id=text(fields, "message_id"),
+        parked_before=before,
+    )
+
+
+def cursor(fields: Mapping[str, str]) -> Cursor | None:
+    at = instant(fields, "after_t")
+    row = text(fields, "after_id")
+    if at is None and not row:
+        return None
+    if at is None or not row.isdigit():
+        raise InputError("after_t and after_id: a page's cursor is both")
+    return Cursor(at, int(row))
+
+
+def ids(values: Sequence[str]) -> list[int]:
+    if not values:
+        raise InputError("no rows chosen")
+    if not all(v.isdigit() and 0 < len(v) < 19 for v in values):
+        raise InputError("id: not a row id")
+    return sorted({int(v) for v in values})
+
+
+def preview(payload: bytes, size: int) -> tuple[str, str]:
+    """A payload's preview as shown: ``("text", ...)`` when its bytes are printable UTF-8
+    (a character cut at the preview's end aside), else ``("hex", ...)``: offset, bytes and
+    their printable ASCII, 16 a line. Never markup: the page escapes it as text."""
+    cut = len(payload) < size
+    try:
+        shown = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        shown = (
+            payload[: exc.start].decode("utf-8") if cut and exc.start >= len(payload) - 3 else ""
+        )
+        if not shown and payload:
+            return "hex", hex_dump(payload)
+    if all(c in _PRINTABLE or (c.isprintable() and ord(c) > 127) for c in shown):
+        return "text", shown
+    return "hex", hex_dump(payload)
+
+
+def hex_dump(data: bytes) -> str:
+    lines = []
+    for offset in range(0, len(data), 16):
+        chunk = data[offset : offset + 16]
+        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {chunk.hex(' '):<47}  {ascii_}")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""Logging in and out: the users file's form (rate-limited), OpenID Connect's round trip to
+the identity provider, and logout. Behind a trusted proxy there is no login: the proxy's
+headers say who it is (``relay.console.access``)."""
+
+from __future__ import annotations
+
+import secrets
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from relay.console.access import Refused, form_of, keep_session
+from relay.console.identity import role_of
+from relay.console.oidc import Login
+from relay.console.passwords import verify_password
+from relay.console.state import COOKIE, LOGIN_COOKIE, Console
+from relay.constants import CONSOLE_LOGIN_STATE_S
+from relay.errors import InputError
+
+
+def _root(request: Request) -> str:
+    return str(request.scope.get("root_path", ""))
+
+
+def _state_cookie(console: Console, response: Response, value: str, root: str) -> None:
+    response.set_cookie(
+        LOGIN_COOKIE,
+        value,
+        max_age=CONSOLE_LOGIN_STATE_S,
+        path=root or "/",
+        secure=True,
+        httponly=True,
+        samesite="lax",
+    )
+
+
+async def login_page(console: Console, request: Request) -> Response:
+    mode = console.config.console_auth
+    if mode == "proxy":
+        return RedirectResponse(_root(request) + "/", 303)
+    if mode == "oidc":
+        assert console.oidc is not None
+        url, login = await run_in_threadpool(console.oidc.start)
+        redirect: Response = RedirectResponse(url, 303)
+        state = {"s": login.state, "n": login.nonce, "v": login.verifier}
+        _state_cookie(
+            console, redirect, console.login_signer.sign(state, console.clock()), _root(request)
+        )
+        return redirect
+    nonce = secrets.token_urlsafe(16)
+    token = console.login_signer.sign({"n": nonce}, console.clock())
+    response = console.page(
+        request, "login.html", None, login_csrf=console.login_signer.token(nonce), error=""
+    )
+    _state_cookie(console, response, token, _root(request))
+    return response
+
+
+async def login_form(console: Console, request: Request) -> Response:
+    """The users file's login: the form's token checked against its state cookie, then the
+    name and password; failures limited per name and per address."""
+    if console.config.console_auth != "users":
+        raise Refused(404, "this console logs in elsewhere")
+    fields = dict(await form_of(request))
+    now = console.clock()
+    state = console.login_signer.unsign(
+        request.cookies.get(LOGIN_COOKIE), CONSOLE_LOGIN_STATE_S, now
+    )
+    if state is None or not console.login_signer.token_ok(str(state.get("n")), fields.get("csrf")):
+        raise Refused(403, "the login form's CSRF token is missing or stale: load it again")
+    name = fields.get("name", "")
+    address = request.client.host if request.client else "unknown"
+    keys = [f"user:{name}", f"address:{address}"]
+    if console.limiter.refused(keys, now):
+        console.metrics.login_failures.labels("limited").inc()
+        raise Refused(429, "too many failed logins: wait a few minutes")
+    user = console.users.get(name)
+    password = fields.get("password", "")
+    ok = await run_in_threadpool(verify_password, password, user.password_hash if user else _NOBODY)
+    if user is None or not ok:
+        console.limiter.failed(keys, now)
+        console.metrics.login_failures.labels("password").inc()
+        response = console.page(
+            request,
+            "login.html",
+            None,
+            status=401,
+            login_csrf=fields.get("csrf", ""),
+            error="wrong name or password",
+        )
+        return response
+    session = console.sessions.read(console.sessions.issue(user.name, user.role, now), now)
+    assert session is not None
+    response = RedirectResponse(_root(request) + "/", 303)
+    response.delete_cookie(LOGIN_COOKIE, path=_root(request) or "/")
+    return keep_session(console, response, session, _root(request))
+
+
+async def callback(console: Console, request: Request) -> Response:
+    """The identity provider's answer: the code exchanged, the ID token checked, the role
+    taken from its groups."""
+    if console.oidc is None:
+        raise Refused(404, "this console does not log in with OpenID Connect")
+    now = console.clock()
+    state = console.login_signer.unsign(
+        request.cookies.get(LOGIN_COOKIE), CONSOLE_LOGIN_STATE_S, now
+    )
+    if state is None:
+        raise Refused(400, "no login under way (or it took too long): log in again")
+    login = Login(str(state.get("s")), str(state.get("n")), str(state.get("v")))
+    try:
+        claims = await run_in_threadpool(console.oidc.finish, str(request.url), login)
+    except InputError as exc:
+        console.metrics.login_failures.labels("provider").inc()
+        raise Refused(401, str(exc)) from None
+    name, groups = console.oidc.user(claims)
+    role = role_of(groups, console.config)
+    if role is None:
+        console.metrics.login_failures.labels("no_role").inc()
+        raise Refused(403, f"{name} is in none of the console's groups")
+    session = console.sessions.read(console.sessions.issue(name, role, now), now)
+    assert session is not None
+    response = RedirectResponse(_root(request) + "/", 303)
+    response.delete_cookie(LOGIN_COOKIE, path=_root(request) or "/")
+    return keep_session(console, response, session, _root(request))
+
+
+async def logout(console: Console, request: Request) -> Response:
+    response = RedirectResponse(_root(request) + "/login", 303)
+    response.delete_cookie(COOKIE, path=_root(request) or "/")
+    return response
+
+
+# Checked against when the name is unknown, so that an unknown name takes as long as a wrong
+# password (the time does not tell which names exist).
+_NOBODY = "scrypt$32768$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="

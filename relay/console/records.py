@@ -1,0 +1,146 @@
+"""The values the console's pages and actions pass between the web layer and the database
+(``relay.db.console``, ``relay.db.console_actions``): no I/O, no web framework."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+VIEWER = "viewer"
+OPERATOR = "operator"
+ADMIN = "admin"
+ROLES = (VIEWER, OPERATOR, ADMIN)  # each may do what the ones before it may
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acts, as the audit log records them."""
+
+    name: str
+    role: str
+
+    def may(self, role: str) -> bool:
+        """Whether this actor's role is ``role`` or above it."""
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedFilter:
+    """Which parked rows a list, a count or a bulk action covers (empty fields match all).
+    ``causes``: the reason prefixes of the chosen cause (``relay.console.causes``)."""
+
+    reason: str = ""  # a part of the last error
+    causes: tuple[str, ...] = ()
+    exchange: str = ""
+    routing_key: str = ""
+    ordering_key: str = ""
+    message_id: str = ""
+    parked_before: datetime | None = None  # parked at or before this time (an age)
+
+    def described(self) -> dict[str, str]:
+        """The fields set, as text (the audit log's target, a page's summary)."""
+        shown = {
+            "reason": self.reason,
+            "causes": " | ".join(self.causes),
+            "exchange": self.exchange,
+            "routing_key": self.routing_key,
+            "ordering_key": self.ordering_key,
+            "message_id": self.message_id,
+            "parked_before": self.parked_before.isoformat() if self.parked_before else "",
+        }
+        return {name: value for name, value in shown.items() if value}
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a page of parked rows ends: the next page's rows come before it, most recently
+    parked first (a parked row's time is when it was parked)."""
+
+    parked_at: datetime
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowSummary:
+    id: int
+    message_id: str
+    exchange: str
+    routing_key: str
+    ordering_key: str | None
+    attempts: int
+    last_error: str
+    parked_at: datetime
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RowDetail:
+    summary: RowSummary
+    status: str  # pending, parked, sent, or "discarded" for an archived row
+    content_type: str
+    headers: str | None
+    payload: bytes  # at most the preview's size
+    payload_size: int
+    held: list[RowSummary] = field(default_factory=list)  # its key's pending rows behind it
+    held_more: int = 0  # how many more than those listed
+    edited_from: int | None = None
+    edited_into: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class CauseGroup:
+    """Parked rows of one cause: its class and the stable part of its message."""
+
+    cause: str
+    prefixes: tuple[str, ...]
+    rows: int
+    estimated: bool  # beyond the exact count: the planner's estimate
+    first_parked: datetime | None
+    last_parked: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RelayPresence:
+    owner: str
+    protocol: int
+    buckets: int
+    fence: str  # "" when free to claim, else relay.buckets.Fence's value
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    database: str
+    pending: int
+    due: int
+    oldest_due_age: float
+    parked: int
+    sent_last_minute: int
+    causes: list[CauseGroup]
+    causes_cut: bool  # more distinct reasons than were read
+    relays: list[RelayPresence]
+    least_protocol: int
+    archived: int
+    drawn_at: datetime  # the database's time when it was read: the bound of its actions
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    target: str
+    rows: int
+    result: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """What a change did: rows changed, and the rows named or matched that it left (no
+    longer parked, or parked after the bound)."""
+
+    changed: int
+    left: int = 0
+    parked_since: int = 0
+    new_ids: tuple[int, ...] = ()

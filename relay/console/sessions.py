@@ -1,0 +1,101 @@
+"""Pure: the console's signed cookies (sessions, and a login's state) and CSRF tokens.
+
+A cookie holds its values and their HMAC-SHA256 under ``RELAY_CONSOLE_SESSION_SECRET``
+(``Signer``), so any replica with the key reads it and no server keeps sessions. A session
+names its user, their role and when it was last used: unused for the idle timeout, it is
+refused; each request re-issues it with the time renewed. Its CSRF token is an HMAC of its
+random nonce: a form posted without the token of the session that drew it is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Signer:
+    def __init__(self, secret: str, purpose: str) -> None:
+        # One key per purpose: a login's state cookie is never taken for a session.
+        self._key = hmac.new(secret.encode(), purpose.encode(), hashlib.sha256).digest()
+
+    def _mac(self, body: str) -> str:
+        return _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
+
+    def sign(self, values: dict[str, Any], now: float) -> str:
+        body = _b64(json.dumps({**values, "t": int(now)}, separators=(",", ":")).encode())
+        return f"{body}.{self._mac(body)}"
+
+    def unsign(self, token: str | None, max_age: float, now: float) -> dict[str, Any] | None:
+        """The values of ``token`` if it was signed here no more than ``max_age`` seconds
+        before ``now``, else None."""
+        if not token or token.count(".") != 1:
+            return None
+        body, mac = token.split(".")
+        if not hmac.compare_digest(mac, self._mac(body)):
+            return None
+        try:
+            values = json.loads(_unb64(body))
+        except ValueError:
+            return None
+        if not isinstance(values, dict) or not isinstance(values.get("t"), int):
+            return None
+        if not 0 <= now - values["t"] <= max_age:
+            return None
+        return values
+
+    def token(self, nonce: str) -> str:
+        """The CSRF token of a session's (or a login form's) nonce."""
+        return self._mac("csrf:" + nonce)
+
+    def token_ok(self, nonce: str, given: str | None) -> bool:
+        return bool(given) and hmac.compare_digest(self.token(nonce), given or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    user: str
+    role: str
+    nonce: str  # the CSRF token is derived from it
+
+
+class Sessions:
+    """Sessions in signed cookies, ended by ``idle`` seconds of disuse."""
+
+    def __init__(self, secret: str, idle: float) -> None:
+        self.signer = Signer(secret, "session")
+        self.idle = idle
+
+    def issue(self, user: str, role: str, now: float, nonce: str | None = None) -> str:
+        nonce = nonce or secrets.token_urlsafe(16)
+        return self.signer.sign({"u": user, "r": role, "n": nonce}, now)
+
+    def read(self, cookie: str | None, now: float) -> Session | None:
+        values = self.signer.unsign(cookie, self.idle, now)
+        if values is None:
+            return None
+        user, role, nonce = values.get("u"), values.get("r"), values.get("n")
+        if not all(isinstance(v, str) and v for v in (user, role, nonce)):
+            return None
+        return Session(str(user), str(role), str(nonce))
+
+    def renewed(self, session: Session, now: float) -> str:
+        return self.issue(session.user, session.role, now, session.nonce)
+
+    def csrf(self, session: Session) -> str:
+        return self.signer.token(session.nonce)
+
+    def csrf_ok(self, session: Session, given: str | None) -> bool:
+        return self.signer.token_ok(session.nonce, given)

@@ -1,0 +1,327 @@
+"""The operator console's changes: replay, discard (to the archive) and restore parked rows, an
+admin's edited copy, each with its audit entry written in the same transaction as the
+change (``console_audit``).
+
+Pinned to what the operator saw: a change names the ids, or a filter and the bound (the
+database's time when the page was drawn); a row parked after the bound is reported, never
+changed. A bulk change goes in chunks of ``CONSOLE_CHUNK_ROWS``, each its own short
+transaction, which locks parked rows only (no writer touches those) and updates its audit
+entry's count (an entry says what committed, even of a change cut short), then a pause as
+long as the chunk took (``CONSOLE_CHUNK_PAUSE_SHARE``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from relay.console.records import ActionResult, Actor, ParkedFilter
+from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
+from relay.db.clock import database_time
+from relay.db.console import parked_where
+from relay.db.console_rows import parked_time
+from relay.db.dialects import of
+from relay.db.engine import create_engine, transaction
+from relay.db.schema import console_audit, outbox, outbox_archive, outbox_edits
+from relay.errors import InputError
+from relay.records import PARKED, PENDING
+from relay.redact import redact_url
+
+log = logging.getLogger(__name__)
+
+REPLAY = "replay"
+DISCARD = "discard"
+RESTORE = "restore"
+EDIT = "edit_and_replay"
+REQUEUE = "requeue_dead_letters"
+_ARCHIVED = (
+    "id",
+    "message_id",
+    "exchange",
+    "routing_key",
+    "payload",
+    "content_type",
+    "headers",
+    "ordering_key",
+    "created_at",
+    "attempts",
+    "last_error",
+)
+# What a chunk does to the ids it is given, on a connection in its transaction: how many
+# it changed.
+Chunk = Callable[[sa.Connection, list[int]], int]
+
+
+def target_of(ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any) -> str:
+    """An action's target as the audit log keeps it: the ids, or the filter and its bound."""
+    if ids is not None:
+        return json.dumps({"ids": list(ids), "bound": _text(bound)})
+    return json.dumps({"filter": chosen.described() if chosen else {}, "bound": _text(bound)})
+
+
+def _text(bound: Any) -> str | None:
+    return None if bound is None else bound.isoformat()
+
+
+class ConsoleActions:
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url)
+        of(self.engine).short_reads(self.engine)
+        self.where = redact_url(url)
+
+    def replay(
+        self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
+    ) -> ActionResult:
+        """The chosen parked rows back to pending, due now, their attempts reset."""
+        back = (
+            sa.update(outbox)
+            .where(of(self.engine).id_in(outbox.c.id), outbox.c.status == PARKED)
+            .where(parked_time <= bound)
+            .values(status=PENDING, attempts=0, next_attempt_at=database_time(), suspect=False)
+        )
+
+        def chunk(conn: sa.Connection, batch: list[int]) -> int:
+            return int(conn.execute(back, {"ids": batch}).rowcount)
+
+        return self._parked_change(actor, REPLAY, chunk, ids=ids, chosen=chosen, bound=bound)
+
+    def discard(
+        self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
+    ) -> ActionResult:
+        """The chosen parked rows out of the outbox, whole, into the archive."""
+        columns = [outbox.c[name] for name in _ARCHIVED]
+
+        def chunk(conn: sa.Connection, batch: list[int]) -> int:
+            locked = list(
+                conn.scalars(
+                    sa.select(outbox.c.id)
+                    .where(of(conn).id_in(outbox.c.id), outbox.c.status == PARKED)
+                    .where(parked_time <= bound)
+                    .with_for_update(),
+                    {"ids": batch},
+                )
+            )
+            if not locked:
+                return 0
+            rows = sa.select(*columns, sa.literal(actor.name).label("archived_by")).where(
+                of(conn).id_in(outbox.c.id)
+            )
+            conn.execute(
+                sa.insert(outbox_archive).from_select([*_ARCHIVED, "archived_by"], rows),
+                {"ids": locked},
+            )
+            conn.execute(sa.delete(outbox).where(of(conn).id_in(outbox.c.id)), {"ids": locked})
+            return len(locked)
+
+        return self._parked_change(actor, DISCARD, chunk, ids=ids, chosen=chosen, bound=bound)
+
+    def restore(self, actor: Actor, ids: Sequence[int]) -> ActionResult:
+        """Archived rows back into the outbox as they were, parked (from now): each keeps
+        its id; one whose message id the outbox holds again meanwhile stays archived."""
+        a = outbox_archive.c
+        free = ~sa.exists().where(outbox.c.message_id == a.message_id)
+
+        def chunk(conn: sa.Connection, batch: list[int]) -> int:
+            movable = list(
+                conn.scalars(
+                    sa.select(a.id).where(of(conn).id_in(a.id), free).with_for_update(),
+                    {"ids": batch},
+                )
+            )
+            if not movable:
+                return 0
+            rows = sa.select(
+                *[a[name] for name in _ARCHIVED],
+                sa.literal(PARKED).label("status"),
+                database_time().label("next_attempt_at"),
+            ).where(of(conn).id_in(a.id))
+            conn.execute(
+                sa.insert(outbox).from_select([*_ARCHIVED, "status", "next_attempt_at"], rows),
+                {"ids": movable},
+            )
+            conn.execute(sa.delete(outbox_archive).where(of(conn).id_in(a.id)), {"ids": movable})
+            return len(movable)
+
+        changed = self._chunks(actor, RESTORE, target_of(ids, None, None), _batches(ids), chunk)
+        return ActionResult(changed, left=len(set(ids)) - changed)
+
+    def edit(self, actor: Actor, row_id: int, changes: dict[str, Any]) -> ActionResult:
+        """A copy of a parked or archived row with ``changes`` (exchange, routing_key,
+        content_type, headers, payload), as a new pending row with a new id and message id;
+        the original stays as it is, each linked to the other."""
+        unknown = set(changes) - {"exchange", "routing_key", "content_type", "headers", "payload"}
+        if unknown:
+            raise InputError(f"cannot edit {', '.join(sorted(unknown))}")
+        source = outbox if _in(self.engine, outbox, row_id) else outbox_archive
+        target = json.dumps({"id": row_id, "changed": sorted(changes)})
+        with transaction(self.engine, "console edit", self.where) as conn:
+            original = conn.execute(sa.select(source).where(source.c.id == row_id)).one_or_none()
+            if original is None or getattr(original, "status", PARKED) != PARKED:
+                raise InputError(f"row {row_id} is not parked or archived")
+            values = {
+                "message_id": str(uuid.uuid4()),
+                "exchange": original.exchange,
+                "routing_key": original.routing_key,
+                "payload": original.payload,
+                "content_type": original.content_type,
+                "headers": original.headers,
+                "ordering_key": original.ordering_key,
+                **changes,
+            }
+            copy_id = _new_id(conn.execute(sa.insert(outbox).values(values)))
+            conn.execute(
+                sa.insert(outbox_edits).values(
+                    copy_id=copy_id, original_id=row_id, edited_by=actor.name
+                )
+            )
+            self._audit(conn, actor, EDIT, target=target, rows=1, result=f"copy {copy_id}")
+        _logged(actor, EDIT, target, 1, f"copy {copy_id}")
+        return ActionResult(1, new_ids=(copy_id,))
+
+    def record(self, actor: Actor, action: str, target: str, rows: int, result: str) -> None:
+        """An audit entry for a change made elsewhere (the broker's dead letters), written
+        as soon as it is done: no transaction spans the broker and the database."""
+        with transaction(self.engine, "console audit", self.where) as conn:
+            self._audit(conn, actor, action, target=target, rows=rows, result=result)
+        _logged(actor, action, target, rows, result)
+
+    def _parked_change(
+        self,
+        actor: Actor,
+        action: str,
+        chunk: Chunk,
+        *,
+        ids: Sequence[int] | None,
+        chosen: ParkedFilter | None,
+        bound: Any,
+    ) -> ActionResult:
+        target = target_of(ids, chosen, bound)
+        if ids is not None:
+            changed = self._chunks(actor, action, target, _batches(ids), chunk)
+            return ActionResult(changed, left=len(set(ids)) - changed)
+        if chosen is None:
+            raise InputError("name the rows, or a filter")
+        changed = self._chunks(actor, action, target, self._matching(chosen, bound), chunk)
+        since = sa.select(sa.func.count()).where(*parked_where(chosen), parked_time > bound)
+        with transaction(self.engine, "console count", self.where) as conn:
+            parked_since = int(conn.execute(since).scalar_one())
+        return ActionResult(changed, parked_since=parked_since)
+
+    def _matching(self, chosen: ParkedFilter, bound: Any) -> Iterator[list[int]]:
+        """The ids of the parked rows ``chosen`` selects that were parked by ``bound``, a
+        chunk at a time, each chunk read after the one before was changed (keyset on the
+        parking time, so that no row is read twice and none is missed)."""
+        after: tuple[Any, int] | None = None
+        while True:
+            where = [*parked_where(chosen), parked_time <= bound]
+            if after is not None:
+                where.append(
+                    sa.or_(
+                        parked_time > after[0],
+                        sa.and_(parked_time == after[0], outbox.c.id > after[1]),
+                    )
+                )
+            statement = (
+                sa.select(outbox.c.id, parked_time)
+                .where(*where)
+                .order_by(parked_time, outbox.c.id)
+                .limit(CONSOLE_CHUNK_ROWS)
+            )
+            with transaction(self.engine, "console select", self.where) as conn:
+                rows = conn.execute(statement).all()
+            if not rows:
+                return
+            yield [int(r.id) for r in rows]
+            after = (rows[-1].next_attempt_at, int(rows[-1].id))
+
+    def _chunks(
+        self, actor: Actor, action: str, target: str, batches: Iterator[list[int]], chunk: Chunk
+    ) -> int:
+        changed = 0
+        audit_id: int | None = None
+        for batch in batches:
+            began = time.monotonic()
+            with transaction(self.engine, f"console {action}", self.where) as conn:
+                changed += chunk(conn, batch)
+                if audit_id is None:
+                    audit_id = self._audit(
+                        conn, actor, action, target=target, rows=changed, result="running"
+                    )
+                else:
+                    conn.execute(
+                        sa.update(console_audit)
+                        .where(console_audit.c.id == audit_id)
+                        .values(rows=changed)
+                    )
+            # Paced: the database's time between chunks is the writers'.
+            time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
+        with transaction(self.engine, f"console {action}", self.where) as conn:
+            if audit_id is None:
+                self._audit(conn, actor, action, target=target, rows=0, result="done")
+            else:
+                conn.execute(
+                    sa.update(console_audit)
+                    .where(console_audit.c.id == audit_id)
+                    .values(rows=changed, result="done")
+                )
+        _logged(actor, action, target, changed, "done")
+        return changed
+
+    def _audit(
+        self, conn: sa.Connection, actor: Actor, action: str, *, target: str, rows: int, result: str
+    ) -> int:
+        entry = sa.insert(console_audit).values(
+            actor=actor.name,
+            role=actor.role,
+            action=action,
+            target=target,
+            rows=rows,
+            result=result,
+        )
+        return _new_id(conn.execute(entry))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _new_id(inserted: sa.CursorResult[Any]) -> int:
+    key = inserted.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _batches(ids: Sequence[int]) -> Iterator[list[int]]:
+    unique = sorted(set(ids))
+    for start in range(0, len(unique), CONSOLE_CHUNK_ROWS):
+        yield unique[start : start + CONSOLE_CHUNK_ROWS]
+
+
+def _in(engine: sa.Engine, table: sa.Table, row_id: int) -> bool:
+    with transaction(engine, "console edit", redact_url(str(engine.url))) as conn:
+        return conn.execute(sa.select(table.c.id).where(table.c.id == row_id)).first() is not None
+
+
+def _logged(actor: Actor, action: str, target: str, rows: int, result: str) -> None:
+    log.info(
+        "console %s by %s (%s): %d rows, %s",
+        action,
+        actor.name,
+        actor.role,
+        rows,
+        result,
+        extra={
+            "action": "console_change",
+            "change": action,
+            "actor": actor.name,
+            "role": actor.role,
+            "target": target,
+            "rows": rows,
+            "result": result,
+        },
+    )

@@ -1,0 +1,186 @@
+"""Pure: the statements an SQL text holds, each by its words, read past comments, quoted
+strings and identifiers, the way the servers read them. For the inbox's guard
+(``relay.db.inbox.guarded``): a handler's statement that would end or split the inbox's
+transaction, change its connection's session, or touch the inbox's own tables is refused
+however it is dressed (a comment before the keyword, a second statement after a semicolon,
+MySQL's and MariaDB's executable comments). A session's quoting can change (PostgreSQL's
+``standard_conforming_strings``, MySQL's ``NO_BACKSLASH_ESCAPES``), so the text is read
+both ways, and what either reading finds is refused.
+
+A first line of defence only, and a clear error: what slips past (a procedure that commits,
+the driver's own connection) is found at the end of the run (``relay.inbox.flow``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# A word that may begin a statement: letters, digits, underscores (``SET @@autocommit`` keeps
+# its ``@@``, so that the variable's spellings are one word each).
+_WORD = re.compile(r"@{0,2}[A-Za-z_][A-Za-z_0-9.$@]*")
+# PostgreSQL's dollar quote: $$ ... $$ or $tag$ ... $tag$.
+_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
+# The longest statement opening a guard names (``SET SESSION CHARACTERISTICS``).
+_OPENING_WORDS = 3
+
+
+@dataclass(frozen=True)
+class Lexicon:
+    """How one database reads SQL text: MySQL takes ``#`` to the end of a line as a comment and
+    runs what is inside ``/*! ... */``; PostgreSQL nests block comments and has dollar
+    quotes."""
+
+    hash_comments: bool = False
+    executable_comments: bool = False
+    nested_comments: bool = False
+    dollar_quotes: bool = False
+    # ``--`` begins a comment only before a space or a control character (MySQL: ``1--1`` is
+    # arithmetic).
+    dash_comment_needs_space: bool = False
+    # A backslash escapes the next character in every quoted string (MySQL's default), or only
+    # in PostgreSQL's ``E'...'`` strings.
+    backslash_escapes: bool = False
+
+
+def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
+    """The words of each statement in ``text``, upper-cased; comments are skipped, a quoted
+    string, identifier or dollar-quoted body is one word of its quote character (never a
+    keyword), ``;`` ends a statement, and a statement without words is none."""
+    found: list[tuple[str, ...]] = []
+    words: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == ";":
+            if words:
+                found.append(tuple(words))
+            words = []
+            i += 1
+        elif _dash_comment(text, i, lexicon) or (c == "#" and lexicon.hash_comments):
+            end = text.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif text.startswith("/*", i):
+            if lexicon.executable_comments and text.startswith(("/*!", "/*M!"), i):
+                # MySQL (``/*!``) and MariaDB (``/*M!``) run what is inside, after an
+                # optional version number: as code, its closing ``*/`` dropped where met.
+                i += 4 if text.startswith("/*M!", i) else 3
+                while i < n and text[i].isdigit():
+                    i += 1
+                text = text[:i] + text[i:].replace("*/", " ", 1)
+                n = len(text)
+            else:
+                i = _block_comment_end(text, i, lexicon.nested_comments)
+        elif c == "'":
+            escaped = lexicon.backslash_escapes or _escape_prefix(text, i)
+            i = _quote_end(text, i, c, escaped)
+            words.append(c)  # a string counts as a word, never a keyword
+        elif c in '"`':
+            # A quoted identifier (or MySQL's double-quoted string): its name, as a word,
+            # for the tables a handler may not name; a backtick escapes nothing.
+            end = _quote_end(text, i, c, lexicon.backslash_escapes and c == '"')
+            words.append(text[i + 1 : end - 1].replace(c * 2, c).upper())
+            i = end
+        elif c == "$" and lexicon.dollar_quotes and (tag := _DOLLAR.match(text, i)):
+            end = text.find(tag.group(0), tag.end())
+            i = n if end < 0 else end + len(tag.group(0))
+            words.append("$")
+        elif (word := _WORD.match(text, i)) is not None:
+            words.append(word.group(0).upper())
+            i = word.end()
+        else:
+            if not c.isspace():
+                words.append(c)
+            i += 1
+    if words:
+        found.append(tuple(words))
+    return found
+
+
+def _dash_comment(text: str, i: int, lexicon: Lexicon) -> bool:
+    if not text.startswith("--", i):
+        return False
+    return not lexicon.dash_comment_needs_space or i + 2 == len(text) or text[i + 2] <= " "
+
+
+def _block_comment_end(text: str, start: int, nested: bool) -> int:
+    depth, i = 0, start
+    while i < len(text):
+        if text.startswith("/*", i):
+            depth = depth + 1 if nested or depth == 0 else depth
+            i += 2
+        elif text.startswith("*/", i):
+            depth -= 1
+            i += 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    return len(text)
+
+
+def _escape_prefix(text: str, quote: int) -> bool:
+    """Whether the quote at ``quote`` opens PostgreSQL's escape string (``E'...'``)."""
+    return (
+        quote > 0
+        and text[quote - 1] in "eE"
+        and (quote == 1 or not (text[quote - 2].isalnum() or text[quote - 2] == "_"))
+    )
+
+
+def _quote_end(text: str, start: int, quote: str, escaped: bool) -> int:
+    """The index after the quoted text that starts at ``start`` (a doubled quote stays
+    inside, and with ``escaped`` a backslashed one)."""
+    i = start + 1
+    while i < len(text):
+        if escaped and text[i] == "\\":
+            i += 2
+        elif text[i] == quote:
+            if text.startswith(quote * 2, i):
+                i += 2
+            else:
+                return i + 1
+        else:
+            i += 1
+    return len(text)
+
+
+def refusal(
+    text: str,
+    lexicon: Lexicon,
+    enders: frozenset[tuple[str, ...]],
+    changes_session: Callable[[tuple[str, ...]], bool],
+    tables: frozenset[str],
+) -> str | None:
+    """Why a handler may not run ``text``, or None: its first statement that ``enders`` names
+    (each a statement's first words, one to three) or that sets autocommit (``SET x = 1,
+    autocommit = 1`` too), one that ``changes_session`` says changes the connection's
+    session, or one that names one of ``tables`` (upper case), as the words that name it;
+    read with and without backslash escapes."""
+    for escapes in (lexicon.backslash_escapes, not lexicon.backslash_escapes):
+        reading = dataclasses.replace(lexicon, backslash_escapes=escapes)
+        for words in statements(text, reading):
+            found = _refused(words, enders, changes_session, tables)
+            if found is not None:
+                return found
+    return None
+
+
+def _refused(
+    words: tuple[str, ...],
+    enders: frozenset[tuple[str, ...]],
+    changes_session: Callable[[tuple[str, ...]], bool],
+    tables: frozenset[str],
+) -> str | None:
+    for size in range(min(len(words), _OPENING_WORDS), 0, -1):  # the longest name first
+        if words[:size] in enders:
+            return f"it ends the transaction ({' '.join(words[:size])})"
+    if words[0] == "SET" and any(word.endswith("AUTOCOMMIT") for word in words):
+        return "it ends the transaction (SET AUTOCOMMIT)"
+    if changes_session(words):
+        return f"it changes the connection's session ({' '.join(words[:2])})"
+    named = next((w for w in words if w.rpartition(".")[2] in tables), None)
+    if named is not None:
+        return f"it names the inbox's own table {named.lower()}"
+    return None

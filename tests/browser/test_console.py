@@ -1,0 +1,343 @@
+"""The console in a real browser (Debian's chromium, headless, driven by Playwright), as
+`relay console` subprocesses over a real PostgreSQL and an SQLite outbox, a running relay and
+RabbitMQ: each login mode, parked rows by cause, a filter, a row's page, a replay whose rows
+reach a queue through the relay while a row parked after the page was drawn stays parked,
+refusals (a viewer's replay, a form without its CSRF token, forged proxy headers), the audit
+log. Every page is watched for dialogs and console errors: hostile values must show as text
+and run nothing. Screenshots go to docs/images/console/ when CONSOLE_SCREENSHOTS is set."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import sqlalchemy as sa
+from playwright.sync_api import Page
+
+from devtools.broker import drain
+from devtools.relayproc import RelayProcess, relay_on_new_queue
+from devtools.servers import RabbitNode, free_port
+from relay.db.schema import console_audit
+from tests.support.console import (
+    IMG,
+    SCRIPT,
+    ConsoleProcess,
+    browser,
+    console_env,
+    log_in,
+    park,
+    statuses_of,
+    users_file,
+)
+from tests.support.oidc_provider import CLIENT_ID, CLIENT_SECRET, oidc_provider
+
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "images" / "console"
+NO_ROUTE = "returned: 312 NO_ROUTE"
+
+
+def shot(page: Page, name: str) -> None:
+    """A screenshot for the docs, when asked for (CONSOLE_SCREENSHOTS=1)."""
+    if os.environ.get("CONSOLE_SCREENSHOTS"):
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def audit_rows(url: str) -> list[sa.Row[tuple[object, ...]]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.select(console_audit).order_by(console_audit.c.id)))
+    finally:
+        engine.dispose()
+
+
+def test_an_operator_replays_what_they_saw_through_the_relay_and_the_audit_says_so(
+    postgresql_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    exchange, queue, relay_env = relay_on_new_queue(
+        tmp_path, "console", postgresql_url, rabbit.url, RELAY_METRICS_PORT=str(free_port())
+    )
+    seen = park(
+        postgresql_url,
+        [
+            {"exchange": exchange, "routing_key": "order.paid", "message_id": f"seen-{i}"}
+            for i in range(3)
+        ],
+        NO_ROUTE,
+    )
+    other = park(
+        postgresql_url,
+        [{"exchange": "gone", "message_id": f"gone-{i}"} for i in range(2)],
+        "failed: 404 NOT_FOUND - no exchange 'gone' in vhost '/'",
+    )
+    env = console_env(
+        postgresql_url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+    )
+    with (
+        RelayProcess(relay_env, tmp_path / "relay.log"),
+        ConsoleProcess(env, tmp_path / "console.log") as console,
+        browser() as chromium,
+    ):
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        causes = page.locator("#causes tbody tr")
+        assert causes.count() == 2
+        assert NO_ROUTE in causes.nth(0).inner_text() and "\t3\t" in causes.nth(0).inner_text()
+        assert "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'" in causes.nth(1).inner_text()
+        shot(page, "overview")
+
+        page.goto(f"{console.url}/rows?exchange={exchange}")
+        listed = page.locator("#rows tbody tr")
+        assert sorted(int(listed.nth(i).get_attribute("data-id") or 0) for i in range(3)) == seen
+        assert listed.count() == 3
+        shot(page, "rows")
+
+        page.goto(f"{console.url}/rows/{seen[0]}")
+        assert page.inner_text("#message-id") == "seen-0"
+        assert page.inner_text("#payload") == "x"
+        shot(page, "row")
+
+        # The page is drawn; a row of the same filter is parked after it.
+        page.goto(f"{console.url}/rows?exchange={exchange}")
+        late = park(postgresql_url, [{"exchange": exchange, "message_id": "late"}], NO_ROUTE)
+        page.check("#scope-filter")
+        page.click("#replay-selected")
+        assert page.inner_text("#confirm-count").startswith("3 parked rows match")
+        assert page.inner_text("#parked-since").startswith("1 rows parked since")
+        shot(page, "confirm")
+        page.click("#confirm")
+        assert page.inner_text("#changed") == "3 changed."
+        assert page.inner_text("#parked-since").startswith("1 rows parked after")
+
+        delivered = drain(rabbit.url, queue, expect=3)
+        assert sorted(d.message_id for d in delivered) == ["seen-0", "seen-1", "seen-2"]
+        assert statuses_of(postgresql_url, late + other) == dict.fromkeys(late + other, "parked")
+
+        page.goto(f"{console.url}/audit")
+        assert "otto" in page.inner_text("#audit tbody tr >> nth=0")
+        shot(page, "audit")
+        assert chromium.dialogs == [] and chromium.errors == []
+
+    (entry,) = audit_rows(postgresql_url)
+    assert (entry.actor, entry.role, entry.action, entry.rows, entry.result) == (
+        "otto",
+        "operator",
+        "replay",
+        3,
+        "done",
+    )
+    target = json.loads(entry.target)
+    assert target["filter"] == {"exchange": exchange} and target["bound"]
+
+
+def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    ids = park(sqlite_url, [{"message_id": "one"}], NO_ROUTE)
+    env = console_env(
+        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "vera")
+        page.goto(f"{console.url}/rows")
+        assert page.locator("#replay-selected").count() == 0  # no such button for a viewer
+        assert page.locator("#payload-hidden").count() == 0
+        token = page.input_value("form.who input[name=csrf]")
+        form: dict[str, str | float | bool] = {
+            "csrf": token,
+            "action": "replay",
+            "id": str(ids[0]),
+            "bound": "2100-01-01T00:00:00+00:00",
+        }
+        refused = page.request.post(f"{console.url}/act", form=form)
+        assert refused.status == 403 and "needs the operator role" in refused.text()
+        page.goto(f"{console.url}/rows/{ids[0]}")
+        assert page.locator("#payload-hidden").count() == 1  # payloads hidden from viewers
+
+        operator = chromium.page()
+        chromium.context.clear_cookies()
+        log_in(operator, console.url, "otto")
+        without: dict[str, str | float | bool] = {k: v for k, v in form.items() if k != "csrf"}
+        assert operator.request.post(f"{console.url}/act", form=without).status == 403
+        forged: dict[str, str | float | bool] = {
+            **form,
+            "csrf": token,
+        }  # the viewer's token, not this session's
+        assert operator.request.post(f"{console.url}/act", form=forged).status == 403
+        own = operator.input_value("form.who input[name=csrf]")
+        future = operator.request.post(f"{console.url}/act", form={**form, "csrf": own})
+        assert future.status == 400 and "later than the database" in future.text()
+        assert chromium.dialogs == []
+    assert statuses_of(sqlite_url, ids) == {ids[0]: "parked"}
+    assert audit_rows(sqlite_url) == []
+
+
+def test_failed_logins_are_limited(sqlite_url: str, tmp_path: Path) -> None:
+    env = console_env(
+        sqlite_url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        RELAY_CONSOLE_LOGIN_ATTEMPTS="3",
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        for _ in range(3):
+            log_in(page, console.url, "otto", "wrong")
+            assert page.inner_text("#login-error") == "wrong name or password"
+        log_in(page, console.url, "otto")  # the right password, too late
+        assert "too many failed logins" in page.inner_text("#refusal")
+
+
+def test_hostile_values_show_as_text_and_run_nothing(sqlite_url: str, tmp_path: Path) -> None:
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:  # bytes that are not UTF-8 in a message id, as SQLite keeps any
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox (message_id, payload, status, last_error) "
+                "VALUES (CAST(X'FF3C623E' AS TEXT), X'00FF3C7363726970743E', 'parked', :e)"
+            ),
+            {"e": IMG},
+        )
+    engine.dispose()
+    big = park(sqlite_url, [{"message_id": "big", "payload": b"<b>" * 700_000}], NO_ROUTE)
+    hostile = park(
+        sqlite_url,
+        [
+            {
+                "message_id": SCRIPT,
+                "exchange": IMG,
+                "routing_key": SCRIPT,
+                "ordering_key": IMG,
+                "headers": json.dumps({"x": SCRIPT}),
+                "payload": SCRIPT.encode(),
+            }
+        ],
+        SCRIPT,
+    )
+    env = console_env(
+        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        # Its cause, the quoted part left out: still text, not markup.
+        assert "<script>alert('…')</script>" in page.inner_text("#causes")
+        page.goto(f"{console.url}/rows")
+        assert page.locator("#rows tbody tr").count() == 3
+        page.goto(f"{console.url}/rows/{hostile[0]}")
+        assert page.inner_text("#message-id") == SCRIPT
+        assert page.inner_text("#last-error") == SCRIPT
+        assert page.inner_text("#payload") == SCRIPT
+        assert SCRIPT in page.inner_text("#headers")
+        assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
+        shot(page, "hostile")
+        page.goto(f"{console.url}/rows/{big[0]}")
+        assert len(page.inner_text("#payload")) == 4096  # the preview, not 2 MB
+        page.goto(f"{console.url}/rows?reason={IMG}")
+        (row,) = page.locator("#rows tbody tr").all()
+        assert "\ufffd<b>" in row.inner_text()  # the bytes that were not UTF-8, replaced
+        page.goto(f"{console.url}/rows/{row.get_attribute('data-id')}")
+        assert page.inner_text("#payload").startswith("00000000  00 ff 3c 73")  # hex, not text
+        for metacharacters in ("' OR '1'='1", "%", "_", "\\", '"; DROP TABLE outbox; --'):
+            page.goto(f"{console.url}/rows?exchange={quote(metacharacters)}")
+            assert page.inner_text("#rows tbody") == "No parked row matches."
+        page.goto(f"{console.url}/rows?exchange={quote(IMG)}")  # matched exactly, as text
+        assert [r.get_attribute("data-id") for r in page.locator("#rows tbody tr").all()] == [
+            str(hostile[0])
+        ]
+        assert chromium.dialogs == [] and chromium.errors == []
+        nul = page.goto(f"{console.url}/rows?message_id=a%00b")
+        assert nul is not None and nul.status == 400
+
+
+def test_behind_a_trusted_proxy_its_headers_log_in_and_from_elsewhere_they_are_refused(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    park(sqlite_url, [{"message_id": "one"}], NO_ROUTE)
+    headers = {"X-Forwarded-User": "pat", "X-Forwarded-Groups": "staff,ops"}
+    roles = {"RELAY_CONSOLE_VIEWER_GROUPS": "staff", "RELAY_CONSOLE_OPERATOR_GROUPS": "ops"}
+    trusted = console_env(
+        sqlite_url, RELAY_CONSOLE_AUTH="proxy", RELAY_CONSOLE_PROXY_ADDRESSES="127.0.0.1", **roles
+    )
+    with (
+        ConsoleProcess(trusted, tmp_path / "trusted.log") as console,
+        browser(extra_http_headers=headers) as chromium,
+    ):
+        page = chromium.page()
+        page.goto(console.url + "/")
+        assert page.inner_text("form.who span") == "pat (operator)"
+    elsewhere = {**trusted, "RELAY_CONSOLE_PROXY_ADDRESSES": "10.255.0.1/32"}
+    with (
+        ConsoleProcess(elsewhere, tmp_path / "forged.log") as console,
+        browser(extra_http_headers=headers) as chromium,
+    ):
+        page = chromium.page()
+        answer = page.goto(console.url + "/")
+        assert answer is not None and answer.status == 403
+        assert "configured proxy only" in page.inner_text("#refusal")
+
+
+@pytest.mark.parametrize("groups, role", [(["ops-admins"], "admin"), ([], None)])
+def test_openid_connect_logs_in_with_the_providers_groups(
+    postgresql_url: str, tmp_path: Path, groups: list[str], role: str | None
+) -> None:
+    with oidc_provider("irene", groups) as provider:
+        port = free_port()
+        env = console_env(
+            postgresql_url,
+            RELAY_CONSOLE_AUTH="oidc",
+            RELAY_CONSOLE_OIDC_ISSUER=provider.issuer,
+            RELAY_CONSOLE_OIDC_CLIENT_ID=CLIENT_ID,
+            RELAY_CONSOLE_OIDC_CLIENT_SECRET=CLIENT_SECRET,
+            RELAY_CONSOLE_URL=f"http://127.0.0.1:{port}",
+            RELAY_CONSOLE_ADMIN_GROUPS="ops-admins",
+        )
+        console = ConsoleProcess(env, tmp_path / "console.log", port=port)
+        with console, browser() as chromium:
+            page = chromium.page()
+            page.goto(console.url + "/")
+            assert provider.issued == 1
+            if role is None:
+                assert "in none of the console's groups" in page.inner_text("#refusal")
+            else:
+                assert page.inner_text("form.who span") == f"irene ({role})"
+            assert chromium.dialogs == []
+
+
+def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (original,) = park(
+        sqlite_url,
+        [{"message_id": "typo", "routing_key": "order.payed", "payload": b"{}"}],
+        NO_ROUTE,
+    )
+    env = console_env(
+        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        page.goto(f"{console.url}/rows/{original}")
+        assert page.locator("form.edit").count() == 0  # an operator may not edit
+        chromium.context.clear_cookies()
+        log_in(page, console.url, "ada")
+        page.goto(f"{console.url}/rows/{original}")
+        page.fill("form.edit input[name=routing_key]", "order.paid")
+        page.click("form.edit button[type=submit]")
+        assert page.inner_text("#status") == "pending"
+        copy = int(page.url.rsplit("/", 1)[1])
+        assert copy != original and page.inner_text("#message-id") != "typo"
+        page.click(f"text=row {original}")
+        assert page.inner_text("#status") == "parked"
+        assert page.locator(f"text=row {copy}").count() == 1
+        assert chromium.dialogs == [] and chromium.errors == []
+    assert statuses_of(sqlite_url, [original, copy]) == {original: "parked", copy: "pending"}
+    (entry,) = audit_rows(sqlite_url)
+    assert (entry.actor, entry.role, entry.action) == ("ada", "admin", "edit_and_replay")

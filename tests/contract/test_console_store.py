@@ -1,0 +1,238 @@
+"""The console's database code (``relay.db.console``, ``console_rows``, ``console_actions``)
+on every database: causes, pages, counts, and changes pinned to what the operator saw, each
+with its audit entry."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from devtools.servers import PostgresServer
+from relay.console.records import Actor, ParkedFilter
+from relay.constants import CONSOLE_CHUNK_ROWS
+from relay.db.console import ConsoleReads
+from relay.db.console_actions import ConsoleActions
+from relay.db.roles import CONSOLE, grants
+from relay.db.schema import console_audit, outbox
+from relay.errors import InputError
+from tests.support.console import park, statuses_of
+
+OTTO = Actor("otto", "operator")
+ADA = Actor("ada", "admin")
+NO_ROUTE = "returned: 312 NO_ROUTE"
+
+
+def audit(url: str) -> list[sa.Row[tuple[object, ...]]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.select(console_audit).order_by(console_audit.c.id)))
+    finally:
+        engine.dispose()
+
+
+def test_parked_rows_group_by_cause_whatever_their_messages_name(database_url: str) -> None:
+    park(database_url, [{"message_id": f"a{i}"} for i in range(3)], NO_ROUTE)
+    for name in ("orders-1", "orders-2"):
+        park(
+            database_url,
+            [{"message_id": f"{name}-{i}"} for i in range(2)],
+            f"failed: 404 NOT_FOUND - no exchange '{name}' in vhost '/'",
+        )
+    reads = ConsoleReads(database_url)
+    try:
+        causes = {c.cause: c for c in reads.causes()}
+        overview = reads.overview()
+    finally:
+        reads.close()
+    missing = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
+    assert {name: c.rows for name, c in causes.items()} == {NO_ROUTE: 3, missing: 4}
+    assert len(causes[missing].prefixes) == 2 and not causes[missing].estimated
+    first, last = causes[missing].first_parked, causes[missing].last_parked
+    assert first is not None and last is not None and first <= last
+    assert overview.parked == 7 and overview.pending == 0
+
+
+def test_pages_walk_every_parked_row_once_most_recently_parked_first(database_url: str) -> None:
+    ids = [
+        park(database_url, [{"message_id": f"m{i}", "exchange": "x"}], NO_ROUTE)[0]
+        for i in range(7)
+    ]
+    park(database_url, [{"message_id": "other", "exchange": "y"}], NO_ROUTE)
+    reads = ConsoleReads(database_url)
+    seen: list[int] = []
+    try:
+        page, after = reads.page(ParkedFilter(exchange="x"), None, 3)
+        seen += [r.id for r in page]
+        while after is not None:
+            page, after = reads.page(ParkedFilter(exchange="x"), after, 3)
+            seen += [r.id for r in page]
+    finally:
+        reads.close()
+    assert seen == sorted(ids, reverse=True)
+
+
+@pytest.mark.parametrize("value", ["' OR '1'='1", "%", "_", "\\", '"; DROP TABLE outbox; --'])
+def test_filter_values_are_matched_as_text(database_url: str, value: str) -> None:
+    (exact,) = park(database_url, [{"message_id": "exact", "exchange": value}], value)
+    park(database_url, [{"message_id": "plain", "exchange": "plain"}], "nacked")
+    reads = ConsoleReads(database_url)
+    try:
+        by_exchange, _ = reads.page(ParkedFilter(exchange=value), None, 10)
+        by_reason, _ = reads.page(ParkedFilter(reason=value), None, 10)
+    finally:
+        reads.close()
+    assert [r.id for r in by_exchange] == [exact] and [r.id for r in by_reason] == [exact]
+
+
+def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: str) -> None:
+    seen = park(
+        database_url, [{"message_id": f"s{i}", "exchange": "x"} for i in range(5)], NO_ROUTE
+    )
+    reads = ConsoleReads(database_url)
+    actions = ConsoleActions(database_url)
+    try:
+        bound = reads.now()
+        late = park(database_url, [{"message_id": "late", "exchange": "x"}], NO_ROUTE)
+        assert reads.count(ParkedFilter(exchange="x"), bound) == (5, 1)
+        result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
+    finally:
+        reads.close()
+        actions.close()
+    assert (result.changed, result.parked_since) == (5, 1)
+    assert statuses_of(database_url, seen + late) == {
+        **dict.fromkeys(seen, "pending"),
+        late[0]: "parked",
+    }
+    (entry,) = audit(database_url)
+    assert (entry.actor, entry.action, entry.rows, entry.result) == ("otto", "replay", 5, "done")
+    assert json.loads(entry.target)["filter"] == {"exchange": "x"}
+
+
+def test_a_bulk_change_goes_in_chunks_and_its_entry_counts_them_all(database_url: str) -> None:
+    rows = CONSOLE_CHUNK_ROWS + 5
+    park(database_url, [{"message_id": f"c{i}"} for i in range(rows)], NO_ROUTE)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        result = actions.discard(OTTO, None, ParkedFilter(), reads.now())
+        archived = reads.archived(None, rows + 1)
+    finally:
+        reads.close()
+        actions.close()
+    assert result.changed == rows and len(archived) == rows
+    (entry,) = audit(database_url)
+    assert (entry.action, entry.rows, entry.result) == ("discard", rows, "done")
+
+
+def test_chosen_ids_that_changed_since_the_page_are_left_and_reported(database_url: str) -> None:
+    ids = park(database_url, [{"message_id": f"i{i}"} for i in range(3)], NO_ROUTE)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        bound = reads.now()
+        actions.replay(OTTO, ids[:1], None, bound)  # someone else replayed it meanwhile
+        result = actions.replay(OTTO, ids, None, bound)
+    finally:
+        reads.close()
+        actions.close()
+    assert (result.changed, result.left) == (2, 1)
+
+
+def test_discarded_rows_are_restored_as_they_were(database_url: str) -> None:
+    ids = park(
+        database_url, [{"message_id": "d", "payload": b"\x00\xff", "headers": '{"a": 1}'}], NO_ROUTE
+    )
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        actions.discard(OTTO, ids, None, reads.now())
+        gone = statuses_of(database_url, ids)
+        archived = reads.row(ids[0], 100)
+        restored = actions.restore(OTTO, ids)
+        back = reads.row(ids[0], 100)
+    finally:
+        reads.close()
+        actions.close()
+    assert gone == {} and archived is not None and archived.status == "discarded"
+    assert restored.changed == 1 and back is not None
+    assert (back.status, back.payload, back.headers, back.summary.last_error) == (
+        "parked",
+        b"\x00\xff",
+        '{"a": 1}',
+        NO_ROUTE,
+    )
+    assert [e.action for e in audit(database_url)] == ["discard", "restore"]
+
+
+def test_an_edited_copy_is_a_new_row_linked_to_its_kept_original(database_url: str) -> None:
+    (original,) = park(database_url, [{"message_id": "o", "exchange": "old"}], NO_ROUTE)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        result = actions.edit(ADA, original, {"exchange": "new", "payload": b"fixed"})
+        (copy,) = result.new_ids
+        with pytest.raises(InputError):
+            actions.edit(ADA, copy, {"exchange": "again"})  # pending, not parked
+        before, after = reads.row(original, 100), reads.row(copy, 100)
+    finally:
+        reads.close()
+        actions.close()
+    assert before is not None and after is not None
+    assert (before.status, before.edited_into, before.summary.exchange) == ("parked", [copy], "old")
+    assert (after.status, after.edited_from, after.payload) == ("pending", original, b"fixed")
+    assert after.summary.message_id != "o"
+    (entry,) = audit(database_url)
+    assert "fixed" not in entry.target and json.loads(entry.target) == {
+        "id": original,
+        "changed": ["exchange", "payload"],
+    }
+
+
+def test_a_parked_rows_page_lists_its_keys_rows_held_behind_it(database_url: str) -> None:
+    (head,) = park(database_url, [{"message_id": "h", "ordering_key": "k"}], NO_ROUTE)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        for name in ("b1", "b2"):
+            conn.execute(sa.insert(outbox).values(message_id=name, payload=b"x", ordering_key="k"))
+    engine.dispose()
+    reads = ConsoleReads(database_url)
+    try:
+        found = reads.row(head, 10)
+    finally:
+        reads.close()
+    assert found is not None and [r.message_id for r in found.held] == ["b1", "b2"]
+
+
+def test_the_console_role_has_what_the_console_does_and_no_more(
+    postgres: PostgresServer, postgresql_url: str
+) -> None:
+    """A login with the console's grants (``relay.db.roles``) only: every read and change of
+    the console works, and the sent log stays out of its reach."""
+    name, password = f"c_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    database = sa.make_url(postgresql_url).database or ""
+    postgres.psql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    postgres.psql("; ".join(grants("postgresql", CONSOLE, name)), database=database)
+    url = sa.make_url(postgresql_url).set(username=name, password=password)
+    console_url = url.render_as_string(hide_password=False)
+    ids = park(
+        postgresql_url, [{"message_id": f"g{i}", "ordering_key": "k"} for i in range(3)], NO_ROUTE
+    )
+    reads, actions = ConsoleReads(console_url), ConsoleActions(console_url)
+    try:
+        assert reads.overview().parked == 3
+        assert reads.row(ids[0], 10) is not None
+        actions.replay(OTTO, ids[:1], None, reads.now())
+        actions.discard(OTTO, None, ParkedFilter(), reads.now())
+        actions.restore(OTTO, ids[1:2])
+        actions.edit(ADA, ids[1], {"routing_key": "fixed"})
+        actions.record(OTTO, "requeue_dead_letters", "{}", 0, "moved 0 of 0")
+        assert len(reads.audit(None, 10)) == 5
+    finally:
+        reads.close()
+        actions.close()
+    engine = sa.create_engine(console_url)
+    try:
+        with pytest.raises(sa.exc.ProgrammingError), engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM outbox_sent"))
+    finally:
+        engine.dispose()

@@ -1,0 +1,182 @@
+"""The console's tests' helpers: parked rows made as the relay parks them, a users file,
+`relay console` as a subprocess, and Debian's chromium driven by Playwright (never a browser
+of its own), recording every dialog and console error a page raises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
+
+from devtools.relayproc import relay_env
+from devtools.servers import free_port, port_open, wait_until
+from relay.console.passwords import hash_password
+from relay.db.clock import database_time
+from relay.db.schema import outbox
+from relay.records import PARKED
+
+CHROMIUM = "/usr/bin/chromium"
+# Headless chromium as root in a container: no sandbox, no GPU, nothing fetched behind the
+# test's back (QUIC, component updates, sync, background requests).
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SECRET = "console-tests-0123456789abcdef-0123456789"
+PASSWORD = "correct horse battery staple"
+USERS = {"vera": "viewer", "otto": "operator", "ada": "admin"}
+# Hostile text: markup and script where a page shows values.
+SCRIPT = "<script>alert('xss')</script>"
+IMG = '"><img src=x onerror=alert(1)>'
+
+
+def users_file(directory: Path) -> Path:
+    """A users file: a viewer, an operator and an admin, all with ``PASSWORD``."""
+    path = directory / "users"
+    hashed = hash_password(PASSWORD)
+    path.write_text("".join(f"{name}:{role}:{hashed}\n" for name, role in USERS.items()))
+    return path
+
+
+def park(url: str, rows: list[dict[str, Any]], reason: str) -> list[int]:
+    """``rows`` inserted and parked as the relay parks them (``last_error`` the reason, the
+    parking time the database's now); their ids."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            ids = []
+            for row in rows:
+                values = {"exchange": "", "routing_key": "", "payload": b"x", **row}
+                inserted = conn.execute(sa.insert(outbox).values(values))
+                key = inserted.inserted_primary_key
+                assert key is not None
+                ids.append(int(key[0]))
+            conn.execute(
+                sa.update(outbox)
+                .where(outbox.c.id.in_(ids))
+                .values(
+                    status=PARKED, attempts=10, last_error=reason, next_attempt_at=database_time()
+                )
+            )
+        return ids
+    finally:
+        engine.dispose()
+
+
+def statuses_of(url: str, ids: list[int]) -> dict[int, str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.select(outbox.c.id, outbox.c.status).where(outbox.c.id.in_(ids))
+            )
+            return {int(i): s for i, s in found}
+    finally:
+        engine.dispose()
+
+
+@dataclass
+class ConsoleProcess:
+    """`relay console` on a free port of 127.0.0.1, with exactly the settings given."""
+
+    env: dict[str, str]
+    log: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ConsoleProcess:
+        env = relay_env(
+            **{
+                "RELAY_CONSOLE_PORT": str(self.port),
+                "RELAY_CONSOLE_METRICS_PORT": "0",
+                **self.env,
+            }
+        )
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "relay", "console"], env=env, stderr=log
+            )
+        wait_until(
+            lambda: port_open("127.0.0.1", self.port) or self.proc.poll() is not None,  # type: ignore[union-attr]
+            60,
+            "the console listening",
+        )
+        assert self.proc.poll() is None, self.log.read_text()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def console_env(database_url: str, **more: str) -> dict[str, str]:
+    return {
+        "RELAY_DATABASE_URL": database_url,
+        "RELAY_CONSOLE_SESSION_SECRET": SECRET,
+        **more,
+    }
+
+
+@dataclass
+class Browser:
+    """A headless chromium, every dialog it opened (dismissed) and console error it saw."""
+
+    context: BrowserContext
+    dialogs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def page(self) -> Page:
+        page = self.context.new_page()
+
+        def dialog(opened: Dialog) -> None:
+            self.dialogs.append(opened.message)
+            opened.dismiss()
+
+        page.on("dialog", dialog)
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        return page
+
+
+@contextmanager
+def browser(**context: Any) -> Iterator[Browser]:
+    """Debian's chromium in a new, empty profile."""
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        launched = playwright.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True, **context
+        )
+        try:
+            yield Browser(launched)
+        finally:
+            launched.close()
+
+
+def log_in(page: Page, base: str, name: str, password: str = PASSWORD) -> None:
+    page.goto(base + "/login")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=password]", password)
+    page.click("form.login button[type=submit]")
+    page.wait_for_load_state()

@@ -1,0 +1,215 @@
+"""The console's pure pieces: causes, password hashes, signed sessions and their CSRF tokens,
+the login limiter, a proxy's addresses and groups, form fields, payload previews, the users
+file and the settings' refusals."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from relay.console.causes import cause_of
+from relay.console.forms import cursor, ids, parked_filter, preview
+from relay.console.identity import from_proxy, groups_of, role_of
+from relay.console.limiter import LoginLimiter
+from relay.console.passwords import hash_password, hash_problem, verify_password
+from relay.console.records import Actor
+from relay.console.sessions import Sessions, Signer
+from relay.console.users import parse_users
+from relay.errors import ConfigError, InputError
+from relay.settings import ConsoleSettings
+from relay.settings.console import networks
+
+SECRET = "s" * 40
+
+
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        ("returned: 312 NO_ROUTE", "returned: 312 NO_ROUTE"),
+        (
+            "failed: 404 NOT_FOUND - no exchange 'orders-7' in vhost '/'",
+            "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'",
+        ),
+        ("nacked", "nacked"),
+        ("TimeoutError: took 5.3 s on row 8d3f2a1b9c", "TimeoutError: took # s on row #"),
+        ("KeyError: 'order 5b1f2c3a-0d4e-4f5a-9b8c-7d6e5f4a3b2c'", "KeyError: '…'"),
+        ('rejected: header "x-id" is not text', "rejected: header '…' is not text"),
+        ("  spaces   inside  ", "spaces inside"),
+        ("", "(no error)"),
+        ("<script>alert(1)</script>", "<script>alert(#)</script>"),
+    ],
+)
+def test_a_cause_is_the_class_and_the_stable_part_of_the_message(error: str, cause: str) -> None:
+    assert cause_of(error) == cause
+
+
+def test_a_password_hash_is_salted_and_verifies_only_its_password() -> None:
+    first, second = hash_password("pw"), hash_password("pw")
+    assert first != second and first.startswith("scrypt$32768$8$1$")
+    assert verify_password("pw", first) and not verify_password("pW", first)
+    assert hash_problem(first) is None
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        "",
+        "plain",
+        "bcrypt$1$2$3$4$5",
+        "scrypt$3$8$1$AA==$AA==",
+        "scrypt$x$8$1$AA==$AA==",
+        "scrypt$4$8$1$!!$AA==",
+    ],
+)
+def test_a_malformed_hash_is_named_and_never_verifies(stored: str) -> None:
+    assert hash_problem(stored) is not None and not verify_password("", stored)
+
+
+def test_a_session_ends_after_its_idle_time_and_a_tampered_one_is_refused() -> None:
+    sessions = Sessions(SECRET, idle=60)
+    cookie = sessions.issue("otto", "operator", now=1000)
+    session = sessions.read(cookie, now=1059)
+    assert session is not None and (session.user, session.role) == ("otto", "operator")
+    assert sessions.read(cookie, now=1061) is None
+    renewed = sessions.renewed(session, now=1059)
+    assert sessions.read(renewed, now=1110) == session  # its idle time started again
+    body, mac = cookie.split(".")
+    assert sessions.read(body[:-2] + "xx." + mac, now=1001) is None
+    assert Sessions("t" * 40, idle=60).read(cookie, now=1001) is None  # another key
+    assert Signer(SECRET, "login").unsign(cookie, 60, 1001) is None  # another purpose
+
+
+def test_a_csrf_token_is_its_sessions_own() -> None:
+    sessions = Sessions(SECRET, idle=60)
+    one = sessions.read(sessions.issue("a", "operator", 0), 0)
+    two = sessions.read(sessions.issue("a", "operator", 0), 0)
+    assert one is not None and two is not None
+    assert sessions.csrf_ok(one, sessions.csrf(one))
+    assert not sessions.csrf_ok(one, sessions.csrf(two))
+    assert not sessions.csrf_ok(one, None) and not sessions.csrf_ok(one, "")
+
+
+def test_failed_logins_are_refused_past_the_limit_until_the_window_passes() -> None:
+    limiter = LoginLimiter(attempts=3, window=300)
+    keys = ["user:otto", "address:10.0.0.1"]
+    for t in range(3):
+        assert not limiter.refused(keys, t)
+        limiter.failed(keys, t)
+    assert limiter.refused(keys, 10)
+    assert limiter.refused(["user:otto", "address:10.0.0.2"], 10)  # the name, elsewhere
+    assert not limiter.refused(["user:ada", "address:10.0.0.2"], 10)
+    assert not limiter.refused(keys, 300.5)
+
+
+def test_the_limiter_forgets_names_whose_failures_left_the_window() -> None:
+    limiter = LoginLimiter(attempts=3, window=300)
+    for n in range(100):
+        limiter.failed([f"user:guess-{n}"], now=n)
+    limiter.forget_before(now=350)
+    assert len(limiter) == 49  # the failures at 51 to 99 are still within the window
+
+
+@pytest.mark.parametrize(
+    "address, trusted",
+    [
+        ("10.0.0.7", True),
+        ("10.0.0.8", False),
+        ("10.1.2.3", True),
+        ("::1", False),
+        ("x", False),
+        (None, False),
+    ],
+)
+def test_proxy_headers_are_believed_from_the_proxys_addresses_only(
+    address: str | None, trusted: bool
+) -> None:
+    assert from_proxy(address, networks("10.0.0.7, 10.1.0.0/16")) is trusted
+
+
+def test_a_role_is_the_highest_of_the_users_groups() -> None:
+    settings = ConsoleSettings.load(
+        {"RELAY_CONSOLE_VIEWER_GROUPS": "staff", "RELAY_CONSOLE_ADMIN_GROUPS": "leads"}
+    )
+    assert role_of(groups_of("staff, leads"), settings) == "admin"
+    assert role_of(groups_of("staff"), settings) == "viewer"
+    assert role_of(groups_of("others"), settings) is None
+    assert Actor("a", "admin").may("operator") and not Actor("v", "viewer").may("operator")
+
+
+def test_form_fields_are_checked() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    chosen = parked_filter({"exchange": "' OR 1=1 --", "parked_for": "2h"}, {}, now)
+    assert chosen.exchange == "' OR 1=1 --" and chosen.parked_before == now - timedelta(hours=2)
+    assert parked_filter({"cause": "c"}, {"c": ("p1", "p2")}, now).causes == ("p1", "p2")
+    for bad in (
+        {"message_id": "a\x00b"},
+        {"parked_for": "soon"},
+        {"cause": "gone"},
+        {"exchange": "x" * 1001},
+    ):
+        with pytest.raises(InputError):
+            parked_filter(bad, {}, now)
+    assert cursor({}) is None
+    with pytest.raises(InputError):
+        cursor({"after_id": "3"})
+    with pytest.raises(InputError):
+        ids(["1", "x"])
+    assert ids(["3", "1", "3"]) == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "payload, size, kind, shown",
+    [
+        (b"<b>hi</b>", 9, "text", "<b>hi</b>"),
+        (b"caf\xc3", 9, "text", "caf"),  # a character cut at the preview's end
+        (b"\xff\x00", 2, "hex", f"00000000  {'ff 00':<47}  .."),
+        (b"a\x00b", 3, "hex", f"00000000  {'61 00 62':<47}  a.b"),
+        (b"", 0, "text", ""),
+    ],
+)
+def test_a_preview_is_text_or_a_hex_dump(payload: bytes, size: int, kind: str, shown: str) -> None:
+    assert preview(payload, size) == (kind, shown)
+
+
+def test_the_users_file_names_its_bad_line_and_never_a_hash() -> None:
+    good = hash_password("pw")
+    users = parse_users(f"# ops\n\nada:admin:{good}\n", "users")
+    assert users["ada"].role == "admin"
+    for text, said in (
+        ("ada:root:" + good, "users:1: role 'root'"),
+        ("ada:admin", "users:1: expected name:role:hash"),
+        ("ada:admin:nothash", "users:1: not a scrypt hash"),
+        (f"ada:admin:{good}\nada:viewer:{good}", "users:2: user 'ada' is listed twice"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            parse_users(text, "users")
+        assert str(refused.value).startswith(said) and good not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "environ, problem",
+    [
+        ({}, "RELAY_CONSOLE_AUTH is not set"),
+        ({"RELAY_CONSOLE_AUTH": "users", "RELAY_CONSOLE_SESSION_SECRET": "short"}, "at least 32"),
+        (
+            {"RELAY_CONSOLE_AUTH": "users", "RELAY_CONSOLE_SESSION_SECRET": SECRET},
+            "RELAY_CONSOLE_USERS_FILE",
+        ),
+        (
+            {"RELAY_CONSOLE_AUTH": "proxy", "RELAY_CONSOLE_SESSION_SECRET": SECRET},
+            "PROXY_ADDRESSES",
+        ),
+        ({"RELAY_CONSOLE_AUTH": "oidc", "RELAY_CONSOLE_SESSION_SECRET": SECRET}, "OIDC_ISSUER"),
+    ],
+)
+def test_the_console_is_closed_by_default(environ: dict[str, str], problem: str) -> None:
+    found = ConsoleSettings.load(environ).problem()
+    assert found is not None and problem in found
+
+
+def test_a_bad_console_setting_names_itself() -> None:
+    with pytest.raises(ConfigError, match="RELAY_CONSOLE_AUTH"):
+        ConsoleSettings.load({"RELAY_CONSOLE_AUTH": "none"})
+    with pytest.raises(ConfigError, match="RELAY_CONSOLE_PROXY_ADDRESSES"):
+        ConsoleSettings.load({"RELAY_CONSOLE_PROXY_ADDRESSES": "proxy.local"})

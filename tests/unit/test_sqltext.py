@@ -1,0 +1,127 @@
+"""What the inbox's guard finds in a handler's SQL text (``relay.db.sqltext``), table-driven
+over the three databases' ways of reading it: a statement that ends or splits the
+transaction is found however it is dressed, and nothing inside a comment, a string or a
+quoted identifier is taken for one."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.db.dialects import Dialect, of
+from relay.db.inbox import INBOX_TABLES, TRANSACTION_STATEMENTS
+from relay.db.sqltext import refusal, statements
+
+POSTGRESQL, SQLITE, MYSQL = of("postgresql"), of("sqlite"), of("mysql")
+EVERY = (POSTGRESQL, SQLITE, MYSQL)
+
+# (text, the databases it is read on, what the guard finds there: None for nothing)
+CASES: list[tuple[str, tuple[Dialect, ...], str | None]] = [
+    ("COMMIT", EVERY, "COMMIT"),
+    ("  commit work", EVERY, "COMMIT"),
+    ("/* settle */ COMMIT", EVERY, "COMMIT"),
+    ("-- settle\nCOMMIT", EVERY, "COMMIT"),
+    ("/* a /* nested */ comment */ ROLLBACK", (POSTGRESQL,), "ROLLBACK"),
+    ("# settle\nCOMMIT", (MYSQL,), "COMMIT"),
+    ("/*!50000 COMMIT */", (MYSQL,), "COMMIT"),
+    ("/*! SET autocommit = 1 */", (MYSQL,), "SET AUTOCOMMIT"),
+    ("INSERT INTO t VALUES (1); COMMIT", EVERY, "COMMIT"),
+    ("INSERT INTO t VALUES (';'); COMMIT", EVERY, "COMMIT"),
+    ("SELECT 1--1\n; COMMIT", (MYSQL,), "COMMIT"),
+    # Read both ways: a session may escape with a backslash or not (PostgreSQL's
+    # standard_conforming_strings, MySQL's NO_BACKSLASH_ESCAPES).
+    ("SELECT 'a\\'; COMMIT; --'", EVERY, "COMMIT"),
+    ("SELECT E'a\\'; COMMIT; --'", (POSTGRESQL,), None),  # escaped whatever the session
+    ("SELECT 'a\\\\'", EVERY, None),
+    ("SELECT 1 AS `a\\`; COMMIT; -- `", (MYSQL,), "COMMIT"),  # a backtick escapes nothing
+    ("/*M! COMMIT */", (MYSQL,), "COMMIT"),
+    ("/*M!100000 COMMIT */", (MYSQL,), "COMMIT"),
+    ("EXECUTE IMMEDIATE 'COMMIT'", (MYSQL,), "EXECUTE"),
+    ("PREPARE s FROM 'SET autocommit = 1'", (MYSQL,), "PREPARE"),
+    ("BACKUP STAGE START", (MYSQL,), "BACKUP"),
+    ("SELECT $$; COMMIT; $$", (POSTGRESQL,), None),
+    ("SELECT $tag$ $$; COMMIT; $tag$", (POSTGRESQL,), None),
+    ("SELECT 'COMMIT'", EVERY, None),
+    ('SELECT "commit" FROM t', EVERY, None),
+    ("UPDATE t SET committed = true", EVERY, None),
+    ("INSERT INTO commits VALUES (1)", EVERY, None),
+    ("-- COMMIT\nSELECT 1", EVERY, None),
+    ("/* COMMIT */ SELECT 1", EVERY, None),
+    ("SET autocommit = 1", EVERY, "SET AUTOCOMMIT"),
+    ("SET @@autocommit := 1", EVERY, "SET AUTOCOMMIT"),
+    ("SET @@session.autocommit = ON", EVERY, "SET AUTOCOMMIT"),
+    ("SET SESSION autocommit = 1", EVERY, "SET AUTOCOMMIT"),
+    ("SET sql_mode = '', autocommit = 1", EVERY, "SET AUTOCOMMIT"),
+    ("SET LOCAL lock_timeout = '1s'", (POSTGRESQL,), None),
+    ("SET CONSTRAINTS ALL DEFERRED", (POSTGRESQL,), None),
+    # A session's settings would outlive the message on the pooled connection.
+    ("SET synchronous_commit = off", (POSTGRESQL,), "changes the connection's session"),
+    ("SET SESSION statement_timeout = 0", (POSTGRESQL,), "session"),
+    ("RESET ALL", (POSTGRESQL,), "session"),
+    ("DISCARD ALL", (POSTGRESQL,), "session"),
+    ("SET @total = 1", (MYSQL,), None),
+    ("SET @total = 1, @@session.sql_mode = ''", (MYSQL,), "session"),
+    ("SET sql_mode = ''", (MYSQL,), "session"),
+    ("SET NAMES latin1", (MYSQL,), "session"),
+    ("SET STATEMENT max_statement_time=1 FOR SELECT 1", (MYSQL,), "session"),
+    ("PRAGMA synchronous = OFF", (SQLITE,), "session"),
+    ("PRAGMA synchronous(0)", (SQLITE,), "session"),
+    ("PRAGMA synchronous", (SQLITE,), None),
+    # The inbox's own tables: a handler's lock on them would stop the inbox's own look.
+    ("LOCK TABLE inbox_received", (POSTGRESQL,), "inbox_received"),
+    ('DELETE FROM "inbox_attempts"', (POSTGRESQL, SQLITE), "inbox_attempts"),
+    ("UPDATE public.inbox_received SET received_at = now()", (POSTGRESQL,), "inbox_received"),
+    ("SELECT * FROM `inbox_received`", (MYSQL,), "inbox_received"),
+    ("START TRANSACTION", EVERY, "START TRANSACTION"),
+    ("SAVEPOINT s1", EVERY, "SAVEPOINT"),
+    ("RELEASE SAVEPOINT s1", EVERY, "RELEASE"),
+    ("END", EVERY, "END"),
+    ("ABORT", (POSTGRESQL,), "ABORT"),
+    ("PREPARE TRANSACTION 'x'", (POSTGRESQL,), "PREPARE TRANSACTION"),
+    ("XA START 'x'", (MYSQL,), "XA"),
+    ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", EVERY, "SET TRANSACTION"),
+    # MySQL commits before these; PostgreSQL and SQLite run them in the transaction.
+    ("CREATE TABLE t (a int)", (MYSQL,), "CREATE"),
+    ("CREATE TABLE t (a int)", (POSTGRESQL, SQLITE), None),
+    ("ALTER TABLE t ADD b int", (MYSQL,), "ALTER"),
+    ("DROP TABLE t", (MYSQL,), "DROP"),
+    ("TRUNCATE t", (MYSQL,), "TRUNCATE"),
+    ("LOCK TABLES t WRITE", (MYSQL,), "LOCK"),
+    ("UNLOCK TABLES", (MYSQL,), "UNLOCK"),
+    ("ANALYZE TABLE t", (MYSQL,), "ANALYZE"),
+    ("LOAD INDEX INTO CACHE t", (MYSQL,), "LOAD INDEX"),
+    ("LOCK TABLE t IN ACCESS EXCLUSIVE MODE", (POSTGRESQL,), None),
+    ("", EVERY, None),
+    (";;", EVERY, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "dialect", "found"),
+    [(text, dialect, found) for text, where, found in CASES for dialect in where],
+    ids=[f"{dialect.name}: {text!r}" for text, where, _ in CASES for dialect in where],
+)
+def test_the_guard_finds_what_a_handler_may_not_run(
+    text: str, dialect: Dialect, found: str | None
+) -> None:
+    enders = TRANSACTION_STATEMENTS | dialect.implicit_commits
+    why = refusal(text, dialect.sql_lexicon, enders, dialect.changes_session, INBOX_TABLES)
+    if found is None:
+        assert why is None
+    else:
+        assert why is not None and found.lower() in why.lower()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("SELECT 1", [("SELECT", "1")]),
+        ("a; b ;; c", [("A",), ("B",), ("C",)]),
+        ("select 'x;y', \"q\" -- c\n", [("SELECT", "'", ",", "Q")]),
+        ("/* unterminated", []),
+        ("'unterminated; COMMIT", [("'",)]),
+    ],
+)
+def test_statements_are_read_past_comments_and_quotes(
+    text: str, expected: list[tuple[str, ...]]
+) -> None:
+    assert statements(text, POSTGRESQL.sql_lexicon) == expected
