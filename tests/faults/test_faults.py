@@ -700,9 +700,9 @@ def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migra
 ) -> None:
     """A relay of the release before runs on its schema (0011) under the writers; migrations
     0012 and 0013 run under it; two relays of this release start and claim nothing while it
-    holds buckets (relay_fenced); it stops (SIGTERM, a rolling update's), migration 0015 (which
-    relays of its protocol cannot run beside) runs, and they take the whole outbox over:
-    nothing lost, nothing published twice, each key in order."""
+    holds buckets (relay_fenced); it stops (SIGTERM, a rolling update's), migrations 0014 and
+    0015 (which relays of its protocol cannot run beside) run, and they take the whole outbox
+    over: nothing lost, nothing published twice, each key in order."""
     migrate(postgresql_url, "0011", downgrade=True)
     published_while_fenced: list[float] = []
     new_relays: list[FaultRelay] = []
