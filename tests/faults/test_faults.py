@@ -70,17 +70,31 @@ def frozen(point: str, armed: Path) -> list[str]:
 broker_bystander = pytest.mark.parametrize("broker", [RABBITMQ_3], indirect=True)
 
 
-@pytest.fixture(scope="module", params=RABBITMQ_VERSIONS)
+@pytest.fixture(scope="session")
+def fault_nodes() -> Iterator[dict[str, RabbitNode]]:
+    """The fault nodes of this test process, by version, each started when first asked for
+    and kept until the session ends: the suite hands its processes the slowest tests first,
+    whatever their module, and a module's node would be started again at each return."""
+    nodes: dict[str, RabbitNode] = {}
+    yield nodes
+    for node in nodes.values():
+        node.kill()
+
+
+@pytest.fixture(params=RABBITMQ_VERSIONS)
 def broker(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RabbitNode]:
+    request: pytest.FixtureRequest,
+    fault_nodes: dict[str, RabbitNode],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> RabbitNode:
     """A node of its own, of each version: these tests stop, kill and freeze it."""
-    node = rabbit_node(
-        request.param, tmp_path_factory, "relay-faults", f"max_message_size = {MAX_MESSAGE}\n"
-    )
-    node.start()
-    yield node
-    node.kill()
+    if request.param not in fault_nodes:
+        node = rabbit_node(
+            request.param, tmp_path_factory, "relay-faults", f"max_message_size = {MAX_MESSAGE}\n"
+        )
+        node.start()
+        fault_nodes[request.param] = node
+    return fault_nodes[request.param]
 
 
 @pytest.fixture
