@@ -36,6 +36,7 @@ import pytest
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode
 from relay.db.migrate import migrate
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
+from tests.support.schedule import SlowestFirst, measured
 
 # tests/<folder>/ -> its layer's marker (declared, with what each layer needs, in pyproject.toml)
 LAYERS = {
@@ -51,6 +52,11 @@ LAYERS = {
     "browser": pytest.mark.browser,
 }
 TESTS = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The slowest tests handed out first (``--dist loadgroup``): tests/support/schedule.py
+    config.pluginmanager.register(SlowestFirst(measured()), "slowest-first")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -28,7 +28,9 @@ from tests.faults.harness import QUEUE, Fault, FaultRelay, metrics_text, scenari
 from tests.support.destinations import check
 from tests.support.rabbitmq import RABBITMQ_4, rabbit_cluster
 
-pytestmark = pytest.mark.timeout(240)
+# One process runs them all: the cluster is started once (its start is the longest of any
+# server), not in every process that draws one of its tests.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rabbitmq-cluster")]
 QUORUM: dict[str, object] = {"x-queue-type": "quorum"}
 # 4.0 only: a cluster takes about 20 s to start and these scenarios a few minutes, and the
 # release production clusters run is 4.x (3.10's single node runs the whole fault suite).
