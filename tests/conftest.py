@@ -37,7 +37,7 @@ import pytest
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode
 from relay.db.migrate import migrate
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
-from tests.support.schedule import SlowestFirst, measured
+from tests.support.schedule import OneProcessModules, SlowestFirst, measured
 
 # tests/<folder>/ -> its layer's marker (declared, with what each layer needs, in pyproject.toml)
 LAYERS = {
@@ -58,6 +58,13 @@ TESTS = Path(__file__).parent
 def pytest_configure(config: pytest.Config) -> None:
     # The slowest tests handed out first (``--dist loadgroup``): tests/support/schedule.py
     config.pluginmanager.register(SlowestFirst(measured()), "slowest-first")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup``: the modules that share a long server start run in one process."""
+    if config.getvalue("dist") == "loadgroup":
+        return OneProcessModules(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

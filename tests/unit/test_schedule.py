@@ -9,18 +9,12 @@ from typing import cast
 import pytest
 
 from devtools.durations import lengths
-from tests.support.schedule import SlowestFirst
+from tests.support.schedule import ONE_PROCESS, SlowestFirst
 
 
 @dataclass
 class Item:
     nodeid: str
-    group: str | None = None
-
-    def get_closest_marker(self, name: str) -> pytest.Mark | None:
-        if name == "xdist_group" and self.group is not None:
-            return pytest.mark.xdist_group(self.group).mark
-        return None
 
 
 def ordered(items: list[Item], seconds: dict[str, float]) -> list[str]:
@@ -35,11 +29,13 @@ def test_the_longest_first_and_the_unmeasured_last_in_their_order() -> None:
     assert ordered(items, seconds) == ["d", "b", "e", "a", "c"]
 
 
-def test_a_group_moves_whole_by_its_sum_and_keeps_its_order() -> None:
-    items = [Item("x"), Item("g1", "g"), Item("y"), Item("g2", "g"), Item("g3@g", "g")]
-    # The group: 3 + 3 + 3 = 9 s, more than y's 8 s though each of its tests is shorter.
-    seconds = {"x": 1.0, "y": 8.0, "g1": 3.0, "g2": 3.0, "g3": 3.0}
-    assert ordered(items, seconds) == ["g1", "g2", "g3@g", "y", "x"]
+def test_a_module_of_one_process_moves_whole_by_its_sum_and_keeps_its_order() -> None:
+    (module,) = ONE_PROCESS
+    c1, c2, c3 = (f"{module}::test_c{n}" for n in (1, 2, 3))
+    items = [Item("x"), Item(c1), Item("y"), Item(c2), Item(c3)]
+    # The module: 3 + 3 + 3 = 9 s, more than y's 8 s though each of its tests is shorter.
+    seconds = {"x": 1.0, "y": 8.0, c1: 3.0, c2: 3.0, c3: 3.0}
+    assert ordered(items, seconds) == [c1, c2, c3, "y", "x"]
 
 
 def test_lengths_add_up_a_tests_phases_and_drop_the_group_suffix() -> None:
