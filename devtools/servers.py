@@ -22,6 +22,11 @@ from pathlib import Path
 from devtools import debian13
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+# A hang guard for one run of a RabbitMQ CLI tool (rabbitmqctl, rabbitmq-upgrade...), not a
+# window: each run starts an Erlang VM, which took more than the former 60 s on two cores
+# at a load of 20 to 35 (a suite's four processes beside other sessions' work), and the test
+# that asked failed while the node was fine.
+CLI_TIMEOUT_S = 300.0
 
 
 class ServerError(RuntimeError):
@@ -164,10 +169,10 @@ class RabbitNode:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+    def ctl(self, *args: str, timeout: float = CLI_TIMEOUT_S) -> str:
         return self.tool("rabbitmqctl", *args, timeout=timeout)
 
-    def tool(self, program: str, *args: str, timeout: float = 60.0) -> str:
+    def tool(self, program: str, *args: str, timeout: float = CLI_TIMEOUT_S) -> str:
         """The output of one of RabbitMQ's command-line tools (``rabbitmqctl``,
         ``rabbitmq-queues``, ``rabbitmq-upgrade``...) run against this node."""
         argv, env = self._command(program, "-n", self.name, *args)
@@ -195,7 +200,7 @@ class RabbitNode:
             return
         if self._process.poll() is None:
             try:
-                self.ctl("stop", timeout=60)
+                self.ctl("stop")
                 self._process.wait(timeout=60)
             except (ServerError, subprocess.TimeoutExpired):
                 self.kill()

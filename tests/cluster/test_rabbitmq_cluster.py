@@ -23,7 +23,13 @@ import pika
 import pytest
 
 from devtools.outbox import statuses
-from devtools.servers import PostgresServer, RabbitCluster, RabbitNode, port_open
+from devtools.servers import (
+    CLI_TIMEOUT_S,
+    PostgresServer,
+    RabbitCluster,
+    RabbitNode,
+    port_open,
+)
 from tests.faults.harness import QUEUE, Fault, FaultRelay, metrics_text, scenario
 from tests.support.destinations import check
 from tests.support.rabbitmq import RABBITMQ_4, rabbit_cluster
@@ -37,7 +43,6 @@ QUORUM: dict[str, object] = {"x-queue-type": "quorum"}
 CLUSTER_VERSIONS = (RABBITMQ_4,)
 OUTAGE_S = 6.0  # longer than the fault relays' confirm timeout (2 s)
 REJOIN_TIMEOUT_S = "90"
-CLI_START_S = 60.0  # a RabbitMQ CLI's start in the Debian root: RabbitNode.ctl's limit
 
 
 @pytest.fixture(scope="module", params=CLUSTER_VERSIONS)
@@ -82,9 +87,9 @@ def leader(cluster: RabbitCluster, asking: RabbitNode) -> str:
 def await_all_replicas(node: RabbitNode) -> None:
     """Until every quorum queue has all its members online again (what an upgrade tool
     waits for before it takes the next node down)."""
-    # The command's own limit, and the CLI's start on top (its usual limit): the call's limit
-    # was 60 s, under the command's 90, and a busy run's wait ended there.
-    limit = float(REJOIN_TIMEOUT_S) + CLI_START_S
+    # The command's own limit, and a CLI run's on top: the call's limit was 60 s, under the
+    # command's 90, and a busy run's wait ended there.
+    limit = float(REJOIN_TIMEOUT_S) + CLI_TIMEOUT_S
     node.tool(
         "rabbitmq-upgrade", "await_online_quorum_plus_one", "-t", REJOIN_TIMEOUT_S, timeout=limit
     )
