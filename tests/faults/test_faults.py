@@ -46,7 +46,7 @@ from tests.faults.harness import (
 from tests.faults.silence import Silenced, port_of
 from tests.faults.silence import unavailable as silence_unavailable
 from tests.support.proxy import TcpProxy
-from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS, rabbit_node
+from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, RABBITMQ_VERSIONS, rabbit_node
 
 # A hang detector, not a speed limit: the waits on the relays' work last while it progresses
 # (tests/faults/harness.py), and a busy machine's scenario takes two or three times a quiet
@@ -89,8 +89,10 @@ def broker(
 ) -> RabbitNode:
     """A node of its own, of each version: these tests stop, kill and freeze it."""
     if request.param not in fault_nodes:
+        # A name per version: both nodes may run at once in one process.
+        name = {RABBITMQ_3: "relay-faults", RABBITMQ_4: "relay-faults-4"}[request.param]
         node = rabbit_node(
-            request.param, tmp_path_factory, "relay-faults", f"max_message_size = {MAX_MESSAGE}\n"
+            request.param, tmp_path_factory, name, f"max_message_size = {MAX_MESSAGE}\n"
         )
         node.start()
         fault_nodes[request.param] = node
