@@ -15,6 +15,7 @@ import threading
 from typing import NamedTuple
 
 from relay.backoff import Backoff
+from relay.budget import ByteBudget
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import RetiredError, StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
@@ -73,10 +74,7 @@ class Relay:
         self.lease = lease
         self._lease_short = False  # logged once each time it runs short
         self.batch_size = batch_size
-        self.max_bytes = max_inflight_bytes
-        # Payload bytes of the rows claimed and not yet settled (ready, in flight, answered):
-        # what the byte budget bounds. Every claimed row is settled exactly once.
-        self._holding = 0
+        self.budget = ByteBudget(max_inflight_bytes)
         self.poll_interval = poll_interval
         self.linger = linger
         # How long outcomes wait for a claim to take them along (``_riding``): a linger, but
@@ -254,12 +252,12 @@ class Relay:
                 self._maybe_due = False
                 began = self._clock()
                 self._next_poll = began + self.poll_interval
-                room = self.max_bytes - self._holding
+                room = self.budget.room
                 epoch = self.lease.epoch
                 riding = self._settling(self._riding())
                 try:
                     rows = await self.store.claim(
-                        wanted, room, not self._holding, self._skipped(), riding.batch
+                        wanted, room, self.budget.empty, self._skipped(), riding.batch
                     )
                 except StoreError:
                     self._unsettled[:0] = riding.pending  # only when stopping past the deadline
@@ -290,7 +288,7 @@ class Relay:
                     # claim gathers for ``linger``, and while claims found rows within a
                     # poll interval, it comes then unasked; else the next notification or
                     # poll asks.
-                    if self._cut_by_bytes(len(rows), claimed, room):
+                    if self.budget.cut_short(len(rows), claimed, room):
                         self._maybe_due = True
                     else:
                         self._claim_not_before = began + self.linger
@@ -319,7 +317,7 @@ class Relay:
             not state.can_publish
             or not self.lease.holds()
             or len(self._unsettled) >= self.publisher.window
-            or self._holding >= self.max_bytes
+            or self.budget.spent
         ):
             return 0
         room = state.capacity + self._ahead - len(self._ready)
@@ -344,18 +342,10 @@ class Relay:
             return frozenset()
         return broken
 
-    def _cut_by_bytes(self, rows: int, claimed: int, room: int) -> bool:
-        """Did the byte budget, rather than the outbox running dry, end this short claim of
-        ``rows`` rows and ``claimed`` bytes? Guessed without another query: one more row like
-        these (having claimed none, of half the budget) would not have fit. A wrong guess
-        costs one empty claim, or a poll."""
-        typical = claimed / rows if rows else self.max_bytes / 2
-        return claimed + typical > room
-
     def _hold(self, size: int) -> None:
-        self._holding += size
-        self.metrics.held_bytes.set(self._holding)
-        if size > 0 and self._holding >= self.max_bytes and self._unsettled:
+        self.budget.hold(size)
+        self.metrics.held_bytes.set(self.budget.held)
+        if size > 0 and self.budget.spent and self._unsettled:
             self._settle_wanted.set()  # claims wait for the room a settle frees
 
     def _publish_ready(self) -> None:
@@ -418,7 +408,7 @@ class Relay:
         return bool(count) and (
             count >= min(self.batch_size, self.publisher.window)
             or self._clock() >= self._settle_at + 2 * self.linger
-            or self._holding >= self.max_bytes
+            or self.budget.spent
             or self._stopping.is_set()
         )
 
