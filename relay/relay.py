@@ -15,6 +15,7 @@ import threading
 from typing import NamedTuple
 
 from relay.backoff import Backoff
+from relay.batching import SettleBatching
 from relay.budget import ByteBudget
 from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import RetiredError, StoreError
@@ -77,10 +78,6 @@ class Relay:
         self.budget = ByteBudget(max_inflight_bytes)
         self.poll_interval = poll_interval
         self.linger = linger
-        # How long outcomes wait for a claim to take them along (``_riding``): a linger, but
-        # with per-key ordering none, since a key's next row is claimed only once its last is
-        # settled (lingering there too, a key advanced a row per two or three lingers).
-        self.settle_linger = linger if settle_linger is None else settle_linger
         # Once the relay has caught up (a claim came back short), the next claim waits until
         # ``linger`` after that one began, however soon it is woken: a steady stream is claimed
         # a few times a second, not once per new row. While claims find rows, the next is made
@@ -117,11 +114,12 @@ class Relay:
         self._charge_held_at = clock()
         self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
         self._next_poll = clock()
-        self._unsettled: list[Settlement] = []
-        # When the outcomes waiting in ``_unsettled`` are to be settled: ``settle_linger``
-        # after the first of them, by the first claim after that (``_riding``), else by the
-        # settle task two lingers later; sooner when ``_settle_due`` says so.
-        self._settle_at = clock()
+        self._unsettled = SettleBatching(
+            linger,
+            linger if settle_linger is None else settle_linger,
+            min(batch_size, publisher.window),
+            clock(),
+        )
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
         self._settle_wanted = Wakeup()
         # Set by whatever the loop waits for: the broker's answers and connects (through
@@ -254,13 +252,13 @@ class Relay:
                 self._next_poll = began + self.poll_interval
                 room = self.budget.room
                 epoch = self.lease.epoch
-                riding = self._settling(self._riding())
+                riding = self._settling(self._unsettled.ride(self._clock(), self._backlog))
                 try:
                     rows = await self.store.claim(
                         wanted, room, self.budget.empty, self._skipped(), riding.batch
                     )
                 except StoreError:
-                    self._unsettled[:0] = riding.pending  # only when stopping past the deadline
+                    self._unsettled.put_back(riding.pending)  # stopping past the deadline
                     raise
                 self._settled(riding)
                 self._backlog = len(rows) == wanted
@@ -387,69 +385,38 @@ class Relay:
         return in_flight
 
     def _to_settle(self, settlements: list[Settlement]) -> None:
-        """Outcomes to settle: the first of them sets when, at the latest (the settle task
-        is woken to wait for that), and any that makes the settle due wakes it at once."""
-        if not settlements:
-            return
-        first = not self._unsettled
-        if first:
-            self._settle_at = self._clock() + self.settle_linger
-        self._unsettled.extend(settlements)
-        if first or self._settle_due():
+        if self._unsettled.add(self._clock(), settlements, self._settle_pressed()):
             self._settle_wanted.set()
 
-    def _settle_due(self) -> bool:
-        """Whether the settle task settles what was collected now: a batch's worth of
-        outcomes came, the loop waits on the settle (claims pause while a window's worth is
-        unsettled or the byte budget is spent; the relay stops), or no claim took them along
-        (``_riding``) within two lingers of their settle time (claims come a linger apart,
-        and a little later): the relay stopped claiming."""
-        count = len(self._unsettled)
-        return bool(count) and (
-            count >= min(self.batch_size, self.publisher.window)
-            or self._clock() >= self._settle_at + 2 * self.linger
-            or self.budget.spent
-            or self._stopping.is_set()
-        )
-
-    def _until_settle(self) -> float:
-        if not self._unsettled:
-            return PARKED_LOG_INTERVAL_S / 4
-        return max(0.0, self._settle_at + 2 * self.linger - self._clock())
+    def _settle_pressed(self) -> bool:
+        """The loop waits on the settle: claims pause while the byte budget is spent, and the
+        relay stops."""
+        return self.budget.spent or self._stopping.is_set()
 
     async def _settle_until_finished(self) -> None:
-        """Settle what was collected, gathered for up to ``linger`` (``_settle_due``); and
-        log the parked rows that waited to be logged together (``relay.parked``), even
+        """Settle what was collected, gathered for up to ``linger`` (``relay.batching``);
+        and log the parked rows that waited to be logged together (``relay.parked``), even
         while nothing else is settled."""
         while not (self._finished and not self._unsettled):
-            await self._settle_wanted.wait(self._until_settle())
+            until = self._unsettled.until(self._clock())
+            await self._settle_wanted.wait(PARKED_LOG_INTERVAL_S / 4 if until is None else until)
             self._collect()  # confirms the loop was not woken for (``_confirmed``)
-            if self._settle_due():
+            if self._unsettled.due(self._clock(), self._settle_pressed()):
                 await self._settle_collected()
             await self._hasten_recovered()
             self._parked_log.flush()
             if self._unsettled and self._clock() >= self.store.deadline:
                 return  # the database stayed down through the drain; reported by _drain
 
-    def _riding(self) -> list[Settlement]:
-        """The outcomes the next claim records first, in its own call to the store (one
-        worker-thread hop, not two): at a steady stream, every other claim takes along what
-        was answered since the one before it (those whose settle time has come). Not in a
-        backlog, where settles run beside the claims, their round trips overlapping."""
-        if self._backlog or not self._unsettled or self._clock() < self._settle_at:
-            return []
-        pending, self._unsettled = self._unsettled, []
-        return pending
-
     async def _settle_collected(self) -> None:
-        pending, self._unsettled = self._unsettled, []
+        pending = self._unsettled.take()
         if not pending:
             return
         settling = self._settling(pending)
         try:
             await self.store.settle(settling.batch)
         except StoreError:
-            self._unsettled[:0] = pending  # only when stopping past the drain deadline
+            self._unsettled.put_back(pending)  # only when stopping past the drain deadline
             return
         self._settled(settling)
 
