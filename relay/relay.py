@@ -17,10 +17,11 @@ from typing import NamedTuple
 from relay.backoff import Backoff
 from relay.batching import SettleBatching
 from relay.budget import ByteBudget
-from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
+from relay.constants import LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
 from relay.errors import RetiredError, StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
+from relay.pacing import ClaimPacing, Counts, Decision
 from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
 from relay.records import PARKED, OutboxRow, Outcome, RowChange, SettleBatch, Settlement
@@ -74,50 +75,31 @@ class Relay:
         # and nothing published (``relay.lease``). The publisher checks it before each send.
         self.lease = lease
         self._lease_short = False  # logged once each time it runs short
-        self.batch_size = batch_size
         self.budget = ByteBudget(max_inflight_bytes)
-        self.poll_interval = poll_interval
-        self.linger = linger
-        # Once the relay has caught up (a claim came back short), the next claim waits until
-        # ``linger`` after that one began, however soon it is woken: a steady stream is claimed
-        # a few times a second, not once per new row. While claims find rows, the next is made
-        # then unwoken (the stream goes on); once one finds none, the probe and the poll wake it.
-        # Without a linger no claim is made unwoken: each new row is claimed when the probe
-        # says it came (a claim "a linger later" was one at every turn of the loop: a row's
-        # confirm and its settle each turned it, three claims a row, two of them empty).
-        self._claim_not_before = clock()
-        # Set once claims found nothing for a poll interval: only then does the probe of new
-        # rows (``relay.db.probe``) look; while a stream flows, the claims themselves look for
-        # it, a linger apart. Not at the first claim that finds nothing: with several relays,
-        # a stream's runs of ids reach each relay's buckets with gaps longer than a linger,
-        # and probing in each gap cost more than the claims it saved. Without a linger, always
-        # set: the probe is what finds a stream's rows.
+        window = publisher.window
+        self.pacing = ClaimPacing(
+            linger=linger,
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+            window=window,
+            now=clock(),
+        )
+        # Set while the probe of new rows looks (``ClaimPacing.listening``): its thread waits on it.
         self.idle = threading.Event()
         self.idle.set()
-        self._found_at = float("-inf")  # when a claim last found rows
         self.drain_timeout = drain_timeout
         self.turn_interval = turn_interval
         # Whether the store's last turn said this relay can publish; a change asks for a turn.
         self._turned_active = False
         self._turn_wanted = Wakeup()
         self.tracing = tracing or NoTracing()
-        self._min_claim = max(1, batch_size // 4)
-        # Rows claimed beyond what the window takes: one batch, never more than a window
-        # (with a small window, a batch ahead would be most of what a channel loss loses).
-        self._ahead = min(batch_size, self.publisher.window)
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
         self._ready_epoch = lease.epoch  # the lease they were claimed under
         self._claim_wanted = Wakeup()
-        # The last claim was full: other rows wait, and rows of broken exchanges (which are
-        # only charged an attempt) are left for later. See ``_skipped``.
-        self._backlog = False
-        self._charge_held_at = clock()
-        self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
-        self._next_poll = clock()
         self._unsettled = SettleBatching(
             linger,
             linger if settle_linger is None else settle_linger,
-            min(batch_size, publisher.window),
+            min(batch_size, window),
             clock(),
         )
         self._recovered: list[str] = []  # exchanges found again, whose rows to make due
@@ -149,9 +131,10 @@ class Relay:
                     self._turn_wanted.set()
                 self._collect()
                 self._publish_ready()
-                if self._may_be_due() and self._wanted():
+                decision = self._decide()
+                if decision.rows:
                     self._claim_wanted.set()
-                await self._wait(self._until_poll())
+                await self._wait(decision.wait)
             self._claim_wanted.set()
             await claiming  # a claim under way finishes: its rows are released with the rest
             self.publisher.release(self._ready)  # due again at once, for whoever claims next
@@ -171,7 +154,7 @@ class Relay:
         """Rows may be due that no claim has looked for (new rows were announced, or rows
         were settled due again): claim now (or once the linger after the last claim is
         over), not at the next poll."""
-        self._maybe_due = True
+        self.pacing.asked()
         self._claim_wanted.set()
         self._woken.set()
 
@@ -196,20 +179,8 @@ class Relay:
         sets the settle's time), or the relay stops. Otherwise they wait in the publisher
         until the loop's next turn, or the settle's, within a linger: at a steady stream a
         turn per confirm frame was most of the loop's turns."""
-        if self._ready or not self._unsettled or self._stopping.is_set() or not self.linger:
+        if self._ready or not self._unsettled or self._stopping.is_set() or not self.pacing.linger:
             self._woken.set()
-
-    def _may_be_due(self) -> bool:
-        now = self._clock()
-        return now >= self._claim_not_before and (self._maybe_due or now >= self._next_poll)
-
-    def _until_poll(self) -> float:
-        """Seconds to the next claim that may find rows; a whole interval once it is past
-        (while claiming cannot go on, the loop must not spin: answers still wake it)."""
-        now = self._clock()
-        due = max(self._claim_not_before, now if self._maybe_due else self._next_poll)
-        left = due - now
-        return left if 0 < left < self.poll_interval else self.poll_interval
 
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
@@ -243,57 +214,44 @@ class Relay:
         claimed ahead)."""
         while not self._stopping.is_set():
             # Asked for by the loop (rows may be due, room freed), or the next claim's time.
-            await self._claim_wanted.wait(self._until_poll())
+            await self._claim_wanted.wait(self.pacing.until(self._clock()))
             # Asked for, maybe, while the last claim ran: the linger after it holds still.
-            while self._may_be_due() and (wanted := self._wanted()) and not self._stopping.is_set():
-                # Consumed before the claim: a notification during it sets it again.
-                self._maybe_due = False
-                began = self._clock()
-                self._next_poll = began + self.poll_interval
-                room = self.budget.room
-                epoch = self.lease.epoch
-                riding = self._settling(self._unsettled.ride(self._clock(), self._backlog))
-                try:
-                    rows = await self.store.claim(
-                        wanted, room, self.budget.empty, self._skipped(), riding.batch
-                    )
-                except StoreError:
-                    self._unsettled.put_back(riding.pending)  # stopping past the deadline
-                    raise
-                self._settled(riding)
-                self._backlog = len(rows) == wanted
-                claimed = sum(r.size for r in rows)
-                self._hold(claimed)
-                if self.lease.epoch != epoch:  # claimed under a lease that lapsed since
-                    self.publisher.release(rows, LEASE_LAPSED)
-                    rows = []
-                if self._ready_epoch != self.lease.epoch:
-                    self._release_ready(LEASE_LAPSED)
-                self._ready_epoch = self.lease.epoch
-                self._ready += self._without_duplicates(rows)
-                self._publish_ready()  # here, not a turn of the loop later
-                if rows:
-                    self._found_at = began
-                streaming = self.linger > 0 and began - self._found_at < self.poll_interval
-                if streaming:
-                    self.idle.clear()
-                else:
-                    self.idle.set()
-                if len(rows) < wanted:
-                    # No more due now, unless the byte budget cut the claim short: then
-                    # settles that free room ask again. (Set, never cleared: a notification
-                    # during the claim stands.) Otherwise the relay has caught up: the next
-                    # claim gathers for ``linger``, and while claims found rows within a
-                    # poll interval, it comes then unasked; else the next notification or
-                    # poll asks.
-                    if self.budget.cut_short(len(rows), claimed, room):
-                        self._maybe_due = True
-                    else:
-                        self._claim_not_before = began + self.linger
-                        if streaming:
-                            self._next_poll = self._claim_not_before
+            while (wanted := self._decide().rows) and not self._stopping.is_set():
+                if not await self._claim(wanted):
                     break
-                self._maybe_due = True
+
+    async def _claim(self, wanted: int) -> bool:
+        """Claim up to ``wanted`` rows, taking along the outcomes whose settle time has come,
+        and hand the window what it takes; whether the claim came back full."""
+        began = self._clock()
+        self.pacing.began(began)
+        room = self.budget.room
+        epoch = self.lease.epoch
+        riding = self._settling(self._unsettled.ride(began, self.pacing.backlog))
+        skip = self.pacing.skip(began, self.publisher.state().broken)
+        try:
+            rows = await self.store.claim(wanted, room, self.budget.empty, skip, riding.batch)
+        except StoreError:
+            self._unsettled.put_back(riding.pending)  # stopping past the deadline
+            raise
+        self._settled(riding)
+        got, claimed = len(rows), sum(r.size for r in rows)
+        self._hold(claimed)
+        if self.lease.epoch != epoch:  # claimed under a lease that lapsed since
+            self.publisher.release(rows, LEASE_LAPSED)
+            rows = []
+        if self._ready_epoch != self.lease.epoch:
+            self._release_ready(LEASE_LAPSED)
+        self._ready_epoch = self.lease.epoch
+        self._ready += self._without_duplicates(rows)
+        self._publish_ready()  # here, not a turn of the loop later
+        cut = len(rows) < wanted and self.budget.cut_short(len(rows), claimed, room)
+        self.pacing.claimed(began, wanted, got, len(rows), cut)
+        if self.pacing.listening:
+            self.idle.set()
+        else:
+            self.idle.clear()
+        return len(rows) == wanted
 
     def _without_duplicates(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         """``rows`` less those whose message was sent before (``OutboxRow.sent_before``):
@@ -303,42 +261,19 @@ class Relay:
         self._to_settle([Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before])
         return [r for r in rows if not r.sent_before]
 
-    def _wanted(self) -> int:
-        """How many rows to claim now. Up to one batch (at most a window) more than the window
-        has room for is claimed ahead: they are ready when confirms free the window, instead
-        of a claim's round trip later (the window ran emptier than its size: a relay with
-        window 1,000 moved 6,923 rows/s, with 2,000 8,600, in bench.run). Nothing while the
-        broker cannot take rows, or while settling lags a window behind (memory stays
-        bounded)."""
+    def _decide(self) -> Decision:
+        """Whether to claim now, how many rows, and how long to wait otherwise
+        (``relay.pacing``)."""
         state = self.publisher.state()
-        if (
-            not state.can_publish
-            or not self.lease.holds()
-            or len(self._unsettled) >= self.publisher.window
-            or self.budget.spent
-        ):
-            return 0
-        room = state.capacity + self._ahead - len(self._ready)
-        wanted = min(self.batch_size, room)
-        # Claiming a handful of rows at a time costs a query each; wait for a useful batch,
-        # unless nothing else is under way.
-        if wanted >= self._min_claim or (wanted > 0 and not state.in_flight and not self._ready):
-            return wanted
-        return 0
-
-    def _skipped(self) -> frozenset[str]:
-        """The exchanges this claim leaves out: the broken ones (``relay.broker.destinations``),
-        while other rows wait. Their rows are only charged an attempt, and claimed with the
-        rest they halved the rate of the good rows (6,000 of each, interleaved: 0.47x the
-        rate without them; 0.92x left out). So they are claimed when the backlog of the
-        others is drained, and at least every ``HELD_CHARGE_INTERVAL_S`` (their due entries
-        must not pile up at the front of the due index, where every claim steps over them)."""
-        broken = self.publisher.state().broken
-        now = self._clock()
-        if not broken or not self._backlog or now >= self._charge_held_at:
-            self._charge_held_at = now + HELD_CHARGE_INTERVAL_S
-            return frozenset()
-        return broken
+        counts = Counts(
+            state.can_publish and self.lease.holds(),
+            state.capacity,
+            state.in_flight,
+            len(self._ready),
+            len(self._unsettled),
+            self.budget.spent,
+        )
+        return self.pacing.decide(self._clock(), counts)
 
     def _hold(self, size: int) -> None:
         self.budget.hold(size)
@@ -459,7 +394,7 @@ class Relay:
         log.info("draining %d outstanding confirms", in_flight, extra={"action": "drain"})
         while self._collect() and self._clock() < self.store.deadline:
             self._beat()
-            await self._wait(min(0.1, self.poll_interval))
+            await self._wait(min(0.1, self.pacing.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again
         self._collect()
         self._finished = True
