@@ -18,7 +18,7 @@ from relay.backoff import Backoff
 from relay.batching import SettleBatching
 from relay.budget import ByteBudget
 from relay.constants import LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
-from relay.errors import RetiredError, StoreError
+from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.pacing import ClaimPacing, Counts, Decision
@@ -28,6 +28,7 @@ from relay.records import PARKED, OutboxRow, Outcome, RowChange, SettleBatch, Se
 from relay.retrying import RetryingStore
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
+from relay.turns import Turns
 from relay.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ class Relay:
         # Renewed by each turn; while it has less than its margin left, nothing is claimed
         # and nothing published (``relay.lease``). The publisher checks it before each send.
         self.lease = lease
-        self._lease_short = False  # logged once each time it runs short
+        self.turns = Turns(
+            self.store, lease, metrics, turn_interval, turned=self.wake, retire=self.stop
+        )
         self.budget = ByteBudget(max_inflight_bytes)
         window = publisher.window
         self.pacing = ClaimPacing(
@@ -88,10 +91,6 @@ class Relay:
         self.idle = threading.Event()
         self.idle.set()
         self.drain_timeout = drain_timeout
-        self.turn_interval = turn_interval
-        # Whether the store's last turn said this relay can publish; a change asks for a turn.
-        self._turned_active = False
-        self._turn_wanted = Wakeup()
         self.tracing = tracing or NoTracing()
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
         self._ready_epoch = lease.epoch  # the lease they were claimed under
@@ -109,7 +108,6 @@ class Relay:
         self._woken = Wakeup()
         self._finished = False
         self._stopping = asyncio.Event()
-        self._retired: RetiredError | None = None  # the schema admits newer relays only
         self._last_beat = clock()
         self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S, clock)
 
@@ -120,15 +118,14 @@ class Relay:
         )
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self._settle_until_finished(), name="settle")
-        turning = asyncio.create_task(self._turn_forever(), name="turn")
+        turning = asyncio.create_task(self.turns.run(self._can_publish), name="turn")
         try:
             while not self._stopping.is_set():
                 self._beat()
                 for task in (claiming, turning):
                     if task.done():
                         task.result()  # it failed (no retry can help): so does the relay
-                if self.publisher.state().can_publish != self._turned_active:
-                    self._turn_wanted.set()
+                self.turns.check(self._can_publish())
                 self._collect()
                 self._publish_ready()
                 decision = self._decide()
@@ -140,8 +137,8 @@ class Relay:
             self.publisher.release(self._ready)  # due again at once, for whoever claims next
             self._ready = []
             drained = await self._drain(settling)
-            if self._retired is not None:
-                raise self._retired
+            if self.turns.retired is not None:
+                raise self.turns.retired
             return drained
         finally:
             for task in (turning, claiming, settling):
@@ -204,6 +201,9 @@ class Relay:
 
     def ready(self) -> bool:
         return self.unready() is None
+
+    def _can_publish(self) -> bool:
+        return self.publisher.state().can_publish
 
     def _beat(self) -> None:
         self._last_beat = self._clock()
@@ -290,7 +290,7 @@ class Relay:
             # while their leases run out.
             self.publisher.release(self._ready)
             self._ready = []
-        if self._ready and not self._lease_holds():
+        if self._ready and not self.turns.holds():
             # Another relay may take these rows' buckets soon, or has (this relay froze, or
             # its turns fail): they are its to publish now, and publishing them here could
             # put a row after a later row of its key (``relay.lease``).
@@ -415,38 +415,3 @@ class Relay:
     async def _wait(self, timeout: float) -> None:
         """Until ``wake`` was called (since the last wait returned) or ``timeout`` seconds."""
         await self._woken.wait(timeout)
-
-    def _lease_holds(self) -> bool:
-        holds = self.lease.holds()
-        if not holds and not self._lease_short:
-            log.warning(
-                "the lease of this relay's buckets has %.1f s left, less than the %.1f s a "
-                "publish may take: not publishing until a turn renews it",
-                self.lease.left(),
-                self.lease.margin,
-                extra={"action": "lease_short"},
-            )
-        self._lease_short = not holds
-        return holds
-
-    async def _turn_forever(self) -> None:
-        """Keep this relay's share of the outbox (``Store.turn``): every ``turn_interval``,
-        and at once when the relay became able or unable to publish, so that a relay whose
-        broker went away hands its idle buckets to the others. A failed turn is retried as
-        every database call is (``relay.retrying``). A relay the schema retired (its
-        protocol too old: ``RetiredError``, its idle buckets given up) stops, drains, and
-        ``run`` raises the error."""
-        while True:
-            self._turn_wanted.clear()
-            active = self.publisher.state().can_publish
-            try:
-                self.lease.renewed(await self.store.turn(active))
-            except RetiredError as exc:
-                self.metrics.fenced.set(1)
-                self._retired = exc
-                self.stop()
-                return
-            self.metrics.fenced.set(0 if self.store.fenced is None else 1)
-            self._turned_active = active
-            self.wake()  # buckets taken may hold due rows
-            await self._turn_wanted.wait(self.turn_interval)
