@@ -53,7 +53,7 @@ class Decision(NamedTuple):
 
 class ClaimPacing:
     def __init__(
-        self, *, linger: float, poll_interval: float, batch_size: int, window: int, now: float
+        self, linger: float, poll_interval: float, batch_size: int, window: int, now: float
     ) -> None:
         self.linger = linger
         self.poll_interval = poll_interval

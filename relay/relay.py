@@ -12,36 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import NamedTuple
 
 from relay.backoff import Backoff
 from relay.batching import SettleBatching
 from relay.budget import ByteBudget
-from relay.constants import LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
+from relay.constants import LIVENESS_LIMIT_S
 from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.pacing import ClaimPacing, Counts, Decision
-from relay.parked import ParkedLog
 from relay.ports import Publisher, Store
-from relay.records import PARKED, OutboxRow, Outcome, RowChange, SettleBatch, Settlement
+from relay.records import OutboxRow, Outcome, Settlement
 from relay.retrying import RetryingStore
 from relay.settle import SettlePolicy
-from relay.tracing import NoTracing, Tracing
+from relay.settler import Settler
+from relay.tracing import Tracing
 from relay.turns import Turns
 from relay.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
-
-
-class _Settling(NamedTuple):
-    """Outcomes on their way to the store: the settlements, the batch they write, the rows it
-    parks and their log fields."""
-
-    pending: list[Settlement]
-    batch: SettleBatch
-    parked: list[RowChange]
-    traced: dict[int, dict[str, str]]
 
 
 class Relay:
@@ -63,53 +52,26 @@ class Relay:
         retry: Backoff,
         tracing: Tracing | None = None,
     ) -> None:
-        # The lease's clock (``relay.lease.lease_clock``, or the tests' controlled one): the
-        # turns that renew it read it through the store (``RetryingStore.turn``), and every
-        # time the loop keeps is a duration on it.
-        clock = lease.clock
-        self._clock = clock
-        self.store = RetryingStore(store, retry, metrics, self._beat, clock)
-        self.publisher = publisher
-        self.policy = policy
-        self.metrics = metrics
-        # Renewed by each turn; while it has less than its margin left, nothing is claimed
-        # and nothing published (``relay.lease``). The publisher checks it before each send.
-        self.lease = lease
-        self.turns = Turns(
-            self.store, lease, metrics, turn_interval, turned=self.wake, retire=self.stop
-        )
+        # Every time the loop keeps is a duration on the lease's clock (``relay.lease``).
+        clock = self._clock = lease.clock
+        self.store = db = RetryingStore(store, retry, metrics, self._beat, clock)
+        self.publisher, self.metrics, self.drain_timeout = publisher, metrics, drain_timeout
+        self.lease = lease  # renewed by the turns; checked before each claim and each send
+        self.turns = Turns(db, lease, metrics, turn_interval, turned=self.wake, retire=self.stop)
         self.budget = ByteBudget(max_inflight_bytes)
-        window = publisher.window
-        self.pacing = ClaimPacing(
-            linger=linger,
-            poll_interval=poll_interval,
-            batch_size=batch_size,
-            window=window,
-            now=clock(),
+        self.pacing = ClaimPacing(linger, poll_interval, batch_size, publisher.window, clock())
+        gathered = SettleBatching(linger, settle_linger, min(batch_size, publisher.window), clock())
+        self.settler = Settler(
+            db, policy, metrics, tracing, gathered, pressed=self._pressed, settled=self._settled
         )
-        # Set while the probe of new rows looks (``ClaimPacing.listening``): its thread waits on it.
-        self.idle = threading.Event()
+        self.idle = threading.Event()  # set while the probe of new rows looks (``relay.pacing``)
         self.idle.set()
-        self.drain_timeout = drain_timeout
-        self.tracing = tracing or NoTracing()
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
         self._ready_epoch = lease.epoch  # the lease they were claimed under
-        self._claim_wanted = Wakeup()
-        self._unsettled = SettleBatching(
-            linger,
-            linger if settle_linger is None else settle_linger,
-            min(batch_size, window),
-            clock(),
-        )
-        self._recovered: list[str] = []  # exchanges found again, whose rows to make due
-        self._settle_wanted = Wakeup()
-        # Set by whatever the loop waits for: the broker's answers and connects (through
-        # the publisher), new rows (NOTIFY), settles done, stop.
-        self._woken = Wakeup()
-        self._finished = False
+        self._claim_wanted = Wakeup()  # rows may be due, or room was freed
+        self._woken = Wakeup()  # the broker's answers and connects, new rows, settles, stop
         self._stopping = asyncio.Event()
         self._last_beat = clock()
-        self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S, clock)
 
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
@@ -117,7 +79,7 @@ class Relay:
             self.publisher.run(self._answered, self._confirmed), name="publisher"
         )
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
-        settling = asyncio.create_task(self._settle_until_finished(), name="settle")
+        settling = asyncio.create_task(self.settler.run(self._collect), name="settle")
         turning = asyncio.create_task(self.turns.run(self._can_publish), name="turn")
         try:
             while not self._stopping.is_set():
@@ -176,7 +138,8 @@ class Relay:
         sets the settle's time), or the relay stops. Otherwise they wait in the publisher
         until the loop's next turn, or the settle's, within a linger: at a steady stream a
         turn per confirm frame was most of the loop's turns."""
-        if self._ready or not self._unsettled or self._stopping.is_set() or not self.pacing.linger:
+        unsettled = self.settler.waiting
+        if self._ready or not unsettled or self._stopping.is_set() or not self.pacing.linger:
             self._woken.set()
 
     def stop(self) -> None:
@@ -227,14 +190,14 @@ class Relay:
         self.pacing.began(began)
         room = self.budget.room
         epoch = self.lease.epoch
-        riding = self._settling(self._unsettled.ride(began, self.pacing.backlog))
+        riding = self.settler.riding(began, self.pacing.backlog)
         skip = self.pacing.skip(began, self.publisher.state().broken)
         try:
             rows = await self.store.claim(wanted, room, self.budget.empty, skip, riding.batch)
         except StoreError:
-            self._unsettled.put_back(riding.pending)  # stopping past the deadline
+            self.settler.put_back(riding)  # stopping past the deadline
             raise
-        self._settled(riding)
+        self.settler.settled(riding)
         got, claimed = len(rows), sum(r.size for r in rows)
         self._hold(claimed)
         if self.lease.epoch != epoch:  # claimed under a lease that lapsed since
@@ -258,7 +221,7 @@ class Relay:
         those go straight to the settle, never to the broker."""
         if not any(r.sent_before for r in rows):
             return rows
-        self._to_settle([Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before])
+        self.settler.add([Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before])
         return [r for r in rows if not r.sent_before]
 
     def _decide(self) -> Decision:
@@ -270,7 +233,7 @@ class Relay:
             state.capacity,
             state.in_flight,
             len(self._ready),
-            len(self._unsettled),
+            self.settler.waiting,
             self.budget.spent,
         )
         return self.pacing.decide(self._clock(), counts)
@@ -278,8 +241,8 @@ class Relay:
     def _hold(self, size: int) -> None:
         self.budget.hold(size)
         self.metrics.held_bytes.set(self.budget.held)
-        if size > 0 and self.budget.spent and self._unsettled:
-            self._settle_wanted.set()  # claims wait for the room a settle frees
+        if size > 0 and self.budget.spent and self.settler.waiting:
+            self.settler.ask()  # claims wait for the room a settle frees
 
     def _publish_ready(self) -> None:
         """Hand the publisher what its window takes now (nothing too: it may have rows it
@@ -310,84 +273,26 @@ class Relay:
         answers = self.publisher.take()
         self.metrics.published.inc(len(answers.published))
         self.metrics.republished.inc(sum(1 for r in answers.published if r.republish))
-        if answers.settled or answers.recovered:
-            self._to_settle(answers.settled)
-            if answers.recovered:
-                self._recovered.extend(answers.recovered)
-                self._settle_wanted.set()
+        self.settler.add(answers.settled)
+        if answers.recovered:
+            self.settler.recovered(answers.recovered)
         in_flight = self.publisher.state().in_flight
         self.metrics.in_flight.set(in_flight)
         return in_flight
 
-    def _to_settle(self, settlements: list[Settlement]) -> None:
-        if self._unsettled.add(self._clock(), settlements, self._settle_pressed()):
-            self._settle_wanted.set()
-
-    def _settle_pressed(self) -> bool:
+    def _pressed(self) -> bool:
         """The loop waits on the settle: claims pause while the byte budget is spent, and the
         relay stops."""
         return self.budget.spent or self._stopping.is_set()
 
-    async def _settle_until_finished(self) -> None:
-        """Settle what was collected, gathered for up to ``linger`` (``relay.batching``);
-        and log the parked rows that waited to be logged together (``relay.parked``), even
-        while nothing else is settled."""
-        while not (self._finished and not self._unsettled):
-            until = self._unsettled.until(self._clock())
-            await self._settle_wanted.wait(PARKED_LOG_INTERVAL_S / 4 if until is None else until)
-            self._collect()  # confirms the loop was not woken for (``_confirmed``)
-            if self._unsettled.due(self._clock(), self._settle_pressed()):
-                await self._settle_collected()
-            await self._hasten_recovered()
-            self._parked_log.flush()
-            if self._unsettled and self._clock() >= self.store.deadline:
-                return  # the database stayed down through the drain; reported by _drain
-
-    async def _settle_collected(self) -> None:
-        pending = self._unsettled.take()
-        if not pending:
-            return
-        settling = self._settling(pending)
-        try:
-            await self.store.settle(settling.batch)
-        except StoreError:
-            self._unsettled.put_back(pending)  # only when stopping past the drain deadline
-            return
-        self._settled(settling)
-
-    def _settling(self, pending: list[Settlement]) -> _Settling:
-        """What ``pending`` writes, and what its settle reports once recorded."""
-        batch = self.policy.batch(pending)
-        parked = [c for c in batch.changes if c.status == PARKED]
-        # Taken before the spans end: a parked row's log line names its last publish span.
-        rows = {s.row.id: s.row for s in pending} if parked else {}
-        traced = {c.id: self.tracing.log_fields(rows[c.id]) for c in parked}
-        self.tracing.finish(pending, batch)
-        return _Settling(pending, batch, parked, traced)
-
-    def _settled(self, settling: _Settling) -> None:
-        """``settling``'s outcomes are recorded."""
-        if not settling.pending:
-            return
-        self._hold(-sum(s.row.size for s in settling.pending))
-        # Claiming may have paused for this settle; rows it made due again are for a claim.
-        if settling.batch.changes:
+    def _settled(self, freed: int, due_again: bool) -> None:
+        """A settle (or a hasten) is recorded: it freed ``freed`` bytes of the budget, which
+        claiming may have paused for; rows it made due again are for a claim."""
+        self._hold(-freed)
+        if due_again:
             self.wake()
         else:
             self._answered()
-        self.metrics.settled(settling.pending, len(settling.parked))
-        self._parked_log.parked(settling.parked, settling.traced)
-
-    async def _hasten_recovered(self) -> None:
-        """Rows of exchanges found again are due now, not when their back-off ends."""
-        if not self._recovered or self._finished:
-            return
-        exchanges, self._recovered = self._recovered, []
-        try:
-            await self.store.hasten(exchanges)
-        except StoreError:
-            return  # stopping past the drain deadline: the rows wait out their back-off
-        self.wake()
 
     async def _drain(self, settling: asyncio.Task[None]) -> bool:
         in_flight = self._collect()
@@ -397,20 +302,18 @@ class Relay:
             await self._wait(min(0.1, self.pacing.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again
         self._collect()
-        self._finished = True
-        self._settle_wanted.set()
+        self.settler.finish()
         await settling
-        self._parked_log.flush(every=True)
-        if self._unsettled:
+        if unrecorded := self.settler.waiting:
             log.error(
                 "%d outcomes could not be recorded; those rows are due again when their "
                 "lease ends, and may be published twice",
-                len(self._unsettled),
+                unrecorded,
                 extra={"action": "drain_incomplete"},
             )
         else:
             log.info("drained", extra={"action": "drained", "in_flight_at_stop": in_flight})
-        return not self._unsettled
+        return not unrecorded
 
     async def _wait(self, timeout: float) -> None:
         """Until ``wake`` was called (since the last wait returned) or ``timeout`` seconds."""
