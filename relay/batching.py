@@ -1,6 +1,6 @@
 """Settle batching: the outcomes the broker's answers made, gathered until they are settled
-together. Pure: a clock reading and the loop's state in, a decision out; the relay loop
-(``relay.relay``) writes them.
+together. Pure: a clock reading and the loop's state in, a decision out; the settle task
+(``relay.settler``) writes them.
 
 Each settle costs the database and the relay about as much whether it carries five outcomes or
 five hundred (a round trip, a wake-up of a backend and of a worker thread, a plan), so at a
