@@ -124,7 +124,7 @@ class ClaimPacing:
         self.listening = not streaming
         if kept == wanted or cut:
             # More may be due: a full claim is followed by the next at once; one the budget
-            # cut, by the next once a settle frees room (the settle asks).
+            # cut, by the next once a settle frees room (the settle turns the loop).
             self._maybe_due = True
         else:
             self._not_before = began + self.linger
