@@ -132,6 +132,13 @@ INBOX_PREFETCH = 50
 INBOX_DEDUPE_WINDOW_S = 14 * 24 * 3600.0
 # Ids deleted per transaction by the inbox's purge: short transactions beside the handlers'.
 INBOX_PURGE_CHUNK = 1000
+# The inbox's connection lost under one message's run this many times in a row, the database
+# answering in between: the message breaks it (too large a write, a statement that kills its
+# backend) and is counted as failing, not taken for the database away for ever.
+INBOX_LOST_AT_ONE_MESSAGE = 3
+# How often an asyncio consumer looks again for the run lock of an SQLite database that
+# another consumer holds (``relay.db.runlock``): a run takes milliseconds.
+INBOX_RUN_LOCK_POLL_S = 0.005
 # The longest the inbox's purge holds its consumer's connection at a time (seconds): chunks
 # follow each other for this long, then the connection is serviced (heartbeats, deliveries)
 # until the next tick. Far below any heartbeat timeout.

@@ -244,6 +244,13 @@ class InboxMetrics:
             ["consumer"],
             registry=r,
         ).labels(consumer)
+        self.internal_errors = Counter(
+            "inbox_internal_errors_total",
+            "Deliveries the inbox itself failed on (a fault of its own, or of its drivers): "
+            "counted as failed attempts, or requeued uncounted where they could not be.",
+            ["consumer"],
+            registry=r,
+        ).labels(consumer)
         self.copies_refused = Counter(
             "inbox_copies_refused_total",
             "Copies of deliveries (a retry's, a dead letter's) the broker refused (nacked or "

@@ -177,15 +177,22 @@ class Delivery:
 
     @property
     def key(self) -> str | None:
-        """The id the inbox remembers the message by: its message id, else its CloudEvents
-        ``ce-id`` header (a CloudEvents producer that sets no message id)."""
-        raw = self.message_id or self.headers.get("ce-id")
-        if isinstance(raw, bytes):
-            try:
-                raw = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-        return raw if isinstance(raw, str) and raw else None
+        """The id the inbox remembers the message by (``key_of``)."""
+        return key_of(self.message_id, self.headers)
+
+
+def key_of(message_id: object, headers: Mapping[str, object]) -> str | None:
+    """The id the inbox remembers a message by, as text: its message id, else its CloudEvents
+    ``ce-id`` header (a CloudEvents producer that sets no message id); None when it has
+    neither, or it is not UTF-8 text (bytes, or a byte array as pika sends bytes in a
+    header). The same for a delivery and for a dead letter (``relay inbox requeue``)."""
+    raw = message_id or headers.get("ce-id")
+    if isinstance(raw, bytes | bytearray):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return raw if isinstance(raw, str) and raw else None
 
 
 class Verdict(enum.Enum):

@@ -70,6 +70,13 @@ def list_command(settings: Settings, args: argparse.Namespace) -> int:
     for letter in letters:
         by_reason[letter.error].append(letter)
     print(f"{len(letters)} dead letters in {dead_letter_queue(args.queue)}")
+    counted = max((letter.deliveries for letter in letters), default=0)
+    if counted:
+        print(
+            f"warning: this queue counts deliveries (a quorum queue; up to {counted} so far): "
+            "each read spends one, and at its delivery limit the broker drops the letter. "
+            "Make it a classic queue, or its delivery limit -1 (none)"
+        )
     for reason, group in sorted(by_reason.items(), key=lambda item: -len(item[1])):
         ids = ", ".join(str(letter.key or letter.message_id) for letter in group[:_SHOWN])
         more = f", and {len(group) - _SHOWN} more" if len(group) > _SHOWN else ""

@@ -23,13 +23,21 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp import decode, encode
 from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters, tls_context
-from relay.broker.consumer import CopyRefused, Refusals, log_retry, retried, retry_queue
+from relay.broker.consumer import (
+    CopyRefused,
+    Refusals,
+    fits_a_frame,
+    log_retry,
+    log_unfitting,
+    retried,
+    retry_queue,
+)
 from relay.broker.rotation import Rotation
-from relay.inbox.policy import key_text
-from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
+from relay.records import RETRY_HEADER, Answer, Delivery, Verdict, key_of
 from relay.settings import TlsOptions
 
 log = logging.getLogger(__name__)
@@ -194,7 +202,9 @@ class AsyncConsumer:
                 verdict = await self._handle(delivery_of(message))
                 try:
                     await answer(message, verdict, self._queue, self._dead_letters, self._refusals)
-                except CopyRefused as exc:
+                except LOST:
+                    raise  # the connection's: its unacked deliveries go back with it
+                except Exception as exc:  # a copy refused, or an answer that failed otherwise
                     await message.reject(requeue=True)
                     return self._refusals.refused(self._queue, exc)
                 if verdict.pause:
@@ -293,11 +303,17 @@ async def _publish_copy(
     properties.delivery_mode = 2
     properties.user_id = None
     properties.expiration = None
-    if not properties.message_id:
+    ce_id = key_of(None, message.headers or {})
+    if not properties.message_id and ce_id and len(ce_id.encode()) <= SHORT_STRING_MAX_BYTES:
         # aiormq gives a message published without an id a random one: a copy of a message
         # keyed by its ce-id would come back under another key (processed again, its
-        # attempts counted afresh). Its ce-id as its id keeps the key it had.
-        properties.message_id = key_text(None, message.headers or {})
+        # attempts counted afresh). Its ce-id as its id keeps the key it had (one too long
+        # for an id is no key: such a message is only ever dead-lettered).
+        properties.message_id = ce_id
+    frame_max = message.channel.connection.connection_tune.frame_max
+    if not fits_a_frame(len(ContentHeader(0, len(message.body), properties).marshal()), frame_max):
+        log_unfitting(message.message_id, more)
+        properties.headers = message.headers
     try:
         confirmed = await message.channel.basic_publish(
             message.body, exchange="", routing_key=queue, properties=properties, mandatory=True

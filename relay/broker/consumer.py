@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 # What a broken connection or channel raises in pika's blocking adapter, and the socket's own.
 _LOST = (pika.exceptions.AMQPError, OSError)
+# A content header frame's fixed bytes (class, weight, body size) and a frame's envelope
+# (type, channel, size, end), around the properties.
+CONTENT_HEADER_FIXED = 12
+FRAME_ENVELOPE = 8
 # AMQP's reply code for a queue that is not there.
 _NOT_FOUND = 404
 # What a confirmed, mandatory publish raises when the broker refuses the message.
@@ -54,17 +58,20 @@ class Refusals:
         self.count = 0
 
     def refused(self, queue: str, exc: BaseException) -> float:
-        """One more refusal: logged, counted; the seconds to pause."""
+        """One more refusal, or answer that failed otherwise (an error of the consumer's own,
+        the delivery unanswered): logged, counted; the seconds to pause."""
         self.count += 1
         self._counted()
         delay = self._backoff.delay(self.count)
-        log.warning(
-            "the broker refused a copy of a delivery of %s (%s): the delivery goes back, "
-            "uncounted; consuming again in %.1fs",
+        refused = isinstance(exc, (CopyRefused, *_REFUSED))
+        log.log(
+            logging.WARNING if refused else logging.ERROR,
+            "%s a delivery of %s (%s): the delivery goes back, uncounted; consuming again in %.1fs",
+            "the broker refused a copy of" if refused else "the consumer failed to answer for",
             queue,
             type(exc).__name__,
             delay,
-            extra={"action": "inbox_copy_refused", "queue": queue},
+            extra={"action": "inbox_copy_refused" if refused else "inbox_answer_failed"},
         )
         return delay
 
@@ -190,7 +197,9 @@ class Consumer:
                         answer=answer,
                         retry_queues=retry_queues,
                     )
-                except _REFUSED as exc:
+                except Exception as exc:  # a copy refused, or an answer that failed otherwise
+                    if isinstance(exc, _LOST) and not isinstance(exc, _REFUSED):
+                        raise  # the connection's: its unacked deliveries go back with it
                     # Declared afresh next time: a queue deleted under the consumer returns.
                     retry_queues.clear()
                     self._dead_declared = False
@@ -224,7 +233,7 @@ class Consumer:
             self._retry_copy(channel, answer.delay, properties, body, retry_queues)
             channel.basic_ack(tag)
         elif answer.verdict is Verdict.DEAD_LETTER and answer.reason is not None:
-            dead = _with_headers(properties, answer.reason)
+            dead = _with_headers(properties, answer.reason, self._frame_max(channel))
             try:
                 channel.basic_publish("", self._dead_queue(channel), body, dead, mandatory=True)
             except _REFUSED as exc:
@@ -247,8 +256,13 @@ class Consumer:
     ) -> None:
         """A copy of the delivery in the retry queue of ``delay``, confirmed."""
         queue = retry_queues.get(delay) or self._retry_queue(channel, delay, retry_queues)
-        again = _with_headers(properties, retried(properties.headers))
+        again = _with_headers(properties, retried(properties.headers), self._frame_max(channel))
         channel.basic_publish("", queue, body, again, mandatory=True)
+
+    @staticmethod
+    def _frame_max(channel: BlockingChannel) -> int:
+        """The frame size the broker and this connection agreed on."""
+        return int(channel.connection._impl.params.frame_max)
 
     def _retry_queue(
         self, channel: BlockingChannel, delay: float, retry_queues: dict[float, str]
@@ -332,23 +346,55 @@ def retry_queue(queue: str, delay: float) -> tuple[str, dict[str, Any]]:
 
 def retried(headers: Mapping[str, object] | None) -> dict[str, object]:
     """The header that marks a delivery's copy in a retry queue (``RETRY_HEADER``, counting
-    its retries), which the inbox treats as a delivery that came again."""
-    retries = (headers or {}).get(RETRY_HEADER, 0)
-    return {RETRY_HEADER: int(retries or 0) + 1}  # type: ignore[call-overload]
+    its retries), which the inbox treats as a delivery that came again (a producer's own
+    header of that name that is not a count counts as none)."""
+    retries = (headers or {}).get(RETRY_HEADER)
+    counted = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+    return {RETRY_HEADER: max(counted, 0) + 1}
+
+
+def fits_a_frame(header_size: int, frame_max: int) -> bool:
+    """Whether a message's content header of ``header_size`` bytes (its fixed part and its
+    properties) fits a frame: the broker closes the connection on one that does not (a
+    message whose own headers come near the negotiated ``frame_max``, plus the inbox's)."""
+    return header_size + FRAME_ENVELOPE <= frame_max
 
 
 def _with_headers(
-    properties: pika.BasicProperties, more: Mapping[str, object]
+    properties: pika.BasicProperties, more: Mapping[str, object], frame_max: int
 ) -> pika.BasicProperties:
     """A delivery's properties for a copy the consumer publishes: as they were, persistent,
-    with ``more`` headers; without a ``user_id`` (the broker refuses one that is not the
-    consumer's own user, closing the channel) or an ``expiration`` (a copy waits out its
-    retry queue's delay, and a dead letter stays until an operator moves it)."""
-    headers = {**(properties.headers or {}), **more}
+    with ``more`` headers (unless they would not fit a frame: then without, logged);
+    without a ``user_id`` (the broker refuses one that is not the consumer's own user,
+    closing the channel) or an ``expiration`` (a copy waits out its retry queue's delay,
+    and a dead letter stays until an operator moves it)."""
+    copied = _copied(properties, {**(properties.headers or {}), **more})
+    header_size = CONTENT_HEADER_FIXED + sum(map(len, copied.encode()))
+    if more and not fits_a_frame(header_size, frame_max):
+        log_unfitting(properties.message_id, more)
+        copied = _copied(properties, properties.headers)
+    return copied
+
+
+def log_unfitting(message_id: object, more: Mapping[str, object]) -> None:
+    """A copy published without the inbox's headers: with them, its properties would not
+    fit a frame."""
+    log.error(
+        "message %s's copy goes without the inbox's headers (%s): with them its properties "
+        "would not fit a frame",
+        message_id,
+        ", ".join(more),
+        extra={"action": "inbox_copy_headers_dropped", "message_id": message_id},
+    )
+
+
+def _copied(
+    properties: pika.BasicProperties, headers: Mapping[str, object] | None
+) -> pika.BasicProperties:
     return pika.BasicProperties(
         content_type=properties.content_type,
         content_encoding=properties.content_encoding,
-        headers=headers,
+        headers=dict(headers) if headers is not None else None,
         delivery_mode=2,
         priority=properties.priority,
         correlation_id=properties.correlation_id,

@@ -28,10 +28,12 @@ from relay.inbox.policy import (
     DEAD_HEADERS,
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
-    key_text,
 )
-from relay.records import RETRY_HEADER
+from relay.records import RETRY_HEADER, key_of
 from relay.settings import TlsOptions
+
+# The header a quorum queue counts a message's deliveries in.
+DELIVERY_COUNT = "x-delivery-count"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class DeadLetter:
     consumer: str
     queue: str
     last_failure: str
+    # Times the broker delivered it (a quorum queue's count, each read here among them: at
+    # its delivery limit the broker drops it), or 0 where the queue counts none.
+    deliveries: int = 0
 
 
 def dead_letters(
@@ -114,10 +119,11 @@ def _described(properties: pika.BasicProperties) -> DeadLetter:
         return "" if value is None else str(value)
 
     message_id = properties.message_id
-    key = key_text(message_id, headers)
+    key = key_of(message_id, headers)
     if isinstance(message_id, bytes):
         message_id = message_id.decode("utf-8", "replace")
     attempts = headers.get(DEAD_ATTEMPTS)
+    deliveries = headers.get(DELIVERY_COUNT)
     return DeadLetter(
         message_id=message_id,
         key=key,
@@ -126,4 +132,5 @@ def _described(properties: pika.BasicProperties) -> DeadLetter:
         consumer=text(DEAD_CONSUMER),
         queue=text(DEAD_QUEUE),
         last_failure=text(DEAD_LAST_FAILURE),
+        deliveries=deliveries if isinstance(deliveries, int) else 0,
     )

@@ -11,6 +11,7 @@ column; ``relay.inbox`` refuses such ids before they get here.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -23,14 +24,17 @@ from relay.constants import LAST_ERROR_MAX_CHARS
 from relay.db.clock import database_time
 from relay.db.dialects import Dialect, of
 from relay.db.engine import create_engine, db_errors, transaction
+from relay.db.runlock import RunLock
 from relay.db.schema import inbox_attempts, inbox_received
-from relay.db.sqltext import ends_transaction
+from relay.db.sqltext import refusal
 from relay.db.statements import run_delete
 from relay.errors import RelayError, StoreError
 from relay.redact import redact_url
 
 T = TypeVar("T")
 
+# The inbox's own tables, which a handler may not name (the transaction's key is in one).
+INBOX_TABLES = frozenset({inbox_received.name.upper(), inbox_attempts.name.upper()})
 # Statements that end or split a transaction on every database, by their first words
 # (``relay.db.sqltext``); a dialect adds its implicit commits, and any ``SET`` of autocommit
 # is refused too.
@@ -79,18 +83,21 @@ class TransactionFailed(StoreError):
 
 def guarded(statement: Any, dialect: Dialect) -> Any:
     """A handler's statement (SQL text made a ``TextClause``), refused when its text holds a
-    statement that would end or split the inbox's transaction on ``dialect``'s database."""
+    statement that would end or split the inbox's transaction on ``dialect``'s database,
+    change its connection's session (which outlives the message: the next messages' runs
+    would inherit it), or name the inbox's own tables (``relay.db.sqltext.refusal``)."""
     if isinstance(statement, str):
         statement = sa.text(statement)
     if isinstance(statement, sa.TextClause):
-        ender = ends_transaction(
-            statement.text, dialect.sql_lexicon, TRANSACTION_STATEMENTS | dialect.implicit_commits
+        why = refusal(
+            statement.text,
+            dialect.sql_lexicon,
+            TRANSACTION_STATEMENTS | dialect.implicit_commits,
+            dialect.changes_session,
+            INBOX_TABLES,
         )
-        if ender is not None:
-            raise TransactionEnded(
-                f"a handler may not end or split the inbox's transaction ({ender}): raise to "
-                "roll back"
-            )
+        if why is not None:
+            raise TransactionEnded(f"a handler may not run this statement: {why}")
     return statement
 
 
@@ -365,6 +372,7 @@ class InboxStore:
         self.consumer = consumer
         self.where = redact_url(url)
         self.statements = InboxStatements(self.engine.dialect, consumer)
+        self._run_lock = run_lock(self.engine.url)
 
     def call(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         """One of ``self.statements`` in a transaction of its own; StoreError when it fails."""
@@ -377,10 +385,11 @@ class InboxStore:
         steps leave open (the database away, the consumer stopping inside the handler) is
         rolled back at the end."""
         run = MessageRun(self, handler)
-        try:
-            yield run
-        finally:
-            run.rollback(discard=False)
+        with self._run_lock or contextlib.nullcontext():
+            try:
+                yield run
+            finally:
+                run.rollback(discard=False)
 
     def forget_attempts(self, message_ids: Sequence[str]) -> None:
         if message_ids:
@@ -405,6 +414,15 @@ class InboxStore:
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._run_lock is not None:
+            self._run_lock.close()
+
+
+def run_lock(url: sa.URL) -> RunLock | None:
+    """The lock the consumers of the database at ``url`` take their runs under, where its
+    dialect calls for one (``Dialect.run_lock_path``)."""
+    path = of(url.get_dialect().name).run_lock_path(url)
+    return None if path is None else RunLock(path)
 
 
 class MessageRun:
@@ -454,14 +472,21 @@ class MessageRun:
             self._release(discard)
 
     def _release(self, discard: bool) -> None:
+        """The message's connection back to the pool, rolled back; discarded instead when its
+        session may have been changed (``discard``, or the driver says autocommit is on).
+        Never raises: a connection that fails to close is dropped, and the database rolls
+        back what it held."""
         conn, self._conn = self._conn, None
         assert conn is not None
         try:
-            if discard:
+            if not conn.invalidated and (
+                discard or of(conn).session_changed(conn.connection.driver_connection)
+            ):
                 conn.invalidate()  # rolled back by the server as the connection closes
             conn.close()
         except sa.exc.SQLAlchemyError:
-            conn.invalidate()  # the database is away: it rolls back on its own
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                conn.invalidate()
 
 
 def _of() -> tuple[sa.ColumnElement[bool], ...]:

@@ -5,6 +5,7 @@ psycopg's asyncio connection, aiomysql and aiosqlite."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import InboxStatements, classified, guarded, lost
+from relay.db.inbox import InboxStatements, classified, guarded, lost, run_lock
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -66,6 +67,7 @@ class AsyncInboxStore:
         self.consumer = consumer
         self.where = redact_url(url)
         self.statements = InboxStatements(self.engine.dialect, consumer)
+        self._run_lock = run_lock(self.engine.url)
 
     async def call(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         """One of ``self.statements`` in a transaction of its own; StoreError when it fails."""
@@ -80,13 +82,21 @@ class AsyncInboxStore:
         """A delivery's steps (``relay.inbox.flow.Doer``, awaited), ``handler`` run in the
         message's transaction; whatever they leave open is rolled back at the end."""
         run = AsyncMessageRun(self, handler)
+        if self._run_lock is not None:
+            await self._run_lock.acquire()
         try:
             yield run
         finally:
-            await run.rollback(discard=False)
+            try:
+                await run.rollback(discard=False)
+            finally:
+                if self._run_lock is not None:
+                    self._run_lock.release()
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self._run_lock is not None:
+            self._run_lock.close()
 
 
 class AsyncMessageRun:
@@ -159,11 +169,18 @@ class AsyncMessageRun:
         return conn
 
     async def _release(self, discard: bool) -> None:
+        """``relay.db.inbox.MessageRun._release``: never raises."""
         conn, self._conn = self._conn, None
         assert conn is not None
+        sync = conn.sync_connection
         try:
-            if discard:
+            if (
+                sync is not None
+                and not sync.invalidated
+                and (discard or of(sync).session_changed(sync.connection.driver_connection))
+            ):
                 await conn.invalidate()  # rolled back by the server as the connection closes
             await conn.close()
         except sa.exc.SQLAlchemyError:
-            await conn.invalidate()  # the database is away: it rolls back on its own
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                await conn.invalidate()

@@ -1,15 +1,20 @@
-"""Pure: the statements an SQL text holds, each by its first words, read past comments,
-quoted strings and identifiers, the way the servers read them. For the inbox's guard
+"""Pure: the statements an SQL text holds, each by its words, read past comments, quoted
+strings and identifiers, the way the servers read them. For the inbox's guard
 (``relay.db.inbox.guarded``): a handler's statement that would end or split the inbox's
-transaction is refused however it is dressed (a comment before the keyword, a second
-statement after a semicolon, MySQL's executable comments).
+transaction, change its connection's session, or touch the inbox's own tables is refused
+however it is dressed (a comment before the keyword, a second statement after a semicolon,
+MySQL's and MariaDB's executable comments). A session's quoting can change (PostgreSQL's
+``standard_conforming_strings``, MySQL's ``NO_BACKSLASH_ESCAPES``), so the text is read
+both ways, and what either reading finds is refused.
 
 A first line of defence only, and a clear error: what slips past (a procedure that commits,
 the driver's own connection) is found at the end of the run (``relay.inbox.flow``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # A word that may begin a statement: letters, digits, underscores (``SET @@autocommit`` keeps
@@ -57,20 +62,26 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
             end = text.find("\n", i)
             i = n if end < 0 else end + 1
         elif text.startswith("/*", i):
-            if lexicon.executable_comments and text.startswith("/*!", i):
-                # MySQL runs what is inside, after an optional version number: as code, its
-                # closing ``*/`` dropped where it is met.
-                i += 3
+            if lexicon.executable_comments and text.startswith(("/*!", "/*M!"), i):
+                # MySQL (``/*!``) and MariaDB (``/*M!``) run what is inside, after an
+                # optional version number: as code, its closing ``*/`` dropped where met.
+                i += 4 if text.startswith("/*M!", i) else 3
                 while i < n and text[i].isdigit():
                     i += 1
                 text = text[:i] + text[i:].replace("*/", " ", 1)
                 n = len(text)
             else:
                 i = _block_comment_end(text, i, lexicon.nested_comments)
-        elif c in "'\"`":
-            escaped = lexicon.backslash_escapes or (c == "'" and _escape_prefix(text, i))
+        elif c == "'":
+            escaped = lexicon.backslash_escapes or _escape_prefix(text, i)
             i = _quote_end(text, i, c, escaped)
-            words.append(c)  # a quoted word counts as a word, never a keyword
+            words.append(c)  # a string counts as a word, never a keyword
+        elif c in '"`':
+            # A quoted identifier (or MySQL's double-quoted string): its name, as a word,
+            # for the tables a handler may not name; a backtick escapes nothing.
+            end = _quote_end(text, i, c, lexicon.backslash_escapes and c == '"')
+            words.append(text[i + 1 : end - 1].replace(c * 2, c).upper())
+            i = end
         elif c == "$" and lexicon.dollar_quotes and (tag := _DOLLAR.match(text, i)):
             end = text.find(tag.group(0), tag.end())
             i = n if end < 0 else end + len(tag.group(0))
@@ -135,14 +146,41 @@ def _quote_end(text: str, start: int, quote: str, escaped: bool) -> int:
     return len(text)
 
 
-def ends_transaction(text: str, lexicon: Lexicon, enders: frozenset[tuple[str, ...]]) -> str | None:
-    """The first statement of ``text`` that ``enders`` names (each a statement's first words,
-    one to three), or that sets autocommit (``SET x = 1, autocommit = 1`` too), as the words
-    that name it; None when none does."""
-    for words in statements(text, lexicon):
-        for size in range(min(len(words), _OPENING_WORDS), 0, -1):  # the longest name first
-            if words[:size] in enders:
-                return " ".join(words[:size])
-        if words[0] == "SET" and any(word.endswith("AUTOCOMMIT") for word in words):
-            return "SET AUTOCOMMIT"
+def refusal(
+    text: str,
+    lexicon: Lexicon,
+    enders: frozenset[tuple[str, ...]],
+    changes_session: Callable[[tuple[str, ...]], bool],
+    tables: frozenset[str],
+) -> str | None:
+    """Why a handler may not run ``text``, or None: its first statement that ``enders`` names
+    (each a statement's first words, one to three) or that sets autocommit (``SET x = 1,
+    autocommit = 1`` too), one that ``changes_session`` says changes the connection's
+    session, or one that names one of ``tables`` (upper case), as the words that name it;
+    read with and without backslash escapes."""
+    for escapes in (lexicon.backslash_escapes, not lexicon.backslash_escapes):
+        reading = dataclasses.replace(lexicon, backslash_escapes=escapes)
+        for words in statements(text, reading):
+            found = _refused(words, enders, changes_session, tables)
+            if found is not None:
+                return found
+    return None
+
+
+def _refused(
+    words: tuple[str, ...],
+    enders: frozenset[tuple[str, ...]],
+    changes_session: Callable[[tuple[str, ...]], bool],
+    tables: frozenset[str],
+) -> str | None:
+    for size in range(min(len(words), _OPENING_WORDS), 0, -1):  # the longest name first
+        if words[:size] in enders:
+            return f"it ends the transaction ({' '.join(words[:size])})"
+    if words[0] == "SET" and any(word.endswith("AUTOCOMMIT") for word in words):
+        return "it ends the transaction (SET AUTOCOMMIT)"
+    if changes_session(words):
+        return f"it changes the connection's session ({' '.join(words[:2])})"
+    named = next((w for w in words if w.rpartition(".")[2] in tables), None)
+    if named is not None:
+        return f"it names the inbox's own table {named.lower()}"
     return None

@@ -87,8 +87,11 @@ class Inbox:
     def process(self, handler: Handler, delivery: Delivery) -> Answer:
         """One delivery through the inbox (``relay.inbox.flow``): the verdict the broker is
         answered with."""
-        with self.store.message(lambda tx: handler(delivery, tx)) as run:
-            return drive(self.flow.process(delivery), run)
+        try:
+            with self.store.message(lambda tx: handler(delivery, tx)) as run:
+                return drive(self.flow.process(delivery), run)
+        except Exception as exc:  # the inbox's own fault: counted, never the consumer's end
+            return drive(self.flow.broke(delivery, exc), self.store)
 
     def _database_answers(self) -> bool:
         return drive(self.flow.database_answers(), self.store)

@@ -94,8 +94,11 @@ class AsyncInbox:
     async def process(self, handler: AsyncHandler, delivery: Delivery) -> Answer:
         """One delivery through the inbox (``relay.inbox.flow``): the verdict the broker is
         answered with."""
-        async with self.store.message(lambda tx: handler(delivery, tx)) as run:
-            return await drive_async(self.flow.process(delivery), run)
+        try:
+            async with self.store.message(lambda tx: handler(delivery, tx)) as run:
+                return await drive_async(self.flow.process(delivery), run)
+        except Exception as exc:  # the inbox's own fault: counted, never the consumer's end
+            return await drive_async(self.flow.broke(delivery, exc), self.store)
 
     async def database_answers(self) -> bool:
         return await drive_async(self.flow.database_answers(), self.store)

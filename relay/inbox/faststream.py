@@ -47,7 +47,7 @@ from faststream import BaseMiddleware
 from faststream.message import StreamMessage
 
 from relay.broker.aio_consumer import LOST, answer, delivery_of, tolerate_bytes_in_short_strings
-from relay.broker.consumer import CopyRefused, Refusals
+from relay.broker.consumer import Refusals
 from relay.db.inbox_async import AsyncTransaction
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.policy import dead_letter_queue
@@ -127,10 +127,6 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
                 )
             try:
                 await answer(raw, self.verdict, queue, dead, gate.refusals)
-            except CopyRefused as exc:
-                await raw.reject(requeue=True)
-                gate.close_for(gate.refusals.refused(queue, exc))
-                return True
             except LOST as exc:  # the channel is gone, and the delivery goes back with it
                 log.warning(
                     "message %s not answered: %s",
@@ -138,6 +134,11 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
                     type(exc).__name__,
                     extra={"action": "inbox_answer_lost", "message_id": raw.message_id},
                 )
+                return True
+            except Exception as exc:  # a copy refused, or an answer that failed otherwise
+                with contextlib.suppress(*LOST):
+                    await raw.reject(requeue=True)
+                gate.close_for(gate.refusals.refused(queue, exc))
                 return True
             return True  # answered here: nothing for FastStream to ack, reject or log
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from relay.constants import INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
+from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
 from relay.db.inbox import CRASHED, InboxStatements, TransactionEnded, TransactionFailed
 from relay.errors import StoreError
 from relay.inbox.policy import (
@@ -109,6 +109,15 @@ R = TypeVar("R")
 Steps = Generator[Step, Any, R]
 
 
+@dataclass(slots=True)
+class _Run:
+    """A delivery's run: its key, whether it came again, whether its run is marked."""
+
+    key: str
+    redelivered: bool
+    marked: bool = False
+
+
 class Flow:
     """The inbox's decisions for one consumer: its settings, its statements, its metrics,
     and the runs whose marks it could not end while the database was away."""
@@ -123,6 +132,8 @@ class Flow:
         # Keys whose run this consumer marked and could not end (the database went away in
         # it): no crash, ended once the database answers, before the key is run again.
         self._unended: set[str] = set()
+        # The key whose run the connection was last lost under, and how many times in a row.
+        self._lost_at: tuple[str, int] | None = None
 
     def describe(self, error: BaseException) -> str:
         return describe(
@@ -157,45 +168,67 @@ class Flow:
             return Answer(Verdict.DEAD_LETTER, held, reason=self._why(problem, 0))
         key = delivery.key
         assert key is not None  # key_problem says so
-        marked = False
+        run = _Run(key, delivery.redelivered)
         try:
             if key in self._unended:
                 yield call("ending a run", self.statements.end_run, key)
                 self._unended.discard(key)
-            # A delivery that comes again may follow a run that died inside its handler: its
-            # run is marked, outside the transaction (SQLite has one writer, and the
-            # transaction holds it), and the mark of a run that died is counted; unless the
-            # message was processed (its ack lost), which is acked and nothing counted.
-            if delivery.redelivered:
-                counted = yield call("marking a run", self.statements.start_run, key)
-                if counted is None:
-                    self.metrics.duplicates.inc()
-                    return Answer(Verdict.ACK)
-                marked = True
-                if too_many_before(counted, self.inbox.inbox_max_attempts):
-                    # Not run: its mark ended, or the next delivery (a dead letter the broker
-                    # refused comes back) would count a run that never was. Its reason is
-                    # its last failure's: a crash, or what it was before the delivery came
-                    # again (its dead letter's ack lost, its dead letter held back).
-                    yield call("ending a run", self.statements.end_run, key)
-                    return (yield from self._dead_letter(key, None))
-            return (yield from self._run(key, marked))
+            return (yield from self._run(run))
         except StoreError as exc:
-            if marked:
+            if run.marked:
                 self._unended.add(key)
             return self._store_failed(key, exc)
 
-    def _run(self, key: str, marked: bool) -> Steps[Answer]:
-        """The handler's run in the transaction that holds the message's key."""
+    def _mark(self, run: _Run) -> Steps[Answer | None]:
+        """A delivery that comes again may follow a run that died inside its handler: its
+        run is marked, in a transaction of its own, and the mark of a run that died is counted
+        (``InboxStatements.start_run``); the answer when that is the end of it (processed
+        before: acked; its attempts used up: dead-lettered), else None."""
+        counted = yield call("marking a run", self.statements.start_run, run.key)
+        if counted is None:  # processed (its ack lost): acked, nothing counted
+            self.metrics.duplicates.inc()
+            return Answer(Verdict.ACK)
+        run.marked = True
+        if not too_many_before(counted, self.inbox.inbox_max_attempts):
+            return None
+        # Not run: its mark ended, or the next delivery (a dead letter the broker refused
+        # comes back) would count a run that never was. Its reason is its last failure's: a
+        # crash, or what it was before the delivery came again (its dead letter's ack lost,
+        # its dead letter held back).
+        yield call("ending a run", self.statements.end_run, run.key)
+        return (yield from self._dead_letter(run.key, None))
+
+    def _run(self, run: _Run) -> Steps[Answer]:
+        """The handler's run in the transaction that holds the message's key. A redelivered
+        run is marked once the key is held (no other consumer's live run can hold it then:
+        a mark found set is a run that died), where a second connection can write beside
+        the open transaction; with one writer (SQLite) before the key, a lock around the
+        delivery (``relay.db.inbox``'s run lock) keeping another consumer's run out."""
+        key = run.key
+        one_writer = self.statements.database.one_writer
+        if run.redelivered and one_writer and (answer := (yield from self._mark(run))):
+            return answer
         if not (yield open_with(key)):  # processed before
-            if marked:
+            if run.marked:
                 yield in_transaction("ending a run", self.statements.end_run, key)
                 yield COMMIT
             else:
                 yield roll_back()
             self.metrics.duplicates.inc()
             return Answer(Verdict.ACK)
-        started = time.perf_counter()
+        if run.redelivered and not one_writer and (answer := (yield from self._mark(run))):
+            yield roll_back()
+            return answer
+        try:
+            return (yield from self._handled(run))
+        except StoreError as exc:
+            if isinstance(exc, TransactionFailed):
+                raise
+            return (yield from self._lost(run, exc))
+
+    def _handled(self, run: _Run) -> Steps[Answer]:
+        """The handler, then the commit or the rollback, and the answer."""
+        key, started = run.key, time.perf_counter()
         error: Exception | None = yield HANDLE
         # Whether the key committed with part of the work: a handler that ended the
         # transaction by some door and then failed. The key is then deleted with the count,
@@ -206,7 +239,7 @@ class Flow:
         if error is None:
             try:
                 if (yield in_transaction("checking the key", self.statements.holds_key, key)):
-                    if marked:
+                    if run.marked:
                         yield in_transaction("ending a run", self.statements.end_run, key)
                     try:
                         yield COMMIT
@@ -214,6 +247,7 @@ class Flow:
                         return (yield from self._failed(key, failed, forget_key=False))
                     self.metrics.handler_seconds.observe(time.perf_counter() - started)
                     self.metrics.processed.inc()
+                    self._lost_at = None
                     return Answer(Verdict.ACK)
                 # Rolled back past ``Transaction`` (through the driver, a procedure): the
                 # transaction here is another, without the key, and is rolled back too.
@@ -230,6 +264,49 @@ class Flow:
         # too: it is not used again.
         yield roll_back(discard=committed or isinstance(error, TransactionEnded))
         return (yield from self._failed(key, error, forget_key=committed))
+
+    def _lost(self, run: _Run, exc: StoreError) -> Steps[Answer]:
+        """The message's connection was lost under its run: the database away, uncounted
+        (raised on), unless it was lost at this very message ``INBOX_LOST_AT_ONE_MESSAGE``
+        times in a row, the database answering each time in between (the consumer takes
+        deliveries again only then): then the message is what breaks it (a write larger
+        than the server takes, a statement that kills its backend), and it is counted as a
+        failure, or it would hold its queue for ever."""
+        key = run.key
+        seen = self._lost_at[1] + 1 if self._lost_at and self._lost_at[0] == key else 1
+        self._lost_at = (key, seen)
+        if seen < INBOX_LOST_AT_ONE_MESSAGE:
+            raise exc
+        self._lost_at = None
+        yield roll_back()
+        log.warning(
+            "message %s: the database's connection was lost under it %d times in a row, the "
+            "database answering in between: counted as its failure",
+            key,
+            seen,
+            extra={"action": "inbox_lost_at_message", "message_id": key},
+        )
+        return (yield from self._failed(key, exc, forget_key=False))
+
+    def broke(self, delivery: Delivery, error: Exception) -> Steps[Answer]:
+        """The inbox itself failed on ``delivery`` (a fault of this package's, or of what it
+        runs on, that this message set off): logged, and counted as a failed attempt, so that
+        a message that sets it off every time is dead-lettered, never dropped nor tried for
+        ever; requeued uncounted, the consumer paused, where it cannot be counted."""
+        key = None if key_problem(delivery) else delivery.key
+        log.error(
+            "message %s: the inbox failed on it: %s",
+            key,
+            self.describe(error),
+            extra={"action": "inbox_internal_error", "message_id": key},
+        )
+        self.metrics.internal_errors.inc()
+        if key is None:
+            return Answer(Verdict.RETRY, pause=True)
+        try:
+            return (yield from self._failed(key, error, forget_key=False))
+        except StoreError as exc:
+            return self._store_failed(key, exc)
 
     def _failed(self, key: str, error: Exception, *, forget_key: bool) -> Steps[Answer]:
         why = self.describe(error)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -28,13 +28,12 @@ def key_problem(delivery: Delivery) -> str | None:
     name, raw = _raw_key(delivery)
     if raw is None:
         return "the message has neither a message_id nor a ce-id header: it cannot be deduplicated"
-    if isinstance(raw, bytes):
+    if isinstance(raw, bytes | bytearray):
         try:
-            raw.decode("utf-8")
+            raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
             byte = raw[exc.start]
             return f"its {name} is not UTF-8 text (byte 0x{byte:02x} at {exc.start})"
-        raw = raw.decode("utf-8")
     if not isinstance(raw, str):
         return f"its {name} is not text but {type(raw).__name__}"
     if "\x00" in raw:
@@ -46,31 +45,15 @@ def key_problem(delivery: Delivery) -> str | None:
 
 
 def _raw_key(delivery: Delivery) -> tuple[str, object]:
-    return raw_key(delivery.message_id, delivery.headers)
-
-
-def raw_key(message_id: object, headers: Mapping[str, object]) -> tuple[str, object]:
-    """The value the inbox keys a message on, as the broker gave it, and its name: the
-    message id, else the ``ce-id`` header (a CloudEvents producer that sets no message id).
-    The same for a delivery and for a dead letter (``relay inbox requeue``)."""
-    if message_id:
-        return "message_id", message_id
-    ce_id = headers.get("ce-id")
+    """The value the inbox keys ``delivery`` on, as the broker gave it, and its name: the
+    message id, else the ``ce-id`` header (a CloudEvents producer that sets no message id;
+    ``relay.records.key_of`` gives it as text)."""
+    if delivery.message_id:
+        return "message_id", delivery.message_id
+    ce_id = delivery.headers.get("ce-id")
     if ce_id is None or ce_id in ("", b""):  # a tuple: a header may be unhashable
         return "ce-id", None
     return "ce-id", ce_id
-
-
-def key_text(message_id: object, headers: Mapping[str, object]) -> str | None:
-    """The key a message was kept under, as text (an id that is not UTF-8 was never kept:
-    None), for the operator's commands."""
-    _, raw = raw_key(message_id, headers)
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return raw if isinstance(raw, str) else None
 
 
 # A database error's facts that name no value: its SQLSTATE or error number, and the names of
@@ -152,8 +135,13 @@ def _described(error: BaseException, name: str, messages: bool) -> str:
     (or with ``messages``), else its name."""
     if isinstance(error, StoreError):
         return f"{name}: {error.summary}" if error.summary else name
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{name}: {text}" if text and (isinstance(error, RelayError) or messages) else name
+    if not (isinstance(error, RelayError) or messages):
+        return name
+    try:
+        text = str(error).strip()
+    except Exception:  # an exception whose own str() fails: its name
+        return name
+    return f"{name}: {text.splitlines()[0]}" if text else name
 
 
 def _raised_at(tb: TracebackType | None) -> str:

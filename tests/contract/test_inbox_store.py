@@ -8,28 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from devtools.servers import PostgresServer
+from devtools.servers import PostgresServer, wait_until
 from relay.db.engine import create_engine
 from relay.db.inbox import InboxStore
 from relay.db.inbox_async import AsyncInboxStore
 from relay.db.roles import CONSUMER, grants
 from relay.db.schema import inbox_attempts, inbox_received
+from relay.errors import StoreError
 from relay.inbox import InboxSettings
 from relay.inbox.flow import Flow, drive, drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from tests.support import inbox_script
 from tests.support.inbox_script import SECRET, Script, effects
+from tests.support.proxy import TcpProxy
 
 KINDS = ("blocking", "asyncio")
+# How long a handler holds its run while a second consumer of its name takes the message.
+HELD_S = 0.5
 
 
 class Consumer:
@@ -427,3 +433,96 @@ def test_the_inboxs_sessions_are_durable_and_bounded_whatever_the_servers_defaul
     finally:
         fresh.close()
     assert noted(url) == ["30s", "5s", "on"]
+
+
+def test_a_connection_left_in_autocommit_is_not_used_again(consumer: Consumer, url: str) -> None:
+    """A handler turned autocommit on through the driver and returned (its work committed
+    with its key): the connection is discarded, and the next message, on the pool's next
+    connection, is all or nothing again (it was committed a statement at a time)."""
+    after = [("write", "door"), ("autocommit", ""), ("write", "after")]
+    assert consumer.process("m-1", after).verdict is Verdict.ACK
+    innocent = [("write", "innocent"), ("raise", "")]
+    assert consumer.process("m-2", innocent).verdict is Verdict.RETRY
+    assert noted(url) == ["after", "door"]
+    assert keys(url) == ["m-1"]
+
+
+@pytest.mark.databases("postgresql")
+def test_a_setting_that_would_outlive_the_message_is_refused(consumer: Consumer, url: str) -> None:
+    """``SET`` (not ``SET LOCAL``) would stay on the pooled connection for the messages after
+    it: refused, a failure; ``SET LOCAL`` lasts the transaction, and is allowed."""
+    session = [("write", "a"), ("sql", "SET synchronous_commit = off")]
+    assert consumer.process("m-1", session).verdict is Verdict.RETRY
+    local = [("sql", "SET LOCAL synchronous_commit = off"), ("write", "b")]
+    assert consumer.process("m-2", local).verdict is Verdict.ACK
+    assert noted(url) == ["b"]
+
+
+@pytest.mark.databases("postgresql", "mysql")
+def test_the_database_lost_as_the_handler_raises_is_the_database_away(
+    kind: str, url: str, tmp_path: Path
+) -> None:
+    """The handler raised, and the database went away before the inbox could look for the
+    key: the delivery is requeued uncounted (the consumer pauses), and nothing raises out
+    of the inbox; once the database answers, the message is processed."""
+    cut = tmp_path / "cut"
+    server = sa.make_url(url)
+    assert server.port is not None
+    with TcpProxy(server.port, cut=cut, refuse_after_cut=1.0) as proxy:
+        through = server.set(port=proxy.port).render_as_string(hide_password=False)
+        consumer = Consumer(kind, through)
+        try:
+            raised = [("write", "a"), ("touch", str(cut)), ("raise", "")]
+            answer = consumer.process("m-1", raised)
+            assert (answer.verdict, answer.pause) == (Verdict.RETRY, True)
+            assert proxy.cuts == 1
+            wait_until(lambda: answers(consumer), 30, "the database answering again")
+            assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+        finally:
+            consumer.close()
+    assert (noted(url), [row[1] for row in attempts(url)]) == (["done"], [0])
+
+
+def answers(consumer: Consumer) -> bool:
+    try:
+        consumer.statement("ping")
+    except StoreError:
+        return False
+    return True
+
+
+def test_a_live_run_is_never_counted_as_one_that_died(url: str, kind: str) -> None:
+    """Two consumers of one name with one message (redelivered to the second while the first
+    still works on it, after a lost connection or a replay): the second waits for the
+    first's run (its key, or on SQLite the run lock) and finds it processed; it never takes
+    the first's mark for a run that died."""
+    first, second = Consumer(kind, url), Consumer(kind, url)
+    inside, started = threading.Event(), threading.Event()
+    seen: list[Answer] = []
+
+    def again() -> None:
+        assert inside.wait(30)
+        started.set()
+        seen.append(second.process("m-1", [("write", "twice")], redelivered=True))
+
+    def hold() -> None:
+        inside.set()
+        assert started.wait(30)
+        # The second's run meanwhile reaches the first's key (or the run lock): a run that
+        # marked the message and counted a crash before its key would have done so by now.
+        time.sleep(HELD_S)
+
+    inbox_script.CALLS["hold"] = hold
+    thread = threading.Thread(target=again)
+    thread.start()
+    try:
+        slow = [("write", "once"), ("call", "hold")]
+        assert first.process("m-1", slow, redelivered=True).verdict is Verdict.ACK
+        thread.join(60)
+        assert [answer.verdict for answer in seen] == [Verdict.ACK]
+    finally:
+        thread.join(60)
+        first.close()
+        second.close()
+    assert noted(url) == ["once"]
+    assert [(row[1], row[3]) for row in attempts(url)] == [(0, False)]

@@ -390,3 +390,29 @@ def test_a_requeued_letter_has_its_whole_schedule_again_whatever_its_key(
     assert (calls["a"], calls["event-1"]) == (4, 4)
     letters = drain(rabbit.url, dead, 2, timeout=5)
     assert sorted((letter.headers or {})["x-inbox-attempts"] for letter in letters) == [2, 2]
+
+
+@pytest.mark.databases("sqlite")
+def test_listing_a_dead_letter_queue_that_counts_deliveries_says_what_it_costs(
+    with_effects: str, rabbit: RabbitNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dead-letter queue declared a quorum queue with a delivery limit: each read of
+    ``relay inbox list`` spends a delivery (the broker gives no other way to read a queue),
+    and at the limit the broker drops the letter: the listing says so."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as conn:
+        channel = conn.channel()
+        channel.queue_delete(dead)
+        arguments = {"x-queue-type": "quorum", "x-delivery-limit": 100}
+        channel.queue_declare(dead, durable=True, arguments=arguments)
+    handler, _calls = recording(queue, fail=lambda _d: True)
+    environ = {"RELAY_DATABASE_URL": with_effects, "RELAY_AMQP_URL": rabbit.url}
+    with consuming(with_effects, rabbit.url, queue, handler, inbox_max_attempts="1"):
+        publish(rabbit.url, exchange, [("a", {})])
+        wait_until(lambda: waiting(rabbit.url, dead) == 1, 30, "dead-lettered")
+    outputs = []
+    for _ in range(2):
+        assert main(["inbox", "list", "--queue", queue], environ) == 0
+        outputs.append(capsys.readouterr().out)
+    assert "1 dead letters" in outputs[0] and "warning" not in outputs[0]
+    assert "warning: this queue counts deliveries" in outputs[1]

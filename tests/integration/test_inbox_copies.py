@@ -39,6 +39,8 @@ from tests.support.inprocess import settings
 
 pytestmark = pytest.mark.databases("postgresql", "sqlite")
 PRODUCER = "producer"
+# RabbitMQ's frame_max, which a message's properties must fit (its content header's frame).
+FRAME_MAX = 131072
 
 
 @pytest.fixture(params=FLAVOURS)
@@ -214,3 +216,42 @@ def test_faststream_publishes_a_handlers_return_value_once_after_its_commit(
         results = drain(rabbit.url, target, 2, timeout=10)
     assert sorted(json.loads(result.body)["done"] for result in results) == ["m-1", "m-2"]
     assert processed(with_effects) == {(queue, "m-1"): 1, (queue, "m-2"): 1}
+
+
+def test_a_ce_id_too_long_for_a_message_id_is_dead_lettered_and_the_rest_flow(
+    with_effects: str, rabbit: RabbitNode, flavour: str
+) -> None:
+    """A CloudEvent without a message id whose ce-id is 256 bytes: no key the inbox can keep,
+    so dead-lettered with its reason (aio-pika's copy made the ce-id its message id, which
+    AMQP caps at 255 bytes: the asyncio consumer stopped on it, FastStream dropped it)."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler, _calls = recording(queue)
+    with consuming(with_effects, rabbit.url, queue, handler, flavour) as consumer:
+        publish(rabbit.url, exchange, [(None, {"ce-id": "e" * 256}), ("m-1", {}), ("m-2", {})])
+        (letter,) = drain(rabbit.url, dead, 1, timeout=30)
+        wait_until(lambda: value(consumer, "inbox_processed_total") == 2, 30, "the rest")
+    assert "256 bytes" in str((letter.headers or {})["x-inbox-error"])
+    assert (letter.headers or {})["ce-id"] == "e" * 256
+    assert processed(with_effects) == {(queue, "m-1"): 1, (queue, "m-2"): 1}
+
+
+def test_a_dead_letter_whose_headers_would_not_fit_a_frame_goes_without_its_reasons(
+    with_effects: str, rabbit: RabbitNode, flavour: str
+) -> None:
+    """A message whose own headers come near the frame's size: with the inbox's reasons its
+    dead letter's properties would not fit a frame (the broker closed the connection at
+    each try, the message stayed for good and held the queue): it goes without them, and
+    the messages behind it flow."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler, calls = recording(queue, fail=lambda d: d.key == "big")
+    near = {"big": "x" * (FRAME_MAX - 100)}  # fits a frame by some 60 bytes
+    with consuming(
+        with_effects, rabbit.url, queue, handler, flavour, inbox_max_attempts="1"
+    ) as consumer:
+        publish(rabbit.url, exchange, [("big", near), ("m-1", {}), ("m-2", {})])
+        (letter,) = drain(rabbit.url, dead, 1, timeout=30)
+        wait_until(lambda: value(consumer, "inbox_processed_total") == 2, 30, "the rest")
+    headers = letter.headers or {}
+    assert headers["big"] == near["big"]
+    assert "x-inbox-error" not in headers
+    assert calls["big"] == 1

@@ -348,3 +348,75 @@ def test_a_run_the_database_went_away_in_is_no_crash() -> None:
     )
     assert drive(inbox.process(delivery(redelivered=True)), again).verdict is Verdict.ACK
     assert again.asked[0] == "ending a run"
+
+
+def server_flow() -> Flow:
+    """The flow on a database whose second connection can write beside the open one."""
+    settings = InboxSettings.load({}, {"inbox_queue": "q"})
+    statements = InboxStatements(sa.create_engine("postgresql+psycopg://").dialect, "q")
+    return Flow(settings, statements, InboxMetrics("q"))
+
+
+# name -> (the steps, each with its answer, the verdict): a redelivered message on a server,
+# marked once its key is held (no other consumer's live run can hold it then).
+SERVER: dict[str, tuple[list[tuple[str, Any]], Verdict]] = {
+    "marked after its key, the mark ended with the commit": (
+        [
+            ("open", True),
+            ("marking a run", 1),
+            ("handle", None),
+            ("checking the key", True),
+            ("ending a run", None),
+            ("commit", None),
+        ],
+        Verdict.ACK,
+    ),
+    "processed: acked at its key, nothing marked": (
+        [("open", False), ("rollback", None)],
+        Verdict.ACK,
+    ),
+    "its runs died: dead-lettered, its key let go": (
+        [
+            ("open", True),
+            ("marking a run", 5),
+            ("ending a run", None),
+            ("reading attempts", failures(5, CRASHED)),
+            ("rollback", None),
+        ],
+        Verdict.DEAD_LETTER,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SERVER, ids=list(SERVER))
+def test_a_redelivered_run_on_a_server_is_marked_once_its_key_is_held(case: str) -> None:
+    script, verdict = SERVER[case]
+    doer = Scripted(script)
+    answer = drive(server_flow().process(delivery(redelivered=True)), doer)
+    assert doer.asked == [what for what, _ in script]
+    assert answer.verdict is verdict
+
+
+def test_a_message_the_connection_is_lost_under_again_and_again_is_counted() -> None:
+    """Lost under its run, the database answering in between: the database away twice
+    (uncounted, paused); the third time in a row, the message's own failure."""
+    inbox = flow()
+    lost = [("open", True), ("handle", DOWN)]
+    for _ in range(2):
+        assert drive(inbox.process(delivery()), Scripted(lost)).pause
+    third = Scripted([*lost, ("rollback", None), ("counting an attempt", 1)])
+    answer = drive(inbox.process(delivery()), third)
+    assert (answer.verdict, answer.pause) == (Verdict.RETRY, False)
+    assert third.asked[-1] == "counting an attempt"
+    # Another message in between starts the count again.
+    assert drive(inbox.process(delivery()), Scripted(lost)).pause
+    assert drive(inbox.process(delivery("m-2")), Scripted(RUN)).verdict is Verdict.ACK
+    assert drive(inbox.process(delivery()), Scripted(lost)).pause
+
+
+def test_the_inboxs_own_fault_on_a_message_is_counted_never_the_consumers_end() -> None:
+    doer = Scripted([("counting an attempt", 1)])
+    answer = drive(flow().broke(delivery(), TypeError("a fault of the inbox's own")), doer)
+    assert (answer.verdict, answer.pause) == (Verdict.RETRY, False)
+    unkeyed = drive(flow().broke(delivery(None), TypeError("x")), Scripted([]))
+    assert (unkeyed.verdict, unkeyed.pause) == (Verdict.RETRY, True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
@@ -232,6 +233,22 @@ class Dialect(abc.ABC):
         """Why a commit may not survive a crash of the database's host, where a session
         cannot set it, or None."""
         return None
+
+    def run_lock_path(self, url: sa.URL) -> Path | None:
+        """Where the inbox's consumers of the database at ``url`` take their runs one at a
+        time (``relay.db.runlock``), where one writer at a time calls for it; else None."""
+        return None
+
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        """Whether a statement of these words (``relay.db.sqltext``) changes its connection's
+        session beyond the transaction: a handler's setting would outlive its message."""
+        return False
+
+    def session_changed(self, driver: Any) -> bool:
+        """Whether the driver's connection ``driver`` is in a state the inbox's transactions
+        cannot work in (autocommit on: each statement its own transaction), as the driver
+        knows without a round trip; a handler can leave it so, past ``Transaction``."""
+        return False
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         """What the driver's ``error`` says that names no value (its SQLSTATE or error number,

@@ -78,8 +78,10 @@ class MySQL(Dialect):
         backslash_escapes=True,
     )
     # Statements that commit the transaction before they run (MySQL's "statements that cause
-    # an implicit commit"): definitions, locks, accounts, administration, replication. A
-    # temporary table's CREATE and DROP do not, but are refused with the rest.
+    # an implicit commit"): definitions, locks, accounts, administration, replication,
+    # MariaDB's backup stages; and dynamic SQL (PREPARE, EXECUTE, EXECUTE IMMEDIATE), whose
+    # statement the guard cannot read. A temporary table's CREATE and DROP do not commit, but
+    # are refused with the rest.
     implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset(
         (word,)
         for word in [
@@ -103,6 +105,9 @@ class MySQL(Dialect):
             "START",
             "STOP",
             "CHANGE",
+            "BACKUP",
+            "PREPARE",
+            "EXECUTE",
         ]
     ) | {("LOAD", "INDEX"), ("CHECK", "TABLE"), ("SET", "PASSWORD")}
 
@@ -217,6 +222,19 @@ class MySQL(Dialect):
         sql = rows.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         plan_row = conn.exec_driver_sql(f"EXPLAIN {sql}").mappings().one()
         return int(plan_row["rows"] or 0)
+
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        # Only user variables (SET @name = ...) stay the statement's; any system variable
+        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is the
+        # session's.
+        if words[0] != "SET":
+            return False
+        user_only = len(words) > 1 and words[1].startswith("@") and not words[1].startswith("@@")
+        return not user_only or any(word.startswith("@@") for word in words)
+
+    def session_changed(self, driver: Any) -> bool:
+        # mysqlclient's, PyMySQL's and aiomysql's: the server's status of its last answer.
+        return bool(driver.get_autocommit())
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         # mysqlclient's and PyMySQL's (aiomysql's) errors alike: (number, message); the

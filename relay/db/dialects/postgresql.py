@@ -171,6 +171,16 @@ class PostgreSQL(Dialect):
         (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar_one()
         return int(plan["Plan"]["Plan Rows"])
 
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        # SET LOCAL and SET CONSTRAINTS last the transaction; SET, RESET and DISCARD the
+        # session.
+        if words[0] in ("RESET", "DISCARD"):
+            return True
+        return words[0] == "SET" and words[1:2] not in (("LOCAL",), ("CONSTRAINTS",))
+
+    def session_changed(self, driver: Any) -> bool:
+        return bool(getattr(driver, "autocommit", False))
+
     def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, psycopg.Error):
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
@@ -112,6 +113,17 @@ class SQLite(Dialect):
                 for i, (name, kind) in enumerate(CHANGE_COLUMNS)
             )
         ).subquery("change")
+
+    def run_lock_path(self, url: sa.URL) -> Path | None:
+        return Path(f"{url.database}-inbox.lock") if url.database else None
+
+    def changes_session(self, words: tuple[str, ...]) -> bool:
+        # A PRAGMA that sets (``= value`` or ``(value)``) rather than reads.
+        return words[0] == "PRAGMA" and ("=" in words or "(" in words)
+
+    def session_changed(self, driver: Any) -> bool:
+        # sqlite3's (and aiosqlite's) autocommit: no transaction begun for a statement.
+        return getattr(driver, "isolation_level", "") is None
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, sqlite3.Error):
