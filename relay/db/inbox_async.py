@@ -16,7 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import InboxStatements, classified, guarded, lost, run_lock
+from relay.db.inbox import classified, lost, run_lock
+from relay.db.inbox_statements import InboxStatements
+from relay.db.inbox_transaction import guarded
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -24,8 +26,8 @@ T = TypeVar("T")
 
 
 class AsyncTransaction:
-    """``relay.db.inbox.Transaction`` for asyncio handlers: write and read in the transaction
-    that holds the message's key (``await tx.execute(...)``), never end it."""
+    """``relay.db.inbox_transaction.Transaction`` for asyncio handlers: write and read in the
+    transaction that holds the message's key (``await tx.execute(...)``), never end it."""
 
     __slots__ = ("_conn", "_database")
 

@@ -30,7 +30,9 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
-from relay.db.inbox import CRASHED, InboxStatements, TransactionEnded, TransactionFailed
+from relay.db.inbox import TransactionFailed
+from relay.db.inbox_statements import CRASHED, InboxStatements
+from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import (
     RetrySchedule,
