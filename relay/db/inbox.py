@@ -55,7 +55,7 @@ def classified(what: str, where: str, conn: sa.Connection) -> Iterator[None]:
 class InboxStore:
     """One consumer's rows of the inbox tables, on one database, through blocking calls: each
     of ``InboxStatements`` in a transaction of its own (``call``), and a delivery's steps
-    (``relay.inbox.flow.Doer``) through ``message``."""
+    (``relay.inbox.steps.Doer``) through ``message``."""
 
     def __init__(self, url: str, consumer: str) -> None:
         # No test query per delivery: a dropped connection fails one delivery, requeued.
@@ -117,7 +117,7 @@ def run_lock(url: sa.URL) -> RunLock | None:
 
 
 class MessageRun:
-    """One delivery's steps on the blocking store (``relay.inbox.flow.Doer``): statements in
+    """One delivery's steps on the blocking store (``relay.inbox.steps.Doer``): statements in
     transactions of their own, and the message's transaction on a connection held from its
     key's insert to its commit or rollback."""
 

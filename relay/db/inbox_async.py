@@ -81,7 +81,7 @@ class AsyncInboxStore:
     async def message(
         self, handler: Callable[[AsyncTransaction], Awaitable[object]]
     ) -> AsyncIterator[AsyncMessageRun]:
-        """A delivery's steps (``relay.inbox.flow.Doer``, awaited), ``handler`` run in the
+        """A delivery's steps (``relay.inbox.steps.Doer``, awaited), ``handler`` run in the
         message's transaction; whatever they leave open is rolled back at the end."""
         run = AsyncMessageRun(self, handler)
         if self._run_lock is not None:
