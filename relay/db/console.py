@@ -213,7 +213,7 @@ class ConsoleReads:
         for owner, protocol in sorted(protocols.items()):
             others = {o: p for o, p in protocols.items() if o != owner}
             holding = [p for o, p in others.items() if owned.get(o)]
-            state = fence(protocol, holding, others.values(), least_protocol)
+            state = fence(protocol, holding, others.values(), least_protocol, others.values())
             presences.append(
                 RelayPresence(
                     owner=readable_text(owner),
