@@ -62,13 +62,13 @@ POLL_INTERVAL_S = 0.5
 # (bench.latency; NOTIFY gave 26.3 ms).
 PROBE_INTERVAL_S = 0.005
 # Seconds a relay gathers before a claim that follows a short one, and before a settle of
-# fewer than a batch of outcomes (``linger``'s default, ``relay.relay``): each claim and each
-# settle costs the database and the relay a round trip, a wake-up of a backend and of a
-# worker thread, and a plan, whatever its size. Chasing every new row of a steady stream
-# (2,000 rows/s over two relays) took about 900 of those a second, of 5 to 10 rows each: 10
-# times the relays' CPU per row of a backlog drain, and 4 times the database's CPU of the
-# writers' INSERTs. 50 ms caps them at 20 claims and 20 settles a second a relay, whatever
-# the rate, and adds at most that to a row's commit-to-ack time (bench.soak).
+# fewer than a batch of outcomes (``linger``'s default, ``relay.pacing``, ``relay.batching``):
+# each claim and each settle costs the database and the relay a round trip, a wake-up of a
+# backend and of a worker thread, and a plan, whatever its size. Chasing every new row of a
+# steady stream (2,000 rows/s over two relays) took about 900 of those a second, of 5 to 10
+# rows each: 10 times the relays' CPU per row of a backlog drain, and 4 times the database's
+# CPU of the writers' INSERTs. 50 ms caps them at 20 claims and 20 settles a second a relay,
+# whatever the rate, and adds at most that to a row's commit-to-ack time (bench.soak).
 LINGER_S = 0.05
 # While the newest id stays the same, the probe's interval doubles up to this many times
 # ``probe_interval``: each look wakes a database backend (about 150 us of PostgreSQL's CPU
@@ -201,7 +201,7 @@ LIVENESS_LIMIT_S = 60.0
 # more rows/s at 1 ms).
 SWITCH_INTERVAL_S = 0.001
 # While other rows wait, a claim leaves out the rows of broken destinations (they are only
-# charged an attempt, relay.relay); at least this often, a claim takes them too.
+# charged an attempt, relay.pacing); at least this often, a claim takes them too.
 HELD_CHARGE_INTERVAL_S = 1.0
 
 # Rows parked for one reason within this many seconds of its last log line share one line
@@ -270,7 +270,7 @@ BUCKET_SPAN_ROWS = 128
 # window of 23 consecutive runs (10 s of a 300 rows/s stream): with 2 relays each gets 0.48
 # to 0.52 of them, with 3 relays 0.30 to 0.35, with 4 relays 0.22 to 0.30.
 BUCKET_STRIDE = 39
-# A relay renews its buckets this many times a lease (``relay.relay``'s turns): a turn that
+# A relay renews its buckets this many times a lease (``relay.turns``): a turn that
 # failed or came late still leaves two more before the lease runs out.
 TURNS_PER_LEASE = 3
 # And at least this often (seconds), whatever the lease: a relay that starts beside others

@@ -26,7 +26,8 @@ from relay.db.roles import CONSUMER, grants
 from relay.db.schema import inbox_attempts, inbox_received
 from relay.errors import StoreError
 from relay.inbox import InboxSettings
-from relay.inbox.flow import Flow, drive, drive_async
+from relay.inbox.flow import Flow
+from relay.inbox.steps import drive, drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from tests.support import inbox_script

@@ -19,8 +19,8 @@ from devtools.broker import drain
 from devtools.servers import RabbitNode, wait_until
 from relay.cli import main
 from relay.db.engine import create_engine
-from relay.db.inbox import Transaction
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 from relay.inbox import Delivery, Handler, Inbox, InboxSettings
 from tests.support.inbox import (
     Recorder,

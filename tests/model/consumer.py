@@ -27,8 +27,8 @@ from faststream import Context
 from faststream.rabbit import RabbitMessage, RabbitQueue
 
 from relay.broker.aio_consumer import delivery_of
-from relay.db.inbox import Transaction
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.faststream import TRANSACTION

@@ -18,8 +18,9 @@ from faststream.rabbit import Channel, RabbitBroker, RabbitMessage, RabbitQueue,
 
 from relay.broker.aio_consumer import delivery_of
 from relay.db.engine import create_engine
-from relay.db.inbox import InboxStore, Transaction
+from relay.db.inbox import InboxStore
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.faststream import TRANSACTION, inbox_lifespan, inbox_middleware

@@ -17,16 +17,9 @@ Create Date: 2026-11-27
 import sqlalchemy as sa
 from alembic import op
 
+from relay.db.columns import LONG_TEXT, PAYLOAD, ROW_ID, SHORT_TEXT, UTCDateTime, stored_now
 from relay.db.dialects import of
-from relay.db.schema import (
-    CONSOLE_INDEXES,
-    LONG_TEXT,
-    PAYLOAD,
-    ROW_ID,
-    SHORT_TEXT,
-    UTCDateTime,
-    stored_now,
-)
+from relay.db.schema import CONSOLE_INDEXES
 from relay.records import PARKED
 
 revision = "0014"
