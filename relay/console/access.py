@@ -63,14 +63,27 @@ def require(console: Console, request: Request, role: str) -> Session | Response
     return session
 
 
-async def form_of(request: Request) -> list[tuple[str, str]]:
-    """A posted form's fields (``application/x-www-form-urlencoded``), in their order."""
+async def form_of(request: Request, limit: int | None = None) -> list[tuple[str, str]]:
+    """A posted form's fields (``application/x-www-form-urlencoded``), in their order; with
+    ``limit``, a body longer than ``limit`` bytes is refused (413) as soon as that is known
+    (its declared length, or as it arrives), never read whole."""
     if request.headers.get("content-type", "").split(";")[0].strip() != (
         "application/x-www-form-urlencoded"
     ):
         raise Refused(415, "forms only")
-    body = (await request.body()).decode("utf-8", "replace")
-    return parse_qsl(body, keep_blank_values=True)
+    if limit is None:
+        body = await request.body()
+    else:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise Refused(413, f"a form of more than {limit} bytes")
+        received = bytearray()
+        async for part in request.stream():
+            received += part
+            if len(received) > limit:
+                raise Refused(413, f"a form of more than {limit} bytes")
+        body = bytes(received)
+    return parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
 
 
 def check_csrf(console: Console, session: Session, fields: list[tuple[str, str]]) -> None:

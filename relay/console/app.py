@@ -31,12 +31,12 @@ from starlette.staticfiles import StaticFiles
 
 from relay.console import changes, login, pages
 from relay.console.access import Refused, check_csrf, form_of, session_of
-from relay.console.limiter import LoginLimiter
+from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.sessions import Sessions, Signer
 from relay.console.state import Console
 from relay.console.users import parse_users
-from relay.constants import CONSOLE_LOGIN_WINDOW_S
+from relay.constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.errors import ConfigError, InputError, StoreError
@@ -94,6 +94,7 @@ def load_console(
         templates=templates,
         metrics=ConsoleMetrics(registry),
         limiter=LoginLimiter(config.console_login_attempts, CONSOLE_LOGIN_WINDOW_S),
+        hashing=HashGate(CONSOLE_LOGIN_HASHES),
         users=users,
         oidc=OidcClient(config) if config.console_auth == "oidc" else None,
         clock=clock,

@@ -23,10 +23,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PRINTABLE = set(string.printable) - set("\x0b\x0c")
 
 
-def text(fields: Mapping[str, str], name: str) -> str:
+def text(fields: Mapping[str, str], name: str, longest: int = MAX_FIELD) -> str:
     value = fields.get(name, "")
-    if len(value) > MAX_FIELD:
-        raise InputError(f"{name}: longer than {MAX_FIELD} characters")
+    if len(value) > longest:
+        raise InputError(f"{name}: longer than {longest} characters")
     if "\x00" in value:
         raise InputError(f"{name}: holds a NUL character, which no row can")
     return value

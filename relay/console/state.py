@@ -12,7 +12,7 @@ from jinja2 import Environment
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from relay.console.limiter import LoginLimiter
+from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.records import Actor
 from relay.console.sessions import Session, Sessions, Signer
@@ -37,6 +37,7 @@ class Console:
     templates: Environment
     metrics: ConsoleMetrics
     limiter: LoginLimiter
+    hashing: HashGate
     users: dict[str, User] = field(default_factory=dict)
     oidc: OidcClient | None = None
     clock: Callable[[], float] = time.time

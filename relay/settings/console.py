@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.constants import (
+    CONSOLE_LOGIN_ADDRESS_SHARE,
     CONSOLE_LOGIN_ATTEMPTS,
     CONSOLE_LOGIN_WINDOW_S,
     CONSOLE_PAGE_ROWS,
@@ -145,8 +146,10 @@ class ConsoleSettings(FromEnvironment):
     console_login_attempts: int = setting(
         CONSOLE_LOGIN_ATTEMPTS,
         positive_int,
-        f"Failed logins per user name and per address in {CONSOLE_LOGIN_WINDOW_S // 60} "
-        "minutes, after which logins from them are refused until the window has passed.",
+        f"Failed logins per user name from one address in {CONSOLE_LOGIN_WINDOW_S // 60} "
+        "minutes, after which that name is refused from that address until the window has "
+        f"passed (an address may fail {CONSOLE_LOGIN_ADDRESS_SHARE} times as many, with any "
+        "names).",
     )
     console_inbox_queues: tuple[str, ...] = setting(
         (),

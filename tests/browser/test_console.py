@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,10 +27,13 @@ from tests.support.console import (
     IMG,
     SCRIPT,
     ConsoleProcess,
+    announce_login,
     browser,
     console_env,
     log_in,
+    login_form,
     park,
+    post_login,
     statuses_of,
     users_file,
 )
@@ -192,6 +197,38 @@ def test_failed_logins_are_limited(sqlite_url: str, tmp_path: Path) -> None:
             assert page.inner_text("#login-error") == "wrong name or password"
         log_in(page, console.url, "otto")  # the right password, too late
         assert "too many failed logins" in page.inner_text("#refusal")
+
+
+def test_logins_sent_at_once_are_limited_and_oversized_ones_refused_unread(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    env = console_env(
+        sqlite_url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        RELAY_CONSOLE_LOGIN_ATTEMPTS="3",
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console:
+        forms = [login_form(console.url) for _ in range(40)]
+        go = threading.Barrier(len(forms))
+
+        def guess(n: int) -> int:
+            cookie, token = forms[n]
+            go.wait()
+            return post_login(console.url, cookie, token, "ada", f"guess-{n}")[0]
+
+        with ThreadPoolExecutor(len(forms)) as pool:
+            answers = list(pool.map(guess, range(len(forms))))
+        # However many arrive together, no more than the limit are checked: the rest are
+        # refused, as over the limit (429) or as more than the checks allowed at once (503).
+        assert answers.count(401) <= 3 and set(answers) <= {401, 429, 503}
+        for _ in range(4):  # one by one, then: the burst's checked ones counted among them
+            cookie, token = login_form(console.url)
+            answers.append(post_login(console.url, cookie, token, "ada", "again")[0])
+        assert answers.count(401) == 3 and answers[-1] == 429
+        cookie, token = login_form(console.url)
+        assert post_login(console.url, cookie, token, "x" * 300, "wrong")[0] == 400
+        assert announce_login(console.url, cookie, 8_000_000) == 413  # answered, none read
 
 
 def test_hostile_values_show_as_text_and_run_nothing(sqlite_url: str, tmp_path: Path) -> None:

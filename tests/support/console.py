@@ -4,9 +4,14 @@ of its own), recording every dialog and console error a page raises."""
 
 from __future__ import annotations
 
+import http.client
+import re
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -180,3 +185,42 @@ def log_in(page: Page, base: str, name: str, password: str = PASSWORD) -> None:
     page.fill("input[name=password]", password)
     page.click("form.login button[type=submit]")
     page.wait_for_load_state()
+
+
+def login_form(base: str) -> tuple[str, str]:
+    """A login form's state cookie and CSRF token, as a browser gets them."""
+    with urllib.request.urlopen(base + "/login", timeout=60) as answer:
+        cookie = answer.headers["Set-Cookie"].split(";")[0]
+        page = answer.read().decode()
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return cookie, found[1]
+
+
+def post_login(base: str, cookie: str, token: str, name: str, password: str) -> tuple[int, str]:
+    """The login form posted with ``name`` and ``password``: the status and the page."""
+    body = urllib.parse.urlencode({"csrf": token, "name": name, "password": password}).encode()
+    request = urllib.request.Request(
+        base + "/login",
+        data=body,
+        headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+def announce_login(base: str, cookie: str, length: int) -> int:
+    """A login whose headers say its body is ``length`` bytes, none sent: the status."""
+    connection = http.client.HTTPConnection(urllib.parse.urlsplit(base).netloc, timeout=60)
+    try:
+        connection.putrequest("POST", "/login")
+        connection.putheader("Cookie", cookie)
+        connection.putheader("Content-Type", "application/x-www-form-urlencoded")
+        connection.putheader("Content-Length", str(length))
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()

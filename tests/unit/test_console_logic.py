@@ -11,11 +11,12 @@ import pytest
 from relay.console.causes import cause_of
 from relay.console.forms import cursor, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
-from relay.console.limiter import LoginLimiter
+from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.records import Actor
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
+from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
 from relay.settings.console import networks
@@ -90,24 +91,49 @@ def test_a_csrf_token_is_its_sessions_own() -> None:
     assert not sessions.csrf_ok(one, None) and not sessions.csrf_ok(one, "")
 
 
-def test_failed_logins_are_refused_past_the_limit_until_the_window_passes() -> None:
+def test_failed_logins_lock_a_name_out_from_its_address_only_until_the_window_passes() -> None:
     limiter = LoginLimiter(attempts=3, window=300)
-    keys = ["user:otto", "address:10.0.0.1"]
     for t in range(3):
-        assert not limiter.refused(keys, t)
-        limiter.failed(keys, t)
-    assert limiter.refused(keys, 10)
-    assert limiter.refused(["user:otto", "address:10.0.0.2"], 10)  # the name, elsewhere
-    assert not limiter.refused(["user:ada", "address:10.0.0.2"], 10)
-    assert not limiter.refused(keys, 300.5)
+        assert limiter.reserve("otto", "10.0.0.1", t) is not None  # each a failure
+    assert limiter.reserve("otto", "10.0.0.1", 10) is None
+    # A guesser at 10.0.0.1 does not lock otto out at his own address, nor ada at theirs.
+    assert limiter.reserve("otto", "10.0.0.2", 10) is not None
+    assert limiter.reserve("ada", "10.0.0.1", 10) is not None
+    assert limiter.reserve("otto", "10.0.0.1", 300.5) is not None
+
+
+def test_an_address_failing_with_many_names_is_refused() -> None:
+    limiter = LoginLimiter(attempts=3, window=300)
+    allowed = [limiter.reserve(f"name-{n}", "10.0.0.1", 1) for n in range(100)]
+    assert sum(a is not None for a in allowed) == 3 * CONSOLE_LOGIN_ADDRESS_SHARE
+    assert limiter.reserve("otto", "10.0.0.2", 1) is not None
+
+
+def test_attempts_sent_at_once_are_counted_before_their_passwords_are_checked() -> None:
+    limiter = LoginLimiter(attempts=5, window=300)
+    # 100 attempts reserved before any password check has finished: 5 may be checked.
+    attempts = [limiter.reserve("ada", "10.0.0.1", 1) for _ in range(100)]
+    checked = [a for a in attempts if a is not None]
+    assert len(checked) == 5
+    limiter.succeeded(checked[0])  # the right password gives its attempt back
+    assert limiter.reserve("ada", "10.0.0.1", 2) is not None
+    assert limiter.reserve("ada", "10.0.0.1", 2) is None
 
 
 def test_the_limiter_forgets_names_whose_failures_left_the_window() -> None:
     limiter = LoginLimiter(attempts=3, window=300)
     for n in range(100):
-        limiter.failed([f"user:guess-{n}"], now=n)
+        limiter.reserve(f"guess-{n}", f"10.0.{n}.1", now=n)
     limiter.forget_before(now=350)
-    assert len(limiter) == 49  # the failures at 51 to 99 are still within the window
+    assert len(limiter) == 2 * 49  # the failures at 51 to 99 (a pair and an address each)
+
+
+def test_password_checks_at_once_are_bounded() -> None:
+    gate = HashGate(2)
+    assert gate.enter() and gate.enter()
+    assert not gate.enter()
+    gate.leave()
+    assert gate.enter()
 
 
 @pytest.mark.parametrize(
