@@ -39,7 +39,7 @@ from relay.console.users import parse_users
 from relay.constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
-from relay.errors import ConfigError, InputError, StoreError
+from relay.errors import BrokerError, ConfigError, InputError, StoreError
 from relay.metrics import ConsoleMetrics
 from relay.settings import ConsoleSettings, Settings
 
@@ -178,6 +178,9 @@ async def _guard(
     except StoreError as exc:
         log.warning("console: %s", exc, extra={"action": "console_store_error"})
         response = _error(console, request, 503, "the database did not answer; try again")
+    except BrokerError as exc:
+        log.warning("console: %s", exc, extra={"action": "console_broker_error"})
+        response = _error(console, request, 503, "the broker did not answer; try again")
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
     console.metrics.requests.labels(route, request.method, str(response.status_code)).inc()

@@ -139,7 +139,10 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
     if queue not in console.config.console_inbox_queues:
         raise InputError("queue: not one of the console's inbox queues")
     wanted = set(change.letters)
-    moved = requeue(console.settings, queue, lambda letter: letter.key in wanted)
+    with console.dead_letter_lock(queue):
+        moved = requeue(
+            console.settings, queue, lambda letter: letter.key in wanted, readable_only=True
+        )
     target = json.dumps({"queue": queue, "message_ids": sorted(wanted)})
     result = f"moved {len(moved)} of {len(wanted)}"
     console.actions.record(actor, REQUEUE, target, len(moved), result)

@@ -3,6 +3,7 @@ templates and metrics (built once by ``relay.console.app.create_app``)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,11 @@ class Console:
     users: dict[str, User] = field(default_factory=dict)
     oidc: OidcClient | None = None
     clock: Callable[[], float] = time.time
+    _letter_locks: dict[str, threading.Lock] = field(default_factory=dict)
+
+    def dead_letter_lock(self, queue: str) -> threading.Lock:
+        """The lock of ``queue``'s dead letters: one reader (a view, a requeue) at a time."""
+        return self._letter_locks.setdefault(queue, threading.Lock())
 
     def page(
         self,

@@ -4,7 +4,10 @@ audited; the console's metrics count the change."""
 
 from __future__ import annotations
 
+import re
+import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pika
@@ -83,3 +86,80 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
     (requeued,) = drain(rabbit.url, queue, expect=1)
     assert requeued.message_id == "order-2" and requeued.body == b"body 2"
     assert requeued.headers == {"tenant": "a"}  # the reason headers taken off
+
+
+def test_a_dead_letter_queue_a_read_would_drop_or_reorder_is_counted_not_read(
+    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    queue = f"console.{free_port()}"
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = connection.channel()
+    channel.queue_declare(
+        dead_letter_queue(queue),
+        durable=True,
+        arguments={"x-queue-type": "quorum", "x-delivery-limit": 1},
+    )
+    channel.confirm_delivery()
+    for n in range(6):
+        dead_letter(channel, queue, n)
+    env = console_env(
+        sqlite_url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        for _ in range(4):  # each read would have spent one of the letter's deliveries
+            page.goto(f"{console.url}/inbox/{queue}")
+            said = page.inner_text("#unlisted")
+            assert said.startswith("6 dead letters, not listed: it is a quorum queue")
+            assert page.locator("#letters").count() == 0
+        assert chromium.dialogs == [] and chromium.errors == []
+    depth = channel.queue_declare(dead_letter_queue(queue), passive=True).method.message_count
+    connection.close()
+    assert depth == 6
+
+
+def test_views_of_a_dead_letter_queue_at_once_each_show_every_letter(
+    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    queue = f"console.{free_port()}"
+    fresh_queue(rabbit.url, dead_letter_queue(queue))
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for n in range(40):
+        dead_letter(channel, queue, n)
+    connection.close()
+    env = console_env(
+        sqlite_url,
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "vera")
+        (session,) = [c for c in chromium.context.cookies() if c["name"] == "relay_console"]
+        go = threading.Barrier(4)
+
+        def view(_n: int) -> str:
+            request = urllib.request.Request(
+                f"{console.url}/inbox/{queue}",
+                headers={"Cookie": f"relay_console={session['value']}"},
+            )
+            go.wait()
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                return str(answer.read().decode())
+
+        with ThreadPoolExecutor(4) as pool:
+            pages = list(pool.map(view, range(4)))
+        for shown in pages:
+            assert re.findall(r'<td class="text">(order-\d+)</td>', shown) == [
+                f"order-{n}" for n in range(40)
+            ]
+            assert 'id="partial"' not in shown
