@@ -282,6 +282,10 @@ TURN_INTERVAL_MAX_S = 5.0
 # A session idle this long ends (seconds): an unattended browser does not keep the power to
 # replay for a working day. Renewed by every request.
 CONSOLE_SESSION_IDLE_S = 900.0
+# A session ends this long after its login however often it is used (seconds): a working
+# day. A signed cookie cannot be taken back, so an OIDC user removed at the provider, or a
+# cookie copied elsewhere, keeps working until then at most (a logout ends it at once).
+CONSOLE_SESSION_LIFETIME_S = 8 * 3600.0
 # A signing key shorter than this is refused: 32 random characters are 190 bits or more.
 CONSOLE_SESSION_SECRET_MIN = 32
 # A login (OIDC's round trip to the identity provider, or the login form) must finish

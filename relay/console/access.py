@@ -5,8 +5,10 @@ or a form without its token, refused."""
 
 from __future__ import annotations
 
+import dataclasses
 from urllib.parse import parse_qsl
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -25,11 +27,16 @@ class Refused(Exception):
         self.reason = reason
 
 
-def session_of(console: Console, request: Request) -> Session | None:
-    """The request's session: a live signed cookie; behind a trusted proxy, the proxy's
-    identity (a cookie kept for its CSRF nonce while it names the same user and role)."""
+async def session_of(console: Console, request: Request) -> Session | None:
+    """The request's session: a live signed cookie, not logged out, its user and role as
+    the users file says now (users mode); behind a trusted proxy, the proxy's identity (a
+    cookie kept for its CSRF nonce while it names the same user and role)."""
     now = console.clock()
     found = console.sessions.read(request.cookies.get(COOKIE), now)
+    if found is not None and await run_in_threadpool(console.reads.session_ended, found.id):
+        found = None
+    if console.config.console_auth == "users":
+        return _as_listed(console, found)
     if console.config.console_auth != "proxy":
         return found
     peer = request.client.host if request.client else None
@@ -50,10 +57,22 @@ def session_of(console: Console, request: Request) -> Session | None:
     return console.sessions.read(token, now)
 
 
-def require(console: Console, request: Request, role: str) -> Session | Response:
+def _as_listed(console: Console, session: Session | None) -> Session | None:
+    """``session`` with its user's role as the users file says now; None once the user is
+    no longer in it."""
+    if session is None:
+        return None
+    assert console.users is not None  # the users mode has its file
+    user = console.users.current().get(session.user)
+    if user is None:
+        return None
+    return dataclasses.replace(session, role=user.role)
+
+
+async def require(console: Console, request: Request, role: str) -> Session | Response:
     """The session if its role is ``role`` or above; else where to log in (a page) or a
     refusal (``Refused``)."""
-    session = session_of(console, request)
+    session = await session_of(console, request)
     if session is None:
         if request.method == "GET":
             return RedirectResponse(request.scope.get("root_path", "") + "/login", 303)

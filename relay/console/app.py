@@ -35,7 +35,7 @@ from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.sessions import Sessions, Signer
 from relay.console.state import Console
-from relay.console.users import parse_users
+from relay.console.users_file import UsersFile
 from relay.constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
@@ -68,16 +68,10 @@ def load_console(
     with, before anything listens."""
     if (problem := config.problem()) is not None:
         raise ConfigError(problem)
-    users = {}
+    users = None
     if config.console_auth == "users":
-        path = config.console_users_file
-        assert path is not None  # problem() said so
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-            raise ConfigError(f"RELAY_CONSOLE_USERS_FILE={path}: cannot read: {reason}") from None
-        users = parse_users(text, str(path))
+        assert config.console_users_file is not None  # problem() said so
+        users = UsersFile(Path(config.console_users_file))
     templates = Environment(
         loader=PackageLoader("relay.console", "templates"),
         autoescape=True,
@@ -89,7 +83,7 @@ def load_console(
         config=config,
         reads=ConsoleReads(settings.database_url),
         actions=ConsoleActions(settings.database_url),
-        sessions=Sessions(secret, config.console_session_idle),
+        sessions=Sessions(secret, config.console_session_idle, config.console_session_lifetime),
         login_signer=Signer(secret, "login"),
         templates=templates,
         metrics=ConsoleMetrics(registry),
@@ -152,10 +146,10 @@ async def _ready(console: Console, request: Request) -> Response:
 
 
 async def _logout(console: Console, request: Request) -> Response:
-    session = session_of(console, request)
+    session = await session_of(console, request)
     if session is not None:
         check_csrf(console, session, await form_of(request))
-    return await login.logout(console, request)
+    return await login.logout(console, request, session)
 
 
 async def _guard(

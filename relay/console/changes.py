@@ -67,7 +67,7 @@ async def _chosen(console: Console, change: _Change) -> ParkedFilter:
 
 
 async def confirm(console: Console, request: Request) -> Response:
-    session = require(console, request, OPERATOR)
+    session = await require(console, request, OPERATOR)
     assert not isinstance(session, Response)  # a POST is refused, never redirected
     fields = await form_of(request)
     check_csrf(console, session, fields)
@@ -97,7 +97,7 @@ async def confirm(console: Console, request: Request) -> Response:
 
 
 async def act(console: Console, request: Request) -> Response:
-    session = require(console, request, OPERATOR)
+    session = await require(console, request, OPERATOR)
     assert not isinstance(session, Response)
     fields = await form_of(request)
     try:
@@ -151,7 +151,7 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
 
 async def edit(console: Console, request: Request) -> Response:
     """An admin's edited copy of a parked or discarded row, replayed as a new row."""
-    session = require(console, request, ADMIN)
+    session = await require(console, request, ADMIN)
     assert not isinstance(session, Response)
     fields = await form_of(request)
     check_csrf(console, session, fields)

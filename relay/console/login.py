@@ -5,6 +5,7 @@ headers say who it is (``relay.console.access``)."""
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -15,6 +16,7 @@ from relay.console.access import Refused, form_of, keep_session
 from relay.console.identity import role_of
 from relay.console.oidc import Login
 from relay.console.passwords import verify_password
+from relay.console.sessions import Session
 from relay.console.state import COOKIE, LOGIN_COOKIE, Console
 from relay.constants import (
     CONSOLE_LOGIN_BODY_MAX,
@@ -88,7 +90,8 @@ async def login_form(console: Console, request: Request) -> Response:
         if attempt is None:
             console.metrics.login_failures.labels("limited").inc()
             raise Refused(429, "too many failed logins: wait a few minutes")
-        user = console.users.get(name)
+        assert console.users is not None  # the users mode has its file
+        user = console.users.current().get(name)
         stored = user.password_hash if user else _NOBODY
         ok = await run_in_threadpool(verify_password, password, stored)
     finally:
@@ -140,7 +143,12 @@ async def callback(console: Console, request: Request) -> Response:
     return keep_session(console, response, session, _root(request))
 
 
-async def logout(console: Console, request: Request) -> Response:
+async def logout(console: Console, request: Request, session: Session | None) -> Response:
+    """The session ended: its cookie deleted, and its id kept by the server until its
+    lifetime is over (the cookie, signed, would otherwise work again wherever it was kept)."""
+    if session is not None:
+        ends_at = datetime.fromtimestamp(console.sessions.ends_at(session), UTC)
+        await run_in_threadpool(console.actions.end_session, session.id, ends_at)
     response = RedirectResponse(_root(request) + "/login", 303)
     response.delete_cookie(COOKIE, path=_root(request) or "/")
     return response

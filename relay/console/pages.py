@@ -21,7 +21,7 @@ def _root(request: Request) -> str:
 
 
 async def overview(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     found = await run_in_threadpool(console.reads.overview)
@@ -36,7 +36,7 @@ async def overview(console: Console, request: Request) -> Response:
 
 
 async def rows(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     fields = dict(request.query_params)
@@ -63,7 +63,7 @@ async def rows(console: Console, request: Request) -> Response:
 
 
 async def row(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     row_id = int(request.path_params["row_id"])
@@ -89,7 +89,7 @@ async def row(console: Console, request: Request) -> Response:
 
 
 async def archive(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     after = request.query_params.get("after", "")
@@ -103,7 +103,7 @@ async def archive(console: Console, request: Request) -> Response:
 
 
 async def audit(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     after = request.query_params.get("after", "")
@@ -120,7 +120,7 @@ async def inbox(console: Console, request: Request) -> Response:
     """An inbox queue's dead letters, every one read and put back in its order
     (``relay.broker.deadletters``), when its queue is one where reading loses and reorders
     none (a classic queue without a delivery limit); else its depth, and why not."""
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     queue = request.path_params["queue"]

@@ -17,7 +17,7 @@ from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.records import Actor
 from relay.console.sessions import Session, Sessions, Signer
-from relay.console.users import User
+from relay.console.users_file import UsersFile
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.metrics import ConsoleMetrics
@@ -39,7 +39,7 @@ class Console:
     metrics: ConsoleMetrics
     limiter: LoginLimiter
     hashing: HashGate
-    users: dict[str, User] = field(default_factory=dict)
+    users: UsersFile | None = None  # with RELAY_CONSOLE_AUTH=users
     oidc: OidcClient | None = None
     clock: Callable[[], float] = time.time
     _letter_locks: dict[str, threading.Lock] = field(default_factory=dict)

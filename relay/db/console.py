@@ -41,6 +41,7 @@ from relay.db.dialects import of
 from relay.db.due import due_backlog
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import (
+    console_sessions_ended,
     outbox,
     outbox_archive,
     outbox_buckets,
@@ -272,6 +273,14 @@ class ConsoleReads:
     def audit(self, after: int | None, limit: int) -> list[AuditEntry]:
         with db_errors("console audit", self.where), self.engine.connect() as conn:
             return console_rows.audit(conn, after, limit)
+
+    def session_ended(self, session_id: str) -> bool:
+        """Whether the session ``session_id`` was ended (logged out) before its time."""
+        found = sa.select(console_sessions_ended.c.session_id).where(
+            console_sessions_ended.c.session_id == session_id
+        )
+        with db_errors("console session", self.where), self.engine.connect() as conn:
+            return conn.execute(found).first() is not None
 
     def close(self) -> None:
         self.engine.dispose()

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,7 +29,13 @@ from relay.db.console import parked_where
 from relay.db.console_rows import parked_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
-from relay.db.schema import console_audit, outbox, outbox_archive, outbox_edits
+from relay.db.schema import (
+    console_audit,
+    console_sessions_ended,
+    outbox,
+    outbox_archive,
+    outbox_edits,
+)
 from relay.errors import InputError
 from relay.records import PARKED, PENDING
 from relay.redact import redact_url
@@ -183,6 +190,16 @@ class ConsoleActions:
             self._audit(conn, actor, EDIT, target=target, rows=1, result=f"copy {copy_id}")
         _logged(actor, EDIT, target, 1, f"copy {copy_id}")
         return ActionResult(1, new_ids=(copy_id,))
+
+    def end_session(self, session_id: str, ends_at: datetime) -> None:
+        """The session ``session_id`` ended now (a logout), refused until ``ends_at`` (its
+        lifetime's end); sessions whose lifetime is over are forgotten."""
+        ended = console_sessions_ended
+        with transaction(self.engine, "console logout", self.where) as conn:
+            conn.execute(sa.delete(ended).where(ended.c.ends_at < database_time()))
+            known = sa.select(ended.c.session_id).where(ended.c.session_id == session_id)
+            if conn.execute(known).first() is None:
+                conn.execute(sa.insert(ended).values(session_id=session_id, ends_at=ends_at))
 
     def record(self, actor: Actor, action: str, target: str, rows: int, result: str) -> None:
         """An audit entry for a change made elsewhere (the broker's dead letters), written

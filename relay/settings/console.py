@@ -18,6 +18,7 @@ from relay.constants import (
     CONSOLE_PAGE_ROWS,
     CONSOLE_PAYLOAD_PREVIEW_BYTES,
     CONSOLE_SESSION_IDLE_S,
+    CONSOLE_SESSION_LIFETIME_S,
     CONSOLE_SESSION_SECRET_MIN,
 )
 from relay.settings.parse import (
@@ -85,6 +86,11 @@ class ConsoleSettings(FromEnvironment):
         CONSOLE_SESSION_IDLE_S,
         positive_float,
         "Seconds of inactivity after which a console session ends.",
+    )
+    console_session_lifetime: float = setting(
+        CONSOLE_SESSION_LIFETIME_S,
+        positive_float,
+        "Seconds after a login at which its console session ends, however often it is used.",
     )
     console_users_file: Path | None = setting(
         None,

@@ -29,11 +29,13 @@ from tests.support.console import (
     ConsoleProcess,
     announce_login,
     browser,
+    call,
     console_env,
     log_in,
     login_form,
     park,
     post_login,
+    session_cookie,
     statuses_of,
     users_file,
 )
@@ -229,6 +231,51 @@ def test_logins_sent_at_once_are_limited_and_oversized_ones_refused_unread(
         cookie, token = login_form(console.url)
         assert post_login(console.url, cookie, token, "x" * 300, "wrong")[0] == 400
         assert announce_login(console.url, cookie, 8_000_000) == 413  # answered, none read
+
+
+def test_a_logout_a_removed_user_and_a_lowered_role_end_what_old_cookies_could_do(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (row,) = park(sqlite_url, [{"message_id": "kept"}], NO_ROUTE)
+    users = users_file(tmp_path)
+    env = console_env(sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users))
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        page.goto(f"{console.url}/rows/{row}")
+        token = page.get_attribute("input[name=csrf]", "value") or ""
+        bound = page.get_attribute("input[name=bound]", "value") or ""
+        kept = session_cookie(chromium)
+        replay = {"csrf": token, "action": "replay", "id": str(row), "bound": bound}
+        page.click("form.who button[type=submit]")  # log out
+        assert page.url == console.url + "/login"
+        # The cookie and token copied before the logout: refused, as if never logged in.
+        assert call(console.url, "GET", "/", kept)[0] == 303
+        assert call(console.url, "POST", "/act", kept, {**replay, "confirmed": "1"})[0] == 401
+        assert call(console.url, "POST", "/logout", kept, {"csrf": token})[0] == 303
+
+        log_in(page, console.url, "ada")
+        ada = session_cookie(chromium)
+        log_in(page, console.url, "otto")  # the browser's cookie is otto's now
+        otto = session_cookie(chromium)
+        page.goto(f"{console.url}/rows/{row}")
+        replay["csrf"] = page.get_attribute("input[name=csrf]", "value") or ""
+        assert call(console.url, "GET", "/", ada)[0] == 200
+        assert call(console.url, "POST", "/confirm", otto, replay)[0] == 200
+        # ada removed from the file and otto made a viewer: at their next request.
+        lines = users.read_text().splitlines()
+        users.write_text(
+            "".join(
+                line.replace("otto:operator:", "otto:viewer:") + "\n"
+                for line in lines
+                if not line.startswith("ada:")
+            )
+        )
+        assert call(console.url, "GET", "/", ada)[0] == 303
+        status, shown = call(console.url, "POST", "/act", otto, {**replay, "confirmed": "1"})
+        assert status == 403 and "needs the operator role" in shown
+        assert call(console.url, "GET", "/", otto)[0] == 200  # still a viewer
+    assert statuses_of(sqlite_url, [row]) == {row: "parked"}
 
 
 def test_hostile_values_show_as_text_and_run_nothing(sqlite_url: str, tmp_path: Path) -> None:

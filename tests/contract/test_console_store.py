@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -203,6 +204,20 @@ def test_a_parked_rows_page_lists_its_keys_rows_held_behind_it(database_url: str
     assert found is not None and [r.message_id for r in found.held] == ["b1", "b2"]
 
 
+def test_an_ended_session_is_kept_until_its_lifetime_is_over(database_url: str) -> None:
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        now = reads.now()
+        actions.end_session("over", now - timedelta(seconds=1))
+        actions.end_session("live", now + timedelta(hours=1))
+        actions.end_session("live", now + timedelta(hours=1))  # a second logout of it
+        assert reads.session_ended("live")
+        assert not reads.session_ended("over")  # past its lifetime: forgotten
+    finally:
+        reads.close()
+        actions.close()
+
+
 def test_the_console_role_has_what_the_console_does_and_no_more(
     postgres: PostgresServer, postgresql_url: str
 ) -> None:
@@ -227,6 +242,8 @@ def test_the_console_role_has_what_the_console_does_and_no_more(
         actions.edit(ADA, ids[1], {"routing_key": "fixed"})
         actions.record(OTTO, "requeue_dead_letters", "{}", 0, "moved 0 of 0")
         assert len(reads.audit(None, 10)) == 5
+        actions.end_session("a" * 64, reads.now() + timedelta(hours=1))
+        assert reads.session_ended("a" * 64) and not reads.session_ended("b" * 64)
     finally:
         reads.close()
         actions.close()

@@ -224,3 +224,28 @@ def announce_login(base: str, cookie: str, length: int) -> int:
         return connection.getresponse().status
     finally:
         connection.close()
+
+
+def call(
+    base: str, method: str, path: str, cookie: str, fields: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """One request with the session cookie ``cookie`` (its value), redirects not followed:
+    the status and the page."""
+    connection = http.client.HTTPConnection(urllib.parse.urlsplit(base).netloc, timeout=120)
+    headers = {"Cookie": f"relay_console={cookie}"}
+    body = None
+    if fields is not None:
+        body = urllib.parse.urlencode(fields)
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        connection.close()
+
+
+def session_cookie(chromium: Browser) -> str:
+    """The value of the browser's console session cookie."""
+    (cookie,) = [c for c in chromium.context.cookies() if c["name"] == "relay_console"]
+    return str(cookie["value"])

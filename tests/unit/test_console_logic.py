@@ -68,7 +68,7 @@ def test_a_malformed_hash_is_named_and_never_verifies(stored: str) -> None:
 
 
 def test_a_session_ends_after_its_idle_time_and_a_tampered_one_is_refused() -> None:
-    sessions = Sessions(SECRET, idle=60)
+    sessions = Sessions(SECRET, idle=60, lifetime=3600)
     cookie = sessions.issue("otto", "operator", now=1000)
     session = sessions.read(cookie, now=1059)
     assert session is not None and (session.user, session.role) == ("otto", "operator")
@@ -77,12 +77,24 @@ def test_a_session_ends_after_its_idle_time_and_a_tampered_one_is_refused() -> N
     assert sessions.read(renewed, now=1110) == session  # its idle time started again
     body, mac = cookie.split(".")
     assert sessions.read(body[:-2] + "xx." + mac, now=1001) is None
-    assert Sessions("t" * 40, idle=60).read(cookie, now=1001) is None  # another key
+    assert Sessions("t" * 40, idle=60, lifetime=3600).read(cookie, now=1001) is None  # another key
     assert Signer(SECRET, "login").unsign(cookie, 60, 1001) is None  # another purpose
 
 
+def test_a_session_ends_at_its_lifetime_however_often_it_is_renewed() -> None:
+    sessions = Sessions(SECRET, idle=60, lifetime=300)
+    cookie = sessions.issue("otto", "operator", now=1000)
+    for now in range(1050, 1300, 50):  # used every 50 s, never idle
+        session = sessions.read(cookie, now)
+        assert session is not None and session.began == 1000
+        cookie = sessions.renewed(session, now)
+    assert sessions.read(cookie, now=1300) is not None
+    assert sessions.read(cookie, now=1301) is None
+    assert session is not None and sessions.ends_at(session) == 1300
+
+
 def test_a_csrf_token_is_its_sessions_own() -> None:
-    sessions = Sessions(SECRET, idle=60)
+    sessions = Sessions(SECRET, idle=60, lifetime=3600)
     one = sessions.read(sessions.issue("a", "operator", 0), 0)
     two = sessions.read(sessions.issue("a", "operator", 0), 0)
     assert one is not None and two is not None
