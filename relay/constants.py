@@ -338,6 +338,15 @@ CONSOLE_CHUNK_ROWS = 200
 # 100,000-row replay raised four writers' p99 INSERT latency 1.33x on this 2-core machine
 # (bench.console).
 CONSOLE_CHUNK_PAUSE_SHARE = 1.0
+# A bulk change by filter leaves the rows parked within this long before its page's bound
+# (seconds), and reports them: the relay stamps a parked row's time when its parking
+# statement starts, inside its settle transaction, and commits after it, so a row stamped
+# before the bound may have been committed after the page was drawn, unseen. The parking
+# statement is the settle's last, it ends within the statement timeout, and a transaction
+# idle longer than DB_IDLE_IN_TRANSACTION_S is ended by the database (on PostgreSQL and
+# MariaDB; MySQL has no such limit, and a relay frozen there between its statement and its
+# commit could commit later still).
+CONSOLE_SETTLE_HORIZON_S = DB_STATEMENT_TIMEOUT_MS / 1000 + DB_IDLE_IN_TRANSACTION_S
 # Text the list and the causes show of a last error: the index on parked rows' errors holds
 # this prefix (an entry of a B-tree must stay under a third of a page).
 CONSOLE_REASON_PREFIX = 200

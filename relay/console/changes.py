@@ -17,6 +17,7 @@ from relay.console import forms
 from relay.console.access import Refused, check_csrf, form_of, keep_session, require
 from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, ParkedFilter
 from relay.console.state import Console
+from relay.constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE
 from relay.errors import InputError
 
@@ -79,6 +80,7 @@ async def confirm(console: Console, request: Request) -> Response:
             raise InputError("no dead letters chosen")
     elif change.everything:
         chosen = await _chosen(console, change)
+        assert change.bound is not None  # _chosen refuses a change without one
         within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
     else:
         within = len(forms.ids(change.ids))
@@ -86,6 +88,7 @@ async def confirm(console: Console, request: Request) -> Response:
         request,
         "confirm.html",
         session,
+        horizon=int(CONSOLE_SETTLE_HORIZON_S),
         action=change.action,
         within=within,
         since=since,
@@ -114,7 +117,14 @@ async def act(console: Console, request: Request) -> Response:
         raise
     console.metrics.actions.labels(change.action, "done").inc()
     console.metrics.rows_changed.labels(change.action).inc(result.changed)
-    response = console.page(request, "done.html", session, action=change.action, result=result)
+    response = console.page(
+        request,
+        "done.html",
+        session,
+        action=change.action,
+        result=result,
+        horizon=int(CONSOLE_SETTLE_HORIZON_S),
+    )
     return keep_session(console, response, session, _root(request))
 
 

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from relay.console.records import ActionResult, Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
-from relay.db.console import parked_where
+from relay.db.console import parked_where, settled
 from relay.db.console_rows import parked_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
@@ -86,6 +86,7 @@ class ConsoleActions:
         self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
     ) -> ActionResult:
         """The chosen parked rows back to pending, due now, their attempts reset."""
+        bound = _pinned(chosen, bound)
         back = (
             sa.update(outbox)
             .where(of(self.engine).id_in(outbox.c.id), outbox.c.status == PARKED)
@@ -102,6 +103,7 @@ class ConsoleActions:
         self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
     ) -> ActionResult:
         """The chosen parked rows out of the outbox, whole, into the archive."""
+        bound = _pinned(chosen, bound)
         columns = [outbox.c[name] for name in _ARCHIVED]
 
         def chunk(conn: sa.Connection, batch: list[int]) -> int:
@@ -305,6 +307,12 @@ class ConsoleActions:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _pinned(chosen: ParkedFilter | None, bound: Any) -> Any:
+    """The latest parking time a change takes: the page's bound for the rows it showed
+    (ids: committed when it was drawn), ``settled(bound)`` for a filter's."""
+    return bound if chosen is None else settled(bound)
 
 
 def _new_id(inserted: sa.CursorResult[Any]) -> int:

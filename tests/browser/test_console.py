@@ -26,6 +26,7 @@ from relay.db.schema import console_audit
 from tests.support.console import (
     IMG,
     SCRIPT,
+    SETTLED,
     ConsoleProcess,
     announce_login,
     browser,
@@ -74,6 +75,7 @@ def test_an_operator_replays_what_they_saw_through_the_relay_and_the_audit_says_
             for i in range(3)
         ],
         NO_ROUTE,
+        ago=SETTLED,
     )
     other = park(
         postgresql_url,

@@ -14,12 +14,14 @@ import sqlalchemy as sa
 from devtools.servers import PostgresServer
 from relay.console.records import Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS
+from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.db.roles import CONSOLE, grants
 from relay.db.schema import console_audit, outbox
 from relay.errors import InputError
-from tests.support.console import park, statuses_of
+from relay.records import PARKED
+from tests.support.console import SETTLED, park, statuses_of
 
 OTTO = Actor("otto", "operator")
 ADA = Actor("ada", "admin")
@@ -91,7 +93,10 @@ def test_filter_values_are_matched_as_text(database_url: str, value: str) -> Non
 
 def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: str) -> None:
     seen = park(
-        database_url, [{"message_id": f"s{i}", "exchange": "x"} for i in range(5)], NO_ROUTE
+        database_url,
+        [{"message_id": f"s{i}", "exchange": "x"} for i in range(5)],
+        NO_ROUTE,
+        ago=SETTLED,
     )
     reads = ConsoleReads(database_url)
     actions = ConsoleActions(database_url)
@@ -113,9 +118,42 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
     assert json.loads(entry.target)["filter"] == {"exchange": "x"}
 
 
+def test_a_row_parked_before_the_bound_but_committed_after_it_is_left(database_url: str) -> None:
+    (seen,) = park(database_url, [{"message_id": "seen", "exchange": "x"}], NO_ROUTE, ago=SETTLED)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        inserted = conn.execute(
+            sa.insert(outbox).values(message_id="late", exchange="x", routing_key="", payload=b"x")
+        )
+        late = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        # A settle as the relay's: the row stamped parked at its statement's time, committed
+        # only after the page was drawn (which could not see it).
+        with engine.connect() as relay:
+            relay.begin()
+            relay.execute(
+                sa.update(outbox)
+                .where(outbox.c.id == late)
+                .values(status=PARKED, last_error=NO_ROUTE, next_attempt_at=database_time())
+            )
+            page, _ = reads.page(ParkedFilter(exchange="x"), None, 10)
+            bound = reads.now()
+            relay.commit()
+        assert [r.id for r in page] == [seen]
+        assert reads.count(ParkedFilter(exchange="x"), bound) == (1, 1)
+        result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
+    finally:
+        reads.close()
+        actions.close()
+        engine.dispose()
+    assert (result.changed, result.parked_since) == (1, 1)
+    assert statuses_of(database_url, [seen, late]) == {seen: "pending", late: "parked"}
+
+
 def test_a_bulk_change_goes_in_chunks_and_its_entry_counts_them_all(database_url: str) -> None:
     rows = CONSOLE_CHUNK_ROWS + 5
-    park(database_url, [{"message_id": f"c{i}"} for i in range(rows)], NO_ROUTE)
+    park(database_url, [{"message_id": f"c{i}"} for i in range(rows)], NO_ROUTE, ago=SETTLED)
     reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
     try:
         result = actions.discard(OTTO, None, ParkedFilter(), reads.now())

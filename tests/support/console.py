@@ -24,6 +24,7 @@ from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
 from devtools.relayproc import relay_env
 from devtools.servers import free_port, port_open, wait_until
 from relay.console.passwords import hash_password
+from relay.constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.clock import database_time
 from relay.db.schema import outbox
 from relay.records import PARKED
@@ -47,6 +48,8 @@ USERS = {"vera": "viewer", "otto": "operator", "ada": "admin"}
 # Hostile text: markup and script where a page shows values.
 SCRIPT = "<script>alert('xss')</script>"
 IMG = '"><img src=x onerror=alert(1)>'
+# Parked long enough before a page for a change by filter to take (CONSOLE_SETTLE_HORIZON_S).
+SETTLED = 2 * CONSOLE_SETTLE_HORIZON_S
 
 
 def users_file(directory: Path) -> Path:
@@ -57,9 +60,9 @@ def users_file(directory: Path) -> Path:
     return path
 
 
-def park(url: str, rows: list[dict[str, Any]], reason: str) -> list[int]:
+def park(url: str, rows: list[dict[str, Any]], reason: str, ago: float = 0) -> list[int]:
     """``rows`` inserted and parked as the relay parks them (``last_error`` the reason, the
-    parking time the database's now); their ids."""
+    parking time the database's now, or ``ago`` seconds before it); their ids."""
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
@@ -74,7 +77,10 @@ def park(url: str, rows: list[dict[str, Any]], reason: str) -> list[int]:
                 sa.update(outbox)
                 .where(outbox.c.id.in_(ids))
                 .values(
-                    status=PARKED, attempts=10, last_error=reason, next_attempt_at=database_time()
+                    status=PARKED,
+                    attempts=10,
+                    last_error=reason,
+                    next_attempt_at=database_time(-ago),
                 )
             )
         return ids
