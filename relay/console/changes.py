@@ -5,6 +5,7 @@ edited copy (``edit``). Every change is audited (``relay.db.console_actions``)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime
 
@@ -166,24 +167,8 @@ async def edit(console: Console, request: Request) -> Response:
     fields = await form_of(request)
     check_csrf(console, session, fields)
     given = dict(fields)
-    changes: dict[str, object] = {}
-    for name in ("exchange", "routing_key", "content_type"):
-        if name in given:
-            changes[name] = forms.text(given, name)
-    headers = forms.text(given, "headers") if "headers" in given else None
-    if headers:
-        try:
-            parsed = json.loads(headers)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise InputError("headers: not a JSON object")
-        changes["headers"] = headers
-    elif "headers" in given:
-        changes["headers"] = None
-    if "payload" in given:
-        changes["payload"] = given["payload"].encode("utf-8")
     row_id = int(request.path_params["row_id"])
+    changes = await _edits(console, row_id, given)
     actor = Actor(session.user, session.role)
     try:
         result = await run_in_threadpool(console.actions.edit, actor, row_id, changes)
@@ -194,3 +179,48 @@ async def edit(console: Console, request: Request) -> Response:
     console.metrics.rows_changed.labels("edit_and_replay").inc()
     response = RedirectResponse(f"{_root(request)}/rows/{result.new_ids[0]}", 303)
     return keep_session(console, response, session, _root(request))
+
+
+async def _edits(console: Console, row_id: int, given: dict[str, str]) -> dict[str, object]:
+    """The fields the admin changed, compared with the row as the browser posts it back: a
+    field left as it was keeps the row's own bytes (a textarea posts line breaks as CRLF and
+    an input drops them)."""
+    row = await run_in_threadpool(console.reads.row, row_id, console.config.console_payload_preview)
+    if row is None:
+        raise Refused(404, f"no row {row_id} in the outbox or its archive")
+    was: dict[str, str | None] = {
+        "exchange": row.summary.exchange,
+        "routing_key": row.summary.routing_key,
+        "content_type": row.content_type,
+        "headers": row.headers or "",
+        "payload": None,  # shown only when whole and text: else any value is a change
+    }
+    if row.payload_size == len(row.payload):
+        with contextlib.suppress(UnicodeDecodeError):
+            was["payload"] = row.payload.decode("utf-8")
+    changes: dict[str, object] = {}
+    for name, original in was.items():
+        if name not in given:
+            continue
+        value = given[name] if name == "payload" else forms.text(given, name)
+        multiline = name in ("headers", "payload")
+        if (changed := forms.edited(original, value, multiline)) is not None:
+            changes[name] = changed
+    if "headers" in changes:
+        changes["headers"] = _headers(str(changes["headers"]))
+    if "payload" in changes:
+        changes["payload"] = str(changes["payload"]).encode("utf-8")
+    return changes
+
+
+def _headers(text: str) -> str | None:
+    """Edited headers: a JSON object, or none (empty)."""
+    if not text.strip():
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise InputError("headers: not a JSON object")
+    return text

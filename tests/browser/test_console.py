@@ -22,7 +22,7 @@ from playwright.sync_api import Page
 from devtools.broker import drain
 from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, free_port
-from relay.db.schema import console_audit
+from relay.db.schema import console_audit, outbox
 from tests.support.console import (
     IMG,
     SCRIPT,
@@ -427,3 +427,55 @@ def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
     assert statuses_of(sqlite_url, [original, copy]) == {original: "parked", copy: "pending"}
     (entry,) = audit_rows(sqlite_url)
     assert (entry.actor, entry.role, entry.action) == ("ada", "admin", "edit_and_replay")
+
+
+def test_an_edit_keeps_the_bytes_of_every_field_the_admin_left_alone(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    payloads = [b'{"a":1}\n{"b":2}\n', b"\nhello", b"a\rb", b"line  \n", b"crlf\r\nkept"]
+    headers = '{"k": "v",\n "n": 1}'
+    rows = park(
+        sqlite_url,
+        [
+            {"message_id": f"e{n}", "exchange": "old", "payload": p, "headers": headers}
+            for n, p in enumerate(payloads)
+        ],
+        NO_ROUTE,
+    )
+    env = console_env(
+        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
+    )
+    copies = []
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "ada")
+        for row in rows:
+            page.goto(f"{console.url}/rows/{row}")
+            page.fill("form.edit input[name=exchange]", "fixed")
+            page.click("form.edit button[type=submit]")
+            copies.append(int(page.url.rsplit("/", 1)[1]))
+        page.goto(f"{console.url}/rows/{rows[0]}")  # the payload edited: its line breaks as LF
+        page.fill("form.edit textarea[name=payload]", '{"a":2}\n{"b":3}\n')
+        page.click("form.edit button[type=submit]")
+        copies.append(int(page.url.rsplit("/", 1)[1]))
+        assert chromium.dialogs == [] and chromium.errors == []
+    stored = rows_of(sqlite_url, copies)
+    for copy, payload in zip(copies, payloads, strict=False):
+        assert stored[copy] == ("fixed", payload, headers)
+    assert stored[copies[-1]] == ("old", b'{"a":2}\n{"b":3}\n', headers)
+    changed = [json.loads(e.target)["changed"] for e in audit_rows(sqlite_url)]
+    assert changed == [["exchange"]] * len(payloads) + [["payload"]]
+
+
+def rows_of(url: str, ids: list[int]) -> dict[int, tuple[str, bytes, str | None]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.select(outbox.c.id, outbox.c.exchange, outbox.c.payload, outbox.c.headers).where(
+                    outbox.c.id.in_(ids)
+                )
+            )
+            return {int(i): (e, bytes(p), h) for i, e, p, h in found}
+    finally:
+        engine.dispose()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from relay.console.causes import cause_of
-from relay.console.forms import cursor, ids, parked_filter, preview
+from relay.console.forms import cursor, edited, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.passwords import hash_password, hash_problem, verify_password
@@ -208,6 +208,27 @@ def test_form_fields_are_checked() -> None:
 )
 def test_a_preview_is_text_or_a_hex_dump(payload: bytes, size: int, kind: str, shown: str) -> None:
     assert preview(payload, size) == (kind, shown)
+
+
+@pytest.mark.parametrize(
+    "original, submitted, multiline, stored",
+    [
+        ('{"a":1}\n', '{"a":1}\r\n', True, None),  # unchanged: the row's bytes kept
+        ("a\rb", "a\r\nb", True, None),
+        ("\nhello", "\r\nhello", True, None),
+        ("crlf\r\n", "crlf\r\n", True, None),
+        ("x\ny", "x\r\nz", True, "x\nz"),  # changed: LF as the original had it
+        ("x\r\ny", "x\r\nz", True, "x\r\nz"),  # the original had CRs: kept as posted
+        (None, "new\r\n", True, "new\n"),
+        ("orders", "orders", False, None),
+        ("or\nders", "orders", False, None),  # an input drops line breaks
+        ("orders", "billing", False, "billing"),
+    ],
+)
+def test_an_edit_forms_field_is_stored_only_when_changed(
+    original: str | None, submitted: str, multiline: bool, stored: str | None
+) -> None:
+    assert edited(original, submitted, multiline) == stored
 
 
 def test_the_users_file_names_its_bad_line_and_never_a_hash() -> None:
