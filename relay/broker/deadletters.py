@@ -3,11 +3,14 @@ message of a dead-letter queue without taking it, and move those chosen back to 
 they came from.
 
 Each message is fetched unacknowledged (``basic.get``), so none is seen twice in one pass; the
-chosen ones are handed to ``before_moving`` (the inbox's attempts of theirs forgotten, so
-that each comes back with its whole retry schedule), then each is published to its queue
-with confirms and then acked; the others go back to the dead-letter queue together at the
-end, in their order. A pass that fails midway (the connection lost, ``before_moving``
-raising) leaves every message not yet acked where it was.
+chosen ones whose queue is there (a passive declare) are handed to ``before_moving`` (the
+inbox's attempts of theirs forgotten, so that each comes back with its whole retry
+schedule), then each is published to its queue with confirms and then acked; the others go
+back to the dead-letter queue together at the end, in their order. A pass that fails midway
+(the connection lost, ``before_moving`` raising) leaves every message not yet acked where it
+was; ``MoveFailed`` names those moved. A letter's attempts are forgotten only when it is
+about to move: only a queue deleted between the look and the publish leaves a letter
+dead-lettered with its attempts forgotten (it stays, named by the failure).
 """
 
 from __future__ import annotations
@@ -96,9 +99,10 @@ def dead_letters(
     before_moving: Callable[[list[DeadLetter]], None] | None = None,
     readable_only: bool = False,
 ) -> list[DeadLetter]:
-    """Every message of ``dead_queue``, described; with ``move``, the ones it picks are handed
-    to ``before_moving``, then put back into the queue they came from (their reason headers
-    taken off) and returned alone. ``readable_only``: a queue a read could drop or reorder
+    """Every message of ``dead_queue``, described; with ``move``, the ones it picks whose
+    queue is there are handed to ``before_moving``, then put back into the queue they came
+    from (their reason headers taken off), and those moved returned alone (``MoveFailed``,
+    naming them, when moving fails midway). ``readable_only``: a queue a read could drop or reorder
     letters of (``relay.broker.queue_kind``) is refused (InputError), none read."""
     with _connected(urls, name, tls, dead_queue) as connection:
         depth = _depth(connection.channel(), dead_queue)
@@ -152,19 +156,55 @@ def _read(
         elif letter.queue and move(letter):
             chosen.append((method.delivery_tag, properties, body, letter))
             found.append(letter)
-    if chosen and before_moving is not None:
-        before_moving(found)
-    for tag, properties, body, letter in chosen:
-        properties.headers = {
-            k: v
-            for k, v in (properties.headers or {}).items()
-            if k not in DEAD_HEADERS and k != RETRY_HEADER
-        }
-        channel.basic_publish("", letter.queue, body, properties, mandatory=True)
-        channel.basic_ack(tag)
-    # The rest back to the dead-letter queue, in their order.
-    channel.basic_nack(0, multiple=True, requeue=True)
-    return found
+    if move is None:
+        channel.basic_nack(0, multiple=True, requeue=True)  # all back, in their order
+        return found
+    # A letter whose queue is gone stays (nothing forgotten of it): moving it would fail.
+    there: dict[str, bool] = {}
+    movable = [c for c in chosen if _exists(connection, c[3].queue, there)]
+    if movable and before_moving is not None:
+        before_moving([letter for *_, letter in movable])
+    moved: list[DeadLetter] = []
+    try:
+        for tag, properties, body, letter in movable:
+            properties.headers = {
+                k: v
+                for k, v in (properties.headers or {}).items()
+                if k not in DEAD_HEADERS and k != RETRY_HEADER
+            }
+            channel.basic_publish("", letter.queue, body, properties, mandatory=True)
+            channel.basic_ack(tag)
+            moved.append(letter)
+        # The rest back to the dead-letter queue, in their order.
+        channel.basic_nack(0, multiple=True, requeue=True)
+    except pika.exceptions.AMQPError as exc:
+        # Those not acked go back when the connection closes, in their order.
+        raise MoveFailed(moved, exc) from exc
+    return moved
+
+
+class MoveFailed(BrokerError):
+    """Moving dead letters failed midway: ``moved`` went back to their queues first."""
+
+    def __init__(self, moved: list[DeadLetter], cause: BaseException) -> None:
+        super().__init__(f"moving dead letters failed after {len(moved)}: {type(cause).__name__}")
+        self.moved = moved
+        self.cause = cause
+
+
+def _exists(connection: pika.BlockingConnection, queue: str, there: dict[str, bool]) -> bool:
+    """Whether ``queue`` is there (a passive declare, on a channel of its own: a look at a
+    queue that is not there closes its channel), remembered in ``there``."""
+    if queue not in there:
+        look = connection.channel()
+        try:
+            look.queue_declare(queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            there[queue] = False
+        else:
+            look.close()
+            there[queue] = True
+    return there[queue]
 
 
 def _described(properties: pika.BasicProperties) -> DeadLetter:

@@ -14,12 +14,13 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relay.admin.inbox import requeue
+from relay.broker.deadletters import MoveFailed
 from relay.console import forms
 from relay.console.access import Refused, check_csrf, form_of, keep_session, require
 from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, ParkedFilter
 from relay.console.state import Console
 from relay.constants import CONSOLE_SETTLE_HORIZON_S
-from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE
+from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE, failed
 from relay.errors import InputError
 
 ACTIONS = (REPLAY, DISCARD, RESTORE, REQUEUE)
@@ -150,11 +151,21 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
     if queue not in console.config.console_inbox_queues:
         raise InputError("queue: not one of the console's inbox queues")
     wanted = set(change.letters)
-    with console.dead_letter_lock(queue):
-        moved = requeue(
-            console.settings, queue, lambda letter: letter.key in wanted, readable_only=True
-        )
     target = json.dumps({"queue": queue, "message_ids": sorted(wanted)})
+    try:
+        with console.dead_letter_lock(queue):
+            moved = requeue(
+                console.settings, queue, lambda letter: letter.key in wanted, readable_only=True
+            )
+    except MoveFailed as exc:
+        result = (
+            f"failed after moving {len(exc.moved)} of {len(wanted)}: {type(exc.cause).__name__}"
+        )
+        console.actions.record(actor, REQUEUE, target, len(exc.moved), result)
+        raise Refused(502, f"the broker refused a letter: {len(exc.moved)} moved first") from exc
+    except Exception as exc:
+        console.actions.record(actor, REQUEUE, target, 0, failed(0, exc))
+        raise
     result = f"moved {len(moved)} of {len(wanted)}"
     console.actions.record(actor, REQUEUE, target, len(moved), result)
     return ActionResult(len(moved), left=len(wanted) - len(moved))

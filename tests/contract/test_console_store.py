@@ -5,13 +5,14 @@ with its audit entry."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
-from devtools.servers import PostgresServer
+from devtools.servers import PostgresServer, wait_until
 from relay.console.records import Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
@@ -19,7 +20,7 @@ from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.db.roles import CONSOLE, grants
 from relay.db.schema import console_audit, outbox
-from relay.errors import InputError
+from relay.errors import InputError, StoreError
 from relay.records import PARKED
 from tests.support.console import SETTLED, park, statuses_of
 
@@ -166,6 +167,69 @@ def test_a_bulk_change_goes_in_chunks_and_its_entry_counts_them_all(database_url
     assert (entry.action, entry.rows, entry.result) == ("discard", rows, "done")
 
 
+def test_a_bulk_change_failing_midway_ends_its_entry_with_what_committed(
+    postgresql_url: str,
+) -> None:
+    rows = CONSOLE_CHUNK_ROWS + 5
+    ids = park(
+        postgresql_url, [{"message_id": f"f{i}"} for i in range(rows)], NO_ROUTE, ago=SETTLED
+    )
+    engine = sa.create_engine(postgresql_url)
+    reads, actions = ConsoleReads(postgresql_url), ConsoleActions(postgresql_url)
+    raised: list[BaseException] = []
+
+    def replay() -> None:
+        try:
+            actions.replay(OTTO, None, ParkedFilter(), reads.now())
+        except StoreError as exc:
+            raised.append(exc)
+
+    waiting = sa.text(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database()"
+    )
+    try:
+        with engine.connect() as other:
+            other.begin()  # holds the second chunk's last row
+            other.execute(sa.select(outbox.c.id).where(outbox.c.id == ids[-1]).with_for_update())
+            worker = threading.Thread(target=replay)
+            worker.start()
+            # (Autocommit: a transaction would see one snapshot of pg_stat_activity.)
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as look:
+                # The second chunk waits on that row: its connection is cut.
+                wait_until(lambda: look.execute(waiting).first() is not None, 60, "a lock wait")
+                (pid,) = look.execute(waiting).one()
+                look.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            worker.join()
+            other.rollback()
+    finally:
+        reads.close()
+        actions.close()
+        engine.dispose()
+    assert len(raised) == 1
+    (entry,) = audit(postgresql_url)
+    assert (entry.action, entry.rows) == ("replay", CONSOLE_CHUNK_ROWS)
+    assert entry.result == f"failed after {CONSOLE_CHUNK_ROWS} rows: StoreError"
+    assert list(statuses_of(postgresql_url, ids).values()).count("pending") == CONSOLE_CHUNK_ROWS
+
+
+def test_a_refused_edit_is_audited_as_failed(database_url: str) -> None:
+    (row,) = park(database_url, [{"message_id": "r"}], NO_ROUTE)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        actions.replay(OTTO, [row], None, reads.now())
+        with pytest.raises(InputError):
+            actions.edit(ADA, row, {"exchange": "x"})
+    finally:
+        reads.close()
+        actions.close()
+    entries = audit(database_url)
+    assert [(e.action, e.rows, e.result) for e in entries] == [
+        ("replay", 1, "done"),
+        ("edit_and_replay", 0, "failed after 0 rows: InputError"),
+    ]
+
+
 def test_chosen_ids_that_changed_since_the_page_are_left_and_reported(database_url: str) -> None:
     ids = park(database_url, [{"message_id": f"i{i}"} for i in range(3)], NO_ROUTE)
     reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
@@ -220,11 +284,12 @@ def test_an_edited_copy_is_a_new_row_linked_to_its_kept_original(database_url: s
     assert (before.status, before.edited_into, before.summary.exchange) == ("parked", [copy], "old")
     assert (after.status, after.edited_from, after.payload) == ("pending", original, b"fixed")
     assert after.summary.message_id != "o"
-    (entry,) = audit(database_url)
+    entry, refused = audit(database_url)
     assert "fixed" not in entry.target and json.loads(entry.target) == {
         "id": original,
         "changed": ["exchange", "payload"],
     }
+    assert (refused.rows, refused.result) == (0, "failed after 0 rows: InputError")
 
 
 def test_a_parked_rows_page_lists_its_keys_rows_held_behind_it(database_url: str) -> None:
