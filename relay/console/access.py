@@ -43,10 +43,15 @@ async def session_of(console: Console, request: Request) -> Session | None:
     if not from_proxy(peer, console.config.console_proxy_addresses):
         console.metrics.login_failures.labels("proxy").inc()
         raise Refused(403, "identity headers are believed from the configured proxy only")
-    user = request.headers.get(console.config.console_proxy_user_header, "").strip()
+    user_header = console.config.console_proxy_user_header
+    groups_header = console.config.console_proxy_groups_header
+    if any(len(request.headers.getlist(name)) > 1 for name in (user_header, groups_header)):
+        # Which one the proxy set, and which one came from the browser through it?
+        raise Refused(400, "an identity header sent more than once")
+    user = request.headers.get(user_header, "").strip()
     if not user:
         raise Refused(401, "the proxy sent no user")
-    groups = groups_of(request.headers.get(console.config.console_proxy_groups_header, ""))
+    groups = groups_of(request.headers.get(groups_header, ""))
     role = role_of(groups, console.config)
     if role is None:
         console.metrics.login_failures.labels("no_role").inc()

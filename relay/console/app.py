@@ -131,7 +131,11 @@ def create_app(console: Console) -> Starlette:
         ),
     ]
     middleware = [Middleware(BaseHTTPMiddleware, dispatch=functools.partial(_guard, console))]
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    # No redirect of /rows/ to /rows: Starlette builds it absolute, from the request's Host
+    # header, which anyone can set.
+    app.router.redirect_slashes = False
+    return app
 
 
 async def _alive(console: Console, request: Request) -> Response:
@@ -175,6 +179,13 @@ async def _guard(
     except BrokerError as exc:
         log.warning("console: %s", exc, extra={"action": "console_broker_error"})
         response = _error(console, request, 503, "the broker did not answer; try again")
+    except Exception:
+        # Answered here, not by the server's default 500, so that it too carries the
+        # security headers.
+        log.exception(
+            "console: %s %s failed", request.method, route, extra={"action": "console_error"}
+        )
+        response = _error(console, request, 500, "the console failed; the log says why")
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
     console.metrics.requests.labels(route, request.method, str(response.status_code)).inc()

@@ -8,12 +8,13 @@ and run nothing. Screenshots go to docs/images/console/ when CONSOLE_SCREENSHOTS
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -479,3 +480,46 @@ def rows_of(url: str, ids: list[int]) -> dict[int, tuple[str, bytes, str | None]
             return {int(i): (e, bytes(p), h) for i, e, p, h in found}
     finally:
         engine.dispose()
+
+
+def test_errors_carry_the_security_headers_and_nothing_redirects_to_the_host_header(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A broker that does not answer is a page (503) with the headers every page has; a
+    trailing slash is not redirected to wherever the Host header says; a proxy's identity
+    header sent twice is refused."""
+    queue = "orders"
+    env = console_env(
+        sqlite_url,
+        RELAY_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F",  # nothing listens
+        RELAY_CONSOLE_AUTH="proxy",
+        RELAY_CONSOLE_PROXY_ADDRESSES="127.0.0.1",
+        RELAY_CONSOLE_VIEWER_GROUPS="staff",
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console:
+        who = [("X-Forwarded-User", "pat"), ("X-Forwarded-Groups", "staff")]
+        status, headers, _page = raw(console.url, f"/inbox/{queue}", who)
+        assert status == 503
+        assert headers["content-security-policy"].startswith("default-src 'none'")
+        assert headers["x-frame-options"] == "DENY" and headers["cache-control"] == "no-store"
+        status, headers, _page = raw(console.url, "/rows/", [*who, ("Host", "evil.example")])
+        assert status == 404 and "location" not in headers
+        twice = [*who, ("X-Forwarded-User", "admin")]
+        status, _headers, page = raw(console.url, "/", twice)
+        assert status == 400 and "sent more than once" in page
+
+
+def raw(base: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, dict[str, str], str]:
+    """A GET with exactly ``headers`` (repeated ones as sent): status, headers, page."""
+    connection = http.client.HTTPConnection(urlsplit(base).netloc, timeout=120)
+    try:
+        connection.putrequest("GET", path, skip_host=any(n == "Host" for n, _ in headers))
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.endheaders()
+        answer = connection.getresponse()
+        found = {name.lower(): value for name, value in answer.getheaders()}
+        return answer.status, found, answer.read().decode()
+    finally:
+        connection.close()

@@ -12,6 +12,7 @@ from relay.console.causes import cause_of
 from relay.console.forms import cursor, edited, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
 from relay.console.limiter import HashGate, LoginLimiter
+from relay.console.oidc import party_problem
 from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.records import Actor
 from relay.console.sessions import Sessions, Signer
@@ -229,6 +230,26 @@ def test_an_edit_forms_field_is_stored_only_when_changed(
     original: str | None, submitted: str, multiline: bool, stored: str | None
 ) -> None:
     assert edited(original, submitted, multiline) == stored
+
+
+@pytest.mark.parametrize(
+    "claims, problem",
+    [
+        ({"aud": "console"}, None),
+        ({"aud": ["console"]}, None),
+        ({"aud": ["console", "other"], "azp": "console"}, None),
+        ({"aud": ["console", "other"]}, "it has several audiences and no authorized party (azp)"),
+        (
+            {"aud": ["console", "other"], "azp": "other"},
+            "its authorized party (azp) is not console",
+        ),
+        ({"aud": "console", "azp": "other"}, "its authorized party (azp) is not console"),
+    ],
+)
+def test_an_id_token_is_this_clients_only_when_its_authorized_party_says_so(
+    claims: dict[str, object], problem: str | None
+) -> None:
+    assert party_problem(claims, "console") == problem
 
 
 def test_the_users_file_names_its_bad_line_and_never_a_hash() -> None:
