@@ -73,7 +73,8 @@ class Listing:
     @property
     def partial(self) -> bool:
         """Fewer letters read than the queue held: another reader (a second view, `relay
-        inbox`, a requeue) had the others in hand while these were read."""
+        inbox`, a requeue) had the others in hand while these were read, or they arrived
+        meanwhile."""
         return not self.unreadable and len(self.letters) < max(self.depth, self.depth_after)
 
 
