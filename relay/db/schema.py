@@ -361,3 +361,14 @@ outbox_edits = sa.Table(
     sa.Column("edited_by", SHORT_TEXT, nullable=False),
 )
 sa.Index("outbox_edits_original_idx", outbox_edits.c.original_id)
+
+# Console sessions ended before their time (a logout): a session's cookie stays signed and
+# within its lifetime, so the console refuses it by its id here, until its lifetime is over
+# (``ends_at``; rows past it are deleted at the next logout). The id is a SHA-256 of the
+# session's nonce, never the nonce its CSRF token comes from.
+console_sessions_ended = sa.Table(
+    "console_sessions_ended",
+    metadata,
+    sa.Column("session_id", SHORT_TEXT, primary_key=True),
+    sa.Column("ends_at", UTCDateTime(), nullable=False),
+)
