@@ -8,7 +8,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.db.schema import outbox, outbox_buckets, outbox_sent, sent_key_value
+from relay.db.columns import sent_key_value
+from relay.db.schema import outbox, outbox_buckets, outbox_sent
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000

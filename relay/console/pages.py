@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relay.broker.deadletters import dead_letters
+from relay.broker.deadletters import Listing, listing
 from relay.console import forms
 from relay.console.access import Refused, keep_session, require
 from relay.console.records import VIEWER
@@ -21,7 +21,7 @@ def _root(request: Request) -> str:
 
 
 async def overview(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     found = await run_in_threadpool(console.reads.overview)
@@ -36,7 +36,7 @@ async def overview(console: Console, request: Request) -> Response:
 
 
 async def rows(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     fields = dict(request.query_params)
@@ -63,7 +63,7 @@ async def rows(console: Console, request: Request) -> Response:
 
 
 async def row(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     row_id = int(request.path_params["row_id"])
@@ -89,7 +89,7 @@ async def row(console: Console, request: Request) -> Response:
 
 
 async def archive(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     after = request.query_params.get("after", "")
@@ -103,7 +103,7 @@ async def archive(console: Console, request: Request) -> Response:
 
 
 async def audit(console: Console, request: Request) -> Response:
-    session = require(console, request, VIEWER)
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     after = request.query_params.get("after", "")
@@ -118,22 +118,22 @@ async def audit(console: Console, request: Request) -> Response:
 
 async def inbox(console: Console, request: Request) -> Response:
     """An inbox queue's dead letters, every one read and put back in its order
-    (``relay.broker.deadletters``): none lost, none reordered."""
-    session = require(console, request, VIEWER)
+    (``relay.broker.deadletters``), when its queue is one where reading loses and reorders
+    none (a classic queue without a delivery limit); else its depth, and why not."""
+    session = await require(console, request, VIEWER)
     if isinstance(session, Response):
         return session
     queue = request.path_params["queue"]
     if queue not in console.config.console_inbox_queues:
         raise Refused(404, "not one of the console's inbox queues")
     s = console.settings
-    letters = await run_in_threadpool(
-        dead_letters, s.amqp_urls, s.name, s.amqp_tls, dead_letter_queue(queue)
-    )
-    response = console.page(
-        request,
-        "inbox.html",
-        session,
-        queue=queue,
-        letters=letters,
-    )
+
+    def read() -> Listing:
+        # One reader at a time per queue in this process: two views reading at once would
+        # each see only the letters the other did not hold.
+        with console.dead_letter_lock(queue):
+            return listing(s.amqp_urls, s.name, s.amqp_tls, dead_letter_queue(queue))
+
+    found = await run_in_threadpool(read)
+    response = console.page(request, "inbox.html", session, queue=queue, listing=found)
     return keep_session(console, response, session, _root(request))

@@ -191,10 +191,13 @@ def _not_utf8(values: Sequence[Any]) -> str | None:
 
 def _payload(value: Any) -> bytes:
     # Published as the bytes stored, or not at all: the claim reads a payload as bytes on
-    # every database (SQLite's TEXT as its BLOB: ``relay.db.dialects``), and a text here
-    # would have been decoded once already.
+    # every database (SQLite's TEXT as its BLOB: ``relay.db.dialects``). A text comes only
+    # from a SQLite database whose encoding is UTF-16, which converted the writer's text
+    # when it stored it: published as UTF-8, or parked when it holds no text.
     if isinstance(value, bytes | memoryview):
         return bytes(value)
+    if isinstance(value, str):
+        return _text({"payload": value}, "payload").encode()
     raise _Unreadable(f"payload is {_stored(value)}, not bytes")
 
 

@@ -29,9 +29,7 @@ from relay.upgrade import LiveRelay
 from tests.support.privileges import definer_functions
 
 # This release's newest revision, which an upgrade to "head" reaches.
-HEAD = str(
-    ScriptDirectory(str(resources.files("relay.db.migrations"))).get_current_head()
-)
+HEAD = str(ScriptDirectory(str(resources.files("relay.db.migrations"))).get_current_head())
 
 
 def differences(url: str) -> list[object]:

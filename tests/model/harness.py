@@ -201,7 +201,7 @@ class Inboxes:
             for flavour, queue in zip(FLAVOURS, queues, strict=True)
         ]
         self.published: dict[str, tuple[list[str], str]] = {}
-        self.refusing: str | None = None
+        self.refusing: list[str] | None = None
         self._supervising = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
 
@@ -253,16 +253,24 @@ class Inboxes:
         self._supervisor.start()
 
     def refuse_dead_letters(self) -> None:
-        """The dead letters' queues at their length limit, refusing publishes."""
-        self.refusing = f"model-full-{uuid.uuid4().hex[:6]}"
-        pattern = "|".join(f"^{f.queue}\\.dead-letters$" for f in self.front_ends)
-        full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
-        self.rabbit.ctl("set_policy", "--apply-to", "queues", self.refusing, pattern, full)
+        """The dead letters' queues at their length limit, refusing publishes: a limit of as
+        many as each holds (a lower one would drop the oldest), so call it with no dead
+        letter on its way (after a settling)."""
+        self.refusing = []
+        for front_end in self.front_ends:
+            name = f"model-full-{front_end.flavour}-{uuid.uuid4().hex[:6]}"
+            dead = f"{front_end.queue}.dead-letters"
+            with pika.BlockingConnection(pika.URLParameters(self.rabbit.url)) as conn:
+                held = conn.channel().queue_declare(dead, passive=True).method.message_count
+            full = json.dumps({"max-length": held, "overflow": "reject-publish"})
+            pattern = f"^{dead.replace('.', '[.]')}$"
+            self.rabbit.ctl("set_policy", "--apply-to", "queues", name, pattern, full)
+            self.refusing.append(name)
 
     def accept_dead_letters(self) -> None:
-        if self.refusing is not None:
-            self.rabbit.ctl("clear_policy", self.refusing)
-            self.refusing = None
+        for name in self.refusing or ():
+            self.rabbit.ctl("clear_policy", name)
+        self.refusing = None
 
     def settled(self, front_end: FrontEnd, fates: dict[str, set[Fate]]) -> bool:
         """Whether every message published has met its fate at ``front_end`` (processed or

@@ -73,6 +73,7 @@ def machine(make: Make, aborts: bool, away: bool) -> type[RuleBasedStateMachine]
         @precondition(lambda self: self.inboxes.refusing is None)
         @rule()
         def refuse_dead_letters(self) -> None:
+            self.settle()  # no dead letter on its way: the limit is what the queues hold
             self.inboxes.refuse_dead_letters()
 
         @precondition(lambda self: self.inboxes.refusing is not None)

@@ -39,6 +39,8 @@ def make(
     lease_margin: float = 1.0,
     linger: float = 0.0,
     settle_linger: float | None = None,
+    poll_interval: float = 0.01,
+    turn_interval: float = 0.05,
     clock: Callable[[], float] = loop_time,
 ) -> Relay:
     """A relay on ``store`` and ``publisher``, which checks the relay's lease as the real
@@ -52,11 +54,11 @@ def make(
         publisher.lease,
         batch_size=batch_size,
         max_inflight_bytes=max_inflight_bytes,
-        poll_interval=0.01,
+        poll_interval=poll_interval,
         drain_timeout=1.0,
         linger=linger,
         settle_linger=settle_linger,
-        turn_interval=0.05,
+        turn_interval=turn_interval,
         retry=Backoff(0.01, 0.05),
     )
 
@@ -506,9 +508,15 @@ def stream(
     loop = VirtualTimeLoop()
     store = Watched(loop)
     publisher = ScriptedPublisher(lambda row: "ack", window=1000, answer_after=answer_after)
-    relay = make(store, publisher, batch_size=500, linger=linger)
-    # The defaults: a few polls and turns a stream (each may claim).
-    relay.poll_interval, relay.turn_interval = POLL_INTERVAL_S, TURN_INTERVAL_MAX_S
+    # The defaults' polls and turns: a few a stream (each may claim).
+    relay = make(
+        store,
+        publisher,
+        batch_size=500,
+        linger=linger,
+        poll_interval=POLL_INTERVAL_S,
+        turn_interval=TURN_INTERVAL_MAX_S,
+    )
     committed: dict[str, float] = {}
     published: dict[str, float] = {}
     publish = publisher.publish
@@ -572,8 +580,7 @@ def test_a_backlog_is_claimed_and_settled_without_lingering() -> None:
     loop = VirtualTimeLoop()
     store = Watched(loop)
     fill(store, 1000)
-    relay = make(store, ScriptedPublisher(lambda row: "ack", window=100), batch_size=50)
-    relay.linger = 0.5
+    relay = make(store, ScriptedPublisher(lambda row: "ack", window=100), batch_size=50, linger=0.5)
 
     async def scenario() -> float:
         task = asyncio.create_task(relay.run())
@@ -623,9 +630,15 @@ def test_two_relays_without_a_linger_claim_each_new_row_once_between_them() -> N
         store.owner, store.clock = owner, shared.clock
         store.rows, store.buckets, store.relays = shared.rows, shared.buckets, shared.relays
         store.protocols, store.admits, store.lock = shared.protocols, shared.admits, shared.lock
-    relays = [make(s, ScriptedPublisher(lambda row: "ack", answer_after=0.003)) for s in stores]
-    for relay in relays:
-        relay.poll_interval, relay.turn_interval = POLL_INTERVAL_S, TURN_INTERVAL_MAX_S
+    relays = [
+        make(
+            s,
+            ScriptedPublisher(lambda row: "ack", answer_after=0.003),
+            poll_interval=POLL_INTERVAL_S,
+            turn_interval=TURN_INTERVAL_MAX_S,
+        )
+        for s in stores
+    ]
     rows = 200
 
     async def scenario() -> None:

@@ -102,7 +102,14 @@ class SQLite(Dialect):
         # UTF-8 or not) is read as its BLOB: the bytes stored, exactly. Decoded and encoded
         # again, a byte that was not UTF-8 went out as three others (FF as ED B3 BF).
         # Numbers stay numbers, for the decoder to refuse (``relay.db.decode``).
-        return _if_text(value, sa.cast(value, sa.LargeBinary()), value)
+        # In a database whose encoding is UTF-16 a TEXT's BLOB is UTF-16 (the README's JSON
+        # went out as `{\0"\0o\0...`): SQLite converted the writer's text when it stored
+        # it, so the writer's bytes are gone and its text is read, for the decoder to
+        # encode as UTF-8 or refuse. (The encoding is read once a statement.)
+        as_stored = sa.case(
+            (_DATABASE_ENCODING == "UTF-8", sa.cast(value, sa.LargeBinary())), else_=value
+        )
+        return _if_text(value, as_stored, value)
 
     def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
         # No arrays: the changes travel as one JSON array of arrays.
@@ -152,6 +159,12 @@ class SQLite(Dialect):
                 "database is not shared with the writers"
             )
         return None
+
+
+# The main database's text encoding (a table-valued PRAGMA: no side effect), as a value.
+_DATABASE_ENCODING = (
+    sa.select(sa.literal_column("encoding")).select_from(sa.table("pragma_encoding"))
+).scalar_subquery()
 
 
 def _if_text(
