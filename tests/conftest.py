@@ -5,9 +5,10 @@ alone, whatever their folder). MariaDB meets RabbitMQ 3.10 only: what its cases 
 database's side, which the broker's version does not change, and the whole suite must stay
 under 15 minutes; their RabbitMQ 4.0 twins are deselected.
 
-``scripts/test`` runs the suite in two processes (pytest-xdist): each has its own servers
+``scripts/test`` runs the suite in four processes (pytest-xdist): each has its own servers
 (node names carry the process id, ports are free ones, the Debian 13 root is built once under
-a lock), and nothing a test changes is shared with another process's tests.
+a lock), and nothing a test changes is shared with another process's tests. The slowest
+tests are handed out first (``tests/support/schedule.py``).
 
 Two RabbitMQ versions: ``rabbit`` is Debian 12's own (3.10), ``rabbit4`` is 4.0 from a Debian
 13 root (``devtools.debian13``, built on first use into a cache folder). The integration and
@@ -36,6 +37,7 @@ import pytest
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode
 from relay.db.migrate import migrate
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
+from tests.support.schedule import OneProcessModules, SlowestFirst, measured
 
 # tests/<folder>/ -> its layer's marker (declared, with what each layer needs, in pyproject.toml)
 LAYERS = {
@@ -51,6 +53,18 @@ LAYERS = {
     "browser": pytest.mark.browser,
 }
 TESTS = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The slowest tests handed out first (``--dist loadgroup``): tests/support/schedule.py
+    config.pluginmanager.register(SlowestFirst(measured()), "slowest-first")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup``: the modules that share a long server start run in one process."""
+    if config.getvalue("dist") == "loadgroup":
+        return OneProcessModules(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
