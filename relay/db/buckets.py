@@ -148,10 +148,10 @@ def holders(protocol: sa.ColumnElement[Any] = outbox_relays.c.protocol) -> sa.Se
 def _protocols(
     conn: sa.Connection, owner: str, lease: float
 ) -> tuple[set[int], set[int], set[int]]:
-    """``fence``'s view of the other relays: the protocols of the other
-    relays that hold buckets under a live lease (``holders``), of every other relay present
-    (those waiting included: their presence ran out less than a lease ago), and of those
-    counted among the relays (their presence runs now)."""
+    """``fence``'s view of the other relays: the protocols of those that hold buckets under
+    a live lease (``holders``), of every one present (those waiting included: their
+    presence ran out less than a lease ago), and of those counted among the relays (their
+    presence runs now)."""
     relay = outbox_relays.c
     holding = {said for holder, said, _ in conn.execute(holders()) if holder != owner}
     said = sa.func.coalesce(relay.protocol, PROTOCOL_BEFORE_FENCES)
