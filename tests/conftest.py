@@ -36,6 +36,7 @@ import pytest
 
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode
 from relay.db.migrate import migrate
+from tests.support.pairwise import beyond_pairs
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, rabbit_node, running
 from tests.support.schedule import OneProcessModules, SlowestFirst, measured
 
@@ -81,7 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             and any(str(p).startswith("mariadb") for p in callspec.params.values())
         ):
             item.add_marker(pytest.mark.mariadb)
-    left_out = [i for i in items if _twin(i) or _not_on_this_database(i)]
+    left_out = [i for i in items if _twin(i) or _not_on_this_database(i) or _beyond_pairs(i)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [i for i in items if i not in left_out]
@@ -89,6 +90,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _twin(item: pytest.Item) -> bool:
     return bool(item.get_closest_marker("mariadb") and item.get_closest_marker("rabbitmq4"))
+
+
+def _beyond_pairs(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and beyond_pairs(callspec.params)
 
 
 def _not_on_this_database(item: pytest.Item) -> bool:

@@ -31,7 +31,6 @@ from relay.db.engine import create_engine
 from relay.records import SENT
 from tests.faults.harness import EXCHANGE, QUEUE, FaultRelay, connected
 from tests.support.inbox import (
-    FLAVOURS,
     AnyInbox,
     consuming,
     effects,
@@ -39,6 +38,7 @@ from tests.support.inbox import (
     recording,
     value,
 )
+from tests.support.inbox_model import FLAVOURS
 
 pytestmark = pytest.mark.timeout(240)
 ORDERS = 1000

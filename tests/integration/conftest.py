@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from devtools.servers import RabbitNode
-from tests.support.inbox import FLAVOURS, effects, with_table
+from tests.support.inbox import effects, with_table
+from tests.support.inbox_model import FLAVOURS
 from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS
 
 

@@ -33,10 +33,9 @@ from relay.db.migrate import migrate
 from relay.db.schema import inbox_attempts
 from tests.model.consumer import Where, effects, metadata, serve
 from tests.support.inbox import topology
-from tests.support.inbox_model import Fate
+from tests.support.inbox_model import FLAVOURS, Fate
 from tests.support.proxy import TcpProxy
 
-FLAVOURS = ("blocking", "asyncio", "faststream")
 # The consumers' settings: few attempts, short delays (retries, back-off), a prefetch that
 # holds several deliveries when a consumer stops.
 MAX_ATTEMPTS = 3

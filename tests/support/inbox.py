@@ -114,9 +114,6 @@ def recording(
     return recorder, recorder.calls
 
 
-# The inboxes the same tests run over: the blocking one (pika), the asyncio one (aio-pika),
-# and the asyncio one as FastStream middleware.
-FLAVOURS = ("blocking", "asyncio", "faststream")
 AnyInbox = Inbox | AsyncInbox
 
 
