@@ -107,6 +107,17 @@ def _not_on_this_database(item: pytest.Item) -> bool:
     return callspec.params["database_url"] not in databases.args
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (the relay, its drivers, the test modules: some 130,000
+    objects, alive for the whole session) kept out of the cycle collector's sight, so that
+    ``collected`` below looks only at what the tests made: a collection after each test
+    took 0.09 to 0.16 s of CPU over that heap, some 250 s of a suite's four processes on two
+    cores, and 0.004 s after it. Nothing frozen here becomes garbage: the tests' own objects
+    (fixtures of every scope included) are made later and stay in sight."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def collected(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test that may touch a server, its garbage collected before the next test
