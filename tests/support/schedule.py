@@ -1,14 +1,14 @@
 """The order the suite's tests are handed to its processes: the slowest first.
 
 ``scripts/test`` runs the suite in four processes with ``--dist loadgroup``: each test (or
-each module of ``ONE_PROCESS``, kept on one process) is a unit handed to whichever process
+each group of modules of ``ONE_PROCESS``, kept on one process) is a unit handed to whichever process
 is free, in the collection's order. Started last, a test of minutes stretched the run by its whole
 length while the other processes idled; started first, the short ones fill in around it.
 The lengths come from a measured run (``durations.txt`` beside this file, written by
 ``python -m devtools.durations``); a test not listed there (a new one) is taken as short,
 in its collection order.
 
-What is moved is a unit of the order: a module of ``ONE_PROCESS``, or the tests of a module that
+What is moved is a unit of the order: a group of ``ONE_PROCESS``, or the tests of a module that
 share a fixture of the module's (or a class's) scope, kept together so that each process
 sets that fixture up once (pytest tears it down when a process's next test is another
 module's), or else a test. A unit's tests keep their order: pytest has already ordered them
@@ -24,10 +24,16 @@ import pytest
 from xdist.scheduler import LoadGroupScheduling
 
 DURATIONS = Path(__file__).with_name("durations.txt")
-# Modules whose tests all run in one process: they share a server that is long to start (the
-# RabbitMQ cluster). Not xdist_group marks: xdist (3.8) groups by a suffix it writes into
-# each test's id, which pytest 9.2 no longer reads, so the marks grouped nothing.
-ONE_PROCESS = ("tests/cluster/test_rabbitmq_cluster.py",)
+# Modules whose tests all run in one process, by group: they share a server that is long to
+# start. The RabbitMQ cluster; the local SparkSession (a JVM of a gigabyte, 20 to 40 s of
+# CPU to start and warm, which every process that drew one of these tests paid). Not
+# xdist_group marks: xdist (3.8) groups by a suffix it writes into each test's id, which
+# pytest 9.2 no longer reads, so the marks grouped nothing.
+ONE_PROCESS = {
+    "tests/cluster/test_rabbitmq_cluster.py": "rabbitmq-cluster",
+    "tests/spark/test_writer.py": "spark-session",
+    "tests/spark/test_jdbc.py": "spark-session",
+}
 
 
 def measured(path: Path = DURATIONS) -> dict[str, float]:
@@ -53,15 +59,14 @@ WIDER_SCOPES = {"class", "module", "package"}
 
 
 def one_process(nodeid: str) -> str | None:
-    """The module of ``ONE_PROCESS`` that ``nodeid`` is in, if any."""
-    module = nodeid.split("::", 1)[0]
-    return module if module in ONE_PROCESS else None
+    """The group of ``ONE_PROCESS`` that ``nodeid``'s module is in, if any."""
+    return ONE_PROCESS.get(nodeid.split("::", 1)[0])
 
 
 def unit_of(item: pytest.Item) -> str:
-    module = one_process(item.nodeid)
-    if module is not None:
-        return "module " + module
+    group = one_process(item.nodeid)
+    if group is not None:
+        return "group " + group
     if isinstance(item, pytest.Function) and any(
         definitions[-1].scope in WIDER_SCOPES
         for definitions in item._fixtureinfo.name2fixturedefs.values()
@@ -91,7 +96,7 @@ class SlowestFirst:
 
 
 class OneProcessModules(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no types
-    """``--dist loadgroup`` whose groups are the modules of ``ONE_PROCESS``: each other test
+    """``--dist loadgroup`` whose groups are those of ``ONE_PROCESS``: each other test
     is a unit of its own, handed out in the collection's order (the one above)."""
 
     def _split_scope(self, nodeid: str) -> str:

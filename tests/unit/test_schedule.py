@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 
 from devtools.durations import lengths
-from tests.support.schedule import ONE_PROCESS, SlowestFirst
+from tests.support.schedule import ONE_PROCESS, SlowestFirst, one_process
 
 
 @dataclass
@@ -29,13 +29,33 @@ def test_the_longest_first_and_the_unmeasured_last_in_their_order() -> None:
     assert ordered(items, seconds) == ["d", "b", "e", "a", "c"]
 
 
-def test_a_module_of_one_process_moves_whole_by_its_sum_and_keeps_its_order() -> None:
-    (module,) = ONE_PROCESS
-    c1, c2, c3 = (f"{module}::test_c{n}" for n in (1, 2, 3))
+def modules_of(group: str) -> list[str]:
+    return [module for module, named in ONE_PROCESS.items() if named == group]
+
+
+def test_a_group_of_one_process_moves_whole_by_its_sum_and_keeps_its_order() -> None:
+    writer, jdbc = modules_of("spark-session")
+    c1, c2 = f"{writer}::test_c1", f"{writer}::test_c2"
+    c3 = f"{jdbc}::test_c3"
     items = [Item("x"), Item(c1), Item("y"), Item(c2), Item(c3)]
-    # The module: 3 + 3 + 3 = 9 s, more than y's 8 s though each of its tests is shorter.
+    # The group: 3 + 3 + 3 = 9 s across two modules, more than y's 8 s though each of its
+    # tests is shorter.
     seconds = {"x": 1.0, "y": 8.0, c1: 3.0, c2: 3.0, c3: 3.0}
     assert ordered(items, seconds) == [c1, c2, c3, "y", "x"]
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "group"),
+    [
+        ("tests/cluster/test_rabbitmq_cluster.py::test_c1[rabbitmq4.0]", "rabbitmq-cluster"),
+        ("tests/spark/test_writer.py::test_rows[sqlite]", "spark-session"),
+        ("tests/spark/test_jdbc.py::test_append", "spark-session"),
+        ("tests/spark/test_streams.py::test_a_file_stream", None),  # drivers of its own
+        ("tests/unit/test_schedule.py::test_x", None),
+    ],
+)
+def test_the_process_group_of_a_test_is_its_modules(nodeid: str, group: str | None) -> None:
+    assert one_process(nodeid) == group
 
 
 def test_lengths_add_up_a_tests_phases_and_drop_the_group_suffix() -> None:
