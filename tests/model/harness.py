@@ -285,16 +285,18 @@ class Inboxes:
             )
         return all(key in done or key in letters for key in fates)
 
-    def left(self, front_end: FrontEnd) -> dict[str, str]:
-        """The messages left in ``front_end``'s queues (its retry queues too), ready or held
-        by a consumer, by queue."""
+    def left(self) -> dict[str, str]:
+        """The messages left in the front ends' queues (their retry queues too), ready or
+        held by a consumer, by queue: one listing for the three (a ``rabbitmqctl`` run
+        starts an Erlang VM, half a second of CPU)."""
         listed = self.rabbit.ctl("list_queues", "name", "messages", "--quiet", "--no-table-headers")
         found = {}
         for line in listed.splitlines():
             name, _, count = line.rpartition("\t")
-            if name.startswith(front_end.queue) and not name.endswith(".dead-letters"):
+            ours = any(name.startswith(front_end.queue) for front_end in self.front_ends)
+            if ours and not name.endswith(".dead-letters") and count != "0":
                 found[name] = count
-        return {name: count for name, count in found.items() if count != "0"}
+        return found
 
 
 def until(predicate: Callable[[], object], timeout: float, what: str) -> None:
