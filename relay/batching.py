@@ -13,9 +13,9 @@ within two lingers of their settle time (claims come a linger apart, and a littl
 relay stopped claiming). In a backlog nothing rides: settles run beside the claims, their round
 trips overlapping.
 
-``settle_linger`` is the linger (None), but with per-key ordering none: a key's next row is claimed
+The settle linger is the linger, but with per-key ordering none: a key's next row is claimed
 only once its last is settled (lingering there too, a key advanced a row per two or three
-lingers).
+lingers), and each settle asks for a claim (the settle task's ``ordering``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from relay.records import Settlement
 
 
 class SettleBatching:
-    def __init__(self, linger: float, settle_linger: float | None, batch: int, now: float) -> None:
+    def __init__(self, linger: float, ordering: bool, batch: int, now: float) -> None:
         self.linger = linger
-        self.settle_linger = linger if settle_linger is None else settle_linger
+        self.ordering = ordering
+        self.settle_linger = 0.0 if ordering else linger
         self.batch = batch  # outcomes settled at once as soon as they wait
         self.waiting: list[Settlement] = []
         self._settle_at = now  # when those waiting are to be settled, by a claim or alone

@@ -47,7 +47,7 @@ class Relay:
         poll_interval: float,
         drain_timeout: float,
         linger: float = 0.0,
-        settle_linger: float | None = None,
+        ordering: bool = False,
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
@@ -60,7 +60,7 @@ class Relay:
         self.turns = Turns(db, lease, metrics, turn_interval, turned=self.wake, retire=self.stop)
         self.budget = ByteBudget(max_inflight_bytes)
         self.pacing = ClaimPacing(linger, poll_interval, batch_size, publisher.window, clock())
-        gathered = SettleBatching(linger, settle_linger, min(batch_size, publisher.window), clock())
+        gathered = SettleBatching(linger, ordering, min(batch_size, publisher.window), clock())
         self.settler = Settler(
             db, policy, metrics, tracing, gathered, pressed=self._pressed, settled=self._settled
         )

@@ -139,7 +139,11 @@ class Settler:
         """``settling``'s outcomes are recorded."""
         if not settling.pending:
             return
-        self._on_settled(sum(s.row.size for s in settling.pending), bool(settling.batch.changes))
+        freed = sum(s.row.size for s in settling.pending)
+        # With per-key ordering a settle frees the next row of each key it settles: rows due
+        # that no claim looks for (without a linger none comes unasked, and each waited for
+        # the poll: a key moved a row per half second).
+        self._on_settled(freed, self._batching.ordering or bool(settling.batch.changes))
         self.metrics.settled(settling.pending, len(settling.parked))
         self._parked_log.parked(settling.parked, settling.traced)
 

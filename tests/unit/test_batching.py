@@ -76,7 +76,7 @@ CASES: dict[str, list[tuple[Any, ...]]] = {
 
 @pytest.mark.parametrize("steps", CASES.values(), ids=list(CASES))
 def test_settle_batching(steps: list[tuple[Any, ...]]) -> None:
-    batching = SettleBatching(LINGER, LINGER, BATCH, now=0.0)
+    batching = SettleBatching(LINGER, False, BATCH, now=0.0)
     ids = itertools.count(1)
     taken: list[Settlement] = []
     for op, *args, expected in steps:
@@ -104,6 +104,6 @@ def test_settle_batching(steps: list[tuple[Any, ...]]) -> None:
 
 def test_with_per_key_ordering_the_very_next_claim_takes_them_along() -> None:
     """No settle linger: a key's next row is claimed once its last is settled."""
-    batching = SettleBatching(LINGER, 0.0, BATCH, now=0.0)
+    batching = SettleBatching(LINGER, True, BATCH, now=0.0)
     batching.add(0.0, [Settlement(row(1), Outcome.ACKED)], pressed=False)
     assert len(batching.ride(0.0, backlog=False)) == 1
