@@ -445,6 +445,10 @@ class MariaDBServer:
                 *self._common,
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
+                # Without it the script looks up the machine's name and "localhost" first,
+                # and stops (exit 1, on stdout) where neither resolves: a machine without
+                # /etc/hosts. The server runs --skip-name-resolve, on 127.0.0.1.
+                "--force",
             )
         server = _mariadb_tool("mariadbd")
         with self.log_path.open("ab") as log:
@@ -508,10 +512,10 @@ class MariaDBServer:
     def _run(self, *command: str) -> str:
         result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
         if result.returncode != 0:
-            raise ServerError(
-                f"{Path(command[0]).name} failed ({result.returncode}): "
-                f"{result.stderr.strip()} (log: {self.log_path})"
-            )
+            # mariadb-install-db says why on stdout.
+            said = result.stderr.strip() or result.stdout.strip()[-2000:]
+            name = Path(command[0]).name
+            raise ServerError(f"{name} failed ({result.returncode}): {said} (log: {self.log_path})")
         return result.stdout
 
 
