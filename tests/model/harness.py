@@ -8,6 +8,7 @@ and its own log."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import multiprocessing
@@ -16,7 +17,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
@@ -255,21 +256,29 @@ class Inboxes:
         """The dead letters' queues at their length limit, refusing publishes: a limit of as
         many as each holds (a lower one would drop the oldest), so call it with no dead
         letter on its way (after a settling)."""
-        self.refusing = []
-        for front_end in self.front_ends:
-            name = f"model-full-{front_end.flavour}-{uuid.uuid4().hex[:6]}"
-            dead = f"{front_end.queue}.dead-letters"
-            with pika.BlockingConnection(pika.URLParameters(self.rabbit.url)) as conn:
-                held = conn.channel().queue_declare(dead, passive=True).method.message_count
-            full = json.dumps({"max-length": held, "overflow": "reject-publish"})
-            pattern = f"^{dead.replace('.', '[.]')}$"
-            self.rabbit.ctl("set_policy", "--apply-to", "queues", name, pattern, full)
-            self.refusing.append(name)
+        self.refusing, policies = [], []
+        with pika.BlockingConnection(pika.URLParameters(self.rabbit.url)) as conn:
+            channel = conn.channel()
+            for front_end in self.front_ends:
+                name = f"model-full-{front_end.flavour}-{uuid.uuid4().hex[:6]}"
+                dead = f"{front_end.queue}.dead-letters"
+                held = channel.queue_declare(dead, passive=True).method.message_count
+                full = json.dumps({"max-length": held, "overflow": "reject-publish"})
+                pattern = f"^{dead.replace('.', '[.]')}$"
+                policies.append(("set_policy", "--apply-to", "queues", name, pattern, full))
+                self.refusing.append(name)
+        self._ctl_at_once(policies)
 
     def accept_dead_letters(self) -> None:
-        for name in self.refusing or ():
-            self.rabbit.ctl("clear_policy", name)
+        self._ctl_at_once([("clear_policy", name) for name in self.refusing or ()])
         self.refusing = None
+
+    def _ctl_at_once(self, commands: Sequence[tuple[str, ...]]) -> None:
+        """``rabbitmqctl`` runs side by side: each boots an Erlang VM, which a loaded machine
+        stretches to tens of seconds (``devtools.servers``)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(commands) or 1) as pool:
+            for done in [pool.submit(self.rabbit.ctl, *command) for command in commands]:
+                done.result()
 
     def settled(self, front_end: FrontEnd, fates: dict[str, set[Fate]]) -> bool:
         """Whether every message published has met its fate at ``front_end`` (processed or
