@@ -115,7 +115,7 @@ def decode_row(
         raw = dict(zip(_NAMES, values, strict=True))
         if raw["oversize"] is not None:
             return _unread(raw, too_large_to_read(raw["oversize"], max_message_size))
-        return OutboxRow(
+        row = OutboxRow(
             id=raw["id"],
             message_id=_text(raw, "message_id"),
             exchange=_text(raw, "exchange"),
@@ -129,6 +129,12 @@ def decode_row(
             suspect=bool(raw["suspect"]),
             sent_before=bool(raw["sent_before"]),
         )
+        # A SQLite database in UTF-16 sizes its text from below (``relay.db.dialects``):
+        # the bytes published are checked once read.
+        size = len(row.payload) + len((row.headers or "").encode())
+        if isinstance(raw["payload"], str) and max_message_size and size > max_message_size:
+            return _unread(raw, too_large_to_read(size, max_message_size))
+        return row
     except _Unreadable as exc:
         return _unread(dict(zip(_NAMES, values, strict=True)), f"unreadable row: {exc}")
 

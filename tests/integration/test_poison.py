@@ -287,7 +287,13 @@ UTF16_PAYLOADS = {
     "empty text": ("''", b""),
     "blob": ("X'FF00C3A920'", b"\xff\x00\xc3\xa9 "),
     "a lone surrogate": ("CAST(X'00D8' AS TEXT)", "payload is not UTF-8 text (byte 0xed at 0)"),
+    # Under the largest message in UTF-8, over it in UTF-16: counted in UTF-16, it was parked.
+    "700 ASCII characters": ("'" + "a" * 700 + "'", b"a" * 700),
+    # Over it in UTF-8 alone: counted from below unread, parked by its exact size once read.
+    "600 two-byte characters": ("'" + "\u00e9" * 600 + "'", "headers are 1200 bytes, more"),
 }
+# The largest message in the UTF-16 case: between a payload's UTF-8 bytes and its UTF-16.
+UTF16_MAX_MESSAGE = 1000
 
 
 def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
@@ -296,7 +302,8 @@ def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
     """Read as its BLOB, a TEXT payload of a database created with ``PRAGMA encoding =
     'UTF-16le'`` went out as UTF-16 (the README's JSON as ``{\\0"\\0o\\0...``), acked and
     deleted. Its text is published as UTF-8, a BLOB as stored, and a TEXT that is no text
-    (a lone surrogate) parked."""
+    (a lone surrogate) parked; the largest message is in the bytes published, not the
+    UTF-16 stored."""
     url = f"sqlite:///{tmp_path / 'utf16.db'}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:
@@ -304,7 +311,8 @@ def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
         conn.exec_driver_sql("CREATE TABLE encoded (x)")  # the encoding holds from here
     migrate(url)
     exchange, queue = names("utf16")
-    running = Running(settings(url, rabbit.url), simple_topology(exchange, queue))
+    limited = settings(url, rabbit.url, max_message_size=UTF16_MAX_MESSAGE)
+    running = Running(limited, simple_topology(exchange, queue))
     published = {n: body for n, (_, body) in UTF16_PAYLOADS.items() if isinstance(body, bytes)}
     parked = {n: why for n, (_, why) in UTF16_PAYLOADS.items() if isinstance(why, str)}
 
