@@ -38,6 +38,7 @@ from tests.support.console import (
     park,
     post_login,
     session_cookie,
+    signed_in,
     statuses_of,
     users_file,
 )
@@ -149,12 +150,7 @@ def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     ids = park(sqlite_url, [{"message_id": "one"}], NO_ROUTE)
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "vera")
+    with signed_in(sqlite_url, tmp_path, "vera") as (console, chromium, page):
         page.goto(f"{console.url}/rows")
         assert page.locator("#replay-selected").count() == 0  # no such button for a viewer
         assert page.locator("#payload-hidden").count() == 0
@@ -307,12 +303,7 @@ def test_hostile_values_show_as_text_and_run_nothing(sqlite_url: str, tmp_path: 
         ],
         SCRIPT,
     )
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    with signed_in(sqlite_url, tmp_path, "otto") as (console, chromium, page):
         # Its cause, the quoted part left out: still text, not markup.
         assert "<script>alert('…')</script>" in page.inner_text("#causes")
         page.goto(f"{console.url}/rows")
@@ -405,12 +396,7 @@ def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
         [{"message_id": "typo", "routing_key": "order.payed", "payload": b"{}"}],
         NO_ROUTE,
     )
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    with signed_in(sqlite_url, tmp_path, "otto") as (console, chromium, page):
         page.goto(f"{console.url}/rows/{original}")
         assert page.locator("form.edit").count() == 0  # an operator may not edit
         chromium.context.clear_cookies()
@@ -443,13 +429,8 @@ def test_an_edit_keeps_the_bytes_of_every_field_the_admin_left_alone(
         ],
         NO_ROUTE,
     )
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
     copies = []
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "ada")
+    with signed_in(sqlite_url, tmp_path, "ada") as (console, chromium, page):
         for row in rows:
             page.goto(f"{console.url}/rows/{row}")
             page.fill("form.edit input[name=exchange]", "fixed")

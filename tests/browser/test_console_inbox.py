@@ -17,7 +17,7 @@ from devtools.broker import drain, fresh_queue
 from devtools.servers import RabbitNode, free_port
 from relay.db.schema import console_audit, inbox_attempts
 from relay.inbox.policy import dead_letter_queue
-from tests.support.console import SCRIPT, ConsoleProcess, browser, console_env, log_in, users_file
+from tests.support.console import SCRIPT, signed_in
 
 
 def dead_letter(
@@ -48,17 +48,14 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
         dead_letter(channel, queue, n)
     connection.close()
     metrics = free_port()
-    env = console_env(
+    with signed_in(
         sqlite_url,
+        tmp_path,
+        "otto",
         RELAY_AMQP_URL=rabbit.url,
-        RELAY_CONSOLE_AUTH="users",
-        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
         RELAY_CONSOLE_INBOX_QUEUES=queue,
         RELAY_CONSOLE_METRICS_PORT=str(metrics),
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    ) as (console, chromium, page):
         for _ in range(2):  # read twice: nothing taken, nothing reordered
             page.goto(f"{console.url}/inbox/{queue}")
             rows = page.locator("#letters tbody tr").all()
@@ -104,16 +101,13 @@ def test_a_dead_letter_queue_a_read_would_drop_or_reorder_is_counted_not_read(
     channel.confirm_delivery()
     for n in range(6):
         dead_letter(channel, queue, n)
-    env = console_env(
+    with signed_in(
         sqlite_url,
+        tmp_path,
+        "otto",
         RELAY_AMQP_URL=rabbit.url,
-        RELAY_CONSOLE_AUTH="users",
-        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
         RELAY_CONSOLE_INBOX_QUEUES=queue,
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    ) as (console, chromium, page):
         for _ in range(4):  # each read would have spent one of the letter's deliveries
             page.goto(f"{console.url}/inbox/{queue}")
             said = page.inner_text("#unlisted")
@@ -136,16 +130,13 @@ def test_views_of_a_dead_letter_queue_at_once_each_show_every_letter(
     for n in range(40):
         dead_letter(channel, queue, n)
     connection.close()
-    env = console_env(
+    with signed_in(
         sqlite_url,
+        tmp_path,
+        "vera",
         RELAY_AMQP_URL=rabbit.url,
-        RELAY_CONSOLE_AUTH="users",
-        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
         RELAY_CONSOLE_INBOX_QUEUES=queue,
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "vera")
+    ) as (console, chromium, _page):
         (session,) = [c for c in chromium.context.cookies() if c["name"] == "relay_console"]
         go = threading.Barrier(4)
 
@@ -187,16 +178,13 @@ def test_a_letter_whose_queue_is_gone_stays_with_its_attempts_and_the_audit_says
             sa.insert(inbox_attempts),
             [{"consumer": "billing", "message_id": f"order-{n}", "attempts": 5} for n in range(2)],
         )
-    env = console_env(
+    with signed_in(
         sqlite_url,
+        tmp_path,
+        "otto",
         RELAY_AMQP_URL=rabbit.url,
-        RELAY_CONSOLE_AUTH="users",
-        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
         RELAY_CONSOLE_INBOX_QUEUES=queue,
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    ) as (console, chromium, page):
         page.goto(f"{console.url}/inbox/{queue}")
         page.check("input[name=letter][value=order-0]")
         page.check("input[name=letter][value=order-1]")

@@ -185,6 +185,24 @@ def browser(**context: Any) -> Iterator[Browser]:
             launched.close()
 
 
+@contextmanager
+def signed_in(
+    database_url: str, tmp_path: Path, name: str, **more: str
+) -> Iterator[tuple[ConsoleProcess, Browser, Page]]:
+    """A console whose users are ``users_file``'s (``more``: its other settings), and a
+    browser page logged in to it as ``name``."""
+    env = console_env(
+        database_url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        **more,
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, name)
+        yield console, chromium, page
+
+
 def log_in(page: Page, base: str, name: str, password: str = PASSWORD) -> None:
     page.goto(base + "/login")
     page.fill("input[name=name]", name)
