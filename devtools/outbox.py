@@ -8,13 +8,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.db.schema import (
-    outbox,
-    outbox_buckets,
-    outbox_sent,
-    outbox_sent_journal,
-    sent_key_value,
-)
+from relay.db.columns import sent_key_value
+from relay.db.schema import outbox, outbox_buckets, outbox_sent, outbox_sent_journal
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000

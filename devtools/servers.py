@@ -19,9 +19,24 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pika
+import pika.exceptions
+
 from devtools import debian13
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+# A hang guard for one run of a RabbitMQ CLI tool (rabbitmqctl, rabbitmq-upgrade...), not a
+# window: each run starts an Erlang VM, which took more than the former 60 s on two cores
+# at a load of 20 to 35 (a suite's four processes beside other sessions' work), and the test
+# that asked failed while the node was fine.
+CLI_TIMEOUT_S = 300.0
+# Why a node is neither started nor stopped through the CLI: a run costs about 0.7 s of CPU,
+# and on two cores at a load of 20 (the suite beside the CPU hog) one took 35 to 50 s of wall
+# time, where an AMQP handshake and a SIGTERM take a second.
+# A hang guard for a server's boot (a RabbitMQ node, a cluster, MariaDB), not a window: a
+# server that cannot boot exits, and its start fails then; beside the CPU hog a RabbitMQ
+# boot took up to 70 s.
+BOOT_TIMEOUT_S = 300.0
 
 
 class ServerError(RuntimeError):
@@ -126,7 +141,7 @@ class RabbitNode:
             "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq"),
         }
 
-    def start(self, timeout: float = 90.0) -> None:
+    def start(self, timeout: float = BOOT_TIMEOUT_S) -> None:
         for d in (self.home, self.base / "log", self.base / "mnesia"):
             d.mkdir(parents=True, exist_ok=True)
         (self.base / "enabled_plugins").write_text("[].\n")
@@ -155,19 +170,35 @@ class RabbitNode:
             )
             if self._process.poll() is not None:
                 raise ServerError(f"RabbitMQ node {self.name} exited; see {self.log_path}")
-            self.ctl("await_startup", timeout=timeout)
+            wait_until(self._answers, timeout, f"RabbitMQ node {self.name} answering AMQP")
         except Exception:
             self.kill()
             raise
+
+    def _answers(self) -> bool:
+        """Whether the node has booted: it answers an AMQP handshake (its listeners open
+        last of its boot steps). A refused login is an answer too (a test may take the
+        guest user's rights away)."""
+        try:
+            pika.BlockingConnection(pika.URLParameters(self.url)).close()
+        except (
+            pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.AuthenticationError,
+            pika.exceptions.ConnectionClosedByBroker,
+        ):
+            return True
+        except pika.exceptions.AMQPConnectionError:
+            return self._process is not None and self._process.poll() is not None
+        return True
 
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+    def ctl(self, *args: str, timeout: float = CLI_TIMEOUT_S) -> str:
         return self.tool("rabbitmqctl", *args, timeout=timeout)
 
-    def tool(self, program: str, *args: str, timeout: float = 60.0) -> str:
+    def tool(self, program: str, *args: str, timeout: float = CLI_TIMEOUT_S) -> str:
         """The output of one of RabbitMQ's command-line tools (``rabbitmqctl``,
         ``rabbitmq-queues``, ``rabbitmq-upgrade``...) run against this node."""
         argv, env = self._command(program, "-n", self.name, *args)
@@ -190,14 +221,16 @@ class RabbitNode:
         os.kill(self.beam_pid(), sig)
 
     def stop(self) -> None:
-        """Stop gracefully (``rabbitmqctl stop``); kill if that fails."""
+        """Stop gracefully: SIGTERM, which the node takes as ``rabbitmqctl stop`` (it closes
+        its connections, 320 CONNECTION_FORCED, and stops its applications); kill if that
+        fails."""
         if self._process is None:
             return
         if self._process.poll() is None:
             try:
-                self.ctl("stop", timeout=60)
+                self.signal(signal.SIGTERM)
                 self._process.wait(timeout=60)
-            except (ServerError, subprocess.TimeoutExpired):
+            except (OSError, ValueError, subprocess.TimeoutExpired):
                 self.kill()
         self._process = None
 
@@ -215,9 +248,13 @@ class RabbitNode:
 
 class RabbitCluster:
     """``size`` RabbitMQ nodes on loopback, clustered: one Erlang cookie in every node's home,
-    and every node after the first joined to it (``stop_app``, ``join_cluster``,
-    ``start_app``). A node stopped or killed later rejoins by itself when started again: its
-    data directory remembers the cluster."""
+    and every node listed in every node's configuration (classic peer discovery), so that
+    they form the cluster as they boot, side by side. Joining each to the first afterwards
+    (``stop_app``, ``join_cluster``, ``start_app``) took RabbitMQ 4.0 a minute or two per
+    node: its join waits out a retry loop ("Mnesia->Khepri fallback handling: Mnesia
+    function failed 99 times"); formed at boot, the cluster is up in the time a node takes.
+    A node stopped or killed later rejoins by itself when started again: its data directory
+    remembers the cluster (peer discovery runs on a blank node only)."""
 
     def __init__(
         self,
@@ -231,20 +268,26 @@ class RabbitCluster:
             RabbitNode(base / f"{name}{n}", name=f"{name}{n}", config=config, root=root)
             for n in range(1, size + 1)
         ]
+        peers = "cluster_formation.peer_discovery_backend = classic_config\n" + "".join(
+            f"cluster_formation.classic_config.nodes.{n} = {node.name}\n"
+            for n, node in enumerate(self.nodes, 1)
+        )
+        for node in self.nodes:
+            node.config += peers
 
     @property
     def url(self) -> str:
         """Every node's URL, comma-separated, as ``RELAY_AMQP_URL`` takes them."""
         return ",".join(node.url for node in self.nodes)
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = BOOT_TIMEOUT_S) -> None:
         cookie = uuid.uuid4().hex
         for node in self.nodes:
             node.home.mkdir(parents=True, exist_ok=True)
             path = node.home / ".erlang.cookie"
             path.write_text(cookie)
             path.chmod(0o400)  # Erlang refuses a cookie others can read
-        # The nodes boot in parallel (each takes several seconds); joining is one at a time.
+        # The nodes boot in parallel (each takes several seconds) and find each other.
         errors: list[BaseException] = []
 
         def boot(node: RabbitNode) -> None:
@@ -261,11 +304,9 @@ class RabbitCluster:
         try:
             if errors:
                 raise errors[0]
-            first = self.nodes[0]
-            for node in self.nodes[1:]:
-                node.ctl("stop_app")
-                node.ctl("join_cluster", first.name)
-                node.ctl("start_app")
+            # Each node's start waits for its own boot, which includes its join: the first
+            # sees the others too, or the nodes formed more than one cluster.
+            self.nodes[0].ctl("await_online_nodes", str(len(self.nodes)), timeout=timeout)
         except BaseException:
             self.kill()
             raise
@@ -424,7 +465,7 @@ class MariaDBServer:
     def url(self, database: str = "mysql") -> str:
         return f"mysql+mysqldb://root@127.0.0.1:{self.port}/{database}"
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = BOOT_TIMEOUT_S) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
         if not (self.data / "mysql").exists():
             self._run(
@@ -432,6 +473,10 @@ class MariaDBServer:
                 *self._common,
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
+                # Without it the script looks up the machine's name and "localhost" first,
+                # and stops (exit 1, on stdout) where neither resolves: a machine without
+                # /etc/hosts. The server runs --skip-name-resolve, on 127.0.0.1.
+                "--force",
             )
         server = _mariadb_tool("mariadbd")
         with self.log_path.open("ab") as log:
@@ -495,10 +540,10 @@ class MariaDBServer:
     def _run(self, *command: str) -> str:
         result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
         if result.returncode != 0:
-            raise ServerError(
-                f"{Path(command[0]).name} failed ({result.returncode}): "
-                f"{result.stderr.strip()} (log: {self.log_path})"
-            )
+            # mariadb-install-db says why on stdout.
+            said = result.stderr.strip() or result.stdout.strip()[-2000:]
+            name = Path(command[0]).name
+            raise ServerError(f"{name} failed ({result.returncode}): {said} (log: {self.log_path})")
         return result.stdout
 
 

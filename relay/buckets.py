@@ -79,22 +79,29 @@ class Fence(enum.Enum):
 
 
 def fence(
-    mine: int, holding: Iterable[int], announced: Iterable[int], least: int = 1
+    mine: int,
+    holding: Iterable[int],
+    announced: Iterable[int],
+    least: int = 1,
+    counted: Iterable[int] = (),
 ) -> Fence | None:
     """Whether a relay of protocol ``mine`` must stand aside this turn, seeing the other live
-    relays' protocols: of those that hold buckets (``holding``) and of every one present
-    (``announced``: waiting ones included), and the least protocol the schema admits
+    relays' protocols: of those that hold buckets (``holding``), of every one present
+    (``announced``: waiting ones included) and of those counted among the relays, there to
+    take their fair share (``counted``); and the least protocol the schema admits
     (``least``: a migration older relays cannot run beside raises it). Relays of two
     protocols never own buckets at once: an older relay gives its buckets up as soon as a
-    newer one is there; a newer one takes none while an older one holds any (one of a
-    release before protocols existed never gives them up: the newer waits for it to stop,
-    and its leases to run out). A relay the schema no longer admits is retired: it gives
-    its buckets up and stops, whoever else is there."""
+    newer one is there; a newer one takes none while an older one holds any or is counted
+    (one of a release before protocols takes its share of the free buckets whatever it
+    sees, and never gives them up: the newer gives its own up at once rather than hand
+    that share over, and waits for it to stop, and its leases to run out; one that knows
+    fences stops being counted as soon as it sees the newer). A relay the schema no longer
+    admits is retired: it gives its buckets up and stops, whoever else is there."""
     if mine < least:
         return Fence.RETIRED
     if any(other > mine for other in (*holding, *announced)):
         return Fence.YIELD_TO_NEWER
-    if any(other < mine for other in holding):
+    if any(other < mine for other in (*holding, *counted)):
         return Fence.WAIT_FOR_OLDER
     return None
 

@@ -62,13 +62,13 @@ POLL_INTERVAL_S = 0.5
 # (bench.latency; NOTIFY gave 26.3 ms).
 PROBE_INTERVAL_S = 0.005
 # Seconds a relay gathers before a claim that follows a short one, and before a settle of
-# fewer than a batch of outcomes (``linger``'s default, ``relay.relay``): each claim and each
-# settle costs the database and the relay a round trip, a wake-up of a backend and of a
-# worker thread, and a plan, whatever its size. Chasing every new row of a steady stream
-# (2,000 rows/s over two relays) took about 900 of those a second, of 5 to 10 rows each: 10
-# times the relays' CPU per row of a backlog drain, and 4 times the database's CPU of the
-# writers' INSERTs. 50 ms caps them at 20 claims and 20 settles a second a relay, whatever
-# the rate, and adds at most that to a row's commit-to-ack time (bench.soak).
+# fewer than a batch of outcomes (``linger``'s default, ``relay.pacing``, ``relay.batching``):
+# each claim and each settle costs the database and the relay a round trip, a wake-up of a
+# backend and of a worker thread, and a plan, whatever its size. Chasing every new row of a
+# steady stream (2,000 rows/s over two relays) took about 900 of those a second, of 5 to 10
+# rows each: 10 times the relays' CPU per row of a backlog drain, and 4 times the database's
+# CPU of the writers' INSERTs. 50 ms caps them at 20 claims and 20 settles a second a relay,
+# whatever the rate, and adds at most that to a row's commit-to-ack time (bench.soak).
 LINGER_S = 0.05
 # While the newest id stays the same, the probe's interval doubles up to this many times
 # ``probe_interval``: each look wakes a database backend (about 150 us of PostgreSQL's CPU
@@ -210,7 +210,7 @@ LIVENESS_LIMIT_S = 60.0
 # more rows/s at 1 ms).
 SWITCH_INTERVAL_S = 0.001
 # While other rows wait, a claim leaves out the rows of broken destinations (they are only
-# charged an attempt, relay.relay); at least this often, a claim takes them too.
+# charged an attempt, relay.pacing); at least this often, a claim takes them too.
 HELD_CHARGE_INTERVAL_S = 1.0
 
 # Rows parked for one reason within this many seconds of its last log line share one line
@@ -280,7 +280,7 @@ BUCKET_SPAN_ROWS = 128
 # window of 23 consecutive runs (10 s of a 300 rows/s stream): with 2 relays each gets 0.48
 # to 0.52 of them, with 3 relays 0.30 to 0.35, with 4 relays 0.22 to 0.30.
 BUCKET_STRIDE = 39
-# A relay renews its buckets this many times a lease (``relay.relay``'s turns): a turn that
+# A relay renews its buckets this many times a lease (``relay.turns``): a turn that
 # failed or came late still leaves two more before the lease runs out.
 TURNS_PER_LEASE = 3
 # And at least this often (seconds), whatever the lease: a relay that starts beside others
@@ -292,19 +292,37 @@ TURN_INTERVAL_MAX_S = 5.0
 # A session idle this long ends (seconds): an unattended browser does not keep the power to
 # replay for a working day. Renewed by every request.
 CONSOLE_SESSION_IDLE_S = 900.0
+# A session ends this long after its login however often it is used (seconds): a working
+# day. A signed cookie cannot be taken back, so an OIDC user removed at the provider, or a
+# cookie copied elsewhere, keeps working until then at most (a logout ends it at once).
+CONSOLE_SESSION_LIFETIME_S = 8 * 3600.0
 # A signing key shorter than this is refused: 32 random characters are 190 bits or more.
 CONSOLE_SESSION_SECRET_MIN = 32
 # A login (OIDC's round trip to the identity provider, or the login form) must finish
 # within this (seconds); its state cookie expires then.
 CONSOLE_LOGIN_STATE_S = 600
-# Failed logins allowed per user name and per address in the window (seconds) before logins
-# from them are refused until it has passed: enough for typing mistakes, far too few to guess
-# a password.
+# Failed logins allowed per user name from one address in the window (seconds) before that
+# name is refused from that address until it has passed: enough for typing mistakes, far too
+# few to guess a password.
 CONSOLE_LOGIN_ATTEMPTS = 5
 CONSOLE_LOGIN_WINDOW_S = 300
+# An address may fail this many times the per-name attempts (of any names) in the window: a
+# guesser trying many names from one address is stopped, while a few users behind one
+# address (an office's NAT) each keep their own attempts.
+CONSOLE_LOGIN_ADDRESS_SHARE = 10
 # Names and addresses with failures the limiter keeps before it forgets those whose failures
-# have left the window (each a few hundred bytes).
+# have left the window (each a few hundred bytes: a name is at most CONSOLE_NAME_MAX).
 CONSOLE_LOGIN_KEYS_KEPT = 10_000
+# Password checks running at once: each scrypt check holds 32 MiB (n * r * 128 bytes), so
+# two stay far below the console's 256 MiB memory limit (deploy/kubernetes/console) and keep
+# the 2 cores of a small host; a login beyond them is answered at once (503), not queued.
+CONSOLE_LOGIN_HASHES = 2
+# A login form's fields: a user name and a password longer than these are refused, and a
+# login body longer than CONSOLE_LOGIN_BODY_MAX is refused before it is read (413): a
+# guesser cannot make the limiter keep megabyte names, nor scrypt hash megabyte passwords.
+CONSOLE_NAME_MAX = 256
+CONSOLE_PASSWORD_MAX = 1024
+CONSOLE_LOGIN_BODY_MAX = 4096
 # Password hashes (hashlib.scrypt): n=2**15, r=8, p=1 take about 32 MiB and 50-100 ms here,
 # the parameters RFC 7914 and OWASP name for interactive logins. Stored with each hash, so
 # raising them later leaves old hashes valid.
@@ -330,6 +348,15 @@ CONSOLE_CHUNK_ROWS = 200
 # 100,000-row replay raised four writers' p99 INSERT latency 1.33x on this 2-core machine
 # (bench.console).
 CONSOLE_CHUNK_PAUSE_SHARE = 1.0
+# A bulk change by filter leaves the rows parked within this long before its page's bound
+# (seconds), and reports them: the relay stamps a parked row's time when its parking
+# statement starts, inside its settle transaction, and commits after it, so a row stamped
+# before the bound may have been committed after the page was drawn, unseen. The parking
+# statement is the settle's last, it ends within the statement timeout, and a transaction
+# idle longer than DB_IDLE_IN_TRANSACTION_S is ended by the database (on PostgreSQL and
+# MariaDB; MySQL has no such limit, and a relay frozen there between its statement and its
+# commit could commit later still).
+CONSOLE_SETTLE_HORIZON_S = DB_STATEMENT_TIMEOUT_MS / 1000 + DB_IDLE_IN_TRANSACTION_S
 # Text the list and the causes show of a last error: the index on parked rows' errors holds
 # this prefix (an entry of a B-tree must stay under a third of a page).
 CONSOLE_REASON_PREFIX = 200

@@ -94,7 +94,7 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         poll_interval=settings.poll_interval,
         drain_timeout=settings.drain_timeout,
         linger=settings.linger,
-        settle_linger=0.0 if settings.ordering else settings.linger,
+        ordering=settings.ordering,
         turn_interval=turn_interval(settings.lease, lease.margin),
         retry=reconnect,
         tracing=tracing,

@@ -182,11 +182,22 @@ def cloudevent(
             )
     headers.setdefault("ce-time", row.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"))
     headers.update({"ce-id": row.message_id, "ce-specversion": CLOUDEVENTS_SPEC_VERSION})
+    texts = {"content_type": row.content_type, "message_id": row.message_id}
+    texts.update((name, value) for name, value in headers.items() if name.startswith(_CE))
+    for name, value in texts.items():
+        if isinstance(value, str) and (control := _CONTROL.search(value)):
+            raise Unpublishable(
+                f"{_shown(name)} holds the control character U+{ord(control.group()):04X}, "
+                "which a CloudEvent's text may not"
+            )
     headers.update(trace or {})
     return headers
 
 
 _CE = "ce-"
+# CloudEvents' type system leaves the control characters out of its strings (U+0000-U+001F,
+# U+007F-U+009F): its bindings cannot carry them (a header of HTTP, for one).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _ATTRIBUTE_NAME = re.compile("[a-z0-9]+")
 # Attributes a row's headers may not set: the relay's own, or the message's.
 _NOT_THE_ROWS = {

@@ -12,32 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import NamedTuple
 
 from relay.backoff import Backoff
-from relay.constants import HELD_CHARGE_INTERVAL_S, LIVENESS_LIMIT_S, PARKED_LOG_INTERVAL_S
-from relay.errors import RetiredError, StoreError
+from relay.batching import SettleBatching
+from relay.budget import ByteBudget
+from relay.constants import LIVENESS_LIMIT_S
+from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
-from relay.parked import ParkedLog
+from relay.pacing import ClaimPacing, Counts, Decision
 from relay.ports import Publisher, Store
-from relay.records import PARKED, OutboxRow, Outcome, RowChange, SettleBatch, Settlement
+from relay.records import OutboxRow, Outcome, Settlement
 from relay.retrying import RetryingStore
 from relay.settle import SettlePolicy
-from relay.tracing import NoTracing, Tracing
+from relay.settler import Settler
+from relay.tracing import Tracing
+from relay.turns import Turns
 from relay.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
-
-
-class _Settling(NamedTuple):
-    """Outcomes on their way to the store: the settlements, the batch they write, the rows it
-    parks and their log fields."""
-
-    pending: list[Settlement]
-    batch: SettleBatch
-    parked: list[RowChange]
-    traced: dict[int, dict[str, str]]
 
 
 class Relay:
@@ -54,86 +47,31 @@ class Relay:
         poll_interval: float,
         drain_timeout: float,
         linger: float = 0.0,
-        settle_linger: float | None = None,
+        ordering: bool = False,
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
     ) -> None:
-        # The lease's clock (``relay.lease.lease_clock``, or the tests' controlled one): the
-        # turns that renew it read it through the store (``RetryingStore.turn``), and every
-        # time the loop keeps is a duration on it.
-        clock = lease.clock
-        self._clock = clock
-        self.store = RetryingStore(store, retry, metrics, self._beat, clock)
-        self.publisher = publisher
-        self.policy = policy
-        self.metrics = metrics
-        # Renewed by each turn; while it has less than its margin left, nothing is claimed
-        # and nothing published (``relay.lease``). The publisher checks it before each send.
-        self.lease = lease
-        self._lease_short = False  # logged once each time it runs short
-        self.batch_size = batch_size
-        self.max_bytes = max_inflight_bytes
-        # Payload bytes of the rows claimed and not yet settled (ready, in flight, answered):
-        # what the byte budget bounds. Every claimed row is settled exactly once.
-        self._holding = 0
-        self.poll_interval = poll_interval
-        self.linger = linger
-        # How long outcomes wait for a claim to take them along (``_riding``): a linger, but
-        # with per-key ordering none, since a key's next row is claimed only once its last is
-        # settled (lingering there too, a key advanced a row per two or three lingers).
-        self.settle_linger = linger if settle_linger is None else settle_linger
-        # Once the relay has caught up (a claim came back short), the next claim waits until
-        # ``linger`` after that one began, however soon it is woken: a steady stream is claimed
-        # a few times a second, not once per new row. While claims find rows, the next is made
-        # then unwoken (the stream goes on); once one finds none, the probe and the poll wake it.
-        # Without a linger no claim is made unwoken: each new row is claimed when the probe
-        # says it came (a claim "a linger later" was one at every turn of the loop: a row's
-        # confirm and its settle each turned it, three claims a row, two of them empty).
-        self._claim_not_before = clock()
-        # Set once claims found nothing for a poll interval: only then does the probe of new
-        # rows (``relay.db.probe``) look; while a stream flows, the claims themselves look for
-        # it, a linger apart. Not at the first claim that finds nothing: with several relays,
-        # a stream's runs of ids reach each relay's buckets with gaps longer than a linger,
-        # and probing in each gap cost more than the claims it saved. Without a linger, always
-        # set: the probe is what finds a stream's rows.
-        self.idle = threading.Event()
+        # Every time the loop keeps is a duration on the lease's clock (``relay.lease``).
+        clock = self._clock = lease.clock
+        self.store = db = RetryingStore(store, retry, metrics, self._beat, clock)
+        self.publisher, self.metrics, self.drain_timeout = publisher, metrics, drain_timeout
+        self.lease = lease  # renewed by the turns; checked before each claim and each send
+        self.turns = Turns(db, lease, metrics, turn_interval, turned=self.wake, retire=self.stop)
+        self.budget = ByteBudget(max_inflight_bytes)
+        self.pacing = ClaimPacing(linger, poll_interval, batch_size, publisher.window, clock())
+        gathered = SettleBatching(linger, ordering, min(batch_size, publisher.window), clock())
+        self.settler = Settler(
+            db, policy, metrics, tracing, gathered, pressed=self._pressed, settled=self._settled
+        )
+        self.idle = threading.Event()  # set while the probe of new rows looks (``relay.pacing``)
         self.idle.set()
-        self._found_at = float("-inf")  # when a claim last found rows
-        self.drain_timeout = drain_timeout
-        self.turn_interval = turn_interval
-        # Whether the store's last turn said this relay can publish; a change asks for a turn.
-        self._turned_active = False
-        self._turn_wanted = Wakeup()
-        self.tracing = tracing or NoTracing()
-        self._min_claim = max(1, batch_size // 4)
-        # Rows claimed beyond what the window takes: one batch, never more than a window
-        # (with a small window, a batch ahead would be most of what a channel loss loses).
-        self._ahead = min(batch_size, self.publisher.window)
         self._ready: list[OutboxRow] = []  # claimed, waiting for room in the window
         self._ready_epoch = lease.epoch  # the lease they were claimed under
-        self._claim_wanted = Wakeup()
-        # The last claim was full: other rows wait, and rows of broken exchanges (which are
-        # only charged an attempt) are left for later. See ``_skipped``.
-        self._backlog = False
-        self._charge_held_at = clock()
-        self._maybe_due = True  # see ``wake``; also every poll_interval (``_next_poll``)
-        self._next_poll = clock()
-        self._unsettled: list[Settlement] = []
-        # When the outcomes waiting in ``_unsettled`` are to be settled: ``settle_linger``
-        # after the first of them, by the first claim after that (``_riding``), else by the
-        # settle task two lingers later; sooner when ``_settle_due`` says so.
-        self._settle_at = clock()
-        self._recovered: list[str] = []  # exchanges found again, whose rows to make due
-        self._settle_wanted = Wakeup()
-        # Set by whatever the loop waits for: the broker's answers and connects (through
-        # the publisher), new rows (NOTIFY), settles done, stop.
-        self._woken = Wakeup()
-        self._finished = False
+        self._claim_wanted = Wakeup()  # rows may be due, or room was freed
+        self._woken = Wakeup()  # the broker's answers and connects, new rows, settles, stop
         self._stopping = asyncio.Event()
-        self._retired: RetiredError | None = None  # the schema admits newer relays only
         self._last_beat = clock()
-        self._parked_log = ParkedLog(PARKED_LOG_INTERVAL_S, clock)
 
     async def run(self) -> bool:
         """Relay until ``stop``; then drain. True when every outcome was recorded."""
@@ -141,28 +79,28 @@ class Relay:
             self.publisher.run(self._answered, self._confirmed), name="publisher"
         )
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
-        settling = asyncio.create_task(self._settle_until_finished(), name="settle")
-        turning = asyncio.create_task(self._turn_forever(), name="turn")
+        settling = asyncio.create_task(self.settler.run(self._collect), name="settle")
+        turning = asyncio.create_task(self.turns.run(self._can_publish), name="turn")
         try:
             while not self._stopping.is_set():
                 self._beat()
                 for task in (claiming, turning):
                     if task.done():
                         task.result()  # it failed (no retry can help): so does the relay
-                if self.publisher.state().can_publish != self._turned_active:
-                    self._turn_wanted.set()
+                self.turns.check(self._can_publish())
                 self._collect()
                 self._publish_ready()
-                if self._may_be_due() and self._wanted():
+                decision = self._decide()
+                if decision.rows:
                     self._claim_wanted.set()
-                await self._wait(self._until_poll())
+                await self._wait(decision.wait)
             self._claim_wanted.set()
             await claiming  # a claim under way finishes: its rows are released with the rest
             self.publisher.release(self._ready)  # due again at once, for whoever claims next
             self._ready = []
             drained = await self._drain(settling)
-            if self._retired is not None:
-                raise self._retired
+            if self.turns.retired is not None:
+                raise self.turns.retired
             return drained
         finally:
             for task in (turning, claiming, settling):
@@ -175,7 +113,7 @@ class Relay:
         """Rows may be due that no claim has looked for (new rows were announced, or rows
         were settled due again): claim now (or once the linger after the last claim is
         over), not at the next poll."""
-        self._maybe_due = True
+        self.pacing.asked()
         self._claim_wanted.set()
         self._woken.set()
 
@@ -200,20 +138,9 @@ class Relay:
         sets the settle's time), or the relay stops. Otherwise they wait in the publisher
         until the loop's next turn, or the settle's, within a linger: at a steady stream a
         turn per confirm frame was most of the loop's turns."""
-        if self._ready or not self._unsettled or self._stopping.is_set() or not self.linger:
+        unsettled = self.settler.waiting
+        if self._ready or not unsettled or self._stopping.is_set() or not self.pacing.linger:
             self._woken.set()
-
-    def _may_be_due(self) -> bool:
-        now = self._clock()
-        return now >= self._claim_not_before and (self._maybe_due or now >= self._next_poll)
-
-    def _until_poll(self) -> float:
-        """Seconds to the next claim that may find rows; a whole interval once it is past
-        (while claiming cannot go on, the loop must not spin: answers still wake it)."""
-        now = self._clock()
-        due = max(self._claim_not_before, now if self._maybe_due else self._next_poll)
-        left = due - now
-        return left if 0 < left < self.poll_interval else self.poll_interval
 
     def stop(self) -> None:
         """Stop claiming; outstanding confirms get ``drain_timeout`` seconds to arrive."""
@@ -238,6 +165,9 @@ class Relay:
     def ready(self) -> bool:
         return self.unready() is None
 
+    def _can_publish(self) -> bool:
+        return self.publisher.state().can_publish
+
     def _beat(self) -> None:
         self._last_beat = self._clock()
 
@@ -247,116 +177,72 @@ class Relay:
         claimed ahead)."""
         while not self._stopping.is_set():
             # Asked for by the loop (rows may be due, room freed), or the next claim's time.
-            await self._claim_wanted.wait(self._until_poll())
+            await self._claim_wanted.wait(self.pacing.until(self._clock()))
             # Asked for, maybe, while the last claim ran: the linger after it holds still.
-            while self._may_be_due() and (wanted := self._wanted()) and not self._stopping.is_set():
-                # Consumed before the claim: a notification during it sets it again.
-                self._maybe_due = False
-                began = self._clock()
-                self._next_poll = began + self.poll_interval
-                room = self.max_bytes - self._holding
-                epoch = self.lease.epoch
-                riding = self._settling(self._riding())
-                try:
-                    rows = await self.store.claim(
-                        wanted, room, not self._holding, self._skipped(), riding.batch
-                    )
-                except StoreError:
-                    self._unsettled[:0] = riding.pending  # only when stopping past the deadline
-                    raise
-                self._settled(riding)
-                self._backlog = len(rows) == wanted
-                claimed = sum(r.size for r in rows)
-                self._hold(claimed)
-                if self.lease.epoch != epoch:  # claimed under a lease that lapsed since
-                    self.publisher.release(rows, LEASE_LAPSED)
-                    rows = []
-                if self._ready_epoch != self.lease.epoch:
-                    self._release_ready(LEASE_LAPSED)
-                self._ready_epoch = self.lease.epoch
-                self._ready += self._without_duplicates(rows)
-                self._publish_ready()  # here, not a turn of the loop later
-                if rows:
-                    self._found_at = began
-                streaming = self.linger > 0 and began - self._found_at < self.poll_interval
-                if streaming:
-                    self.idle.clear()
-                else:
-                    self.idle.set()
-                if len(rows) < wanted:
-                    # No more due now, unless the byte budget cut the claim short: then
-                    # settles that free room ask again. (Set, never cleared: a notification
-                    # during the claim stands.) Otherwise the relay has caught up: the next
-                    # claim gathers for ``linger``, and while claims found rows within a
-                    # poll interval, it comes then unasked; else the next notification or
-                    # poll asks.
-                    if self._cut_by_bytes(len(rows), claimed, room):
-                        self._maybe_due = True
-                    else:
-                        self._claim_not_before = began + self.linger
-                        if streaming:
-                            self._next_poll = self._claim_not_before
+            while (wanted := self._decide().rows) and not self._stopping.is_set():
+                if not await self._claim(wanted):
                     break
-                self._maybe_due = True
+
+    async def _claim(self, wanted: int) -> bool:
+        """Claim up to ``wanted`` rows, taking along the outcomes whose settle time has come,
+        and hand the window what it takes; whether the claim came back full."""
+        began = self._clock()
+        self.pacing.began(began)
+        room = self.budget.room
+        epoch = self.lease.epoch
+        riding = self.settler.riding(began, self.pacing.backlog)
+        skip = self.pacing.skip(began, self.publisher.state().broken)
+        try:
+            rows = await self.store.claim(wanted, room, self.budget.empty, skip, riding.batch)
+        except StoreError:
+            self.settler.put_back(riding)  # stopping past the deadline
+            raise
+        self.settler.settled(riding)
+        got, claimed = len(rows), sum(r.size for r in rows)
+        self._hold(claimed)
+        if self.lease.epoch != epoch:  # claimed under a lease that lapsed since
+            self.publisher.release(rows, LEASE_LAPSED)
+            rows = []
+        if self._ready_epoch != self.lease.epoch:
+            self._release_ready(LEASE_LAPSED)
+        self._ready_epoch = self.lease.epoch
+        self._ready += self._without_duplicates(rows)
+        self._publish_ready()  # here, not a turn of the loop later
+        cut = len(rows) < wanted and self.budget.cut_short(len(rows), claimed, room)
+        self.pacing.claimed(began, wanted, got, len(rows), cut)
+        if self.pacing.listening:
+            self.idle.set()
+        else:
+            self.idle.clear()
+        return len(rows) == wanted
 
     def _without_duplicates(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         """``rows`` less those whose message was sent before (``OutboxRow.sent_before``):
         those go straight to the settle, never to the broker."""
         if not any(r.sent_before for r in rows):
             return rows
-        self._to_settle([Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before])
+        self.settler.add([Settlement(r, Outcome.DUPLICATE) for r in rows if r.sent_before])
         return [r for r in rows if not r.sent_before]
 
-    def _wanted(self) -> int:
-        """How many rows to claim now. Up to one batch (at most a window) more than the window
-        has room for is claimed ahead: they are ready when confirms free the window, instead
-        of a claim's round trip later (the window ran emptier than its size: a relay with
-        window 1,000 moved 6,923 rows/s, with 2,000 8,600, in bench.run). Nothing while the
-        broker cannot take rows, or while settling lags a window behind (memory stays
-        bounded)."""
+    def _decide(self) -> Decision:
+        """Whether to claim now, how many rows, and how long to wait otherwise
+        (``relay.pacing``)."""
         state = self.publisher.state()
-        if (
-            not state.can_publish
-            or not self.lease.holds()
-            or len(self._unsettled) >= self.publisher.window
-            or self._holding >= self.max_bytes
-        ):
-            return 0
-        room = state.capacity + self._ahead - len(self._ready)
-        wanted = min(self.batch_size, room)
-        # Claiming a handful of rows at a time costs a query each; wait for a useful batch,
-        # unless nothing else is under way.
-        if wanted >= self._min_claim or (wanted > 0 and not state.in_flight and not self._ready):
-            return wanted
-        return 0
-
-    def _skipped(self) -> frozenset[str]:
-        """The exchanges this claim leaves out: the broken ones (``relay.broker.destinations``),
-        while other rows wait. Their rows are only charged an attempt, and claimed with the
-        rest they halved the rate of the good rows (6,000 of each, interleaved: 0.47x the
-        rate without them; 0.92x left out). So they are claimed when the backlog of the
-        others is drained, and at least every ``HELD_CHARGE_INTERVAL_S`` (their due entries
-        must not pile up at the front of the due index, where every claim steps over them)."""
-        broken = self.publisher.state().broken
-        now = self._clock()
-        if not broken or not self._backlog or now >= self._charge_held_at:
-            self._charge_held_at = now + HELD_CHARGE_INTERVAL_S
-            return frozenset()
-        return broken
-
-    def _cut_by_bytes(self, rows: int, claimed: int, room: int) -> bool:
-        """Did the byte budget, rather than the outbox running dry, end this short claim of
-        ``rows`` rows and ``claimed`` bytes? Guessed without another query: one more row like
-        these (having claimed none, of half the budget) would not have fit. A wrong guess
-        costs one empty claim, or a poll."""
-        typical = claimed / rows if rows else self.max_bytes / 2
-        return claimed + typical > room
+        counts = Counts(
+            state.can_publish and self.lease.holds(),
+            state.capacity,
+            state.in_flight,
+            len(self._ready),
+            self.settler.waiting,
+            self.budget.spent,
+        )
+        return self.pacing.decide(self._clock(), counts)
 
     def _hold(self, size: int) -> None:
-        self._holding += size
-        self.metrics.held_bytes.set(self._holding)
-        if size > 0 and self._holding >= self.max_bytes and self._unsettled:
-            self._settle_wanted.set()  # claims wait for the room a settle frees
+        self.budget.hold(size)
+        self.metrics.held_bytes.set(self.budget.held)
+        if size > 0 and self.budget.spent and self.settler.waiting:
+            self.settler.ask()  # claims wait for the room a settle frees
 
     def _publish_ready(self) -> None:
         """Hand the publisher what its window takes now (nothing too: it may have rows it
@@ -367,7 +253,7 @@ class Relay:
             # while their leases run out.
             self.publisher.release(self._ready)
             self._ready = []
-        if self._ready and not self._lease_holds():
+        if self._ready and not self.turns.holds():
             # Another relay may take these rows' buckets soon, or has (this relay froze, or
             # its turns fail): they are its to publish now, and publishing them here could
             # put a row after a later row of its key (``relay.lease``).
@@ -387,174 +273,48 @@ class Relay:
         answers = self.publisher.take()
         self.metrics.published.inc(len(answers.published))
         self.metrics.republished.inc(sum(1 for r in answers.published if r.republish))
-        if answers.settled or answers.recovered:
-            self._to_settle(answers.settled)
-            if answers.recovered:
-                self._recovered.extend(answers.recovered)
-                self._settle_wanted.set()
+        self.settler.add(answers.settled)
+        if answers.recovered:
+            self.settler.recovered(answers.recovered)
         in_flight = self.publisher.state().in_flight
         self.metrics.in_flight.set(in_flight)
         return in_flight
 
-    def _to_settle(self, settlements: list[Settlement]) -> None:
-        """Outcomes to settle: the first of them sets when, at the latest (the settle task
-        is woken to wait for that), and any that makes the settle due wakes it at once."""
-        if not settlements:
-            return
-        first = not self._unsettled
-        if first:
-            self._settle_at = self._clock() + self.settle_linger
-        self._unsettled.extend(settlements)
-        if first or self._settle_due():
-            self._settle_wanted.set()
+    def _pressed(self) -> bool:
+        """The loop waits on the settle: claims pause while the byte budget is spent, and the
+        relay stops."""
+        return self.budget.spent or self._stopping.is_set()
 
-    def _settle_due(self) -> bool:
-        """Whether the settle task settles what was collected now: a batch's worth of
-        outcomes came, the loop waits on the settle (claims pause while a window's worth is
-        unsettled or the byte budget is spent; the relay stops), or no claim took them along
-        (``_riding``) within two lingers of their settle time (claims come a linger apart,
-        and a little later): the relay stopped claiming."""
-        count = len(self._unsettled)
-        return bool(count) and (
-            count >= min(self.batch_size, self.publisher.window)
-            or self._clock() >= self._settle_at + 2 * self.linger
-            or self._holding >= self.max_bytes
-            or self._stopping.is_set()
-        )
-
-    def _until_settle(self) -> float:
-        if not self._unsettled:
-            return PARKED_LOG_INTERVAL_S / 4
-        return max(0.0, self._settle_at + 2 * self.linger - self._clock())
-
-    async def _settle_until_finished(self) -> None:
-        """Settle what was collected, gathered for up to ``linger`` (``_settle_due``); and
-        log the parked rows that waited to be logged together (``relay.parked``), even
-        while nothing else is settled."""
-        while not (self._finished and not self._unsettled):
-            await self._settle_wanted.wait(self._until_settle())
-            self._collect()  # confirms the loop was not woken for (``_confirmed``)
-            if self._settle_due():
-                await self._settle_collected()
-            await self._hasten_recovered()
-            self._parked_log.flush()
-            if self._unsettled and self._clock() >= self.store.deadline:
-                return  # the database stayed down through the drain; reported by _drain
-
-    def _riding(self) -> list[Settlement]:
-        """The outcomes the next claim records first, in its own call to the store (one
-        worker-thread hop, not two): at a steady stream, every other claim takes along what
-        was answered since the one before it (those whose settle time has come). Not in a
-        backlog, where settles run beside the claims, their round trips overlapping."""
-        if self._backlog or not self._unsettled or self._clock() < self._settle_at:
-            return []
-        pending, self._unsettled = self._unsettled, []
-        return pending
-
-    async def _settle_collected(self) -> None:
-        pending, self._unsettled = self._unsettled, []
-        if not pending:
-            return
-        settling = self._settling(pending)
-        try:
-            await self.store.settle(settling.batch)
-        except StoreError:
-            self._unsettled[:0] = pending  # only when stopping past the drain deadline
-            return
-        self._settled(settling)
-
-    def _settling(self, pending: list[Settlement]) -> _Settling:
-        """What ``pending`` writes, and what its settle reports once recorded."""
-        batch = self.policy.batch(pending)
-        parked = [c for c in batch.changes if c.status == PARKED]
-        # Taken before the spans end: a parked row's log line names its last publish span.
-        rows = {s.row.id: s.row for s in pending} if parked else {}
-        traced = {c.id: self.tracing.log_fields(rows[c.id]) for c in parked}
-        self.tracing.finish(pending, batch)
-        return _Settling(pending, batch, parked, traced)
-
-    def _settled(self, settling: _Settling) -> None:
-        """``settling``'s outcomes are recorded."""
-        if not settling.pending:
-            return
-        self._hold(-sum(s.row.size for s in settling.pending))
-        # Claiming may have paused for this settle; rows it made due again are for a claim.
-        if settling.batch.changes:
+    def _settled(self, freed: int, due_again: bool) -> None:
+        """A settle (or a hasten) is recorded: it freed ``freed`` bytes of the budget, which
+        claiming may have paused for; rows it made due again are for a claim."""
+        self._hold(-freed)
+        if due_again:
             self.wake()
         else:
             self._answered()
-        self.metrics.settled(settling.pending, len(settling.parked))
-        self._parked_log.parked(settling.parked, settling.traced)
-
-    async def _hasten_recovered(self) -> None:
-        """Rows of exchanges found again are due now, not when their back-off ends."""
-        if not self._recovered or self._finished:
-            return
-        exchanges, self._recovered = self._recovered, []
-        try:
-            await self.store.hasten(exchanges)
-        except StoreError:
-            return  # stopping past the drain deadline: the rows wait out their back-off
-        self.wake()
 
     async def _drain(self, settling: asyncio.Task[None]) -> bool:
         in_flight = self._collect()
         log.info("draining %d outstanding confirms", in_flight, extra={"action": "drain"})
         while self._collect() and self._clock() < self.store.deadline:
             self._beat()
-            await self._wait(min(0.1, self.poll_interval))
+            await self._wait(min(0.1, self.pacing.poll_interval))
         await self.publisher.close()  # whatever is still outstanding is now LOST: due again
         self._collect()
-        self._finished = True
-        self._settle_wanted.set()
+        self.settler.finish()
         await settling
-        self._parked_log.flush(every=True)
-        if self._unsettled:
+        if unrecorded := self.settler.waiting:
             log.error(
                 "%d outcomes could not be recorded; those rows are due again when their "
                 "lease ends, and may be published twice",
-                len(self._unsettled),
+                unrecorded,
                 extra={"action": "drain_incomplete"},
             )
         else:
             log.info("drained", extra={"action": "drained", "in_flight_at_stop": in_flight})
-        return not self._unsettled
+        return not unrecorded
 
     async def _wait(self, timeout: float) -> None:
         """Until ``wake`` was called (since the last wait returned) or ``timeout`` seconds."""
         await self._woken.wait(timeout)
-
-    def _lease_holds(self) -> bool:
-        holds = self.lease.holds()
-        if not holds and not self._lease_short:
-            log.warning(
-                "the lease of this relay's buckets has %.1f s left, less than the %.1f s a "
-                "publish may take: not publishing until a turn renews it",
-                self.lease.left(),
-                self.lease.margin,
-                extra={"action": "lease_short"},
-            )
-        self._lease_short = not holds
-        return holds
-
-    async def _turn_forever(self) -> None:
-        """Keep this relay's share of the outbox (``Store.turn``): every ``turn_interval``,
-        and at once when the relay became able or unable to publish, so that a relay whose
-        broker went away hands its idle buckets to the others. A failed turn is retried as
-        every database call is (``relay.retrying``). A relay the schema retired (its
-        protocol too old: ``RetiredError``, its idle buckets given up) stops, drains, and
-        ``run`` raises the error."""
-        while True:
-            self._turn_wanted.clear()
-            active = self.publisher.state().can_publish
-            try:
-                self.lease.renewed(await self.store.turn(active))
-            except RetiredError as exc:
-                self.metrics.fenced.set(1)
-                self._retired = exc
-                self.stop()
-                return
-            self.metrics.fenced.set(0 if self.store.fenced is None else 1)
-            self._turned_active = active
-            self.wake()  # buckets taken may hold due rows
-            await self._turn_wanted.wait(self.turn_interval)

@@ -62,7 +62,7 @@ class RetryingStore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._clock = clock
+        self.clock = clock
         self._retry = retry
         self._metrics = metrics
         self._beat = beat
@@ -136,7 +136,7 @@ class RetryingStore:
         as a small claim's own Python work, at every claim and settle of a live stream). If
         it fails, it is counted, and tenacity's loop tries again at once (a connection the
         database dropped is replaced by then), then with back-off, logging each failure."""
-        began = self._clock()
+        began = self.clock()
         try:
             result = await in_thread(call)
         except StoreError:
@@ -147,14 +147,14 @@ class RetryingStore:
         retrying = tenacity.AsyncRetrying(
             wait=self._retry.wait,
             retry=tenacity.retry_if_exception_type(StoreError),
-            stop=lambda _state: self._clock() >= self.deadline,
+            stop=lambda _state: self.clock() >= self.deadline,
             sleep=self._sleep,
             before_sleep=functools.partial(self._failed, name),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
-                began = self._clock()
+                began = self.clock()
                 result = await in_thread(call)
         self._worked(name)
         return result, began
@@ -173,8 +173,8 @@ class RetryingStore:
 
     async def _sleep(self, seconds: float) -> None:
         """tenacity's sleep, cut short at the deadline so SIGTERM is never stuck."""
-        end = self._clock() + seconds
-        while (now := self._clock()) < min(end, self.deadline):
+        end = self.clock() + seconds
+        while (now := self.clock()) < min(end, self.deadline):
             self._beat()
             await asyncio.sleep(min(1.0, end - now))
 

@@ -110,10 +110,15 @@ def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def requeue(
-    settings: Settings, queue: str, chosen: Callable[[DeadLetter], bool]
+    settings: Settings,
+    queue: str,
+    chosen: Callable[[DeadLetter], bool],
+    *,
+    readable_only: bool = False,
 ) -> list[DeadLetter]:
     """The dead letters of the inbox of ``queue`` that ``chosen`` picks, back to their queue,
-    their failed attempts forgotten first (``relay inbox requeue``, the console's)."""
+    their failed attempts forgotten first (``relay inbox requeue``, the console's, which
+    passes ``readable_only``: a queue a read could drop or reorder letters of is refused)."""
     return dead_letters(
         settings.amqp_urls,
         settings.name,
@@ -121,6 +126,7 @@ def requeue(
         dead_letter_queue(queue),
         move=chosen,
         before_moving=lambda letters: _forget_attempts(settings, letters),
+        readable_only=readable_only,
     )
 
 

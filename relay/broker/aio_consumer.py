@@ -27,11 +27,11 @@ from pamqp.header import ContentHeader
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters, tls_context
-from relay.broker.consumer import (
+from relay.broker.consumer import log_retry
+from relay.broker.copies import (
     CopyRefused,
     Refusals,
     fits_a_frame,
-    log_retry,
     log_unfitting,
     retried,
     retry_queue,
@@ -286,7 +286,7 @@ async def _ensure_queue(channel: aiormq.abc.AbstractChannel, queue: str) -> None
 
 
 async def _retry_queue(channel: aiormq.abc.AbstractChannel, queue: str, delay: float) -> str:
-    """``relay.broker.consumer.retry_queue``'s queue for ``delay``, declared."""
+    """``relay.broker.copies.retry_queue``'s queue for ``delay``, declared."""
     name, arguments = retry_queue(queue, delay)
     await channel.queue_declare(name, durable=True, arguments=arguments)
     return name

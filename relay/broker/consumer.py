@@ -22,8 +22,15 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from relay.backoff import Backoff
 from relay.broker.connection import address, connection_parameters
+from relay.broker.copies import (
+    REFUSED,
+    Refusals,
+    fits_a_frame,
+    log_unfitting,
+    retried,
+    retry_queue,
+)
 from relay.broker.rotation import Rotation
-from relay.errors import BrokerError
 from relay.records import RETRY_HEADER, Answer, Delivery, Verdict
 from relay.settings import TlsOptions
 
@@ -31,64 +38,11 @@ log = logging.getLogger(__name__)
 
 # What a broken connection or channel raises in pika's blocking adapter, and the socket's own.
 _LOST = (pika.exceptions.AMQPError, OSError)
-# A content header frame's fixed bytes (class, weight, body size) and a frame's envelope
-# (type, channel, size, end), around the properties.
+# A content header frame's fixed bytes (class, weight, body size), before the properties
+# (``relay.broker.copies.fits_a_frame`` adds the frame's envelope).
 CONTENT_HEADER_FIXED = 12
-FRAME_ENVELOPE = 8
 # AMQP's reply code for a queue that is not there.
 _NOT_FOUND = 404
-# What a confirmed, mandatory publish raises when the broker refuses the message.
-_REFUSED = (pika.exceptions.NackError, pika.exceptions.UnroutableError)
-
-
-class CopyRefused(BrokerError):
-    """The broker refused a copy of a delivery (a retry's, a dead letter's): nacked (a queue
-    at its length limit that rejects publishes, a quorum queue without a leader) or returned
-    (its queue deleted). The delivery goes back to its queue, uncounted, and the consumer
-    pauses, with back-off while the refusals go on: nothing is dropped."""
-
-
-class Refusals:
-    """A consumer's copies refused in a row: each one pauses it longer (``Backoff``), and is
-    told to ``counted`` (a metric)."""
-
-    def __init__(self, backoff: Backoff, counted: Callable[[], None]) -> None:
-        self._backoff = backoff
-        self._counted = counted
-        self.count = 0
-
-    def refused(self, queue: str, exc: BaseException) -> float:
-        """One more refusal, or answer that failed otherwise (an error of the consumer's own,
-        the delivery unanswered): logged, counted; the seconds to pause."""
-        self.count += 1
-        self._counted()
-        delay = self._backoff.delay(self.count)
-        refused = isinstance(exc, (CopyRefused, *_REFUSED))
-        log.log(
-            logging.WARNING if refused else logging.ERROR,
-            "%s a delivery of %s (%s): the delivery goes back, uncounted; consuming again in %.1fs",
-            "the broker refused a copy of" if refused else "the consumer failed to answer for",
-            queue,
-            type(exc).__name__,
-            delay,
-            extra={"action": "inbox_copy_refused" if refused else "inbox_answer_failed"},
-        )
-        return delay
-
-    def held_back(self, message_id: object, delay: float, exc: BaseException) -> None:
-        """A dead letter its queue refused, held in a retry queue instead: logged, counted."""
-        self._counted()
-        log.warning(
-            "the dead letters' queue refused message %s (%s): it waits %g s in a retry queue, "
-            "and is dead-lettered when it comes back",
-            message_id,
-            type(exc).__name__,
-            delay,
-            extra={"action": "inbox_dead_letter_held", "delay_s": delay},
-        )
-
-    def accepted(self) -> None:
-        self.count = 0
 
 
 class Consumer:
@@ -198,7 +152,7 @@ class Consumer:
                         retry_queues=retry_queues,
                     )
                 except Exception as exc:  # a copy refused, or an answer that failed otherwise
-                    if isinstance(exc, _LOST) and not isinstance(exc, _REFUSED):
+                    if isinstance(exc, _LOST) and not isinstance(exc, REFUSED):
                         raise  # the connection's: its unacked deliveries go back with it
                     # Declared afresh next time: a queue deleted under the consumer returns.
                     retry_queues.clear()
@@ -225,7 +179,7 @@ class Consumer:
         retry_queues: dict[float, str],
     ) -> None:
         """The broker answered for a delivery as ``answer`` says; a copy (a retry's, a dead
-        letter's) confirmed before the delivery is acked (``_REFUSED`` when it is not). A
+        letter's) confirmed before the delivery is acked (``REFUSED`` when it is not). A
         dead letter its queue refuses waits in a retry queue instead (``Answer``)."""
         if answer.verdict is Verdict.ACK:
             channel.basic_ack(tag)
@@ -236,7 +190,7 @@ class Consumer:
             dead = _with_headers(properties, answer.reason, self._frame_max(channel))
             try:
                 channel.basic_publish("", self._dead_queue(channel), body, dead, mandatory=True)
-            except _REFUSED as exc:
+            except REFUSED as exc:
                 self._dead_declared = False  # declared afresh: it may have been deleted
                 self._refusals.held_back(properties.message_id, answer.delay, exc)
                 self._retry_copy(channel, answer.delay, properties, body, retry_queues)
@@ -331,35 +285,6 @@ def log_retry(where: str, queue: str, failures: int, delay: float, reason: str) 
     )
 
 
-def retry_queue(queue: str, delay: float) -> tuple[str, dict[str, Any]]:
-    """The queue where a message of ``queue`` waits ``delay`` seconds, and its arguments: its
-    messages expire (a TTL) and are dead-lettered back into ``queue``, through the default
-    exchange. One per delay of the schedule, declared on first use, durable, as the queue."""
-    ttl = round(delay * 1000)
-    arguments = {
-        "x-message-ttl": ttl,
-        "x-dead-letter-exchange": "",
-        "x-dead-letter-routing-key": queue,
-    }
-    return f"{queue}.retry.{ttl}ms", arguments
-
-
-def retried(headers: Mapping[str, object] | None) -> dict[str, object]:
-    """The header that marks a delivery's copy in a retry queue (``RETRY_HEADER``, counting
-    its retries), which the inbox treats as a delivery that came again (a producer's own
-    header of that name that is not a count counts as none)."""
-    retries = (headers or {}).get(RETRY_HEADER)
-    counted = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
-    return {RETRY_HEADER: max(counted, 0) + 1}
-
-
-def fits_a_frame(header_size: int, frame_max: int) -> bool:
-    """Whether a message's content header of ``header_size`` bytes (its fixed part and its
-    properties) fits a frame: the broker closes the connection on one that does not (a
-    message whose own headers come near the negotiated ``frame_max``, plus the inbox's)."""
-    return header_size + FRAME_ENVELOPE <= frame_max
-
-
 def _with_headers(
     properties: pika.BasicProperties, more: Mapping[str, object], frame_max: int
 ) -> pika.BasicProperties:
@@ -374,18 +299,6 @@ def _with_headers(
         log_unfitting(properties.message_id, more)
         copied = _copied(properties, properties.headers)
     return copied
-
-
-def log_unfitting(message_id: object, more: Mapping[str, object]) -> None:
-    """A copy published without the inbox's headers: with them, its properties would not
-    fit a frame."""
-    log.error(
-        "message %s's copy goes without the inbox's headers (%s): with them its properties "
-        "would not fit a frame",
-        message_id,
-        ", ".join(more),
-        extra={"action": "inbox_copy_headers_dropped", "message_id": message_id},
-    )
 
 
 def _copied(

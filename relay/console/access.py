@@ -5,8 +5,10 @@ or a form without its token, refused."""
 
 from __future__ import annotations
 
+import dataclasses
 from urllib.parse import parse_qsl
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -25,21 +27,31 @@ class Refused(Exception):
         self.reason = reason
 
 
-def session_of(console: Console, request: Request) -> Session | None:
-    """The request's session: a live signed cookie; behind a trusted proxy, the proxy's
-    identity (a cookie kept for its CSRF nonce while it names the same user and role)."""
+async def session_of(console: Console, request: Request) -> Session | None:
+    """The request's session: a live signed cookie, not logged out, its user and role as
+    the users file says now (users mode); behind a trusted proxy, the proxy's identity (a
+    cookie kept for its CSRF nonce while it names the same user and role)."""
     now = console.clock()
     found = console.sessions.read(request.cookies.get(COOKIE), now)
+    if found is not None and await run_in_threadpool(console.reads.session_ended, found.id):
+        found = None
+    if console.config.console_auth == "users":
+        return _as_listed(console, found)
     if console.config.console_auth != "proxy":
         return found
     peer = request.client.host if request.client else None
     if not from_proxy(peer, console.config.console_proxy_addresses):
         console.metrics.login_failures.labels("proxy").inc()
         raise Refused(403, "identity headers are believed from the configured proxy only")
-    user = request.headers.get(console.config.console_proxy_user_header, "").strip()
+    user_header = console.config.console_proxy_user_header
+    groups_header = console.config.console_proxy_groups_header
+    if any(len(request.headers.getlist(name)) > 1 for name in (user_header, groups_header)):
+        # Which one the proxy set, and which one came from the browser through it?
+        raise Refused(400, "an identity header sent more than once")
+    user = request.headers.get(user_header, "").strip()
     if not user:
         raise Refused(401, "the proxy sent no user")
-    groups = groups_of(request.headers.get(console.config.console_proxy_groups_header, ""))
+    groups = groups_of(request.headers.get(groups_header, ""))
     role = role_of(groups, console.config)
     if role is None:
         console.metrics.login_failures.labels("no_role").inc()
@@ -50,10 +62,22 @@ def session_of(console: Console, request: Request) -> Session | None:
     return console.sessions.read(token, now)
 
 
-def require(console: Console, request: Request, role: str) -> Session | Response:
+def _as_listed(console: Console, session: Session | None) -> Session | None:
+    """``session`` with its user's role as the users file says now; None once the user is
+    no longer in it."""
+    if session is None:
+        return None
+    assert console.users is not None  # the users mode has its file
+    user = console.users.current().get(session.user)
+    if user is None:
+        return None
+    return dataclasses.replace(session, role=user.role)
+
+
+async def require(console: Console, request: Request, role: str) -> Session | Response:
     """The session if its role is ``role`` or above; else where to log in (a page) or a
     refusal (``Refused``)."""
-    session = session_of(console, request)
+    session = await session_of(console, request)
     if session is None:
         if request.method == "GET":
             return RedirectResponse(request.scope.get("root_path", "") + "/login", 303)
@@ -63,14 +87,27 @@ def require(console: Console, request: Request, role: str) -> Session | Response
     return session
 
 
-async def form_of(request: Request) -> list[tuple[str, str]]:
-    """A posted form's fields (``application/x-www-form-urlencoded``), in their order."""
+async def form_of(request: Request, limit: int | None = None) -> list[tuple[str, str]]:
+    """A posted form's fields (``application/x-www-form-urlencoded``), in their order; with
+    ``limit``, a body longer than ``limit`` bytes is refused (413) as soon as that is known
+    (its declared length, or as it arrives), never read whole."""
     if request.headers.get("content-type", "").split(";")[0].strip() != (
         "application/x-www-form-urlencoded"
     ):
         raise Refused(415, "forms only")
-    body = (await request.body()).decode("utf-8", "replace")
-    return parse_qsl(body, keep_blank_values=True)
+    if limit is None:
+        body = await request.body()
+    else:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise Refused(413, f"a form of more than {limit} bytes")
+        received = bytearray()
+        async for part in request.stream():
+            received += part
+            if len(received) > limit:
+                raise Refused(413, f"a form of more than {limit} bytes")
+        body = bytes(received)
+    return parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
 
 
 def check_csrf(console: Console, session: Session, fields: list[tuple[str, str]]) -> None:

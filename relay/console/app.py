@@ -31,15 +31,15 @@ from starlette.staticfiles import StaticFiles
 
 from relay.console import changes, login, pages
 from relay.console.access import Refused, check_csrf, form_of, session_of
-from relay.console.limiter import LoginLimiter
+from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.sessions import Sessions, Signer
 from relay.console.state import Console
-from relay.console.users import parse_users
-from relay.constants import CONSOLE_LOGIN_WINDOW_S
+from relay.console.users_file import UsersFile
+from relay.constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
-from relay.errors import ConfigError, InputError, StoreError
+from relay.errors import BrokerError, ConfigError, InputError, StoreError
 from relay.metrics import ConsoleMetrics
 from relay.settings import ConsoleSettings, Settings
 
@@ -68,16 +68,10 @@ def load_console(
     with, before anything listens."""
     if (problem := config.problem()) is not None:
         raise ConfigError(problem)
-    users = {}
+    users = None
     if config.console_auth == "users":
-        path = config.console_users_file
-        assert path is not None  # problem() said so
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-            raise ConfigError(f"RELAY_CONSOLE_USERS_FILE={path}: cannot read: {reason}") from None
-        users = parse_users(text, str(path))
+        assert config.console_users_file is not None  # problem() said so
+        users = UsersFile(Path(config.console_users_file))
     templates = Environment(
         loader=PackageLoader("relay.console", "templates"),
         autoescape=True,
@@ -89,11 +83,12 @@ def load_console(
         config=config,
         reads=ConsoleReads(settings.database_url),
         actions=ConsoleActions(settings.database_url),
-        sessions=Sessions(secret, config.console_session_idle),
+        sessions=Sessions(secret, config.console_session_idle, config.console_session_lifetime),
         login_signer=Signer(secret, "login"),
         templates=templates,
         metrics=ConsoleMetrics(registry),
         limiter=LoginLimiter(config.console_login_attempts, CONSOLE_LOGIN_WINDOW_S),
+        hashing=HashGate(CONSOLE_LOGIN_HASHES),
         users=users,
         oidc=OidcClient(config) if config.console_auth == "oidc" else None,
         clock=clock,
@@ -136,7 +131,11 @@ def create_app(console: Console) -> Starlette:
         ),
     ]
     middleware = [Middleware(BaseHTTPMiddleware, dispatch=functools.partial(_guard, console))]
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    # No redirect of /rows/ to /rows: Starlette builds it absolute, from the request's Host
+    # header, which anyone can set.
+    app.router.redirect_slashes = False
+    return app
 
 
 async def _alive(console: Console, request: Request) -> Response:
@@ -151,10 +150,10 @@ async def _ready(console: Console, request: Request) -> Response:
 
 
 async def _logout(console: Console, request: Request) -> Response:
-    session = session_of(console, request)
+    session = await session_of(console, request)
     if session is not None:
         check_csrf(console, session, await form_of(request))
-    return await login.logout(console, request)
+    return await login.logout(console, request, session)
 
 
 async def _guard(
@@ -177,6 +176,16 @@ async def _guard(
     except StoreError as exc:
         log.warning("console: %s", exc, extra={"action": "console_store_error"})
         response = _error(console, request, 503, "the database did not answer; try again")
+    except BrokerError as exc:
+        log.warning("console: %s", exc, extra={"action": "console_broker_error"})
+        response = _error(console, request, 503, "the broker did not answer; try again")
+    except Exception:
+        # Answered here, not by the server's default 500, so that it too carries the
+        # security headers.
+        log.exception(
+            "console: %s %s failed", request.method, route, extra={"action": "console_error"}
+        )
+        response = _error(console, request, 500, "the console failed; the log says why")
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
     console.metrics.requests.labels(route, request.method, str(response.status_code)).inc()

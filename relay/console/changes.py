@@ -5,6 +5,7 @@ edited copy (``edit``). Every change is audited (``relay.db.console_actions``)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime
 
@@ -13,11 +14,13 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relay.admin.inbox import requeue
+from relay.broker.deadletters import MoveFailed
 from relay.console import forms
 from relay.console.access import Refused, check_csrf, form_of, keep_session, require
 from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, ParkedFilter
 from relay.console.state import Console
-from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE
+from relay.constants import CONSOLE_SETTLE_HORIZON_S
+from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE, failed
 from relay.errors import InputError
 
 ACTIONS = (REPLAY, DISCARD, RESTORE, REQUEUE)
@@ -67,7 +70,7 @@ async def _chosen(console: Console, change: _Change) -> ParkedFilter:
 
 
 async def confirm(console: Console, request: Request) -> Response:
-    session = require(console, request, OPERATOR)
+    session = await require(console, request, OPERATOR)
     assert not isinstance(session, Response)  # a POST is refused, never redirected
     fields = await form_of(request)
     check_csrf(console, session, fields)
@@ -79,6 +82,7 @@ async def confirm(console: Console, request: Request) -> Response:
             raise InputError("no dead letters chosen")
     elif change.everything:
         chosen = await _chosen(console, change)
+        assert change.bound is not None  # _chosen refuses a change without one
         within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
     else:
         within = len(forms.ids(change.ids))
@@ -86,6 +90,7 @@ async def confirm(console: Console, request: Request) -> Response:
         request,
         "confirm.html",
         session,
+        horizon=int(CONSOLE_SETTLE_HORIZON_S),
         action=change.action,
         within=within,
         since=since,
@@ -97,7 +102,7 @@ async def confirm(console: Console, request: Request) -> Response:
 
 
 async def act(console: Console, request: Request) -> Response:
-    session = require(console, request, OPERATOR)
+    session = await require(console, request, OPERATOR)
     assert not isinstance(session, Response)
     fields = await form_of(request)
     try:
@@ -114,7 +119,14 @@ async def act(console: Console, request: Request) -> Response:
         raise
     console.metrics.actions.labels(change.action, "done").inc()
     console.metrics.rows_changed.labels(change.action).inc(result.changed)
-    response = console.page(request, "done.html", session, action=change.action, result=result)
+    response = console.page(
+        request,
+        "done.html",
+        session,
+        action=change.action,
+        result=result,
+        horizon=int(CONSOLE_SETTLE_HORIZON_S),
+    )
     return keep_session(console, response, session, _root(request))
 
 
@@ -139,8 +151,21 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
     if queue not in console.config.console_inbox_queues:
         raise InputError("queue: not one of the console's inbox queues")
     wanted = set(change.letters)
-    moved = requeue(console.settings, queue, lambda letter: letter.key in wanted)
     target = json.dumps({"queue": queue, "message_ids": sorted(wanted)})
+    try:
+        with console.dead_letter_lock(queue):
+            moved = requeue(
+                console.settings, queue, lambda letter: letter.key in wanted, readable_only=True
+            )
+    except MoveFailed as exc:
+        result = (
+            f"failed after moving {len(exc.moved)} of {len(wanted)}: {type(exc.cause).__name__}"
+        )
+        console.actions.record(actor, REQUEUE, target, len(exc.moved), result)
+        raise Refused(502, f"the broker refused a letter: {len(exc.moved)} moved first") from exc
+    except Exception as exc:
+        console.actions.record(actor, REQUEUE, target, 0, failed(0, exc))
+        raise
     result = f"moved {len(moved)} of {len(wanted)}"
     console.actions.record(actor, REQUEUE, target, len(moved), result)
     return ActionResult(len(moved), left=len(wanted) - len(moved))
@@ -148,29 +173,13 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
 
 async def edit(console: Console, request: Request) -> Response:
     """An admin's edited copy of a parked or discarded row, replayed as a new row."""
-    session = require(console, request, ADMIN)
+    session = await require(console, request, ADMIN)
     assert not isinstance(session, Response)
     fields = await form_of(request)
     check_csrf(console, session, fields)
     given = dict(fields)
-    changes: dict[str, object] = {}
-    for name in ("exchange", "routing_key", "content_type"):
-        if name in given:
-            changes[name] = forms.text(given, name)
-    headers = forms.text(given, "headers") if "headers" in given else None
-    if headers:
-        try:
-            parsed = json.loads(headers)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise InputError("headers: not a JSON object")
-        changes["headers"] = headers
-    elif "headers" in given:
-        changes["headers"] = None
-    if "payload" in given:
-        changes["payload"] = given["payload"].encode("utf-8")
     row_id = int(request.path_params["row_id"])
+    changes = await _edits(console, row_id, given)
     actor = Actor(session.user, session.role)
     try:
         result = await run_in_threadpool(console.actions.edit, actor, row_id, changes)
@@ -181,3 +190,48 @@ async def edit(console: Console, request: Request) -> Response:
     console.metrics.rows_changed.labels("edit_and_replay").inc()
     response = RedirectResponse(f"{_root(request)}/rows/{result.new_ids[0]}", 303)
     return keep_session(console, response, session, _root(request))
+
+
+async def _edits(console: Console, row_id: int, given: dict[str, str]) -> dict[str, object]:
+    """The fields the admin changed, compared with the row as the browser posts it back: a
+    field left as it was keeps the row's own bytes (a textarea posts line breaks as CRLF and
+    an input drops them)."""
+    row = await run_in_threadpool(console.reads.row, row_id, console.config.console_payload_preview)
+    if row is None:
+        raise Refused(404, f"no row {row_id} in the outbox or its archive")
+    was: dict[str, str | None] = {
+        "exchange": row.summary.exchange,
+        "routing_key": row.summary.routing_key,
+        "content_type": row.content_type,
+        "headers": row.headers or "",
+        "payload": None,  # shown only when whole and text: else any value is a change
+    }
+    if row.payload_size == len(row.payload):
+        with contextlib.suppress(UnicodeDecodeError):
+            was["payload"] = row.payload.decode("utf-8")
+    changes: dict[str, object] = {}
+    for name, original in was.items():
+        if name not in given:
+            continue
+        value = given[name] if name == "payload" else forms.text(given, name)
+        multiline = name in ("headers", "payload")
+        if (changed := forms.edited(original, value, multiline)) is not None:
+            changes[name] = changed
+    if "headers" in changes:
+        changes["headers"] = _headers(str(changes["headers"]))
+    if "payload" in changes:
+        changes["payload"] = str(changes["payload"]).encode("utf-8")
+    return changes
+
+
+def _headers(text: str) -> str | None:
+    """Edited headers: a JSON object, or none (empty)."""
+    if not text.strip():
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise InputError("headers: not a JSON object")
+    return text

@@ -23,10 +23,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PRINTABLE = set(string.printable) - set("\x0b\x0c")
 
 
-def text(fields: Mapping[str, str], name: str) -> str:
+def text(fields: Mapping[str, str], name: str, longest: int = MAX_FIELD) -> str:
     value = fields.get(name, "")
-    if len(value) > MAX_FIELD:
-        raise InputError(f"{name}: longer than {MAX_FIELD} characters")
+    if len(value) > longest:
+        raise InputError(f"{name}: longer than {longest} characters")
     if "\x00" in value:
         raise InputError(f"{name}: holds a NUL character, which no row can")
     return value
@@ -122,3 +122,23 @@ def hex_dump(data: bytes) -> str:
         ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
         lines.append(f"{offset:08x}  {chunk.hex(' '):<47}  {ascii_}")
     return "\n".join(lines)
+
+
+def as_submitted(value: str, multiline: bool) -> str:
+    """``value`` as a browser posts it back from a form field showing it: a textarea's line
+    breaks each become CRLF (HTML's form encoding); a text input's are dropped."""
+    if not multiline:
+        return value.replace("\r", "").replace("\n", "")
+    return value.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\r\n")
+
+
+def edited(original: str | None, submitted: str, multiline: bool) -> str | None:
+    """What an edit form's field asks to store: None when it is ``original`` as the browser
+    posts it back (unchanged: the original's bytes are kept, never the browser's), else the
+    text submitted, its CRLFs back to LFs when the original had no CR (a textarea turns
+    every line break into CRLF)."""
+    if original is not None and submitted == as_submitted(original, multiline):
+        return None
+    if multiline and "\r" not in (original or ""):
+        return submitted.replace("\r\n", "\n")
+    return submitted

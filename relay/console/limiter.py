@@ -1,47 +1,104 @@
-"""Pure: failed logins, limited per user name and per address. After ``attempts`` failures
-within ``window`` seconds, logins for that name or from that address are refused until the
-oldest failure leaves the window (a success does not clear them: a guesser who finds one
-password still spent the attempts). Kept per process: each replica limits on its own."""
+"""Pure: failed logins, limited per (user name, address) pair and per address; and the
+password checks running at once, bounded.
+
+After ``attempts`` failures of one name from one address within ``window`` seconds, that
+name is refused from that address until the oldest failure leaves the window; an address
+is refused past ``attempts * CONSOLE_LOGIN_ADDRESS_SHARE`` failures of any names. A guesser
+elsewhere therefore cannot lock the real user out (the user's own address keeps its
+attempts); the price is that a guesser spread over many addresses gets ``attempts`` tries
+per name per address, which scrypt's cost and the password's strength must carry. A success
+does not clear failures (a guesser who finds one password still spent the attempts).
+
+An attempt is counted before its password is checked (``reserve``) and given back only when
+the password was right (``succeeded``): logins sent at once all see the ones before them,
+so no more than ``attempts`` are checked however many arrive together. Kept per process:
+each replica limits on its own.
+"""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from dataclasses import dataclass
 
-from relay.constants import CONSOLE_LOGIN_KEYS_KEPT
+from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE, CONSOLE_LOGIN_KEYS_KEPT
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A login attempt counted (as failed until ``LoginLimiter.succeeded``)."""
+
+    keys: tuple[Key, ...]
+    at: float
 
 
 class LoginLimiter:
     def __init__(self, attempts: int, window: float) -> None:
         self.attempts = attempts
         self.window = window
-        self._failures: dict[str, collections.deque[float]] = {}
+        self._failures: dict[Key, collections.deque[float]] = {}
 
-    def _recent(self, key: str, now: float) -> collections.deque[float]:
-        times = self._failures.setdefault(key, collections.deque())
+    def _limits(self, name: str, address: str) -> list[tuple[Key, int]]:
+        return [
+            (("pair", name, address), self.attempts),
+            (("address", address), self.attempts * CONSOLE_LOGIN_ADDRESS_SHARE),
+        ]
+
+    def _recent(self, key: Key, now: float) -> int:
+        times = self._failures.get(key)
+        if times is None:
+            return 0
         while times and now - times[0] >= self.window:
             times.popleft()
         if not times:
             del self._failures[key]
-            return collections.deque()
-        return times
+        return len(times)
 
-    def refused(self, keys: Iterable[str], now: float) -> bool:
-        """Whether a login for these keys (``user:NAME``, ``address:IP``) is refused now."""
-        return any(len(self._recent(key, now)) >= self.attempts for key in keys)
-
-    def failed(self, keys: Iterable[str], now: float) -> None:
+    def reserve(self, name: str, address: str, now: float) -> Attempt | None:
+        """The attempt of ``name`` from ``address``, counted as failed; None when refused."""
+        limits = self._limits(name, address)
+        if any(self._recent(key, now) >= limit for key, limit in limits):
+            return None
         if len(self._failures) >= CONSOLE_LOGIN_KEYS_KEPT:
             self.forget_before(now)
-        for key in keys:
-            self._recent(key, now)
+        for key, _limit in limits:
             self._failures.setdefault(key, collections.deque()).append(now)
+        return Attempt(tuple(key for key, _limit in limits), now)
+
+    def succeeded(self, attempt: Attempt) -> None:
+        """``attempt``'s password was right: it is not a failure."""
+        for key in attempt.keys:
+            times = self._failures.get(key)
+            if times is not None and attempt.at in times:
+                times.remove(attempt.at)
+                if not times:
+                    del self._failures[key]
 
     def forget_before(self, now: float) -> None:
-        """Every name and address whose failures have all left the window, forgotten: a
-        guesser trying many names does not grow the table for ever."""
+        """Every key whose failures have all left the window, forgotten: a guesser trying
+        many names does not grow the table for ever."""
         for key in list(self._failures):
             self._recent(key, now)
 
     def __len__(self) -> int:
         return len(self._failures)
+
+
+class HashGate:
+    """At most ``limit`` password checks at once: each scrypt check holds 32 MiB, so a burst
+    of logins would otherwise take the process's memory with it. One past the limit is
+    answered at once (busy), never queued. Used from the event loop's one thread."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+
+    def enter(self) -> bool:
+        if self.running >= self.limit:
+            return False
+        self.running += 1
+        return True
+
+    def leave(self) -> None:
+        self.running -= 1

@@ -5,17 +5,25 @@ headers say who it is (``relay.console.access``)."""
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from relay.console import forms
 from relay.console.access import Refused, form_of, keep_session
 from relay.console.identity import role_of
 from relay.console.oidc import Login
 from relay.console.passwords import verify_password
+from relay.console.sessions import Session
 from relay.console.state import COOKIE, LOGIN_COOKIE, Console
-from relay.constants import CONSOLE_LOGIN_STATE_S
+from relay.constants import (
+    CONSOLE_LOGIN_BODY_MAX,
+    CONSOLE_LOGIN_STATE_S,
+    CONSOLE_NAME_MAX,
+    CONSOLE_PASSWORD_MAX,
+)
 from relay.errors import InputError
 
 
@@ -59,29 +67,38 @@ async def login_page(console: Console, request: Request) -> Response:
 
 async def login_form(console: Console, request: Request) -> Response:
     """The users file's login: the form's token checked against its state cookie, then the
-    name and password; failures limited per name and per address."""
+    name and password; failures limited per name and address and per address
+    (``relay.console.limiter``), password checks at once bounded."""
     if console.config.console_auth != "users":
         raise Refused(404, "this console logs in elsewhere")
-    fields = dict(await form_of(request))
+    fields = dict(await form_of(request, CONSOLE_LOGIN_BODY_MAX))
     now = console.clock()
     state = console.login_signer.unsign(
         request.cookies.get(LOGIN_COOKIE), CONSOLE_LOGIN_STATE_S, now
     )
     if state is None or not console.login_signer.token_ok(str(state.get("n")), fields.get("csrf")):
         raise Refused(403, "the login form's CSRF token is missing or stale: load it again")
-    name = fields.get("name", "")
+    name = forms.text(fields, "name", CONSOLE_NAME_MAX)
+    password = forms.text(fields, "password", CONSOLE_PASSWORD_MAX)
     address = request.client.host if request.client else "unknown"
-    keys = [f"user:{name}", f"address:{address}"]
-    if console.limiter.refused(keys, now):
-        console.metrics.login_failures.labels("limited").inc()
-        raise Refused(429, "too many failed logins: wait a few minutes")
-    user = console.users.get(name)
-    password = fields.get("password", "")
-    ok = await run_in_threadpool(verify_password, password, user.password_hash if user else _NOBODY)
+    # The gate first: a login turned away busy has spent none of its attempts.
+    if not console.hashing.enter():
+        console.metrics.login_failures.labels("busy").inc()
+        raise Refused(503, "too many logins at once: try again in a moment")
+    try:
+        attempt = console.limiter.reserve(name, address, now)
+        if attempt is None:
+            console.metrics.login_failures.labels("limited").inc()
+            raise Refused(429, "too many failed logins: wait a few minutes")
+        assert console.users is not None  # the users mode has its file
+        user = console.users.current().get(name)
+        stored = user.password_hash if user else _NOBODY
+        ok = await run_in_threadpool(verify_password, password, stored)
+    finally:
+        console.hashing.leave()
     if user is None or not ok:
-        console.limiter.failed(keys, now)
         console.metrics.login_failures.labels("password").inc()
-        response = console.page(
+        return console.page(
             request,
             "login.html",
             None,
@@ -89,7 +106,7 @@ async def login_form(console: Console, request: Request) -> Response:
             login_csrf=fields.get("csrf", ""),
             error="wrong name or password",
         )
-        return response
+    console.limiter.succeeded(attempt)
     session = console.sessions.read(console.sessions.issue(user.name, user.role, now), now)
     assert session is not None
     response = RedirectResponse(_root(request) + "/", 303)
@@ -126,7 +143,12 @@ async def callback(console: Console, request: Request) -> Response:
     return keep_session(console, response, session, _root(request))
 
 
-async def logout(console: Console, request: Request) -> Response:
+async def logout(console: Console, request: Request, session: Session | None) -> Response:
+    """The session ended: its cookie deleted, and its id kept by the server until its
+    lifetime is over (the cookie, signed, would otherwise work again wherever it was kept)."""
+    if session is not None:
+        ends_at = datetime.fromtimestamp(console.sessions.ends_at(session), UTC)
+        await run_in_threadpool(console.actions.end_session, session.id, ends_at)
     response = RedirectResponse(_root(request) + "/login", 303)
     response.delete_cookie(COOKIE, path=_root(request) or "/")
     return response

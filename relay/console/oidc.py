@@ -121,6 +121,8 @@ class OidcClient:
             ).validate(token.claims)
         except (JoseError, ValueError) as exc:
             raise InputError(f"the ID token was refused: {exc}") from None
+        if (problem := party_problem(token.claims, self.client_id)) is not None:
+            raise InputError(f"the ID token was refused: {problem}")
         return dict(token.claims)
 
     def user(self, claims: dict[str, Any]) -> tuple[str, list[str]]:
@@ -130,3 +132,16 @@ class OidcClient:
         if isinstance(groups, str):
             groups = [groups]
         return str(name), [str(g) for g in groups if isinstance(g, str | int)]
+
+
+def party_problem(claims: dict[str, Any], client_id: str) -> str | None:
+    """Why an ID token is not this client's, its audience aside (OpenID Connect Core 3.1.3.7):
+    a token for several audiences must name this client as its authorized party (``azp``),
+    and any ``azp`` must be this client. None when it is this client's."""
+    audience = claims.get("aud")
+    party = claims.get("azp")
+    if isinstance(audience, list) and len(audience) > 1 and party is None:
+        return "it has several audiences and no authorized party (azp)"
+    if party is not None and party != client_id:
+        return f"its authorized party (azp) is not {client_id}"
+    return None

@@ -2,8 +2,10 @@
 
 A cookie holds its values and their HMAC-SHA256 under ``RELAY_CONSOLE_SESSION_SECRET``
 (``Signer``), so any replica with the key reads it and no server keeps sessions. A session
-names its user, their role and when it was last used: unused for the idle timeout, it is
-refused; each request re-issues it with the time renewed. Its CSRF token is an HMAC of its
+names its user, their role, when they logged in and when it was last used: unused for the
+idle timeout, or older than its lifetime however used, it is refused; each request re-issues
+it with the time of use renewed. A logout is kept by the server (``relay.db``'s ended
+sessions), which the signature alone cannot say. Its CSRF token is an HMAC of its
 random nonce: a form posted without the token of the session that drew it is refused.
 """
 
@@ -69,30 +71,48 @@ class Session:
     user: str
     role: str
     nonce: str  # the CSRF token is derived from it
+    began: int  # when its user logged in (seconds since the epoch)
+
+    @property
+    def id(self) -> str:
+        """The session's id as the server keeps it (a logout): a hash of its nonce."""
+        return hashlib.sha256(self.nonce.encode()).hexdigest()
 
 
 class Sessions:
-    """Sessions in signed cookies, ended by ``idle`` seconds of disuse."""
+    """Sessions in signed cookies, ended by ``idle`` seconds of disuse and, however often
+    they are used, ``lifetime`` seconds after their login."""
 
-    def __init__(self, secret: str, idle: float) -> None:
+    def __init__(self, secret: str, idle: float, lifetime: float) -> None:
         self.signer = Signer(secret, "session")
         self.idle = idle
+        self.lifetime = lifetime
 
     def issue(self, user: str, role: str, now: float, nonce: str | None = None) -> str:
-        nonce = nonce or secrets.token_urlsafe(16)
-        return self.signer.sign({"u": user, "r": role, "n": nonce}, now)
+        return self._signed(Session(user, role, nonce or secrets.token_urlsafe(16), int(now)), now)
+
+    def _signed(self, session: Session, now: float) -> str:
+        values = {"u": session.user, "r": session.role, "n": session.nonce, "b": session.began}
+        return self.signer.sign(values, now)
 
     def read(self, cookie: str | None, now: float) -> Session | None:
         values = self.signer.unsign(cookie, self.idle, now)
         if values is None:
             return None
         user, role, nonce = values.get("u"), values.get("r"), values.get("n")
+        began = values.get("b")
         if not all(isinstance(v, str) and v for v in (user, role, nonce)):
             return None
-        return Session(str(user), str(role), str(nonce))
+        if not isinstance(began, int) or not 0 <= now - began <= self.lifetime:
+            return None
+        return Session(str(user), str(role), str(nonce), began)
+
+    def ends_at(self, session: Session) -> float:
+        """When ``session`` ends whatever its use (seconds since the epoch)."""
+        return session.began + self.lifetime
 
     def renewed(self, session: Session, now: float) -> str:
-        return self.issue(session.user, session.role, now, session.nonce)
+        return self._signed(session, now)
 
     def csrf(self, session: Session) -> str:
         return self.signer.token(session.nonce)

@@ -3,6 +3,7 @@ templates and metrics (built once by ``relay.console.app.create_app``)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,11 +13,11 @@ from jinja2 import Environment
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from relay.console.limiter import LoginLimiter
+from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.records import Actor
 from relay.console.sessions import Session, Sessions, Signer
-from relay.console.users import User
+from relay.console.users_file import UsersFile
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.metrics import ConsoleMetrics
@@ -37,9 +38,15 @@ class Console:
     templates: Environment
     metrics: ConsoleMetrics
     limiter: LoginLimiter
-    users: dict[str, User] = field(default_factory=dict)
+    hashing: HashGate
+    users: UsersFile | None = None  # with RELAY_CONSOLE_AUTH=users
     oidc: OidcClient | None = None
     clock: Callable[[], float] = time.time
+    _letter_locks: dict[str, threading.Lock] = field(default_factory=dict)
+
+    def dead_letter_lock(self, queue: str) -> threading.Lock:
+        """The lock of ``queue``'s dead letters: one reader (a view, a requeue) at a time."""
+        return self._letter_locks.setdefault(queue, threading.Lock())
 
     def page(
         self,

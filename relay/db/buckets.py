@@ -84,7 +84,8 @@ def refresh(
     admits = EVERY_PROTOCOL  # read only where a fence is decided
     if active and protocol is not None:
         admits = _admits(conn)
-        fenced = fence(protocol, *_protocols(conn, owner, lease), least=admits.protocol)
+        holding, announced, counted = _protocols(conn, owner, lease)
+        fenced = fence(protocol, holding, announced, admits.protocol, counted)
     if active:
         _present(conn, owner, lease, protocol=protocol, until=0.0 if fenced else lease)
     publishing = active and fenced is None
@@ -144,18 +145,22 @@ def holders(protocol: sa.ColumnElement[Any] = outbox_relays.c.protocol) -> sa.Se
     )
 
 
-def _protocols(conn: sa.Connection, owner: str, lease: float) -> tuple[set[int], set[int]]:
-    """The protocols of the other relays that hold buckets under a live lease (``holders``),
-    and of every other relay present (those waiting included: their presence ran out less
-    than a lease ago)."""
+def _protocols(
+    conn: sa.Connection, owner: str, lease: float
+) -> tuple[set[int], set[int], set[int]]:
+    """``fence``'s view of the other relays: the protocols of those that hold buckets under
+    a live lease (``holders``), of every one present (those waiting included: their
+    presence ran out less than a lease ago), and of those counted among the relays (their
+    presence runs now)."""
     relay = outbox_relays.c
     holding = {said for holder, said, _ in conn.execute(holders()) if holder != owner}
-    present = (
-        sa.select(sa.func.coalesce(relay.protocol, PROTOCOL_BEFORE_FENCES))
+    said = sa.func.coalesce(relay.protocol, PROTOCOL_BEFORE_FENCES)
+    present = conn.execute(
+        sa.select(said, relay.alive_until > database_time())
         .distinct()
         .where(relay.owner != owner, relay.alive_until > database_time(-lease))
-    )
-    return holding, set(conn.scalars(present))
+    ).all()
+    return holding, {p for p, _ in present}, {p for p, now in present if now}
 
 
 def _locked(conn: sa.Connection, keys: sa.Select[Any]) -> set[Any]:

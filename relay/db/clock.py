@@ -16,7 +16,7 @@ is this host's clock: an embedded database has one host and so one clock. SQLite
 times as text, in the format SQLAlchemy writes (``YYYY-MM-DD HH:MM:SS.ffffff``), so that
 they compare with the values already stored by text order; its clock has milliseconds.
 MySQL and MariaDB: ``utc_timestamp(6)``, fixed for the statement like PostgreSQL's, stored as
-``DATETIME(6)`` (``relay.db.schema.UTCDateTime``).
+``DATETIME(6)`` (``relay.db.columns.UTCDateTime``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
+from relay.db.columns import UTCDateTime
 from relay.db.dialects import of
-from relay.db.schema import UTCDateTime
 
 
 def _seconds(value: float | sa.ColumnElement[float]) -> sa.ColumnElement[float]:

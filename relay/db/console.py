@@ -12,6 +12,7 @@ actions are pinned to.
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,6 +32,7 @@ from relay.console.records import (
 from relay.constants import (
     BACKLOG_EXACT_ROWS,
     CONSOLE_CAUSE_SCAN,
+    CONSOLE_SETTLE_HORIZON_S,
     PROTOCOL_BEFORE_FENCES,
 )
 from relay.db import console_rows
@@ -41,6 +43,7 @@ from relay.db.dialects import of
 from relay.db.due import due_backlog
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import (
+    console_sessions_ended,
     outbox,
     outbox_archive,
     outbox_buckets,
@@ -79,6 +82,13 @@ def parked_where(chosen: ParkedFilter) -> list[sa.ColumnElement[bool]]:
     if chosen.parked_before is not None:
         where.append(parked_time <= chosen.parked_before)
     return where
+
+
+def settled(bound: datetime) -> datetime:
+    """The latest parking time a change by filter takes, of a page drawn at ``bound``: a row
+    parked after it may have been committed after the page was drawn
+    (``CONSOLE_SETTLE_HORIZON_S``)."""
+    return bound - timedelta(seconds=CONSOLE_SETTLE_HORIZON_S)
 
 
 class ConsoleReads:
@@ -213,7 +223,7 @@ class ConsoleReads:
         for owner, protocol in sorted(protocols.items()):
             others = {o: p for o, p in protocols.items() if o != owner}
             holding = [p for o, p in others.items() if owned.get(o)]
-            state = fence(protocol, holding, others.values(), least_protocol)
+            state = fence(protocol, holding, others.values(), least_protocol, others.values())
             presences.append(
                 RelayPresence(
                     owner=readable_text(owner),
@@ -250,15 +260,16 @@ class ConsoleReads:
         rows = rows[:limit]
         return rows, Cursor(rows[-1].parked_at, rows[-1].id) if more and rows else None
 
-    def count(self, chosen: ParkedFilter, bound: Any) -> tuple[int, int]:
-        """How many parked rows ``chosen`` selects that were parked by ``bound`` (what a bulk
-        action would change), and how many were parked since (what it leaves): exact, as
+    def count(self, chosen: ParkedFilter, bound: datetime) -> tuple[int, int]:
+        """How many parked rows ``chosen`` selects that were parked by ``settled(bound)``
+        (what a bulk action would change), and how many later (what it leaves): exact, as
         an operator confirms them."""
         where = parked_where(chosen)
         total = sa.select(sa.func.count()).where(*where)
+        last = settled(bound)
         with db_errors("console count", self.where), self.engine.connect() as conn:
-            within = conn.execute(total.where(parked_time <= bound)).scalar_one()
-            since = conn.execute(total.where(parked_time > bound)).scalar_one()
+            within = conn.execute(total.where(parked_time <= last)).scalar_one()
+            since = conn.execute(total.where(parked_time > last)).scalar_one()
         return int(within), int(since)
 
     def row(self, row_id: int, preview: int) -> RowDetail | None:
@@ -272,6 +283,14 @@ class ConsoleReads:
     def audit(self, after: int | None, limit: int) -> list[AuditEntry]:
         with db_errors("console audit", self.where), self.engine.connect() as conn:
             return console_rows.audit(conn, after, limit)
+
+    def session_ended(self, session_id: str) -> bool:
+        """Whether the session ``session_id`` was ended (logged out) before its time."""
+        found = sa.select(console_sessions_ended.c.session_id).where(
+            console_sessions_ended.c.session_id == session_id
+        )
+        with db_errors("console session", self.where), self.engine.connect() as conn:
+            return conn.execute(found).first() is not None
 
     def close(self) -> None:
         self.engine.dispose()

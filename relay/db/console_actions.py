@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,12 +25,18 @@ import sqlalchemy as sa
 from relay.console.records import ActionResult, Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
-from relay.db.console import parked_where
+from relay.db.console import parked_where, settled
 from relay.db.console_rows import parked_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
-from relay.db.schema import console_audit, outbox, outbox_archive, outbox_edits
-from relay.errors import InputError
+from relay.db.schema import (
+    console_audit,
+    console_sessions_ended,
+    outbox,
+    outbox_archive,
+    outbox_edits,
+)
+from relay.errors import InputError, StoreError
 from relay.records import PARKED, PENDING
 from relay.redact import redact_url
 
@@ -79,6 +86,7 @@ class ConsoleActions:
         self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
     ) -> ActionResult:
         """The chosen parked rows back to pending, due now, their attempts reset."""
+        bound = _pinned(chosen, bound)
         back = (
             sa.update(outbox)
             .where(of(self.engine).id_in(outbox.c.id), outbox.c.status == PARKED)
@@ -95,6 +103,7 @@ class ConsoleActions:
         self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
     ) -> ActionResult:
         """The chosen parked rows out of the outbox, whole, into the archive."""
+        bound = _pinned(chosen, bound)
         columns = [outbox.c[name] for name in _ARCHIVED]
 
         def chunk(conn: sa.Connection, batch: list[int]) -> int:
@@ -160,6 +169,17 @@ class ConsoleActions:
             raise InputError(f"cannot edit {', '.join(sorted(unknown))}")
         source = outbox if _in(self.engine, outbox, row_id) else outbox_archive
         target = json.dumps({"id": row_id, "changed": sorted(changes)})
+        try:
+            copy_id = self._copy(actor, source, row_id, changes, target)
+        except Exception as exc:
+            self._ended(actor, EDIT, target, None, rows=0, result=failed(0, exc))
+            raise
+        _logged(actor, EDIT, target, 1, f"copy {copy_id}")
+        return ActionResult(1, new_ids=(copy_id,))
+
+    def _copy(
+        self, actor: Actor, source: sa.Table, row_id: int, changes: dict[str, Any], target: str
+    ) -> int:
         with transaction(self.engine, "console edit", self.where) as conn:
             original = conn.execute(sa.select(source).where(source.c.id == row_id)).one_or_none()
             if original is None or getattr(original, "status", PARKED) != PARKED:
@@ -181,8 +201,17 @@ class ConsoleActions:
                 )
             )
             self._audit(conn, actor, EDIT, target=target, rows=1, result=f"copy {copy_id}")
-        _logged(actor, EDIT, target, 1, f"copy {copy_id}")
-        return ActionResult(1, new_ids=(copy_id,))
+        return copy_id
+
+    def end_session(self, session_id: str, ends_at: datetime) -> None:
+        """The session ``session_id`` ended now (a logout), refused until ``ends_at`` (its
+        lifetime's end); sessions whose lifetime is over are forgotten."""
+        ended = console_sessions_ended
+        with transaction(self.engine, "console logout", self.where) as conn:
+            conn.execute(sa.delete(ended).where(ended.c.ends_at < database_time()))
+            known = sa.select(ended.c.session_id).where(ended.c.session_id == session_id)
+            if conn.execute(known).first() is None:
+                conn.execute(sa.insert(ended).values(session_id=session_id, ends_at=ends_at))
 
     def record(self, actor: Actor, action: str, target: str, rows: int, result: str) -> None:
         """An audit entry for a change made elsewhere (the broker's dead letters), written
@@ -243,35 +272,65 @@ class ConsoleActions:
     def _chunks(
         self, actor: Actor, action: str, target: str, batches: Iterator[list[int]], chunk: Chunk
     ) -> int:
+        """The chunks run, the audit entry (written with the first) counting each; it ends
+        with the change's result: ``done``, or ``failed`` with the rows changed so far and
+        the error's class, written even when the change fails."""
         changed = 0
         audit_id: int | None = None
-        for batch in batches:
-            began = time.monotonic()
+        try:
+            for batch in batches:
+                began = time.monotonic()
+                with transaction(self.engine, f"console {action}", self.where) as conn:
+                    changed += chunk(conn, batch)
+                    if audit_id is None:
+                        audit_id = self._audit(
+                            conn, actor, action, target=target, rows=changed, result="running"
+                        )
+                    else:
+                        conn.execute(
+                            sa.update(console_audit)
+                            .where(console_audit.c.id == audit_id)
+                            .values(rows=changed)
+                        )
+                # Paced: the database's time between chunks is the writers'.
+                time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
+        except Exception as exc:
+            self._ended(actor, action, target, audit_id, rows=changed, result=failed(changed, exc))
+            raise
+        self._ended(actor, action, target, audit_id, rows=changed, result="done")
+        return changed
+
+    def _ended(
+        self,
+        actor: Actor,
+        action: str,
+        target: str,
+        audit_id: int | None,
+        *,
+        rows: int,
+        result: str,
+    ) -> None:
+        """A change's audit entry given its result (written now if no chunk wrote it), and
+        logged. After a failure the database may fail again: that is logged, and the
+        change's own error is the one raised."""
+        try:
             with transaction(self.engine, f"console {action}", self.where) as conn:
-                changed += chunk(conn, batch)
                 if audit_id is None:
-                    audit_id = self._audit(
-                        conn, actor, action, target=target, rows=changed, result="running"
-                    )
+                    self._audit(conn, actor, action, target=target, rows=rows, result=result)
                 else:
                     conn.execute(
                         sa.update(console_audit)
                         .where(console_audit.c.id == audit_id)
-                        .values(rows=changed)
+                        .values(rows=rows, result=result)
                     )
-            # Paced: the database's time between chunks is the writers'.
-            time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
-        with transaction(self.engine, f"console {action}", self.where) as conn:
-            if audit_id is None:
-                self._audit(conn, actor, action, target=target, rows=0, result="done")
-            else:
-                conn.execute(
-                    sa.update(console_audit)
-                    .where(console_audit.c.id == audit_id)
-                    .values(rows=changed, result="done")
-                )
-        _logged(actor, action, target, changed, "done")
-        return changed
+        except StoreError as exc:
+            log.error(
+                "console %s: its audit entry could not say its result: %s",
+                action,
+                exc,
+                extra={"action": "console_audit_failed"},
+            )
+        _logged(actor, action, target, rows, result)
 
     def _audit(
         self, conn: sa.Connection, actor: Actor, action: str, *, target: str, rows: int, result: str
@@ -288,6 +347,18 @@ class ConsoleActions:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def failed(changed: int, exc: BaseException) -> str:
+    """A failed change's result as the audit log keeps it: what committed, and the error's
+    class (never its message, which may quote a statement's parameters)."""
+    return f"failed after {changed} rows: {type(exc).__name__}"
+
+
+def _pinned(chosen: ParkedFilter | None, bound: Any) -> Any:
+    """The latest parking time a change takes: the page's bound for the rows it showed
+    (ids: committed when it was drawn), ``settled(bound)`` for a filter's."""
+    return bound if chosen is None else settled(bound)
 
 
 def _new_id(inserted: sa.CursorResult[Any]) -> int:

@@ -115,7 +115,7 @@ def decode_row(
         raw = dict(zip(_NAMES, values, strict=True))
         if raw["oversize"] is not None:
             return _unread(raw, too_large_to_read(raw["oversize"], max_message_size))
-        return OutboxRow(
+        row = OutboxRow(
             id=raw["id"],
             message_id=_text(raw, "message_id"),
             exchange=_text(raw, "exchange"),
@@ -129,6 +129,12 @@ def decode_row(
             suspect=bool(raw["suspect"]),
             sent_before=bool(raw["sent_before"]),
         )
+        # A SQLite database in UTF-16 sizes its text from below (``relay.db.dialects``):
+        # the bytes published are checked once read.
+        size = len(row.payload) + len((row.headers or "").encode())
+        if isinstance(raw["payload"], str) and max_message_size and size > max_message_size:
+            return _unread(raw, too_large_to_read(size, max_message_size))
+        return row
     except _Unreadable as exc:
         return _unread(dict(zip(_NAMES, values, strict=True)), f"unreadable row: {exc}")
 
@@ -191,10 +197,13 @@ def _not_utf8(values: Sequence[Any]) -> str | None:
 
 def _payload(value: Any) -> bytes:
     # Published as the bytes stored, or not at all: the claim reads a payload as bytes on
-    # every database (SQLite's TEXT as its BLOB: ``relay.db.dialects``), and a text here
-    # would have been decoded once already.
+    # every database (SQLite's TEXT as its BLOB: ``relay.db.dialects``). A text comes only
+    # from a SQLite database whose encoding is UTF-16, which converted the writer's text
+    # when it stored it: published as UTF-8, or parked when it holds no text.
     if isinstance(value, bytes | memoryview):
         return bytes(value)
+    if isinstance(value, str):
+        return _text({"payload": value}, "payload").encode()
     raise _Unreadable(f"payload is {_stored(value)}, not bytes")
 
 

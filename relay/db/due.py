@@ -16,15 +16,9 @@ import sqlalchemy as sa
 
 from relay.db.buckets import owned_now
 from relay.db.clock import database_time, seconds_since
+from relay.db.columns import sent_key
 from relay.db.dialects import of
-from relay.db.schema import (
-    ROW_COLUMNS,
-    bucket_column,
-    outbox,
-    outbox_buckets,
-    outbox_sent,
-    sent_key,
-)
+from relay.db.schema import ROW_COLUMNS, bucket_column, outbox, outbox_buckets, outbox_sent
 from relay.db.sentlog import complete as sent_log_complete
 from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats

@@ -16,7 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import InboxStatements, classified, guarded, lost, run_lock
+from relay.db.inbox import classified, lost, run_lock
+from relay.db.inbox_statements import InboxStatements
+from relay.db.inbox_transaction import guarded
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -24,8 +26,8 @@ T = TypeVar("T")
 
 
 class AsyncTransaction:
-    """``relay.db.inbox.Transaction`` for asyncio handlers: write and read in the transaction
-    that holds the message's key (``await tx.execute(...)``), never end it."""
+    """``relay.db.inbox_transaction.Transaction`` for asyncio handlers: write and read in the
+    transaction that holds the message's key (``await tx.execute(...)``), never end it."""
 
     __slots__ = ("_conn", "_database")
 
@@ -79,7 +81,7 @@ class AsyncInboxStore:
     async def message(
         self, handler: Callable[[AsyncTransaction], Awaitable[object]]
     ) -> AsyncIterator[AsyncMessageRun]:
-        """A delivery's steps (``relay.inbox.flow.Doer``, awaited), ``handler`` run in the
+        """A delivery's steps (``relay.inbox.steps.Doer``, awaited), ``handler`` run in the
         message's transaction; whatever they leave open is rolled back at the end."""
         run = AsyncMessageRun(self, handler)
         if self._run_lock is not None:

@@ -15,7 +15,7 @@ times ``probe_interval``, and is back at ``probe_interval`` at the first change:
 stream is looked for every few milliseconds, an idle outbox about 25 times a second. The
 first row after a quiet spell waits up to that longer interval.
 
-While a stream flows, the relay's own claims, one every ``linger`` (``relay.relay``), find
+While a stream flows, the relay's own claims, one every ``linger`` (``relay.pacing``), find
 its new rows: the probe looks only while the relay is idle (its claims found nothing for a
 poll interval),
 and is paused meanwhile; and once it saw a change, it looks again a linger later (the relay

@@ -56,6 +56,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_archive": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_edits": "SELECT, INSERT",
         "console_audit": "SELECT, INSERT, UPDATE",
+        "console_sessions_ended": "SELECT, INSERT, DELETE",
         "inbox_attempts": "SELECT, DELETE",
     },
 }

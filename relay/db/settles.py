@@ -11,15 +11,9 @@ import sqlalchemy as sa
 from relay.constants import IDS_PER_STATEMENT, LAST_ERROR_MAX_CHARS
 from relay.db.buckets import owned_by
 from relay.db.clock import database_time
+from relay.db.columns import sent_key
 from relay.db.dialects import of
-from relay.db.schema import (
-    DUPLICATES,
-    bucket_column,
-    outbox,
-    outbox_counters,
-    outbox_sent,
-    sent_key,
-)
+from relay.db.schema import DUPLICATES, bucket_column, outbox, outbox_counters, outbox_sent
 from relay.db.sentlog import journaled
 from relay.records import KEEP_MESSAGES, PARKED, SENT, SettleBatch
 

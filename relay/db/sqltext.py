@@ -1,6 +1,6 @@
 """Pure: the statements an SQL text holds, each by its words, read past comments, quoted
 strings and identifiers, the way the servers read them. For the inbox's guard
-(``relay.db.inbox.guarded``): a handler's statement that would end or split the inbox's
+(``relay.db.inbox_transaction.guarded``): a handler's statement that would end or split the inbox's
 transaction, change its connection's session, or touch the inbox's own tables is refused
 however it is dressed (a comment before the keyword, a second statement after a semicolon,
 MySQL's and MariaDB's executable comments). A session's quoting can change (PostgreSQL's

@@ -29,9 +29,11 @@ from prometheus_client import CollectorRegistry
 from relay.backoff import Backoff
 from relay.broker.consumer import Consumer
 from relay.constants import INBOX_TICK_S
-from relay.db.inbox import InboxStore, Transaction
-from relay.inbox.flow import Flow, drive
+from relay.db.inbox import InboxStore
+from relay.db.inbox_transaction import Transaction
+from relay.inbox.flow import Flow
 from relay.inbox.policy import dead_letter_queue
+from relay.inbox.steps import drive
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery
 from relay.settings import InboxSettings, Settings

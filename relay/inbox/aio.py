@@ -24,8 +24,9 @@ from relay.backoff import Backoff
 from relay.broker.aio_consumer import AsyncConsumer, until_ready
 from relay.constants import INBOX_TICK_S
 from relay.db.inbox_async import AsyncInboxStore, AsyncTransaction
-from relay.inbox.flow import Flow, drive_async
+from relay.inbox.flow import Flow
 from relay.inbox.policy import dead_letter_queue
+from relay.inbox.steps import drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery
 from relay.settings import InboxSettings, Settings

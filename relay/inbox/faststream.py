@@ -47,7 +47,7 @@ from faststream import BaseMiddleware
 from faststream.message import StreamMessage
 
 from relay.broker.aio_consumer import LOST, answer, delivery_of, tolerate_bytes_in_short_strings
-from relay.broker.consumer import Refusals
+from relay.broker.copies import Refusals
 from relay.db.inbox_async import AsyncTransaction
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.policy import dead_letter_queue

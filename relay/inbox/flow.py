@@ -2,7 +2,7 @@
 inboxes: a generator that yields what it needs done (``Step``: a statement in a transaction
 of its own, or a move of the message's own transaction: open it with the key, run the
 handler, a statement in it, commit, roll back) and decides from what it is sent back (or
-the error thrown in) what the broker is answered. ``drive`` and ``drive_async`` run it
+the error thrown in) what the broker is answered. ``relay.inbox.steps``'s drivers run it
 against a ``Doer`` (``relay.db.inbox.InboxStore`` and its asyncio twin); the decisions
 themselves do no I/O.
 
@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
 
 from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
-from relay.db.inbox import CRASHED, InboxStatements, TransactionEnded, TransactionFailed
+from relay.db.inbox import TransactionFailed
+from relay.db.inbox_statements import CRASHED, InboxStatements
+from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import (
     RetrySchedule,
@@ -40,73 +40,12 @@ from relay.inbox.policy import (
     too_many_before,
     window_problem,
 )
+from relay.inbox.steps import COMMIT, HANDLE, Steps, call, in_transaction, open_with, roll_back
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """What the flow needs done: ``Doer``'s method ``method`` called with ``args``; ``what``
-    names it in an error."""
-
-    method: str
-    what: str
-    args: tuple[Any, ...] = ()
-
-
-def call(what: str, statement: Callable[..., Any], *args: Any) -> Step:
-    """One of ``InboxStatements``, in a transaction of its own."""
-    return Step("call", what, (what, statement, *args))
-
-
-def in_transaction(what: str, statement: Callable[..., Any], *args: Any) -> Step:
-    """One of ``InboxStatements``, in the message's open transaction."""
-    return Step("execute", what, (what, statement, *args))
-
-
-def open_with(key: str) -> Step:
-    return Step("open", "the inbox's transaction", (key,))
-
-
-HANDLE = Step("handle", "the handler")
-COMMIT = Step("commit", "the inbox's commit")
-
-
-def roll_back(discard: bool = False) -> Step:
-    return Step("rollback", "the inbox's rollback", (discard,))
-
-
-class Doer(Protocol):
-    """What does the flow's steps: the blocking one as here, the asyncio one awaited. Each
-    raises StoreError when the database fails it (``TransactionFailed`` where the message's
-    own transaction failed with the connection alive)."""
-
-    def call(self, what: str, statement: Callable[..., Any], *args: Any) -> Any:
-        """A statement in a transaction of its own."""
-
-    def open(self, key: str) -> bool:
-        """Begin the message's transaction with its key's insert: whether it went in (else
-        the message was processed before, and the transaction holds nothing)."""
-
-    def handle(self) -> Exception | None:
-        """Run the handler in the open transaction: its exception, or None. StoreError when
-        the inbox's connection was lost under it."""
-
-    def execute(self, what: str, statement: Callable[..., Any], *args: Any) -> Any:
-        """A statement in the open transaction."""
-
-    def commit(self) -> None: ...
-
-    def rollback(self, discard: bool) -> None:
-        """Roll back whatever is open (never raises); ``discard``: the connection's session
-        may have been changed by the handler, and is not used again."""
-
-
-R = TypeVar("R")
-Steps = Generator[Step, Any, R]
 
 
 @dataclass(slots=True)
@@ -428,38 +367,3 @@ class Flow:
                 "purged %d expired ids", deleted, extra={"action": "inbox_purged", "rows": deleted}
             )
         return full
-
-
-def drive(steps: Steps[R], doer: Any) -> R:
-    """Run ``steps`` to their answer, each done by ``doer`` (``Doer``; its StoreError thrown
-    back in)."""
-    reply: Any = None
-    error: StoreError | None = None
-    while True:
-        try:
-            step = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as done:
-            result: R = done.value
-            return result
-        reply, error = None, None
-        try:
-            reply = getattr(doer, step.method)(*step.args)
-        except StoreError as exc:
-            error = exc
-
-
-async def drive_async(steps: Steps[R], doer: Any) -> R:
-    """``drive`` for a ``doer`` whose methods are awaited."""
-    reply: Any = None
-    error: StoreError | None = None
-    while True:
-        try:
-            step = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as done:
-            result: R = done.value
-            return result
-        reply, error = None, None
-        try:
-            reply = await getattr(doer, step.method)(*step.args)
-        except StoreError as exc:
-            error = exc

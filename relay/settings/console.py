@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.constants import (
+    CONSOLE_LOGIN_ADDRESS_SHARE,
     CONSOLE_LOGIN_ATTEMPTS,
     CONSOLE_LOGIN_WINDOW_S,
     CONSOLE_PAGE_ROWS,
     CONSOLE_PAYLOAD_PREVIEW_BYTES,
     CONSOLE_SESSION_IDLE_S,
+    CONSOLE_SESSION_LIFETIME_S,
     CONSOLE_SESSION_SECRET_MIN,
 )
 from relay.settings.parse import (
@@ -85,6 +87,11 @@ class ConsoleSettings(FromEnvironment):
         positive_float,
         "Seconds of inactivity after which a console session ends.",
     )
+    console_session_lifetime: float = setting(
+        CONSOLE_SESSION_LIFETIME_S,
+        positive_float,
+        "Seconds after a login at which its console session ends, however often it is used.",
+    )
     console_users_file: Path | None = setting(
         None,
         optional_path,
@@ -145,8 +152,10 @@ class ConsoleSettings(FromEnvironment):
     console_login_attempts: int = setting(
         CONSOLE_LOGIN_ATTEMPTS,
         positive_int,
-        f"Failed logins per user name and per address in {CONSOLE_LOGIN_WINDOW_S // 60} "
-        "minutes, after which logins from them are refused until the window has passed.",
+        f"Failed logins per user name from one address in {CONSOLE_LOGIN_WINDOW_S // 60} "
+        "minutes, after which that name is refused from that address until the window has "
+        f"passed (an address may fail {CONSOLE_LOGIN_ADDRESS_SHARE} times as many, with any "
+        "names).",
     )
     console_inbox_queues: tuple[str, ...] = setting(
         (),

@@ -8,10 +8,13 @@ and run nothing. Screenshots go to docs/images/console/ when CONSOLE_SCREENSHOTS
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -20,15 +23,22 @@ from playwright.sync_api import Page
 from devtools.broker import drain
 from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, free_port
-from relay.db.schema import console_audit
+from relay.db.schema import console_audit, outbox
 from tests.support.console import (
     IMG,
     SCRIPT,
+    SETTLED,
     ConsoleProcess,
+    announce_login,
     browser,
+    call,
     console_env,
     log_in,
+    login_form,
     park,
+    post_login,
+    session_cookie,
+    signed_in,
     statuses_of,
     users_file,
 )
@@ -67,6 +77,7 @@ def test_an_operator_replays_what_they_saw_through_the_relay_and_the_audit_says_
             for i in range(3)
         ],
         NO_ROUTE,
+        ago=SETTLED,
     )
     other = park(
         postgresql_url,
@@ -139,12 +150,7 @@ def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     ids = park(sqlite_url, [{"message_id": "one"}], NO_ROUTE)
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "vera")
+    with signed_in(sqlite_url, tmp_path, "vera") as (console, chromium, page):
         page.goto(f"{console.url}/rows")
         assert page.locator("#replay-selected").count() == 0  # no such button for a viewer
         assert page.locator("#payload-hidden").count() == 0
@@ -194,6 +200,83 @@ def test_failed_logins_are_limited(sqlite_url: str, tmp_path: Path) -> None:
         assert "too many failed logins" in page.inner_text("#refusal")
 
 
+def test_logins_sent_at_once_are_limited_and_oversized_ones_refused_unread(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    env = console_env(
+        sqlite_url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        RELAY_CONSOLE_LOGIN_ATTEMPTS="3",
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console:
+        forms = [login_form(console.url) for _ in range(40)]
+        go = threading.Barrier(len(forms))
+
+        def guess(n: int) -> int:
+            cookie, token = forms[n]
+            go.wait()
+            return post_login(console.url, cookie, token, "ada", f"guess-{n}")[0]
+
+        with ThreadPoolExecutor(len(forms)) as pool:
+            answers = list(pool.map(guess, range(len(forms))))
+        # However many arrive together, no more than the limit are checked: the rest are
+        # refused, as over the limit (429) or as more than the checks allowed at once (503).
+        assert answers.count(401) <= 3 and set(answers) <= {401, 429, 503}
+        for _ in range(4):  # one by one, then: the burst's checked ones counted among them
+            cookie, token = login_form(console.url)
+            answers.append(post_login(console.url, cookie, token, "ada", "again")[0])
+        assert answers.count(401) == 3 and answers[-1] == 429
+        cookie, token = login_form(console.url)
+        assert post_login(console.url, cookie, token, "x" * 300, "wrong")[0] == 400
+        assert announce_login(console.url, cookie, 8_000_000) == 413  # answered, none read
+
+
+def test_a_logout_a_removed_user_and_a_lowered_role_end_what_old_cookies_could_do(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (row,) = park(sqlite_url, [{"message_id": "kept"}], NO_ROUTE)
+    users = users_file(tmp_path)
+    env = console_env(sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users))
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "otto")
+        page.goto(f"{console.url}/rows/{row}")
+        token = page.get_attribute("input[name=csrf]", "value") or ""
+        bound = page.get_attribute("input[name=bound]", "value") or ""
+        kept = session_cookie(chromium)
+        replay = {"csrf": token, "action": "replay", "id": str(row), "bound": bound}
+        page.click("form.who button[type=submit]")  # log out
+        assert page.url == console.url + "/login"
+        # The cookie and token copied before the logout: refused, as if never logged in.
+        assert call(console.url, "GET", "/", kept)[0] == 303
+        assert call(console.url, "POST", "/act", kept, {**replay, "confirmed": "1"})[0] == 401
+        assert call(console.url, "POST", "/logout", kept, {"csrf": token})[0] == 303
+
+        log_in(page, console.url, "ada")
+        ada = session_cookie(chromium)
+        log_in(page, console.url, "otto")  # the browser's cookie is otto's now
+        otto = session_cookie(chromium)
+        page.goto(f"{console.url}/rows/{row}")
+        replay["csrf"] = page.get_attribute("input[name=csrf]", "value") or ""
+        assert call(console.url, "GET", "/", ada)[0] == 200
+        assert call(console.url, "POST", "/confirm", otto, replay)[0] == 200
+        # ada removed from the file and otto made a viewer: at their next request.
+        lines = users.read_text().splitlines()
+        users.write_text(
+            "".join(
+                line.replace("otto:operator:", "otto:viewer:") + "\n"
+                for line in lines
+                if not line.startswith("ada:")
+            )
+        )
+        assert call(console.url, "GET", "/", ada)[0] == 303
+        status, shown = call(console.url, "POST", "/act", otto, {**replay, "confirmed": "1"})
+        assert status == 403 and "needs the operator role" in shown
+        assert call(console.url, "GET", "/", otto)[0] == 200  # still a viewer
+    assert statuses_of(sqlite_url, [row]) == {row: "parked"}
+
+
 def test_hostile_values_show_as_text_and_run_nothing(sqlite_url: str, tmp_path: Path) -> None:
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as conn:  # bytes that are not UTF-8 in a message id, as SQLite keeps any
@@ -220,12 +303,7 @@ def test_hostile_values_show_as_text_and_run_nothing(sqlite_url: str, tmp_path: 
         ],
         SCRIPT,
     )
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    with signed_in(sqlite_url, tmp_path, "otto") as (console, chromium, page):
         # Its cause, the quoted part left out: still text, not markup.
         assert "<script>alert('…')</script>" in page.inner_text("#causes")
         page.goto(f"{console.url}/rows")
@@ -318,12 +396,7 @@ def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
         [{"message_id": "typo", "routing_key": "order.payed", "payload": b"{}"}],
         NO_ROUTE,
     )
-    env = console_env(
-        sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path))
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    with signed_in(sqlite_url, tmp_path, "otto") as (console, chromium, page):
         page.goto(f"{console.url}/rows/{original}")
         assert page.locator("form.edit").count() == 0  # an operator may not edit
         chromium.context.clear_cookies()
@@ -341,3 +414,93 @@ def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
     assert statuses_of(sqlite_url, [original, copy]) == {original: "parked", copy: "pending"}
     (entry,) = audit_rows(sqlite_url)
     assert (entry.actor, entry.role, entry.action) == ("ada", "admin", "edit_and_replay")
+
+
+def test_an_edit_keeps_the_bytes_of_every_field_the_admin_left_alone(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    payloads = [b'{"a":1}\n{"b":2}\n', b"\nhello", b"a\rb", b"line  \n", b"crlf\r\nkept"]
+    headers = '{"k": "v",\n "n": 1}'
+    rows = park(
+        sqlite_url,
+        [
+            {"message_id": f"e{n}", "exchange": "old", "payload": p, "headers": headers}
+            for n, p in enumerate(payloads)
+        ],
+        NO_ROUTE,
+    )
+    copies = []
+    with signed_in(sqlite_url, tmp_path, "ada") as (console, chromium, page):
+        for row in rows:
+            page.goto(f"{console.url}/rows/{row}")
+            page.fill("form.edit input[name=exchange]", "fixed")
+            page.click("form.edit button[type=submit]")
+            copies.append(int(page.url.rsplit("/", 1)[1]))
+        page.goto(f"{console.url}/rows/{rows[0]}")  # the payload edited: its line breaks as LF
+        page.fill("form.edit textarea[name=payload]", '{"a":2}\n{"b":3}\n')
+        page.click("form.edit button[type=submit]")
+        copies.append(int(page.url.rsplit("/", 1)[1]))
+        assert chromium.dialogs == [] and chromium.errors == []
+    stored = rows_of(sqlite_url, copies)
+    for copy, payload in zip(copies, payloads, strict=False):
+        assert stored[copy] == ("fixed", payload, headers)
+    assert stored[copies[-1]] == ("old", b'{"a":2}\n{"b":3}\n', headers)
+    changed = [json.loads(e.target)["changed"] for e in audit_rows(sqlite_url)]
+    assert changed == [["exchange"]] * len(payloads) + [["payload"]]
+
+
+def rows_of(url: str, ids: list[int]) -> dict[int, tuple[str, bytes, str | None]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.select(outbox.c.id, outbox.c.exchange, outbox.c.payload, outbox.c.headers).where(
+                    outbox.c.id.in_(ids)
+                )
+            )
+            return {int(i): (e, bytes(p), h) for i, e, p, h in found}
+    finally:
+        engine.dispose()
+
+
+def test_errors_carry_the_security_headers_and_nothing_redirects_to_the_host_header(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A broker that does not answer is a page (503) with the headers every page has; a
+    trailing slash is not redirected to wherever the Host header says; a proxy's identity
+    header sent twice is refused."""
+    queue = "orders"
+    env = console_env(
+        sqlite_url,
+        RELAY_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F",  # nothing listens
+        RELAY_CONSOLE_AUTH="proxy",
+        RELAY_CONSOLE_PROXY_ADDRESSES="127.0.0.1",
+        RELAY_CONSOLE_VIEWER_GROUPS="staff",
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console:
+        who = [("X-Forwarded-User", "pat"), ("X-Forwarded-Groups", "staff")]
+        status, headers, _page = raw(console.url, f"/inbox/{queue}", who)
+        assert status == 503
+        assert headers["content-security-policy"].startswith("default-src 'none'")
+        assert headers["x-frame-options"] == "DENY" and headers["cache-control"] == "no-store"
+        status, headers, _page = raw(console.url, "/rows/", [*who, ("Host", "evil.example")])
+        assert status == 404 and "location" not in headers
+        twice = [*who, ("X-Forwarded-User", "admin")]
+        status, _headers, page = raw(console.url, "/", twice)
+        assert status == 400 and "sent more than once" in page
+
+
+def raw(base: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, dict[str, str], str]:
+    """A GET with exactly ``headers`` (repeated ones as sent): status, headers, page."""
+    connection = http.client.HTTPConnection(urlsplit(base).netloc, timeout=120)
+    try:
+        connection.putrequest("GET", path, skip_host=any(n == "Host" for n, _ in headers))
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.endheaders()
+        answer = connection.getresponse()
+        found = {name.lower(): value for name, value in answer.getheaders()}
+        return answer.status, found, answer.read().decode()
+    finally:
+        connection.close()

@@ -4,15 +4,20 @@ audited; the console's metrics count the change."""
 
 from __future__ import annotations
 
+import re
+import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pika
+import sqlalchemy as sa
 
 from devtools.broker import drain, fresh_queue
 from devtools.servers import RabbitNode, free_port
+from relay.db.schema import console_audit, inbox_attempts
 from relay.inbox.policy import dead_letter_queue
-from tests.support.console import SCRIPT, ConsoleProcess, browser, console_env, log_in, users_file
+from tests.support.console import SCRIPT, signed_in
 
 
 def dead_letter(
@@ -43,17 +48,14 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
         dead_letter(channel, queue, n)
     connection.close()
     metrics = free_port()
-    env = console_env(
+    with signed_in(
         sqlite_url,
+        tmp_path,
+        "otto",
         RELAY_AMQP_URL=rabbit.url,
-        RELAY_CONSOLE_AUTH="users",
-        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
         RELAY_CONSOLE_INBOX_QUEUES=queue,
         RELAY_CONSOLE_METRICS_PORT=str(metrics),
-    )
-    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
-        page = chromium.page()
-        log_in(page, console.url, "otto")
+    ) as (console, chromium, page):
         for _ in range(2):  # read twice: nothing taken, nothing reordered
             page.goto(f"{console.url}/inbox/{queue}")
             rows = page.locator("#letters tbody tr").all()
@@ -83,3 +85,119 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
     (requeued,) = drain(rabbit.url, queue, expect=1)
     assert requeued.message_id == "order-2" and requeued.body == b"body 2"
     assert requeued.headers == {"tenant": "a"}  # the reason headers taken off
+
+
+def test_a_dead_letter_queue_a_read_would_drop_or_reorder_is_counted_not_read(
+    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    queue = f"console.{free_port()}"
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = connection.channel()
+    channel.queue_declare(
+        dead_letter_queue(queue),
+        durable=True,
+        arguments={"x-queue-type": "quorum", "x-delivery-limit": 1},
+    )
+    channel.confirm_delivery()
+    for n in range(6):
+        dead_letter(channel, queue, n)
+    with signed_in(
+        sqlite_url,
+        tmp_path,
+        "otto",
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    ) as (console, chromium, page):
+        for _ in range(4):  # each read would have spent one of the letter's deliveries
+            page.goto(f"{console.url}/inbox/{queue}")
+            said = page.inner_text("#unlisted")
+            assert said.startswith("6 dead letters, not listed: it is a quorum queue")
+            assert page.locator("#letters").count() == 0
+        assert chromium.dialogs == [] and chromium.errors == []
+    depth = channel.queue_declare(dead_letter_queue(queue), passive=True).method.message_count
+    connection.close()
+    assert depth == 6
+
+
+def test_views_of_a_dead_letter_queue_at_once_each_show_every_letter(
+    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    queue = f"console.{free_port()}"
+    fresh_queue(rabbit.url, dead_letter_queue(queue))
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for n in range(40):
+        dead_letter(channel, queue, n)
+    connection.close()
+    with signed_in(
+        sqlite_url,
+        tmp_path,
+        "vera",
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    ) as (console, chromium, _page):
+        (session,) = [c for c in chromium.context.cookies() if c["name"] == "relay_console"]
+        go = threading.Barrier(4)
+
+        def view(_n: int) -> str:
+            request = urllib.request.Request(
+                f"{console.url}/inbox/{queue}",
+                headers={"Cookie": f"relay_console={session['value']}"},
+            )
+            go.wait()
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                return str(answer.read().decode())
+
+        with ThreadPoolExecutor(4) as pool:
+            pages = list(pool.map(view, range(4)))
+        for shown in pages:
+            assert re.findall(r'<td class="text">(order-\d+)</td>', shown) == [
+                f"order-{n}" for n in range(40)
+            ]
+            assert 'id="partial"' not in shown
+
+
+def test_a_letter_whose_queue_is_gone_stays_with_its_attempts_and_the_audit_says_so(
+    sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
+) -> None:
+    queue = f"console.{free_port()}"
+    fresh_queue(rabbit.url, queue)
+    fresh_queue(rabbit.url, dead_letter_queue(queue))
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for n, target in enumerate((queue, f"{queue}.gone")):
+        headers = {"x-inbox-error": "e", "x-inbox-consumer": "billing", "x-inbox-queue": target}
+        properties = pika.BasicProperties(message_id=f"order-{n}", headers=headers)
+        channel.basic_publish("", dead_letter_queue(queue), b"x", properties)
+    connection.close()
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(inbox_attempts),
+            [{"consumer": "billing", "message_id": f"order-{n}", "attempts": 5} for n in range(2)],
+        )
+    with signed_in(
+        sqlite_url,
+        tmp_path,
+        "otto",
+        RELAY_AMQP_URL=rabbit.url,
+        RELAY_CONSOLE_INBOX_QUEUES=queue,
+    ) as (console, chromium, page):
+        page.goto(f"{console.url}/inbox/{queue}")
+        page.check("input[name=letter][value=order-0]")
+        page.check("input[name=letter][value=order-1]")
+        page.click("button[value=requeue_dead_letters]")
+        page.click("#confirm")
+        assert page.inner_text("#changed") == "1 changed."
+        assert chromium.dialogs == [] and chromium.errors == []
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(inbox_attempts.c.message_id)).scalars().all()
+        (entry,) = conn.execute(sa.select(console_audit)).all()
+    engine.dispose()
+    assert kept == ["order-1"]  # forgotten only for the letter that moved
+    assert (entry.action, entry.rows, entry.result) == ("requeue_dead_letters", 1, "moved 1 of 2")
+    (moved,) = drain(rabbit.url, queue, expect=1)
+    (stayed,) = drain(rabbit.url, dead_letter_queue(queue), expect=1)
+    assert (moved.message_id, stayed.message_id) == ("order-0", "order-1")

@@ -5,20 +5,24 @@ with its audit entry."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
-from devtools.servers import PostgresServer
+from devtools.servers import PostgresServer, wait_until
 from relay.console.records import Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS
+from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.db.roles import CONSOLE, grants
 from relay.db.schema import console_audit, outbox
-from relay.errors import InputError
-from tests.support.console import park, statuses_of
+from relay.errors import InputError, StoreError
+from relay.records import PARKED
+from tests.support.console import SETTLED, park, statuses_of
 
 OTTO = Actor("otto", "operator")
 ADA = Actor("ada", "admin")
@@ -90,7 +94,10 @@ def test_filter_values_are_matched_as_text(database_url: str, value: str) -> Non
 
 def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: str) -> None:
     seen = park(
-        database_url, [{"message_id": f"s{i}", "exchange": "x"} for i in range(5)], NO_ROUTE
+        database_url,
+        [{"message_id": f"s{i}", "exchange": "x"} for i in range(5)],
+        NO_ROUTE,
+        ago=SETTLED,
     )
     reads = ConsoleReads(database_url)
     actions = ConsoleActions(database_url)
@@ -112,9 +119,42 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
     assert json.loads(entry.target)["filter"] == {"exchange": "x"}
 
 
+def test_a_row_parked_before_the_bound_but_committed_after_it_is_left(database_url: str) -> None:
+    (seen,) = park(database_url, [{"message_id": "seen", "exchange": "x"}], NO_ROUTE, ago=SETTLED)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        inserted = conn.execute(
+            sa.insert(outbox).values(message_id="late", exchange="x", routing_key="", payload=b"x")
+        )
+        late = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        # A settle as the relay's: the row stamped parked at its statement's time, committed
+        # only after the page was drawn (which could not see it).
+        with engine.connect() as relay:
+            relay.begin()
+            relay.execute(
+                sa.update(outbox)
+                .where(outbox.c.id == late)
+                .values(status=PARKED, last_error=NO_ROUTE, next_attempt_at=database_time())
+            )
+            page, _ = reads.page(ParkedFilter(exchange="x"), None, 10)
+            bound = reads.now()
+            relay.commit()
+        assert [r.id for r in page] == [seen]
+        assert reads.count(ParkedFilter(exchange="x"), bound) == (1, 1)
+        result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
+    finally:
+        reads.close()
+        actions.close()
+        engine.dispose()
+    assert (result.changed, result.parked_since) == (1, 1)
+    assert statuses_of(database_url, [seen, late]) == {seen: "pending", late: "parked"}
+
+
 def test_a_bulk_change_goes_in_chunks_and_its_entry_counts_them_all(database_url: str) -> None:
     rows = CONSOLE_CHUNK_ROWS + 5
-    park(database_url, [{"message_id": f"c{i}"} for i in range(rows)], NO_ROUTE)
+    park(database_url, [{"message_id": f"c{i}"} for i in range(rows)], NO_ROUTE, ago=SETTLED)
     reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
     try:
         result = actions.discard(OTTO, None, ParkedFilter(), reads.now())
@@ -125,6 +165,69 @@ def test_a_bulk_change_goes_in_chunks_and_its_entry_counts_them_all(database_url
     assert result.changed == rows and len(archived) == rows
     (entry,) = audit(database_url)
     assert (entry.action, entry.rows, entry.result) == ("discard", rows, "done")
+
+
+def test_a_bulk_change_failing_midway_ends_its_entry_with_what_committed(
+    postgresql_url: str,
+) -> None:
+    rows = CONSOLE_CHUNK_ROWS + 5
+    ids = park(
+        postgresql_url, [{"message_id": f"f{i}"} for i in range(rows)], NO_ROUTE, ago=SETTLED
+    )
+    engine = sa.create_engine(postgresql_url)
+    reads, actions = ConsoleReads(postgresql_url), ConsoleActions(postgresql_url)
+    raised: list[BaseException] = []
+
+    def replay() -> None:
+        try:
+            actions.replay(OTTO, None, ParkedFilter(), reads.now())
+        except StoreError as exc:
+            raised.append(exc)
+
+    waiting = sa.text(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database()"
+    )
+    try:
+        with engine.connect() as other:
+            other.begin()  # holds the second chunk's last row
+            other.execute(sa.select(outbox.c.id).where(outbox.c.id == ids[-1]).with_for_update())
+            worker = threading.Thread(target=replay)
+            worker.start()
+            # (Autocommit: a transaction would see one snapshot of pg_stat_activity.)
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as look:
+                # The second chunk waits on that row: its connection is cut.
+                wait_until(lambda: look.execute(waiting).first() is not None, 60, "a lock wait")
+                (pid,) = look.execute(waiting).one()
+                look.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            worker.join()
+            other.rollback()
+    finally:
+        reads.close()
+        actions.close()
+        engine.dispose()
+    assert len(raised) == 1
+    (entry,) = audit(postgresql_url)
+    assert (entry.action, entry.rows) == ("replay", CONSOLE_CHUNK_ROWS)
+    assert entry.result == f"failed after {CONSOLE_CHUNK_ROWS} rows: StoreError"
+    assert list(statuses_of(postgresql_url, ids).values()).count("pending") == CONSOLE_CHUNK_ROWS
+
+
+def test_a_refused_edit_is_audited_as_failed(database_url: str) -> None:
+    (row,) = park(database_url, [{"message_id": "r"}], NO_ROUTE)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        actions.replay(OTTO, [row], None, reads.now())
+        with pytest.raises(InputError):
+            actions.edit(ADA, row, {"exchange": "x"})
+    finally:
+        reads.close()
+        actions.close()
+    entries = audit(database_url)
+    assert [(e.action, e.rows, e.result) for e in entries] == [
+        ("replay", 1, "done"),
+        ("edit_and_replay", 0, "failed after 0 rows: InputError"),
+    ]
 
 
 def test_chosen_ids_that_changed_since_the_page_are_left_and_reported(database_url: str) -> None:
@@ -181,11 +284,12 @@ def test_an_edited_copy_is_a_new_row_linked_to_its_kept_original(database_url: s
     assert (before.status, before.edited_into, before.summary.exchange) == ("parked", [copy], "old")
     assert (after.status, after.edited_from, after.payload) == ("pending", original, b"fixed")
     assert after.summary.message_id != "o"
-    (entry,) = audit(database_url)
+    entry, refused = audit(database_url)
     assert "fixed" not in entry.target and json.loads(entry.target) == {
         "id": original,
         "changed": ["exchange", "payload"],
     }
+    assert (refused.rows, refused.result) == (0, "failed after 0 rows: InputError")
 
 
 def test_a_parked_rows_page_lists_its_keys_rows_held_behind_it(database_url: str) -> None:
@@ -201,6 +305,20 @@ def test_a_parked_rows_page_lists_its_keys_rows_held_behind_it(database_url: str
     finally:
         reads.close()
     assert found is not None and [r.message_id for r in found.held] == ["b1", "b2"]
+
+
+def test_an_ended_session_is_kept_until_its_lifetime_is_over(database_url: str) -> None:
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        now = reads.now()
+        actions.end_session("over", now - timedelta(seconds=1))
+        actions.end_session("live", now + timedelta(hours=1))
+        actions.end_session("live", now + timedelta(hours=1))  # a second logout of it
+        assert reads.session_ended("live")
+        assert not reads.session_ended("over")  # past its lifetime: forgotten
+    finally:
+        reads.close()
+        actions.close()
 
 
 def test_the_console_role_has_what_the_console_does_and_no_more(
@@ -227,6 +345,8 @@ def test_the_console_role_has_what_the_console_does_and_no_more(
         actions.edit(ADA, ids[1], {"routing_key": "fixed"})
         actions.record(OTTO, "requeue_dead_letters", "{}", 0, "moved 0 of 0")
         assert len(reads.audit(None, 10)) == 5
+        actions.end_session("a" * 64, reads.now() + timedelta(hours=1))
+        assert reads.session_ended("a" * 64) and not reads.session_ended("b" * 64)
     finally:
         reads.close()
         actions.close()

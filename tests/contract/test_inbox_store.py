@@ -26,7 +26,8 @@ from relay.db.roles import CONSUMER, grants
 from relay.db.schema import inbox_attempts, inbox_received
 from relay.errors import StoreError
 from relay.inbox import InboxSettings
-from relay.inbox.flow import Flow, drive, drive_async
+from relay.inbox.flow import Flow
+from relay.inbox.steps import drive, drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from tests.support import inbox_script
@@ -102,17 +103,18 @@ def consumer(kind: str, url: str) -> Iterator[Consumer]:
 
 
 def noted(url: str) -> list[str]:
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        notes = sorted(conn.scalars(sa.select(effects.c.note)))
-    engine.dispose()
-    return notes
+    return column(url, effects.c.note)
 
 
 def keys(url: str) -> list[str]:
+    return column(url, inbox_received.c.message_id)
+
+
+def column(url: str, values: sa.Column[str]) -> list[str]:
+    """A column's values, sorted, read from a connection of the test's own."""
     engine = create_engine(url)
     with engine.connect() as conn:
-        found = sorted(conn.scalars(sa.select(inbox_received.c.message_id)))
+        found = sorted(conn.scalars(sa.select(values)))
     engine.dispose()
     return found
 

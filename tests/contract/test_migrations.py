@@ -20,9 +20,10 @@ from relay.cli import main
 from relay.constants import PROTOCOL
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time, seconds_between
+from relay.db.columns import sent_key
 from relay.db.migrate import live_relays, migrate
 from relay.db.outbox import OutboxWriter
-from relay.db.schema import built_on, metadata, outbox, outbox_buckets, outbox_sent, sent_key
+from relay.db.schema import built_on, metadata, outbox, outbox_buckets, outbox_sent
 from relay.errors import SchemaMissingError, StoreError
 from relay.records import NewMessage, SettleBatch
 from relay.upgrade import LiveRelay

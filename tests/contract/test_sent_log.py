@@ -17,16 +17,11 @@ from devtools.outbox import statuses
 from devtools.servers import PostgresServer
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
+from relay.db.columns import sent_key_value
 from relay.db.dialects import of
 from relay.db.migrate import migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
-from relay.db.schema import (
-    outbox,
-    outbox_sent,
-    outbox_sent_journal,
-    outbox_sent_state,
-    sent_key_value,
-)
+from relay.db.schema import outbox, outbox_sent, outbox_sent_journal, outbox_sent_state
 from relay.db.sentlog import SentLogRebuild
 from relay.db.sink import OutboxSink
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch

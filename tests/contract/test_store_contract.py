@@ -369,6 +369,27 @@ def test_a_relay_of_a_release_before_protocols_is_waited_for(make_store: StoreFa
     assert len(new.claim(10, NO_BYTE_LIMIT)) == 1
 
 
+def test_a_relay_of_a_release_before_protocols_that_comes_back_is_handed_no_share(
+    make_store: StoreFactory,
+) -> None:
+    """A relay of a release before protocols whose broker came back while a newer relay
+    owned the whole outbox is present again, counted, and holds nothing yet: the newer relay
+    saw no holder, kept going, and handed it its fair share (32 buckets each, two protocols
+    at once, until the newer's next turn). It gives every bucket up at once instead, and
+    waits; the older takes the outbox."""
+    new = make_store("new")
+    assert owned(new, "new") == OUTBOX_BUCKETS
+    old = make_store("old", protocol=None)
+    assert owned(old, "old") == 0
+    new.turn()
+    assert new.fenced is Fence.WAIT_FOR_OLDER
+    assert owned(new, "new") == 0
+    old.turn()
+    assert owned(old, "old") == OUTBOX_BUCKETS and owned(old, "new") == 0
+    new.turn()
+    assert new.fenced is Fence.WAIT_FOR_OLDER and owned(new, "new") == 0
+
+
 def test_an_older_relay_that_left_the_relays_but_holds_a_bucket_is_waited_for(
     make_store: StoreFactory,
 ) -> None:

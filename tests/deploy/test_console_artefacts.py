@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 CONSOLE = KUBE / "console"
 UNIT = ROOT / "deploy" / "systemd" / "outbox-relay-console.service"
+USERS_DROP_IN = UNIT.with_name(UNIT.name + ".d") / "users-file.conf"
 
 
 def tool(name: str) -> str:
@@ -102,7 +103,7 @@ def test_the_console_deployment_fits_the_console_and_stays_inside_the_cluster() 
 
 
 def test_every_relay_variable_in_the_console_files_is_a_real_setting() -> None:
-    texts = [p.read_text() for p in (*CONSOLE.glob("*.yaml"), UNIT)]
+    texts = [p.read_text() for p in (*CONSOLE.glob("*.yaml"), UNIT, USERS_DROP_IN)]
     named = {n for text in texts for n in re.findall(r"\bRELAY_[A-Z_]+\b", text)}
     assert len(named) >= 10
     assert sorted(named - set(known_env_names())) == []
@@ -126,3 +127,12 @@ def test_the_console_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
         assert directive in text
     assert "ExecStart=/usr/local/bin/relay console" in text
     assert "RELAY_CONSOLE_SESSION_SECRET_FILE=%d/session-secret" in text
+    # The users file (users mode) as a credential too, by a drop-in: a DynamicUser cannot
+    # read /etc/outbox-relay; the unit with it verifies.
+    drop_in = USERS_DROP_IN.read_text()
+    assert "LoadCredential=console-users:/etc/outbox-relay/console-users" in drop_in
+    assert "Environment=RELAY_CONSOLE_USERS_FILE=%d/console-users" in drop_in
+    with_users = tmp_path / "with-users"
+    (with_users / USERS_DROP_IN.parent.name).mkdir(parents=True)
+    (with_users / USERS_DROP_IN.parent.name / USERS_DROP_IN.name).write_text(drop_in)
+    assert complaints(UNIT, with_users) == ""

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 
 from devtools.outbox import rows
 from relay.cli import main
-from relay.db.schema import outbox, outbox_buckets, outbox_sent, sent_key
+from relay.db.columns import sent_key
+from relay.db.schema import outbox, outbox_buckets, outbox_sent
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)

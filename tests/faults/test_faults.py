@@ -46,7 +46,7 @@ from tests.faults.harness import (
 from tests.faults.silence import Silenced, port_of
 from tests.faults.silence import unavailable as silence_unavailable
 from tests.support.proxy import TcpProxy
-from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS, rabbit_node
+from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_4, RABBITMQ_VERSIONS, rabbit_node
 
 # A hang detector, not a speed limit: the waits on the relays' work last while it progresses
 # (tests/faults/harness.py), and a busy machine's scenario takes two or three times a quiet
@@ -70,17 +70,33 @@ def frozen(point: str, armed: Path) -> list[str]:
 broker_bystander = pytest.mark.parametrize("broker", [RABBITMQ_3], indirect=True)
 
 
-@pytest.fixture(scope="module", params=RABBITMQ_VERSIONS)
+@pytest.fixture(scope="session")
+def fault_nodes() -> Iterator[dict[str, RabbitNode]]:
+    """The fault nodes of this test process, by version, each started when first asked for
+    and kept until the session ends: the suite hands its processes the slowest tests first,
+    whatever their module, and a module's node would be started again at each return."""
+    nodes: dict[str, RabbitNode] = {}
+    yield nodes
+    for node in nodes.values():
+        node.kill()
+
+
+@pytest.fixture(params=RABBITMQ_VERSIONS)
 def broker(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RabbitNode]:
+    request: pytest.FixtureRequest,
+    fault_nodes: dict[str, RabbitNode],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> RabbitNode:
     """A node of its own, of each version: these tests stop, kill and freeze it."""
-    node = rabbit_node(
-        request.param, tmp_path_factory, "relay-faults", f"max_message_size = {MAX_MESSAGE}\n"
-    )
-    node.start()
-    yield node
-    node.kill()
+    if request.param not in fault_nodes:
+        # A name per version: both nodes may run at once in one process.
+        name = {RABBITMQ_3: "relay-faults", RABBITMQ_4: "relay-faults-4"}[request.param]
+        node = rabbit_node(
+            request.param, tmp_path_factory, name, f"max_message_size = {MAX_MESSAGE}\n"
+        )
+        node.start()
+        fault_nodes[request.param] = node
+    return fault_nodes[request.param]
 
 
 @pytest.fixture

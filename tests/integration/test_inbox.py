@@ -19,11 +19,10 @@ from devtools.broker import drain
 from devtools.servers import RabbitNode, wait_until
 from relay.cli import main
 from relay.db.engine import create_engine
-from relay.db.inbox import Transaction
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 from relay.inbox import Delivery, Handler, Inbox, InboxSettings
 from tests.support.inbox import (
-    FLAVOURS,
     Recorder,
     at_least,
     attempts,
@@ -36,21 +35,8 @@ from tests.support.inbox import (
     topology,
     value,
     waiting,
-    with_table,
 )
 from tests.support.inprocess import settings
-
-
-@pytest.fixture(params=FLAVOURS)
-def flavour(request: pytest.FixtureRequest) -> str:
-    """Each kind of inbox, for the tests that hold for all of them."""
-    kind: str = request.param
-    return kind
-
-
-@pytest.fixture
-def with_effects(database_url: str) -> str:
-    return with_table(database_url, effects)
 
 
 def test_every_message_is_processed_once_however_often_it_comes(
@@ -290,7 +276,7 @@ def test_a_handler_failing_its_first_attempts_goes_through_every_retry_queue_onc
     the attempts, not hoped for from the clock: a downstream away for a while (3 s) let a
     busy machine's slow attempts outlast it, and some retry queues were never used."""
     exchange, (queue,), dead = topology(rabbit.url)
-    ids = [f"m-{n}" for n in range(100)]
+    ids = [f"m-{n}" for n in range(40)]
     refused = 4
     came_from: dict[str, list[str]] = collections.defaultdict(list)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 from faststream import Context
-from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitQueue, RabbitRouter
+from faststream.rabbit import RabbitMessage, RabbitQueue
 
 from devtools.broker import drain
 from devtools.servers import RabbitNode, wait_until
@@ -23,17 +23,17 @@ from relay.broker.aio_consumer import delivery_of
 from relay.db.inbox_async import AsyncTransaction
 from relay.inbox import InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
-from relay.inbox.faststream import TRANSACTION, inbox_lifespan, inbox_middleware
+from relay.inbox.faststream import TRANSACTION
 from tests.support.inbox import (
-    FLAVOURS,
     consuming,
     effects,
+    inbox_router,
     processed,
     publish,
     recording,
+    serve_faststream,
     topology,
     value,
-    with_table,
 )
 from tests.support.inprocess import settings
 
@@ -41,17 +41,6 @@ pytestmark = pytest.mark.databases("postgresql", "sqlite")
 PRODUCER = "producer"
 # RabbitMQ's frame_max, which a message's properties must fit (its content header's frame).
 FRAME_MAX = 131072
-
-
-@pytest.fixture(params=FLAVOURS)
-def flavour(request: pytest.FixtureRequest) -> str:
-    kind: str = request.param
-    return kind
-
-
-@pytest.fixture
-def with_effects(database_url: str) -> str:
-    return with_table(database_url, effects)
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +152,7 @@ def faststream_with_a_publisher(
     stop = loop.run_until_complete(_event())
 
     async def main() -> None:
-        broker = RabbitBroker(amqp_url, logger=None)
-        router = RabbitRouter(middlewares=[inbox_middleware(inbox)])
+        router = inbox_router(inbox)
 
         @router.subscriber(RabbitQueue(queue, declare=False))
         @router.publisher(target)
@@ -175,13 +163,7 @@ def faststream_with_a_publisher(
             await tx.execute(effects.insert(), {"consumer": queue, "message_id": delivery.key})
             return {"done": str(delivery.key)}
 
-        broker.include_router(router)
-        async with inbox_lifespan(inbox)():
-            await broker.start()
-            try:
-                await stop.wait()
-            finally:
-                await broker.stop()
+        await serve_faststream(inbox, router, stop)
 
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),))
     thread.start()

@@ -27,6 +27,7 @@ from devtools.outbox import fates, insert, rows, statuses
 from devtools.procfs import cpu_seconds
 from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, wait_until
+from relay.db.migrate import migrate
 from relay.records import NewMessage
 from tests.support.inprocess import Running, enqueue, settings, wait_for
 from tests.support.metrics import sample_value
@@ -275,6 +276,70 @@ def test_on_sqlite_a_payload_is_published_as_its_stored_bytes_whatever_its_stora
     delivered = drain(rabbit.url, queue, expect=2 * GOOD + len(published))
     bodies = {d.message_id: d.body for d in delivered if d.message_id in published}
     assert bodies == published
+
+
+# A payload in a SQLite database whose encoding is UTF-16 (SQL of the value) -> the body
+# published: SQLite converted the writer's text to UTF-16 when it stored it, so its text is
+# published as UTF-8; a BLOB as stored; a TEXT that holds no text parked.
+UTF16_PAYLOADS = {
+    "json": ("'{\"order_id\": 1042}'", b'{"order_id": 1042}'),
+    "text, not ASCII": ("'h\u00e9llo'", "h\u00e9llo".encode()),
+    "empty text": ("''", b""),
+    "blob": ("X'FF00C3A920'", b"\xff\x00\xc3\xa9 "),
+    "a lone surrogate": ("CAST(X'00D8' AS TEXT)", "payload is not UTF-8 text (byte 0xed at 0)"),
+    # Under the largest message in UTF-8, over it in UTF-16: counted in UTF-16, it was parked.
+    "700 ASCII characters": ("'" + "a" * 700 + "'", b"a" * 700),
+    # Over it in UTF-8 alone: counted from below unread, parked by its exact size once read.
+    "600 two-byte characters": ("'" + "\u00e9" * 600 + "'", "headers are 1200 bytes, more"),
+}
+# The largest message in the UTF-16 case: between a payload's UTF-8 bytes and its UTF-16.
+UTF16_MAX_MESSAGE = 1000
+
+
+def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
+    tmp_path: Path, rabbit: RabbitNode
+) -> None:
+    """Read as its BLOB, a TEXT payload of a database created with ``PRAGMA encoding =
+    'UTF-16le'`` went out as UTF-16 (the README's JSON as ``{\\0"\\0o\\0...``), acked and
+    deleted. Its text is published as UTF-8, a BLOB as stored, and a TEXT that is no text
+    (a lone surrogate) parked; the largest message is in the bytes published, not the
+    UTF-16 stored."""
+    url = f"sqlite:///{tmp_path / 'utf16.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA encoding = 'UTF-16le'")
+        conn.exec_driver_sql("CREATE TABLE encoded (x)")  # the encoding holds from here
+    migrate(url)
+    exchange, queue = names("utf16")
+    limited = settings(url, rabbit.url, max_message_size=UTF16_MAX_MESSAGE)
+    running = Running(limited, simple_topology(exchange, queue))
+    published = {n: body for n, (_, body) in UTF16_PAYLOADS.items() if isinstance(body, bytes)}
+    parked = {n: why for n, (_, why) in UTF16_PAYLOADS.items() if isinstance(why, str)}
+
+    async def scenario() -> None:
+        async with running:
+            with engine.begin() as conn:
+                for name, (stored, _) in UTF16_PAYLOADS.items():
+                    values = f"VALUES (:m, :e, {stored})"
+                    query = f"INSERT INTO outbox (message_id, exchange, payload) {values}"
+                    conn.execute(sa.text(query), {"m": name, "e": exchange})
+            await wait_for(
+                lambda: statuses(url) == {"sent": len(published), "parked": len(parked)},
+                60,
+                "the text rows sent, the one holding no text parked",
+            )
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA encoding").scalar_one() == "UTF-16le"
+        query = sa.text("SELECT message_id, last_error FROM outbox WHERE status = 'parked'")
+        reasons = {m: e for m, e in conn.execute(query)}
+    engine.dispose()
+    assert set(reasons) == set(parked)
+    for name, why in parked.items():
+        assert why in reasons[name], reasons[name]
+    delivered = drain(rabbit.url, queue, expect=len(published))
+    assert {d.message_id: d.body for d in delivered} == published
 
 
 # TEXT payloads longer in bytes than SQLite's length() counts: a NUL inside (length() stops

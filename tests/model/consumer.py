@@ -24,15 +24,16 @@ from typing import Any
 
 import sqlalchemy as sa
 from faststream import Context
-from faststream.rabbit import Channel, RabbitBroker, RabbitMessage, RabbitQueue, RabbitRouter
+from faststream.rabbit import RabbitMessage, RabbitQueue
 
 from relay.broker.aio_consumer import delivery_of
-from relay.db.inbox import Transaction
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
-from relay.inbox.faststream import TRANSACTION, inbox_lifespan, inbox_middleware
+from relay.inbox.faststream import TRANSACTION
 from relay.logs import configure
+from tests.support.inbox import inbox_router, serve_faststream
 from tests.support.inbox_model import (
     COMMIT_RAISE,
     DB_AWAY,
@@ -199,19 +200,10 @@ async def _serve_async(
     if flavour == "asyncio":
         await inbox.run(handler, stop)
         return
-    broker = RabbitBroker(
-        settings.amqp_urls[0], logger=None, default_channel=Channel(prefetch_count=prefetch)
-    )
-    router = RabbitRouter(middlewares=[inbox_middleware(inbox)])
+    router = inbox_router(inbox)
 
     @router.subscriber(RabbitQueue(inbox_settings.inbox_queue, declare=False))
     async def handle(message: RabbitMessage, tx: AsyncTransaction = Context(TRANSACTION)) -> None:
         await handler(delivery_of(message.raw_message), tx)
 
-    broker.include_router(router)
-    async with inbox_lifespan(inbox)():
-        await broker.start()
-        try:
-            await stop.wait()
-        finally:
-            await broker.stop()
+    await serve_faststream(inbox, router, stop, prefetch)

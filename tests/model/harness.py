@@ -8,6 +8,7 @@ and its own log."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import multiprocessing
@@ -16,7 +17,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
@@ -33,10 +34,9 @@ from relay.db.migrate import migrate
 from relay.db.schema import inbox_attempts
 from tests.model.consumer import Where, effects, metadata, serve
 from tests.support.inbox import topology
-from tests.support.inbox_model import Fate
+from tests.support.inbox_model import FLAVOURS, Fate
 from tests.support.proxy import TcpProxy
 
-FLAVOURS = ("blocking", "asyncio", "faststream")
 # The consumers' settings: few attempts, short delays (retries, back-off), a prefetch that
 # holds several deliveries when a consumer stops.
 MAX_ATTEMPTS = 3
@@ -201,7 +201,7 @@ class Inboxes:
             for flavour, queue in zip(FLAVOURS, queues, strict=True)
         ]
         self.published: dict[str, tuple[list[str], str]] = {}
-        self.refusing: str | None = None
+        self.refusing: list[str] | None = None
         self._supervising = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
 
@@ -253,16 +253,32 @@ class Inboxes:
         self._supervisor.start()
 
     def refuse_dead_letters(self) -> None:
-        """The dead letters' queues at their length limit, refusing publishes."""
-        self.refusing = f"model-full-{uuid.uuid4().hex[:6]}"
-        pattern = "|".join(f"^{f.queue}\\.dead-letters$" for f in self.front_ends)
-        full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
-        self.rabbit.ctl("set_policy", "--apply-to", "queues", self.refusing, pattern, full)
+        """The dead letters' queues at their length limit, refusing publishes: a limit of as
+        many as each holds (a lower one would drop the oldest), so call it with no dead
+        letter on its way (after a settling)."""
+        self.refusing, policies = [], []
+        with pika.BlockingConnection(pika.URLParameters(self.rabbit.url)) as conn:
+            channel = conn.channel()
+            for front_end in self.front_ends:
+                name = f"model-full-{front_end.flavour}-{uuid.uuid4().hex[:6]}"
+                dead = f"{front_end.queue}.dead-letters"
+                held = channel.queue_declare(dead, passive=True).method.message_count
+                full = json.dumps({"max-length": held, "overflow": "reject-publish"})
+                pattern = f"^{dead.replace('.', '[.]')}$"
+                policies.append(("set_policy", "--apply-to", "queues", name, pattern, full))
+                self.refusing.append(name)
+        self._ctl_at_once(policies)
 
     def accept_dead_letters(self) -> None:
-        if self.refusing is not None:
-            self.rabbit.ctl("clear_policy", self.refusing)
-            self.refusing = None
+        self._ctl_at_once([("clear_policy", name) for name in self.refusing or ()])
+        self.refusing = None
+
+    def _ctl_at_once(self, commands: Sequence[tuple[str, ...]]) -> None:
+        """``rabbitmqctl`` runs side by side: each boots an Erlang VM, which a loaded machine
+        stretches to tens of seconds (``devtools.servers``)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(commands) or 1) as pool:
+            for done in [pool.submit(self.rabbit.ctl, *command) for command in commands]:
+                done.result()
 
     def settled(self, front_end: FrontEnd, fates: dict[str, set[Fate]]) -> bool:
         """Whether every message published has met its fate at ``front_end`` (processed or
@@ -278,16 +294,18 @@ class Inboxes:
             )
         return all(key in done or key in letters for key in fates)
 
-    def left(self, front_end: FrontEnd) -> dict[str, str]:
-        """The messages left in ``front_end``'s queues (its retry queues too), ready or held
-        by a consumer, by queue."""
+    def left(self) -> dict[str, str]:
+        """The messages left in the front ends' queues (their retry queues too), ready or
+        held by a consumer, by queue: one listing for the three (a ``rabbitmqctl`` run
+        starts an Erlang VM, half a second of CPU)."""
         listed = self.rabbit.ctl("list_queues", "name", "messages", "--quiet", "--no-table-headers")
         found = {}
         for line in listed.splitlines():
             name, _, count = line.rpartition("\t")
-            if name.startswith(front_end.queue) and not name.endswith(".dead-letters"):
+            ours = any(name.startswith(front_end.queue) for front_end in self.front_ends)
+            if ours and not name.endswith(".dead-letters") and count != "0":
                 found[name] = count
-        return {name: count for name, count in found.items() if count != "0"}
+        return found
 
 
 def until(predicate: Callable[[], object], timeout: float, what: str) -> None:

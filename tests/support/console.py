@@ -4,9 +4,14 @@ of its own), recording every dialog and console error a page raises."""
 
 from __future__ import annotations
 
+import http.client
+import re
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +24,7 @@ from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
 from devtools.relayproc import relay_env
 from devtools.servers import free_port, port_open, wait_until
 from relay.console.passwords import hash_password
+from relay.constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.clock import database_time
 from relay.db.schema import outbox
 from relay.records import PARKED
@@ -42,6 +48,8 @@ USERS = {"vera": "viewer", "otto": "operator", "ada": "admin"}
 # Hostile text: markup and script where a page shows values.
 SCRIPT = "<script>alert('xss')</script>"
 IMG = '"><img src=x onerror=alert(1)>'
+# Parked long enough before a page for a change by filter to take (CONSOLE_SETTLE_HORIZON_S).
+SETTLED = 2 * CONSOLE_SETTLE_HORIZON_S
 
 
 def users_file(directory: Path) -> Path:
@@ -52,9 +60,9 @@ def users_file(directory: Path) -> Path:
     return path
 
 
-def park(url: str, rows: list[dict[str, Any]], reason: str) -> list[int]:
+def park(url: str, rows: list[dict[str, Any]], reason: str, ago: float = 0) -> list[int]:
     """``rows`` inserted and parked as the relay parks them (``last_error`` the reason, the
-    parking time the database's now); their ids."""
+    parking time the database's now, or ``ago`` seconds before it); their ids."""
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
@@ -69,7 +77,10 @@ def park(url: str, rows: list[dict[str, Any]], reason: str) -> list[int]:
                 sa.update(outbox)
                 .where(outbox.c.id.in_(ids))
                 .values(
-                    status=PARKED, attempts=10, last_error=reason, next_attempt_at=database_time()
+                    status=PARKED,
+                    attempts=10,
+                    last_error=reason,
+                    next_attempt_at=database_time(-ago),
                 )
             )
         return ids
@@ -174,9 +185,91 @@ def browser(**context: Any) -> Iterator[Browser]:
             launched.close()
 
 
+@contextmanager
+def signed_in(
+    database_url: str, tmp_path: Path, name: str, **more: str
+) -> Iterator[tuple[ConsoleProcess, Browser, Page]]:
+    """A console whose users are ``users_file``'s (``more``: its other settings), and a
+    browser page logged in to it as ``name``."""
+    env = console_env(
+        database_url,
+        RELAY_CONSOLE_AUTH="users",
+        RELAY_CONSOLE_USERS_FILE=str(users_file(tmp_path)),
+        **more,
+    )
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, name)
+        yield console, chromium, page
+
+
 def log_in(page: Page, base: str, name: str, password: str = PASSWORD) -> None:
     page.goto(base + "/login")
     page.fill("input[name=name]", name)
     page.fill("input[name=password]", password)
     page.click("form.login button[type=submit]")
     page.wait_for_load_state()
+
+
+def login_form(base: str) -> tuple[str, str]:
+    """A login form's state cookie and CSRF token, as a browser gets them."""
+    with urllib.request.urlopen(base + "/login", timeout=60) as answer:
+        cookie = answer.headers["Set-Cookie"].split(";")[0]
+        page = answer.read().decode()
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return cookie, found[1]
+
+
+def post_login(base: str, cookie: str, token: str, name: str, password: str) -> tuple[int, str]:
+    """The login form posted with ``name`` and ``password``: the status and the page."""
+    body = urllib.parse.urlencode({"csrf": token, "name": name, "password": password}).encode()
+    request = urllib.request.Request(
+        base + "/login",
+        data=body,
+        headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+def announce_login(base: str, cookie: str, length: int) -> int:
+    """A login whose headers say its body is ``length`` bytes, none sent: the status."""
+    connection = http.client.HTTPConnection(urllib.parse.urlsplit(base).netloc, timeout=60)
+    try:
+        connection.putrequest("POST", "/login")
+        connection.putheader("Cookie", cookie)
+        connection.putheader("Content-Type", "application/x-www-form-urlencoded")
+        connection.putheader("Content-Length", str(length))
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def call(
+    base: str, method: str, path: str, cookie: str, fields: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """One request with the session cookie ``cookie`` (its value), redirects not followed:
+    the status and the page."""
+    connection = http.client.HTTPConnection(urllib.parse.urlsplit(base).netloc, timeout=120)
+    headers = {"Cookie": f"relay_console={cookie}"}
+    body = None
+    if fields is not None:
+        body = urllib.parse.urlencode(fields)
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        connection.close()
+
+
+def session_cookie(chromium: Browser) -> str:
+    """The value of the browser's console session cookie."""
+    (cookie,) = [c for c in chromium.context.cookies() if c["name"] == "relay_console"]
+    return str(cookie["value"])

@@ -138,8 +138,8 @@ class InMemoryStore:
 
     def _fence(self, now: datetime) -> Fence | None:
         """``relay.db.buckets.refresh``'s look at the other relays' protocols: of those that
-        hold buckets, present or not (one not present is of protocol 1), and of those
-        present."""
+        hold buckets, present or not (one not present is of protocol 1), of those present,
+        and of those counted among the relays."""
         assert self.protocol is not None
         others = {o: until for o, until in self.relays.items() if o != self.owner}
         holding = {
@@ -156,7 +156,12 @@ class InMemoryStore:
             for o, until in others.items()
             if until > now - self.lease
         }
-        return fence(self.protocol, holding, announced, least=max(self.admits))
+        counted = {
+            self.protocols.get(o, PROTOCOL_BEFORE_FENCES)
+            for o, until in others.items()
+            if until > now
+        }
+        return fence(self.protocol, holding, announced, max(self.admits), counted)
 
     def may_hold(self, first: int, last: int) -> bool:
         return any_in(first, last, self._claim_from)

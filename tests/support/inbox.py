@@ -14,12 +14,13 @@ from contextlib import contextmanager
 import pika
 import sqlalchemy as sa
 from faststream import Context
-from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitQueue, RabbitRouter
+from faststream.rabbit import Channel, RabbitBroker, RabbitMessage, RabbitQueue, RabbitRouter
 
 from relay.broker.aio_consumer import delivery_of
 from relay.db.engine import create_engine
-from relay.db.inbox import InboxStore, Transaction
+from relay.db.inbox import InboxStore
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.faststream import TRANSACTION, inbox_lifespan, inbox_middleware
@@ -113,9 +114,6 @@ def recording(
     return recorder, recorder.calls
 
 
-# The inboxes the same tests run over: the blocking one (pika), the asyncio one (aio-pika),
-# and the asyncio one as FastStream middleware.
-FLAVOURS = ("blocking", "asyncio", "faststream")
 AnyInbox = Inbox | AsyncInbox
 
 
@@ -175,20 +173,32 @@ async def _aio_pika(inbox: AsyncInbox, handler: Recorder, stop: asyncio.Event) -
 
 
 async def _faststream(inbox: AsyncInbox, handler: Recorder, stop: asyncio.Event) -> None:
-    """A FastStream broker with a router of the inbox's middleware and one subscriber of the
-    inbox's queue (declared by the test's topology: not declared again), and the inbox's
-    lifespan around it."""
-    broker = RabbitBroker(inbox.settings.amqp_urls[0], logger=None)
-    router = RabbitRouter(middlewares=[inbox_middleware(inbox)])
-    queue = RabbitQueue(inbox.inbox.inbox_queue, declare=False)
+    """The inbox's queue consumed by one FastStream subscriber that runs ``handler``."""
+    router = inbox_router(inbox)
 
-    @router.subscriber(queue)
+    @router.subscriber(RabbitQueue(inbox.inbox.inbox_queue, declare=False))
     async def handle(
         message: RabbitMessage,  # FastStream's annotation: the message from its context
         tx: AsyncTransaction = Context(TRANSACTION),
     ) -> None:
         await handler.aio(delivery_of(message.raw_message), tx)
 
+    await serve_faststream(inbox, router, stop)
+
+
+def inbox_router(inbox: AsyncInbox) -> RabbitRouter:
+    """A router with the inbox's middleware, for the subscriber of the inbox's queue (which
+    the test's topology declared: ``RabbitQueue(..., declare=False)``)."""
+    return RabbitRouter(middlewares=[inbox_middleware(inbox)])
+
+
+async def serve_faststream(
+    inbox: AsyncInbox, router: RabbitRouter, stop: asyncio.Event, prefetch: int | None = None
+) -> None:
+    """A FastStream broker serving ``router`` (``inbox_router``'s, its subscribers added),
+    the inbox's lifespan around it, until ``stop``; its channels' prefetch, if given."""
+    channel = None if prefetch is None else Channel(prefetch_count=prefetch)
+    broker = RabbitBroker(inbox.settings.amqp_urls[0], logger=None, default_channel=channel)
     broker.include_router(router)
     async with inbox_lifespan(inbox)():
         await broker.start()

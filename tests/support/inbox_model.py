@@ -42,6 +42,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The inbox's front ends, each held to this model: the blocking one (pika), the asyncio one
+# (aio-pika), and the asyncio one as FastStream middleware.
+FLAVOURS = ("blocking", "asyncio", "faststream")
+
 RETURN = "return"
 RAISE = "raise"
 DUPLICATE = "duplicate"

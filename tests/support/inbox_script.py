@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from relay.db.inbox import Transaction
 from relay.db.inbox_async import AsyncTransaction
+from relay.db.inbox_transaction import Transaction
 
 # A message's payload and a statement's parameter that no record of a failure may show.
 SECRET = "4111111111111111"

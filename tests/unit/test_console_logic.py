@@ -9,13 +9,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from relay.console.causes import cause_of
-from relay.console.forms import cursor, ids, parked_filter, preview
+from relay.console.forms import cursor, edited, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
-from relay.console.limiter import LoginLimiter
+from relay.console.limiter import HashGate, LoginLimiter
+from relay.console.oidc import party_problem
 from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.records import Actor
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
+from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
 from relay.settings.console import networks
@@ -67,7 +69,7 @@ def test_a_malformed_hash_is_named_and_never_verifies(stored: str) -> None:
 
 
 def test_a_session_ends_after_its_idle_time_and_a_tampered_one_is_refused() -> None:
-    sessions = Sessions(SECRET, idle=60)
+    sessions = Sessions(SECRET, idle=60, lifetime=3600)
     cookie = sessions.issue("otto", "operator", now=1000)
     session = sessions.read(cookie, now=1059)
     assert session is not None and (session.user, session.role) == ("otto", "operator")
@@ -76,12 +78,24 @@ def test_a_session_ends_after_its_idle_time_and_a_tampered_one_is_refused() -> N
     assert sessions.read(renewed, now=1110) == session  # its idle time started again
     body, mac = cookie.split(".")
     assert sessions.read(body[:-2] + "xx." + mac, now=1001) is None
-    assert Sessions("t" * 40, idle=60).read(cookie, now=1001) is None  # another key
+    assert Sessions("t" * 40, idle=60, lifetime=3600).read(cookie, now=1001) is None  # another key
     assert Signer(SECRET, "login").unsign(cookie, 60, 1001) is None  # another purpose
 
 
+def test_a_session_ends_at_its_lifetime_however_often_it_is_renewed() -> None:
+    sessions = Sessions(SECRET, idle=60, lifetime=300)
+    cookie = sessions.issue("otto", "operator", now=1000)
+    for now in range(1050, 1300, 50):  # used every 50 s, never idle
+        session = sessions.read(cookie, now)
+        assert session is not None and session.began == 1000
+        cookie = sessions.renewed(session, now)
+    assert sessions.read(cookie, now=1300) is not None
+    assert sessions.read(cookie, now=1301) is None
+    assert session is not None and sessions.ends_at(session) == 1300
+
+
 def test_a_csrf_token_is_its_sessions_own() -> None:
-    sessions = Sessions(SECRET, idle=60)
+    sessions = Sessions(SECRET, idle=60, lifetime=3600)
     one = sessions.read(sessions.issue("a", "operator", 0), 0)
     two = sessions.read(sessions.issue("a", "operator", 0), 0)
     assert one is not None and two is not None
@@ -90,24 +104,49 @@ def test_a_csrf_token_is_its_sessions_own() -> None:
     assert not sessions.csrf_ok(one, None) and not sessions.csrf_ok(one, "")
 
 
-def test_failed_logins_are_refused_past_the_limit_until_the_window_passes() -> None:
+def test_failed_logins_lock_a_name_out_from_its_address_only_until_the_window_passes() -> None:
     limiter = LoginLimiter(attempts=3, window=300)
-    keys = ["user:otto", "address:10.0.0.1"]
     for t in range(3):
-        assert not limiter.refused(keys, t)
-        limiter.failed(keys, t)
-    assert limiter.refused(keys, 10)
-    assert limiter.refused(["user:otto", "address:10.0.0.2"], 10)  # the name, elsewhere
-    assert not limiter.refused(["user:ada", "address:10.0.0.2"], 10)
-    assert not limiter.refused(keys, 300.5)
+        assert limiter.reserve("otto", "10.0.0.1", t) is not None  # each a failure
+    assert limiter.reserve("otto", "10.0.0.1", 10) is None
+    # A guesser at 10.0.0.1 does not lock otto out at his own address, nor ada at theirs.
+    assert limiter.reserve("otto", "10.0.0.2", 10) is not None
+    assert limiter.reserve("ada", "10.0.0.1", 10) is not None
+    assert limiter.reserve("otto", "10.0.0.1", 300.5) is not None
+
+
+def test_an_address_failing_with_many_names_is_refused() -> None:
+    limiter = LoginLimiter(attempts=3, window=300)
+    allowed = [limiter.reserve(f"name-{n}", "10.0.0.1", 1) for n in range(100)]
+    assert sum(a is not None for a in allowed) == 3 * CONSOLE_LOGIN_ADDRESS_SHARE
+    assert limiter.reserve("otto", "10.0.0.2", 1) is not None
+
+
+def test_attempts_sent_at_once_are_counted_before_their_passwords_are_checked() -> None:
+    limiter = LoginLimiter(attempts=5, window=300)
+    # 100 attempts reserved before any password check has finished: 5 may be checked.
+    attempts = [limiter.reserve("ada", "10.0.0.1", 1) for _ in range(100)]
+    checked = [a for a in attempts if a is not None]
+    assert len(checked) == 5
+    limiter.succeeded(checked[0])  # the right password gives its attempt back
+    assert limiter.reserve("ada", "10.0.0.1", 2) is not None
+    assert limiter.reserve("ada", "10.0.0.1", 2) is None
 
 
 def test_the_limiter_forgets_names_whose_failures_left_the_window() -> None:
     limiter = LoginLimiter(attempts=3, window=300)
     for n in range(100):
-        limiter.failed([f"user:guess-{n}"], now=n)
+        limiter.reserve(f"guess-{n}", f"10.0.{n}.1", now=n)
     limiter.forget_before(now=350)
-    assert len(limiter) == 49  # the failures at 51 to 99 are still within the window
+    assert len(limiter) == 2 * 49  # the failures at 51 to 99 (a pair and an address each)
+
+
+def test_password_checks_at_once_are_bounded() -> None:
+    gate = HashGate(2)
+    assert gate.enter() and gate.enter()
+    assert not gate.enter()
+    gate.leave()
+    assert gate.enter()
 
 
 @pytest.mark.parametrize(
@@ -170,6 +209,47 @@ def test_form_fields_are_checked() -> None:
 )
 def test_a_preview_is_text_or_a_hex_dump(payload: bytes, size: int, kind: str, shown: str) -> None:
     assert preview(payload, size) == (kind, shown)
+
+
+@pytest.mark.parametrize(
+    "original, submitted, multiline, stored",
+    [
+        ('{"a":1}\n', '{"a":1}\r\n', True, None),  # unchanged: the row's bytes kept
+        ("a\rb", "a\r\nb", True, None),
+        ("\nhello", "\r\nhello", True, None),
+        ("crlf\r\n", "crlf\r\n", True, None),
+        ("x\ny", "x\r\nz", True, "x\nz"),  # changed: LF as the original had it
+        ("x\r\ny", "x\r\nz", True, "x\r\nz"),  # the original had CRs: kept as posted
+        (None, "new\r\n", True, "new\n"),
+        ("orders", "orders", False, None),
+        ("or\nders", "orders", False, None),  # an input drops line breaks
+        ("orders", "billing", False, "billing"),
+    ],
+)
+def test_an_edit_forms_field_is_stored_only_when_changed(
+    original: str | None, submitted: str, multiline: bool, stored: str | None
+) -> None:
+    assert edited(original, submitted, multiline) == stored
+
+
+@pytest.mark.parametrize(
+    "claims, problem",
+    [
+        ({"aud": "console"}, None),
+        ({"aud": ["console"]}, None),
+        ({"aud": ["console", "other"], "azp": "console"}, None),
+        ({"aud": ["console", "other"]}, "it has several audiences and no authorized party (azp)"),
+        (
+            {"aud": ["console", "other"], "azp": "other"},
+            "its authorized party (azp) is not console",
+        ),
+        ({"aud": "console", "azp": "other"}, "its authorized party (azp) is not console"),
+    ],
+)
+def test_an_id_token_is_this_clients_only_when_its_authorized_party_says_so(
+    claims: dict[str, object], problem: str | None
+) -> None:
+    assert party_problem(claims, "console") == problem
 
 
 def test_the_users_file_names_its_bad_line_and_never_a_hash() -> None:

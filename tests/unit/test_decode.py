@@ -56,6 +56,8 @@ READABLE = {
     ),
     "naive time is UTC": ("created_at", T.replace(tzinfo=None), "created_at", T),
     "memoryview payload": ("payload", memoryview(b"raw"), "payload", b"raw"),
+    # A SQLite database in UTF-16 stored the writer's text, not its bytes: published as UTF-8.
+    "text payload": ("payload", "h\u00e9llo", "payload", "h\u00e9llo".encode()),
     "headers text": ("headers", '{"a": 1}', "headers", '{"a": 1}'),
     "SQLite boolean": ("suspect", 1, "suspect", True),
     "PostgreSQL boolean": ("suspect", True, "suspect", True),
@@ -76,9 +78,13 @@ def test_stored_values_are_read(column: str, stored: Any, field: str, value: Any
 
 UNREADABLE = {
     "INTEGER payload": ("payload", 42, "payload is an INTEGER, not bytes"),
-    # The claim reads every payload as bytes (SQLite's TEXT as its BLOB): text here would have
-    # been decoded, and is not re-encoded into other bytes.
-    "text payload": ("payload", "héllo", "payload is a str, not bytes"),
+    # Text comes only from a SQLite database in UTF-16 (its TEXT read as text): one holding
+    # bytes that were no text is not re-encoded into other bytes.
+    "text payload that is no text": (
+        "payload",
+        "h\udcffllo",
+        "payload is not UTF-8 text (byte 0xff at 1)",
+    ),
     "REAL payload": ("payload", 4.2, "payload is a REAL"),
     "BLOB routing key": ("routing_key", b"rk", "routing_key is a BLOB, not text"),
     "INTEGER exchange": ("exchange", 5, "exchange is an INTEGER, not text"),

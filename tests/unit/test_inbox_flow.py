@@ -11,16 +11,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from relay.db.inbox import (
-    CRASHED,
-    Failures,
-    InboxStatements,
-    TransactionEnded,
-    TransactionFailed,
-)
+from relay.db.inbox import TransactionFailed
+from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
+from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox import InboxSettings
-from relay.inbox.flow import Flow, drive, drive_async
+from relay.inbox.flow import Flow
+from relay.inbox.steps import drive, drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from relay.constants import LAST_ERROR_MAX_CHARS
-from relay.db.inbox import TransactionEnded
+from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox import Inbox, InboxSettings, Settings
 from relay.inbox.policy import (

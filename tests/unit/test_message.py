@@ -231,6 +231,28 @@ CLOUDEVENTS = {
         "set that instead",
     ),
     "the reserved data attribute: unpublishable": (("k", '{"ce-data": 1}'), "reserved"),
+    "a control character in an attribute: unpublishable": (
+        ("k", '{"ce-subject": "order\\u0000"}'),
+        "'ce-subject' holds the control character U\\+0000",
+    ),
+    "a control character in an extension: unpublishable": (
+        ("k", '{"ce-tenant": "a\\u009fb"}'),
+        "'ce-tenant' holds the control character U\\+009F",
+    ),
+    "a control character in the routing key, the type: unpublishable": (
+        ("k\x7f", None),
+        "'ce-type' holds the control character U\\+007F",
+    ),
+    "spaces and text beyond Latin-1 are text": (
+        ("k", '{"ce-subject": " order 7 ", "ce-tenant": "caf\u00e9 \u2603"}'),
+        {
+            "ce-source": "/shop",
+            "ce-subject": " order 7 ",
+            "ce-tenant": "caf\u00e9 \u2603",
+            "ce-type": "k",
+            **CE,
+        },
+    ),
     "two headers of one attribute: unpublishable": (
         ("k", '{"ce-source": "/a", "CE-SOURCE": "/b"}'),
         "name one CloudEvents attribute",
@@ -283,6 +305,24 @@ def test_a_cloudevent_of_an_empty_message_id_is_unpublishable_naming_the_column(
     with pytest.raises(Unpublishable, match=r"CloudEvent's id \(the row's message_id\)"):
         build(stored, cloudevents_source="/shop")
     assert pika_decoded(build(stored).properties).message_id == ""
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "named"),
+    [
+        ("message_id", "m-\x001", "'message_id' holds the control character U\\+0000"),
+        ("content_type", "text/plain\n", "'content_type' holds the control character U\\+000A"),
+    ],
+)
+def test_a_cloudevent_of_a_column_with_a_control_character_is_unpublishable_naming_it(
+    column: str, value: str, named: str
+) -> None:
+    """CloudEvents' strings exclude the control characters; without CloudEvents the row's
+    message id and content type go as AMQP carries them."""
+    stored = row(1, **{column: value})
+    with pytest.raises(Unpublishable, match=named):
+        build(stored, cloudevents_source="/shop")
+    assert getattr(pika_decoded(build(stored).properties), column) == value
 
 
 def test_trace_headers_go_with_a_cloudevents_attributes() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from relay.db.dialects import Dialect, of
-from relay.db.inbox import INBOX_TABLES, TRANSACTION_STATEMENTS
+from relay.db.inbox_transaction import INBOX_TABLES, TRANSACTION_STATEMENTS
 from relay.db.sqltext import refusal, statements
 
 POSTGRESQL, SQLITE, MYSQL = of("postgresql"), of("sqlite"), of("mysql")

@@ -91,7 +91,7 @@ class Dialect(abc.ABC):
         settles, whose transactions are explicit)."""
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
-    # Types and functions (``relay.db.schema``, ``relay.db.clock``) --------------------------
+    # Types and functions (``relay.db.columns``, ``relay.db.clock``) -------------------------
 
     def short_text(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
         """``SHORT_TEXT``'s type here."""
@@ -115,7 +115,7 @@ class Dialect(abc.ABC):
 
     @abc.abstractmethod
     def sent_key(self, message_id: str) -> str:
-        """SQL of a message id's key in the sent log (``relay.db.schema.sent_key``)."""
+        """SQL of a message id's key in the sent log (``relay.db.columns.sent_key``)."""
 
     @abc.abstractmethod
     def sent_key_value(self, message_id: str) -> str | bytes:

@@ -121,7 +121,7 @@ class PostgreSQL(Dialect):
         return "gen_random_uuid()::text"
 
     def sent_key(self, message_id: str) -> str:
-        # Its MD5 as a 16-byte uuid (``relay.db.schema.sent_key`` says why).
+        # Its MD5 as a 16-byte uuid (``relay.db.columns.sent_key`` says why).
         return f"md5({message_id})::uuid"
 
     def sent_key_value(self, message_id: str) -> str | bytes:

@@ -93,16 +93,30 @@ class SQLite(Dialect):
         # (the value read for it, as ``length()`` reads a TEXT to count its characters).
         # The test of its type costs a claim about 0.4 us a row (2.7 to 3.4 before; 500-row
         # claims, in process).
-        return _if_text(
-            value, sa.func.length(sa.cast(value, sa.LargeBinary())), sa.func.length(value)
-        )
+        # In a database whose encoding is UTF-16 that BLOB is UTF-16, and the text goes out
+        # as UTF-8 (``stored_bytes``): 700 ASCII characters were counted 1,400 bytes, and
+        # parked unread under a 1,000-byte largest message. Half its bytes, its UTF-16 code
+        # units, are never more than its UTF-8 bytes (nor a third of them): a bound from
+        # below, so that no row a message could carry is parked unread; the message's own
+        # check (``relay.message``) parks one too large by its exact size.
+        blob = sa.func.length(sa.cast(value, sa.LargeBinary()))
+        units = sa.cast(blob / 2, sa.Integer())  # no FLOOR: SQLite may be built without it
+        text = sa.case((_DATABASE_ENCODING == "UTF-8", blob), else_=units)
+        return _if_text(value, text, sa.func.length(value))
 
     def stored_bytes(self, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         # Any column holds any storage class. A TEXT payload (plain SQL; a C writer's bytes,
         # UTF-8 or not) is read as its BLOB: the bytes stored, exactly. Decoded and encoded
         # again, a byte that was not UTF-8 went out as three others (FF as ED B3 BF).
         # Numbers stay numbers, for the decoder to refuse (``relay.db.decode``).
-        return _if_text(value, sa.cast(value, sa.LargeBinary()), value)
+        # In a database whose encoding is UTF-16 a TEXT's BLOB is UTF-16 (the README's JSON
+        # went out as `{\0"\0o\0...`): SQLite converted the writer's text when it stored
+        # it, so the writer's bytes are gone and its text is read, for the decoder to
+        # encode as UTF-8 or refuse. (The encoding is read once a statement.)
+        as_stored = sa.case(
+            (_DATABASE_ENCODING == "UTF-8", sa.cast(value, sa.LargeBinary())), else_=value
+        )
+        return _if_text(value, as_stored, value)
 
     def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
         # No arrays: the changes travel as one JSON array of arrays.
@@ -152,6 +166,12 @@ class SQLite(Dialect):
                 "database is not shared with the writers"
             )
         return None
+
+
+# The main database's text encoding (a table-valued PRAGMA: no side effect), as a value.
+_DATABASE_ENCODING = (
+    sa.select(sa.literal_column("encoding")).select_from(sa.table("pragma_encoding"))
+).scalar_subquery()
 
 
 def _if_text(

@@ -8,17 +8,17 @@ Create Date: 2026-11-22
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import (
+from relay.db.columns import (
     LONG_TEXT,
     PAYLOAD,
     ROW_ID,
     SHORT_TEXT,
     STATUS_TEXT,
     UTCDateTime,
-    index_columns,
     new_message_id,
     stored_now,
 )
+from relay.db.schema import index_columns
 
 revision = "0001"
 down_revision = None

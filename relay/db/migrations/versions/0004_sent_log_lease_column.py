@@ -32,7 +32,8 @@ Create Date: 2026-11-24
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import MYSQL_SKIPPED_INDEXES, ROW_ID, SENT_KEY, UTCDateTime, index_columns
+from relay.db.columns import ROW_ID, SENT_KEY, UTCDateTime
+from relay.db.schema import MYSQL_SKIPPED_INDEXES, index_columns
 
 revision = "0004"
 down_revision = "0003"

@@ -20,7 +20,7 @@ Create Date: 2026-11-24
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import SHORT_TEXT, UTCDateTime
+from relay.db.columns import SHORT_TEXT, UTCDateTime
 
 revision = "0005"
 down_revision = "0004"

@@ -26,7 +26,8 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import COUNTERS, SHORT_TEXT
+from relay.db.columns import SHORT_TEXT
+from relay.db.schema import COUNTERS
 
 revision = "0007"
 down_revision = "0006"

@@ -9,7 +9,8 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import INBOX_KEY_TEXT, UTCDateTime, stored_now
+from relay.db.columns import UTCDateTime, stored_now
+from relay.db.schema import INBOX_KEY_TEXT
 
 revision = "0009"
 down_revision = "0008"

@@ -16,7 +16,7 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import UTCDateTime
+from relay.db.columns import UTCDateTime
 
 revision = "0011"
 down_revision = "0010"

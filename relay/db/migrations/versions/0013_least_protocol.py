@@ -19,7 +19,7 @@ Create Date: 2026-11-27
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.schema import SHORT_TEXT
+from relay.db.columns import SHORT_TEXT
 
 revision = "0013"
 down_revision = "0012"

@@ -1,5 +1,6 @@
 """The operator console (``relay console``): its audit log, the archive of discarded parked
-rows, the links of edited copies to their originals, and indexes of parked rows (by time,
+rows, the links of edited copies to their originals, the sessions ended by a logout, and
+indexes of parked rows (by time,
 cause and exchange) for its pages.
 
 New tables, and indexes of parked rows only: the relays may run while this runs. Building
@@ -17,16 +18,9 @@ Create Date: 2026-11-27
 import sqlalchemy as sa
 from alembic import op
 
+from relay.db.columns import LONG_TEXT, PAYLOAD, ROW_ID, SHORT_TEXT, UTCDateTime, stored_now
 from relay.db.dialects import of
-from relay.db.schema import (
-    CONSOLE_INDEXES,
-    LONG_TEXT,
-    PAYLOAD,
-    ROW_ID,
-    SHORT_TEXT,
-    UTCDateTime,
-    stored_now,
-)
+from relay.db.schema import CONSOLE_INDEXES
 from relay.records import PARKED
 
 revision = "0014"
@@ -75,6 +69,11 @@ def upgrade() -> None:
         sa.Column("edited_by", SHORT_TEXT, nullable=False),
     )
     op.create_index("outbox_edits_original_idx", "outbox_edits", ["original_id"])
+    op.create_table(
+        "console_sessions_ended",
+        sa.Column("session_id", SHORT_TEXT, primary_key=True),
+        sa.Column("ends_at", UTCDateTime(), nullable=False),
+    )
     if not of(op.get_bind().dialect).partial_indexes:
         return
     parked = sa.text(f"status = '{PARKED}'")
@@ -93,6 +92,7 @@ def downgrade() -> None:
     if of(op.get_bind().dialect).partial_indexes:
         for name, *_columns in CONSOLE_INDEXES:
             op.drop_index(name, "outbox")
+    op.drop_table("console_sessions_ended")
     op.drop_table("outbox_edits")
     op.drop_table("outbox_archive")
     op.drop_table("console_audit")

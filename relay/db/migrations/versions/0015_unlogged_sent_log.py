@@ -26,7 +26,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from relay.db.schema import SENT_LOG, UTCDateTime
+from relay.db.columns import UTCDateTime
+from relay.db.schema import SENT_LOG
 
 revision = "0015"
 down_revision = "0014"
