@@ -104,15 +104,14 @@ RECENT_SENT_S = 10.0
 # Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000
-# A sent log emptied by a crash (PostgreSQL: ``relay.db.sentlog``) is rebuilt from its journal
-# in slices of about this many entries a transaction: a second or two of the database's work,
-# far within the relay's statement timeout, and few enough commits for a log of 60 million.
-SENT_LOG_REBUILD_ENTRIES = 100_000
 # Seconds between a relay's looks at whether the sent log is complete (claims take nothing
-# until it is: a crash's rebuild starts this long after the relay is connected again, at most).
+# until it is: a crash's rebuild starts this long after the relay is connected again, at
+# most), and between its tries while another relay rebuilds it.
 SENT_LOG_CHECK_S = 5.0
-# Seconds a relay waits before trying again while another copies a slice of that rebuild.
-SENT_LOG_BUSY_S = 0.2
+# Memory the sent log's rebuild (``relay.db.sentlog``) may sort its entries in, in key
+# order, before it spills to temporary files: a session setting of its one transaction, not
+# the server's. 60 million entries sort in passes over about 3 GB of temporary files.
+SENT_LOG_REBUILD_WORK_MEM = "64MB"
 
 # --- Messages ------------------------------------------------------------------------------
 # The largest message (payload and headers, bytes) the relay reads and publishes, and the Spark

@@ -19,7 +19,6 @@ from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
     PURGE_CHUNK,
-    SENT_LOG_BUSY_S,
     SENT_LOG_CHECK_S,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
@@ -211,17 +210,25 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
 
 async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
     """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if a crash or a
-    failover emptied it (PostgreSQL: ``relay.db.sentlog``), rebuild it from its journal, a
-    slice at a time, beside any other relay doing the same. Claims take nothing meanwhile.
-    A failed look or slice is logged and tried again at the next look."""
+    failover emptied it (PostgreSQL: ``relay.db.sentlog``), rebuild it from its journal,
+    unless another relay is. Claims take nothing meanwhile. A failed look or rebuild is
+    logged and tried again at the next look; a stop cancels a rebuild under way."""
     rebuild = SentLogRebuild(settings.database_url)
+    warned = False  # once per emptied log, not at each look while another relay rebuilds it
     try:
         while True:
             try:
-                if not await in_thread(rebuild.complete):
-                    metrics.sent_log_complete.set(0)
-                    await _rebuild_sent_log(rebuild)
-                metrics.sent_log_complete.set(1)
+                whole = await in_thread(rebuild.complete)
+                if not whole and not warned:
+                    log.warning(
+                        "the sent log is not complete (a crash or a failover emptied it): "
+                        "claiming nothing until it is rebuilt from its journal",
+                        extra={"action": "sent_log_rebuild"},
+                    )
+                warned = not whole
+                if not whole:
+                    whole = await _rebuild_sent_log(rebuild)
+                metrics.sent_log_complete.set(1 if whole else 0)
             except RelayError as exc:
                 log.warning("%s", exc, extra={"action": "sent_log_failed"})
             await asyncio.sleep(SENT_LOG_CHECK_S)
@@ -229,18 +236,12 @@ async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
         rebuild.close()
 
 
-async def _rebuild_sent_log(rebuild: SentLogRebuild) -> None:
-    log.warning(
-        "the sent log is not complete (a crash or a failover emptied it): claiming nothing "
-        "until it is rebuilt from its journal",
-        extra={"action": "sent_log_rebuild"},
-    )
+async def _rebuild_sent_log(rebuild: SentLogRebuild) -> bool:
+    """Rebuild the sent log unless another relay is: whether this relay did."""
     started = time.monotonic()
-    copied = 0
-    while (entries := await in_thread(rebuild.step)) is not None:
-        copied += entries
-        if entries == 0:  # another relay is copying a slice
-            await asyncio.sleep(SENT_LOG_BUSY_S)
+    copied = await in_thread(rebuild.rebuild, on_cancel=rebuild.cancel)
+    if copied is None:
+        return False
     log.info(
         "the sent log is complete: claiming again",
         extra={
@@ -249,6 +250,7 @@ async def _rebuild_sent_log(rebuild: SentLogRebuild) -> None:
             "seconds": round(time.monotonic() - started, 1),
         },
     )
+    return True
 
 
 async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:

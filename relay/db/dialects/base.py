@@ -278,6 +278,18 @@ class Dialect(abc.ABC):
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         raise NotImplementedError(f"{self.name} holds no staging table locks")
 
+    # The sent log's rebuild (``relay.db.sentlog``), where the log is journaled ------------
+
+    def unbounded(self, conn: sa.Connection) -> None:
+        """Lift the relay session's statement timeout for the rest of ``conn``'s transaction,
+        and give its sorts room: the rebuild is one statement, as long as the journal needs."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
+    def cancel(self, driver_connection: Any) -> None:
+        """Cancel the statement ``driver_connection`` runs, from another thread (a rebuild's,
+        when the relay stops)."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
     # Migrations ---------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -32,6 +32,7 @@ from relay.constants import (
     DB_TCP_USER_TIMEOUT_S,
     MERGE_WORK_MEM,
     MIGRATION_LOCK_KEY,
+    SENT_LOG_REBUILD_WORK_MEM,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
 from relay.db.sqltext import Lexicon
@@ -209,6 +210,14 @@ class PostgreSQL(Dialect):
     def lock_migrations(self, conn: sa.Connection) -> None:
         # Held until the migration's transaction ends (its DDL is transactional too).
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+
+    def unbounded(self, conn: sa.Connection) -> None:
+        # Settings a role may change for itself: the caller's rights suffice.
+        conn.execute(sa.text("SET LOCAL statement_timeout = 0"))
+        conn.execute(sa.text(f"SET LOCAL work_mem = '{SENT_LOG_REBUILD_WORK_MEM}'"))
+
+    def cancel(self, driver_connection: Any) -> None:
+        driver_connection.cancel_safe(timeout=DB_CONNECT_TIMEOUT_S)
 
     def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
         # An INSERT that takes its id from a table's sequence needs to use it.
