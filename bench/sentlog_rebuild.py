@@ -1,17 +1,16 @@
 """Benchmark: how long a crash keeps the relays from claiming, at a sent log's size.
 
     .venv/bin/python -m bench.sentlog_rebuild --pg-data DIR [--database soak_aged]
-                                              [--slice-entries 100000] [--relays 1]
-                                              [--setting shared_buffers=2GB ...]
+                                              [--relays 1] [--setting shared_buffers=2GB ...]
 
 On PostgreSQL the sent log is unlogged and rebuilt from its journal after a crash or a
 failover (``relay.db.sentlog``); relays claim nothing until it is whole. This starts the kept
 cluster of a soak (``bench.soak --pg-data DIR --sent-log-entries N``), crashes it (an
 immediate stop: no shutdown checkpoint, so recovery empties the unlogged tables), starts it
 again, checks the log came back empty, and rebuilds it as the relays do (``--relays``
-rebuilders taking turns, slices of ``--slice-entries``): the seconds, the entries a second,
-and the CPU and WAL that cost. The last line is one JSON object. By hand only: the machine is
-shared and noisy.
+trying at once, one rebuilding while the others look again until it is complete): the
+seconds, the entries a second, and the CPU and WAL that cost. The last line is one JSON
+object. By hand only: the machine is shared and noisy.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import psycopg
 
 from devtools.procfs import tree_cpu_seconds
 from devtools.servers import PostgresServer
-from relay.constants import SENT_LOG_REBUILD_ENTRIES
+from relay.constants import SENT_LOG_CHECK_S
 from relay.db.sentlog import SentLogRebuild
 
 
@@ -34,7 +33,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg-data", type=Path, required=True)
     parser.add_argument("--database", default="soak_aged")
-    parser.add_argument("--slice-entries", type=int, default=SENT_LOG_REBUILD_ENTRIES)
     parser.add_argument("--relays", type=int, default=1)
     parser.add_argument(
         "--setting", action="append", default=[], metavar="NAME=VALUE", help="a server setting"
@@ -61,12 +59,13 @@ def main() -> int:
             copied = [0] * args.relays
 
             def rebuild(i: int) -> None:
-                rebuilder = SentLogRebuild(pg.url(args.database), slice_entries=args.slice_entries)
+                rebuilder = SentLogRebuild(pg.url(args.database))
                 try:
-                    while (entries := rebuilder.step()) is not None:
-                        copied[i] += entries
-                        if not entries:
-                            time.sleep(0.2)
+                    while not rebuilder.complete():
+                        if (entries := rebuilder.rebuild()) is None:
+                            time.sleep(SENT_LOG_CHECK_S)
+                        else:
+                            copied[i] += entries
                 finally:
                     rebuilder.close()
 
@@ -88,7 +87,6 @@ def main() -> int:
             "db_cpu_s": round(cpu, 1),
             "wal_mb": round(float(wal) / 2**20, 1),
             "relays": args.relays,
-            "slice_entries": args.slice_entries,
             "settings": args.setting,
         }
         print(json.dumps(result), flush=True)

@@ -118,9 +118,15 @@ class SentLogRebuild:
         self._where = redact_url(url)
         self._dialect = of(self.engine)
         self._made = self._dialect.insert_or_ignore(_STATE).values(log=SENT_LOG, complete=False)
-        self._copy = self._dialect.insert_or_ignore(outbox_sent).from_select(
-            list(_ENTRY), _in_key_order()
-        )  # run only where the log is journaled (``unnest`` is PostgreSQL's)
+        # Run only where the log is journaled (``unnest`` is PostgreSQL's). Its count is the
+        # statement's one row: the driver's row count of an INSERT from a SELECT is -1.
+        copied = (
+            self._dialect.insert_or_ignore(outbox_sent)
+            .from_select(list(_ENTRY), _in_key_order())
+            .returning(outbox_sent.c.key)
+            .cte("copied")
+        )
+        self._copy = sa.select(sa.func.count()).select_from(copied)
         self._running: Any = None  # the driver's connection while the copy runs
         self._lock = threading.Lock()
 
@@ -133,7 +139,10 @@ class SentLogRebuild:
         the entries copied (none if another relay just did). None, without waiting, while
         another relay rebuilds it: look again later."""
         with db_errors("sent log", self._where), self.engine.begin() as conn:
+            # Made in a transaction of its own: a relay's row, uncommitted while it rebuilds,
+            # would hold the others' inserts for as long (lock timeouts every few seconds).
             conn.execute(self._made)
+        with db_errors("sent log", self._where), self.engine.begin() as conn:
             state = conn.execute(
                 sa.select(_STATE.c.complete)
                 .where(_STATE.c.log == SENT_LOG)
@@ -149,7 +158,7 @@ class SentLogRebuild:
                 with self._lock:
                     self._running = conn.connection.driver_connection
                 try:
-                    copied = int(conn.execute(self._copy).rowcount)
+                    copied = int(conn.execute(self._copy).scalar_one())
                 finally:
                     with self._lock:
                         self._running = None

@@ -14,16 +14,23 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.outbox import statuses
-from devtools.servers import PostgresServer
+from devtools.servers import PostgresServer, wait_until
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
 from relay.db.columns import sent_key_value
 from relay.db.dialects import of
 from relay.db.migrate import migrate
 from relay.db.outbox import OutboxAdmin, OutboxWriter
-from relay.db.schema import outbox, outbox_sent, outbox_sent_journal, outbox_sent_state
+from relay.db.schema import (
+    SENT_LOG,
+    outbox,
+    outbox_sent,
+    outbox_sent_journal,
+    outbox_sent_state,
+)
 from relay.db.sentlog import SentLogRebuild
 from relay.db.sink import OutboxSink
+from relay.errors import RelayError
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
 from tests.support.rows import sink_chunk
 
@@ -135,14 +142,24 @@ def test_a_write_racing_the_ack_of_the_same_message_id_is_dropped(postgresql_url
         box.close()
 
 
+def sent_days_ago(conn: sa.Connection, row_id: int, days: float) -> None:
+    """The entry of the acked row ``row_id`` as if sent ``days`` ago: in the log, and where
+    the log is journaled, in the journal's row of its ack (which the purge reads there)."""
+    when = database_time(-days * DAY)
+    conn.execute(sa.update(outbox_sent).where(outbox_sent.c.id == row_id).values(sent_at=when))
+    if of(conn).journals_sent_log:
+        journal = outbox_sent_journal
+        acked = sa.literal(row_id, sa.BigInteger()) == sa.any_(journal.c.ids)
+        conn.execute(sa.update(journal).where(acked).values(sent_at=when))
+
+
 def test_the_purge_ends_the_dedupe_horizon(box: Outbox) -> None:
-    box.writer.enqueue([message("old"), message("new")])
-    old, _new = box.relay_all()
+    box.writer.enqueue([message("old")])
+    (old,) = box.relay_all()
+    box.writer.enqueue([message("new")])
+    box.relay_all()
     with box.writer.engine.begin() as conn:
-        eight_days_ago = database_time(-8 * DAY)
-        conn.execute(
-            sa.update(outbox_sent).where(outbox_sent.c.id == old).values(sent_at=eight_days_ago)
-        )
+        sent_days_ago(conn, old, 8)
     assert box.admin.purge(7 * DAY, chunk=1) == 1
     assert statuses(box.url) == {"sent": 1}
     box.writer.enqueue([message("old"), message("new")])
@@ -177,13 +194,12 @@ def lose_the_log(url: str) -> None:
         engine.dispose()
 
 
-def rebuild(url: str, slice_entries: int = 100_000) -> int:
-    """A relay's rebuild of the sent log, to the end: the entries it copied."""
-    rebuilder = SentLogRebuild(url, slice_entries=slice_entries)
+def rebuild(url: str) -> int:
+    """A relay's rebuild of the sent log: the entries it copied."""
+    rebuilder = SentLogRebuild(url)
     try:
-        copied = 0
-        while (entries := rebuilder.step()) is not None:
-            copied += entries
+        copied = rebuilder.rebuild()
+        assert copied is not None
         assert rebuilder.complete()
         return copied
     finally:
@@ -204,12 +220,12 @@ def test_no_row_is_claimed_until_a_lost_sent_log_is_rebuilt(box: Outbox) -> None
     assert box.admin.status().duplicates == 1
 
 
-def test_a_rebuild_in_slices_by_two_relays_copies_every_entry_once(
+def test_one_relay_rebuilds_while_another_waits_and_every_entry_is_copied_once(
     postgresql_url: str,
 ) -> None:
-    """Twenty acks of two entries and one of ten, slices of about three entries: two relays'
-    rebuilds take turns, each slice where the other left off (the ten in one slice of their
-    own), and every acked id is known again, no other."""
+    """Twenty acks of two entries and one of ten: while one relay holds the rebuild (the
+    state row's lock), another's try comes back at once, rebuilding nothing; the rebuild
+    copies every acked id once, and every one is known again, no other."""
     box = Outbox(postgresql_url)
     try:
         acked = []
@@ -219,19 +235,90 @@ def test_a_rebuild_in_slices_by_two_relays_copies_every_entry_once(
             box.relay_all()
             acked += ids
         lose_the_log(postgresql_url)
-        first, second = (SentLogRebuild(postgresql_url, slice_entries=3) for _ in range(2))
-        slices = []
+        first, second = SentLogRebuild(postgresql_url), SentLogRebuild(postgresql_url)
         try:
-            while (step := first.step()) is not None:
-                slices += [step, second.step() or 0]
+            assert not first.complete()
+            with first.engine.begin() as conn:
+                conn.execute(sa.insert(outbox_sent_state).values(log=SENT_LOG, complete=False))
+            with first.engine.begin() as conn:  # as the first's rebuild holds it
+                conn.execute(sa.select(outbox_sent_state).with_for_update())
+                assert second.rebuild() is None
+            assert first.rebuild() == len(acked) == 50
+            assert second.rebuild() == 0, "complete: nothing left to copy"
         finally:
             first.close()
             second.close()
-        assert sum(slices) == len(acked) == 50
-        assert max(slices) == 10, "a row larger than a slice is a slice of its own"
         box.writer.enqueue([*(message(m) for m in acked), message("new")])
         assert claimable(box.store) == ["new"]
     finally:
+        box.close()
+
+
+def test_a_key_journaled_twice_is_rebuilt_with_its_latest_entry(postgresql_url: str) -> None:
+    """A message id sent again once the purge took its log entry, but not yet its journal
+    row: the rebuild keeps the later entry, which the purge of the earlier row leaves, so
+    that the id stays known for its whole horizon."""
+    box = Outbox(postgresql_url)
+    try:
+        box.writer.enqueue([message("twice")])
+        box.relay_all()
+        key = sent_key_value("twice", box.writer.engine.dialect)
+        with box.writer.engine.begin() as conn:
+            conn.execute(sa.delete(outbox_sent))  # the purge took the entry, not the row
+            conn.execute(sa.update(outbox_sent_journal).values(sent_at=database_time(-8 * DAY)))
+        box.writer.enqueue([message("twice")])
+        box.relay_all()
+        lose_the_log(postgresql_url)
+        assert rebuild(postgresql_url) == 1
+        assert box.admin.purge(7 * DAY) == 1, "the earlier row's entry"
+        box.writer.enqueue([message("twice")])
+        assert claimable(box.store) == [], "the later entry is kept"
+        with box.writer.engine.connect() as conn:
+            assert conn.execute(sa.select(outbox_sent.c.key)).scalars().all() == [key]
+    finally:
+        box.close()
+
+
+def test_a_rebuild_cancelled_as_its_relay_stops_rolls_back(postgresql_url: str) -> None:
+    """The relay stops while its rebuild waits (here behind an operator's lock): the
+    statement is cancelled, nothing is copied, and the log stays incomplete for the next
+    relay to rebuild."""
+    box = Outbox(postgresql_url)
+    box.writer.enqueue([message("m-1")])
+    box.relay_all()
+    lose_the_log(postgresql_url)
+    rebuilder = SentLogRebuild(postgresql_url)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rebuilder.rebuild()
+        except RelayError as exc:
+            failed.append(exc)
+
+    try:
+        with box.writer.engine.begin() as conn:
+            conn.execute(sa.text("LOCK TABLE outbox_sent IN SHARE MODE"))
+            thread = threading.Thread(target=run)
+            thread.start()
+            waiting = sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'WITH copied AS%INSERT INTO outbox_sent %'"
+            )
+
+            def blocked() -> bool:
+                with box.admin.engine.connect() as other:  # a snapshot of its own
+                    return bool(other.execute(waiting).scalar_one() == 1)
+
+            wait_until(blocked, 30, "the rebuild waiting on the lock")
+            rebuilder.cancel()
+            thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert len(failed) == 1 and "canceling statement due to user request" in str(failed[0])
+        assert not rebuilder.complete()
+        assert rebuild(postgresql_url) == 1
+    finally:
+        rebuilder.close()
         box.close()
 
 
@@ -240,23 +327,12 @@ def test_the_purge_ends_the_horizon_after_a_rebuild_too(postgresql_url: str) -> 
     back no id past the horizon."""
     box = Outbox(postgresql_url)
     try:
+        acked = {}
         for name in ("old", "new"):
             box.writer.enqueue([message(name)])
-            box.relay_all()
+            (acked[name],) = box.relay_all()
         with box.writer.engine.begin() as conn:
-            eight_days_ago = database_time(-8 * DAY)
-            old = sent_key_value("old", conn.dialect)
-            conn.execute(
-                sa.update(outbox_sent)
-                .where(outbox_sent.c.key == old)
-                .values(sent_at=eight_days_ago)
-            )
-            journal = outbox_sent_journal
-            conn.execute(
-                sa.update(journal)
-                .where(sa.literal(old, outbox_sent.c.key.type) == sa.any_(journal.c.message_keys))
-                .values(sent_at=eight_days_ago)
-            )
+            sent_days_ago(conn, acked["old"], 8)
         assert box.admin.purge(7 * DAY) == 1
         lose_the_log(postgresql_url)
         assert rebuild(postgresql_url) == 1
