@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -43,10 +44,29 @@ class ServerError(RuntimeError):
     """A private server could not be started or controlled; the message says where to look."""
 
 
+# Where the private servers' ports are chosen: below the kernel's ephemeral range, from
+# which connect() takes its source ports. A port the kernel handed out free and that was let
+# go of until the server bound it could meanwhile be an outgoing connection's: a RabbitMQ
+# node, seconds into its boot beside the CPU hog, stopped on eaddrinuse.
+PORTS_FROM = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port of 127.0.0.1 free now, below the ephemeral range where there is room."""
+    try:
+        below = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = PORTS_FROM
+    while True:
+        # Not the random module: Hypothesis seeds it alike in every process running a test.
+        port = PORTS_FROM + secrets.randbelow(below - PORTS_FROM) if below > PORTS_FROM else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
 
 
 def port_open(host: str, port: int) -> bool:
