@@ -153,13 +153,19 @@ class Relay:
         return self._clock() - self._last_beat < LIVENESS_LIMIT_S
 
     def unready(self) -> str | None:
-        """Why this relay cannot work now, or None: it is ready (``/readyz``). A relay
+        """Why this relay cannot work now, or None: it is ready (``/readyz``). A relay the
+        broker blocks (a memory or disk alarm) publishes nothing: not ready. A relay
         waiting on a protocol fence is ready: its turns work, and it takes its share once
         the relays in its way have stopped (a rollout must go on to stop them)."""
         if (problem := self.store.problem) is not None:
             return problem
-        if not self.publisher.state().connected:
+        state = self.publisher.state()
+        if not state.connected:
             return "no confirm channel to the broker (see the broker_retry log lines)"
+        if not state.can_publish:
+            return (
+                "the broker blocks publishing: a resource alarm (see the broker_blocked log lines)"
+            )
         return None
 
     def ready(self) -> bool:

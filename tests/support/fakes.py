@@ -337,6 +337,7 @@ class ScriptedPublisher(ConfirmWindow):
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
         self._connected = True
+        self.blocked = False  # the broker's resource alarm: connected, publishing nothing
         self._quarantine = Quarantine()
         self._wake: Callable[[], None] = lambda: None
         self._answered: Callable[[], None] = lambda: None
@@ -352,7 +353,7 @@ class ScriptedPublisher(ConfirmWindow):
 
     @property
     def can_publish(self) -> bool:
-        return self.connected
+        return self.connected and not self.blocked
 
     def capacity(self) -> int:
         return 0 if self._quarantine.closed else super().capacity()

@@ -357,6 +357,32 @@ def test_a_relay_waiting_on_a_protocol_fence_is_ready() -> None:
     run(scenario())
 
 
+def test_a_relay_the_broker_blocks_is_not_ready_saying_why() -> None:
+    """Connected, a confirm channel open, but the broker's resource alarm holds every publish:
+    the relay publishes nothing, so it is not ready (a rollout waits) until the alarm ends,
+    and it publishes the rows written meanwhile then."""
+    store = InMemoryStore()
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(relay.ready)
+        publisher.blocked = True
+        assert relay.unready() == (
+            "the broker blocks publishing: a resource alarm (see the broker_blocked log lines)"
+        )
+        fill(store, 5)
+        publisher.blocked = False
+        relay.wake()
+        await wait(lambda: set(statuses(store).values()) == {SENT})
+        assert relay.ready()
+        relay.stop()
+        await task
+
+    run(scenario())
+
+
 def acked_order(ordered: bool) -> dict[str, list[int]]:
     """Rows of three keys, interleaved; the first attempt of each key's first row is nacked.
     Returns, per key, the ids in the order the broker acked them."""
