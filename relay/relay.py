@@ -214,7 +214,7 @@ class Relay:
         self._ready_epoch = self.lease.epoch
         self._ready += self._without_duplicates(rows)
         self._publish_ready()  # here, not a turn of the loop later
-        cut = len(rows) < wanted and self.budget.cut_short(len(rows), claimed, room)
+        cut = got < wanted and self.budget.cut_short(got, claimed, room)  # as claimed
         self.pacing.claimed(began, wanted, got, len(rows), cut)
         if self.pacing.listening:
             self.idle.set()
@@ -240,7 +240,7 @@ class Relay:
             state.in_flight,
             len(self._ready),
             self.settler.waiting,
-            self.budget.spent,
+            self.budget.waits,
         )
         return self.pacing.decide(self._clock(), counts)
 
