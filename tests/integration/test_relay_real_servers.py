@@ -21,7 +21,15 @@ from relay.db.claims import ClaimStore
 from relay.db.migrate import migrate
 from relay.db.outbox import OutboxWriter
 from relay.records import NewMessage
-from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
+from tests.support.inprocess import (
+    Running,
+    enqueue,
+    logged,
+    rows_by_status,
+    settings,
+    table,
+    wait_for,
+)
 from tests.support.metrics import sample_value
 
 
@@ -232,7 +240,7 @@ def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> N
 
 
 def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are_up(
-    tmp_path: Path, rabbit: RabbitNode
+    tmp_path: Path, rabbit: RabbitNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     exchange, queue = names("late")
     database = PostgresServer(tmp_path / "pg", tuned_for_tests=True)
@@ -248,14 +256,17 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
 
     async def scenario() -> None:
         async with Running(settings(url, rabbit.url), simple_topology(exchange, queue)) as parts:
-            await asyncio.sleep(1.0)
+            # It has tried both, and both failed it: it has had its chance to call itself ready.
+            await wait_for(
+                lambda: (
+                    logged(caplog, "broker_retry") > 0
+                    and sample_value(parts.metrics, "relay_database_errors_total") > 0
+                ),
+                30,
+                "a connect to the broker and a call to the database to fail",
+            )
             assert not parts.relay.ready()
             await asyncio.to_thread(rabbit.start)
-            await wait_for(
-                lambda: sample_value(parts.metrics, "relay_database_errors_total") >= 1,
-                30,
-                "a claim to fail on the stopped database",
-            )
             assert sample_value(parts.metrics, "relay_database_connected") == 0
             await asyncio.to_thread(database.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": 50}, 60, "all rows sent")
