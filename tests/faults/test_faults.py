@@ -25,7 +25,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from devtools.outbox import fates, insert
+from devtools.outbox import fates, insert, sent_ids
 from devtools.procfs import rss_mb
 from devtools.scrape import metric
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerError, wait_until
@@ -34,6 +34,7 @@ from relay.db.schema import outbox_buckets
 from tests.faults.harness import (
     LEASE,
     QUEUE,
+    STALL_S,
     UNBOUND,
     WINDOW,
     FaultRelay,
@@ -119,16 +120,23 @@ def test_0_a_late_commit_with_a_low_id_is_relayed_and_a_rollback_stalls_nothing(
     engine = sa.create_engine(postgresql_url)
     insert = sa.text(
         "INSERT INTO outbox (message_id, exchange, routing_key, payload) "
-        "VALUES (:m, 'faults', 'k', 'late')"
+        "VALUES (:m, 'faults', 'k', 'late') RETURNING id"
     )
 
     def hold_open(_relays: list[FaultRelay]) -> float:
         late, rolled_back = engine.connect(), engine.connect()
         late.begin()
-        late.execute(insert, {"m": "late-1"})  # takes an id now, commits in 4 s
+        low = late.execute(insert, {"m": "late-1"}).scalar_one()  # takes an id now
         rolled_back.begin()
-        rolled_back.execute(insert, {"m": "rolled-back"})
-        time.sleep(4)  # writers commit many higher ids meanwhile; the relays send them
+        low = max(low, rolled_back.execute(insert, {"m": "rolled-back"}).scalar_one())
+        # The writers commit higher ids meanwhile: the gap has formed once the relays have
+        # sent one of those, these two still open.
+        wait_until(
+            lambda: max(sent_ids(engine), default=0) > low,
+            STALL_S,
+            "a row with a higher id sent",
+            poll=0.2,
+        )
         rolled_back.rollback()
         late.commit()
         committed = time.time()
