@@ -343,7 +343,9 @@ def test_6c_connections_to_a_vanished_database_host_are_found_dead_in_seconds(
     hours: the calls under way fail, are retried on new connections, and the rows written
     before the fault are sent, with no pause longer than ``SILENT_STALL_S``."""
     if (why := silence_unavailable()) is not None:
-        pytest.skip(why)
+        # Never skipped: the suite runs as root where `scripts/bootstrap test` installed
+        # nftables, and nothing short of the kernel's packet filter silences a connection.
+        pytest.fail(f"cannot silence the relay's connections: {why}", pytrace=False)
     port = port_of(database_url)
     with contextlib.ExitStack() as silenced:
 
