@@ -73,12 +73,14 @@ def port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, *, poll: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise ServerError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(poll)
 
 
 def wait_while_progressing(
