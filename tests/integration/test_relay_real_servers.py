@@ -314,9 +314,12 @@ def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
                 assert "sent" not in rows_by_status(parts), "rows sent while blocked"
                 assert sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out") == 0
                 assert 0 < sample_value(parts.metrics, "relay_in_flight") <= 1000
+                # Connected and publishing nothing: not ready (a rollout must not go on).
+                assert (parts.relay.unready() or "").startswith("the broker blocks publishing")
             finally:
                 rabbit.ctl("set_vm_memory_high_watermark", "0.4")
             await wait_for(lambda: rows_by_status(parts) == {"sent": 100}, 60, "all rows sent")
+            assert parts.relay.ready()
             assert sample_value(parts.metrics, "relay_broker_connections_total") == 1, (
                 "blocking cost a reconnect"
             )
