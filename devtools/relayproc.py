@@ -120,6 +120,12 @@ def relay(
     )
 
 
+# A subprocess's ResourceWarnings (a socket or a file collected unclosed) are printed to its
+# stderr, each time: the tests' filter, which makes them errors, stops at their process, and
+# a plain interpreter shows none (``RelayProcess.stop`` fails on one).
+SUBPROCESS_WARNINGS = "always::ResourceWarning"
+
+
 class RelayProcess:
     """One `relay run` subprocess; its stderr goes to ``log_path`` (or is inherited).
     ``command``: what runs it (`relay run` itself, or a test's wrapper around it)."""
@@ -137,11 +143,12 @@ class RelayProcess:
         self.killed = False
 
     def start(self) -> Self:
+        env = {"PYTHONWARNINGS": SUBPROCESS_WARNINGS, **self.env}
         if self.log_path is None:
-            self.proc = subprocess.Popen(self.command, env=self.env)
+            self.proc = subprocess.Popen(self.command, env=env)
         else:
             with self.log_path.open("ab") as log:
-                self.proc = subprocess.Popen(self.command, env=self.env, stderr=log)
+                self.proc = subprocess.Popen(self.command, env=env, stderr=log)
         return self
 
     @property
@@ -154,7 +161,9 @@ class RelayProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 60) -> int:
-        """SIGTERM and wait; the exit code (killed, and TimeoutExpired raised, if it hangs)."""
+        """SIGTERM and wait; the exit code (killed, and TimeoutExpired raised, if it hangs).
+        An AssertionError if its log shows a ResourceWarning: it left a socket or a file
+        to the collector (``SUBPROCESS_WARNINGS``)."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -164,6 +173,8 @@ class RelayProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise
+        leaks = [line for line in self.log().splitlines() if "ResourceWarning" in line]
+        assert not leaks, f"{self.command} left resources unclosed: {leaks}"
         return self.proc.returncode
 
     def kill(self) -> None:

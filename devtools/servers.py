@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from devtools import debian13
 
@@ -30,9 +32,6 @@ RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 # at a load of 20 to 35 (a suite's four processes beside other sessions' work), and the test
 # that asked failed while the node was fine.
 CLI_TIMEOUT_S = 300.0
-# Why a node is neither started nor stopped through the CLI: a run costs about 0.7 s of CPU,
-# and on two cores at a load of 20 (the suite beside the CPU hog) one took 35 to 50 s of wall
-# time, where an AMQP handshake and a SIGTERM take a second.
 # A hang guard for a server's boot (a RabbitMQ node, a cluster, MariaDB), not a window: a
 # server that cannot boot exits, and its start fails then; beside the CPU hog a RabbitMQ
 # boot took up to 70 s.
@@ -43,10 +42,29 @@ class ServerError(RuntimeError):
     """A private server could not be started or controlled; the message says where to look."""
 
 
+# Where the private servers' ports are chosen: below the kernel's ephemeral range, from
+# which connect() takes its source ports. A port the kernel handed out free and that was let
+# go of until the server bound it could meanwhile be an outgoing connection's: a RabbitMQ
+# node, seconds into its boot beside the CPU hog, stopped on eaddrinuse.
+PORTS_FROM = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port of 127.0.0.1 free now, below the ephemeral range where there is room."""
+    try:
+        below = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = PORTS_FROM
+    while True:
+        # Not the random module: Hypothesis seeds it alike in every process running a test.
+        port = PORTS_FROM + secrets.randbelow(below - PORTS_FROM) if below > PORTS_FROM else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
 
 
 def port_open(host: str, port: int) -> bool:
@@ -55,12 +73,14 @@ def port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, *, poll: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise ServerError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(poll)
 
 
 def wait_while_progressing(
@@ -150,7 +170,7 @@ class RabbitNode:
             config.write_text("log.console = false\nlog.file.level = warning\n" + self.config)
         log = self.log_path.open("ab")
         argv, env = self._command("rabbitmq-server")
-        self._process = subprocess.Popen(
+        process = self._process = subprocess.Popen(
             argv,
             env=env,
             stdout=log,
@@ -161,16 +181,12 @@ class RabbitNode:
         log.close()
         try:
             wait_until(
-                lambda: (
-                    self._process is not None
-                    and (self._process.poll() is not None or port_open("127.0.0.1", self.port))
-                ),
+                lambda: process.poll() is not None or self._answers(),
                 timeout,
-                f"RabbitMQ node {self.name} on port {self.port} (log: {self.log_path})",
+                f"RabbitMQ node {self.name} answering on port {self.port} (log: {self.log_path})",
             )
-            if self._process.poll() is not None:
+            if process.poll() is not None:
                 raise ServerError(f"RabbitMQ node {self.name} exited; see {self.log_path}")
-            wait_until(self._answers, timeout, f"RabbitMQ node {self.name} answering AMQP")
         except Exception:
             self.kill()
             raise
@@ -178,7 +194,11 @@ class RabbitNode:
     def _answers(self) -> bool:
         """Whether the node has booted: it answers an AMQP handshake (its listeners open
         last of its boot steps). A refused login is an answer too (a test may take the
-        guest user's rights away)."""
+        guest user's rights away). Not ``rabbitmqctl await_startup``: a CLI run costs about
+        0.7 s of CPU, and on two cores at a load of 20 (the suite beside the CPU hog) one
+        took 35 to 50 s of wall time, where a handshake takes milliseconds."""
+        if not port_open("127.0.0.1", self.port):
+            return False
         try:
             pika.BlockingConnection(pika.URLParameters(self.url)).close()
         except (
@@ -187,8 +207,8 @@ class RabbitNode:
             pika.exceptions.ConnectionClosedByBroker,
         ):
             return True
-        except pika.exceptions.AMQPConnectionError:
-            return self._process is not None and self._process.poll() is not None
+        except (pika.exceptions.AMQPConnectionError, AMQPConnectorException, OSError):
+            return False  # not yet (a handshake a busy node did not finish in time, too)
         return True
 
     @property
@@ -222,8 +242,8 @@ class RabbitNode:
 
     def stop(self) -> None:
         """Stop gracefully: SIGTERM, which the node takes as ``rabbitmqctl stop`` (it closes
-        its connections, 320 CONNECTION_FORCED, and stops its applications); kill if that
-        fails."""
+        its connections, 320 CONNECTION_FORCED, and stops its applications), without the
+        CLI's cost (``_answers``); kill if that fails."""
         if self._process is None:
             return
         if self._process.poll() is None:

@@ -6,7 +6,8 @@ window, is on the wire, or awaits its confirm, and every claimed row is settled 
 so the rows held never add up to more than the budget, but for a single row larger than the
 whole of it, claimed when nothing else is held (``empty``: the claim's ``first_always``) and
 published alone. A claim asks the database for due rows that fit ``room``; at the budget
-(``spent``) claims pause until settles free room.
+(``spent``), or after a claim the budget cut short (``cut_short``), claims pause until settles
+free room (``waits``): a claim with no more room than the last would find nothing new.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ class ByteBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
+        self._cut_at: int | None = None  # the room of the last claim the budget cut short
 
     def hold(self, size: int) -> None:
         """``size`` bytes were claimed (or, negative, settled)."""
         self.held += size
+        if self._cut_at is not None and self.room > self._cut_at:
+            self._cut_at = None
 
     @property
     def room(self) -> int:
@@ -31,6 +35,12 @@ class ByteBudget:
         return self.held >= self.limit
 
     @property
+    def waits(self) -> bool:
+        """Claims wait for a settle to free room: the budget is spent, or the last claim
+        ended short by it and no room was freed since."""
+        return self.spent or self._cut_at is not None
+
+    @property
     def empty(self) -> bool:
         """Nothing is held: the next claim takes its first row whatever its size."""
         return not self.held
@@ -39,6 +49,10 @@ class ByteBudget:
         """Did the budget, rather than the outbox running dry, end a short claim of ``rows``
         rows and ``claimed`` bytes, made with ``room`` bytes of room? Guessed without another
         query: one more row like these (having claimed none, of half the budget) would not
-        have fit. A wrong guess costs one empty claim, or a poll."""
+        have fit. Then the next claim waits for more room than this one had (``waits``). A
+        wrong guess costs one empty claim, or a wait for the next settle."""
         typical = claimed / rows if rows else self.limit / 2
-        return claimed + typical > room
+        cut = claimed + typical > room
+        if cut:
+            self._cut_at = room - claimed
+        return cut

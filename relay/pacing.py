@@ -43,7 +43,7 @@ class Counts(NamedTuple):
     in_flight: int  # rows published, awaiting the broker's answer
     ready: int  # rows claimed, waiting for room in the window
     unsettled: int  # outcomes waiting to be settled
-    budget_spent: bool  # the byte budget is spent (``relay.budget``)
+    budget_waits: bool  # claims wait for room a settle frees (``relay.budget.ByteBudget.waits``)
 
 
 class Decision(NamedTuple):
@@ -88,7 +88,7 @@ class ClaimPacing:
         return left if 0 < left < self.poll_interval else self.poll_interval
 
     def _size(self, counts: Counts) -> int:
-        if not counts.can_publish or counts.unsettled >= self.window or counts.budget_spent:
+        if not counts.can_publish or counts.unsettled >= self.window or counts.budget_waits:
             return 0
         room = counts.capacity + self._ahead - counts.ready
         wanted = min(self.batch_size, room)

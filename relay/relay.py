@@ -153,13 +153,19 @@ class Relay:
         return self._clock() - self._last_beat < LIVENESS_LIMIT_S
 
     def unready(self) -> str | None:
-        """Why this relay cannot work now, or None: it is ready (``/readyz``). A relay
+        """Why this relay cannot work now, or None: it is ready (``/readyz``). A relay the
+        broker blocks (a memory or disk alarm) publishes nothing: not ready. A relay
         waiting on a protocol fence is ready: its turns work, and it takes its share once
         the relays in its way have stopped (a rollout must go on to stop them)."""
         if (problem := self.store.problem) is not None:
             return problem
-        if not self.publisher.state().connected:
+        state = self.publisher.state()
+        if not state.connected:
             return "no confirm channel to the broker (see the broker_retry log lines)"
+        if not state.can_publish:
+            return (
+                "the broker blocks publishing: a resource alarm (see the broker_blocked log lines)"
+            )
         return None
 
     def ready(self) -> bool:
@@ -208,7 +214,7 @@ class Relay:
         self._ready_epoch = self.lease.epoch
         self._ready += self._without_duplicates(rows)
         self._publish_ready()  # here, not a turn of the loop later
-        cut = len(rows) < wanted and self.budget.cut_short(len(rows), claimed, room)
+        cut = got < wanted and self.budget.cut_short(got, claimed, room)  # as claimed
         self.pacing.claimed(began, wanted, got, len(rows), cut)
         if self.pacing.listening:
             self.idle.set()
@@ -234,7 +240,7 @@ class Relay:
             state.in_flight,
             len(self._ready),
             self.settler.waiting,
-            self.budget.spent,
+            self.budget.waits,
         )
         return self.pacing.decide(self._clock(), counts)
 

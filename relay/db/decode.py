@@ -73,8 +73,9 @@ def decode_row(
 
     ``unchecked_text``: the driver returned text it did not check is UTF-8 (SQLite's, read
     leniently by ``relay.db.dialects.sqlite``: bytes that are not UTF-8 come as lone
-    surrogates), so
-    each text value is checked here, and a row with one is parked naming its column."""
+    surrogates), so each text value is checked here, and a row with one is parked naming its
+    column; and its size, which a SQLite database in UTF-16 counts from below, is checked
+    once read: such a row over ``max_message_size`` is parked by its exact size."""
     try:
         if all(map(isinstance, values, _PLAIN)) and not (
             unchecked_text and _not_utf8(values) is not None
@@ -95,7 +96,7 @@ def decode_row(
                 _,
             ) = values
             created = _time(at)
-            return _row(
+            fast = _row(
                 (
                     rid,
                     message_id,
@@ -112,6 +113,8 @@ def decode_row(
                     bool(again),
                 )
             )
+            if not (unchecked_text and _over(fast, max_message_size)):
+                return fast
         raw = dict(zip(_NAMES, values, strict=True))
         if raw["oversize"] is not None:
             return _unread(raw, too_large_to_read(raw["oversize"], max_message_size))
@@ -130,13 +133,19 @@ def decode_row(
             sent_before=bool(raw["sent_before"]),
         )
         # A SQLite database in UTF-16 sizes its text from below (``relay.db.dialects``):
-        # the bytes published are checked once read.
-        size = len(row.payload) + len((row.headers or "").encode())
-        if isinstance(raw["payload"], str) and max_message_size and size > max_message_size:
+        # the bytes published, payload and headers, are checked once read.
+        if size := _over(row, max_message_size):
             return _unread(raw, too_large_to_read(size, max_message_size))
         return row
     except _Unreadable as exc:
         return _unread(dict(zip(_NAMES, values, strict=True)), f"unreadable row: {exc}")
+
+
+def _over(row: OutboxRow, max_message_size: int) -> int:
+    """The bytes ``row``'s message carries (payload and headers, as published) if over
+    ``max_message_size`` (0: no limit), else 0."""
+    size = len(row.payload) + len((row.headers or "").encode())
+    return size if max_message_size and size > max_message_size else 0
 
 
 def _unread(raw: Mapping[str, Any], reason: str) -> OutboxRow:

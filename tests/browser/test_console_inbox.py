@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def dead_letter(
 def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
     sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
 ) -> None:
-    queue = f"console.{free_port()}"
+    queue = f"console.{uuid.uuid4().hex[:8]}"
     fresh_queue(rabbit.url, queue)
     fresh_queue(rabbit.url, dead_letter_queue(queue))
     connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
@@ -90,7 +91,7 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
 def test_a_dead_letter_queue_a_read_would_drop_or_reorder_is_counted_not_read(
     sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
 ) -> None:
-    queue = f"console.{free_port()}"
+    queue = f"console.{uuid.uuid4().hex[:8]}"
     connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
     channel = connection.channel()
     channel.queue_declare(
@@ -122,7 +123,7 @@ def test_a_dead_letter_queue_a_read_would_drop_or_reorder_is_counted_not_read(
 def test_views_of_a_dead_letter_queue_at_once_each_show_every_letter(
     sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
 ) -> None:
-    queue = f"console.{free_port()}"
+    queue = f"console.{uuid.uuid4().hex[:8]}"
     fresh_queue(rabbit.url, dead_letter_queue(queue))
     connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
     channel = connection.channel()
@@ -161,7 +162,7 @@ def test_views_of_a_dead_letter_queue_at_once_each_show_every_letter(
 def test_a_letter_whose_queue_is_gone_stays_with_its_attempts_and_the_audit_says_so(
     sqlite_url: str, rabbit: RabbitNode, tmp_path: Path
 ) -> None:
-    queue = f"console.{free_port()}"
+    queue = f"console.{uuid.uuid4().hex[:8]}"
     fresh_queue(rabbit.url, queue)
     fresh_queue(rabbit.url, dead_letter_queue(queue))
     connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))

@@ -7,18 +7,20 @@ retry running; only real failures are counted; nothing recorded quotes a value."
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
+from relay.db import runlock
 from relay.db.engine import create_engine
 from relay.db.inbox import InboxStore
 from relay.db.inbox_async import AsyncInboxStore
@@ -35,8 +37,24 @@ from tests.support.inbox_script import SECRET, Script, effects
 from tests.support.proxy import TcpProxy
 
 KINDS = ("blocking", "asyncio")
-# How long a handler holds its run while a second consumer of its name takes the message.
-HELD_S = 0.5
+# A hang guard for the other consumer's thread, not a window: how long a wait on it may last.
+HANG_S = 60.0
+# Sessions of the test's database waiting on a lock, in the server's own tables; SQLite's
+# consumers wait on the run lock's file instead (``relay.db.runlock``), seen as they ask for it.
+LOCK_WAITS = {
+    "postgresql": (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ),
+    "mysql": (
+        "SELECT count(*) FROM information_schema.innodb_trx t "
+        "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id "
+        "WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
+    ),
+}
+# How often they are read: MariaDB refreshes innodb_trx only once it was last read more than
+# 0.1 s before, and read every 0.05 s it showed the same moment for as long as it was read.
+LOCK_WAITS_POLL_S = 0.2
 
 
 class Consumer:
@@ -485,6 +503,24 @@ def test_the_database_lost_as_the_handler_raises_is_the_database_away(
     assert (noted(url), [row[1] for row in attempts(url)]) == (["done"], [0])
 
 
+def run_lock_asked(monkeypatch: pytest.MonkeyPatch, thread: threading.Thread) -> threading.Event:
+    """Set once ``thread`` asks for a run lock (``relay.db.runlock``: its ``flock``, blocking
+    or tried without blocking)."""
+    asked = threading.Event()
+    flock = fcntl.flock
+
+    def spied(fd: int, operation: int) -> None:
+        if threading.current_thread() is thread and operation & fcntl.LOCK_EX:
+            asked.set()
+        flock(fd, operation)
+
+    spy = SimpleNamespace(
+        flock=spied, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB, LOCK_UN=fcntl.LOCK_UN
+    )
+    monkeypatch.setattr(runlock, "fcntl", spy)
+    return asked
+
+
 def answers(consumer: Consumer) -> bool:
     try:
         consumer.statement("ping")
@@ -493,38 +529,60 @@ def answers(consumer: Consumer) -> bool:
     return True
 
 
-def test_a_live_run_is_never_counted_as_one_that_died(url: str, kind: str) -> None:
+def test_a_live_run_is_never_counted_as_one_that_died(
+    url: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two consumers of one name with one message (redelivered to the second while the first
     still works on it, after a lost connection or a replay): the second waits for the
     first's run (its key, or on SQLite the run lock) and finds it processed; it never takes
     the first's mark for a run that died."""
     first, second = Consumer(kind, url), Consumer(kind, url)
-    inside, started = threading.Event(), threading.Event()
+    inside = threading.Event()
     seen: list[Answer] = []
+    held: list[bool] = []
 
     def again() -> None:
-        assert inside.wait(30)
-        started.set()
+        assert inside.wait(HANG_S)
         seen.append(second.process("m-1", [("write", "twice")], redelivered=True))
+
+    thread = threading.Thread(target=again)
+    asked = run_lock_asked(monkeypatch, thread)
+    sql = LOCK_WAITS.get(sa.make_url(url).get_backend_name())
+    look = sa.create_engine(url)
+
+    def waiting() -> bool:
+        """The second's run waits on the first's: on its key (the server shows the lock
+        wait), or on SQLite it asked for the run lock the first holds."""
+        if sql is None:
+            return asked.is_set()
+        with look.connect() as conn:
+            return int(conn.execute(sa.text(sql)).scalar_one()) > 0
 
     def hold() -> None:
         inside.set()
-        assert started.wait(30)
-        # The second's run meanwhile reaches the first's key (or the run lock): a run that
-        # marked the message and counted a crash before its key would have done so by now.
-        time.sleep(HELD_S)
+        # Held until the second's run has reached the first's key (or the run lock): a run
+        # that marked the message and counted a crash before its key would have done so.
+        wait_until(
+            waiting,
+            HANG_S,
+            "the second consumer's run waiting on the first's",
+            poll=LOCK_WAITS_POLL_S,
+        )
+        held.append(True)
 
     inbox_script.CALLS["hold"] = hold
-    thread = threading.Thread(target=again)
     thread.start()
     try:
         slow = [("write", "once"), ("call", "hold")]
-        assert first.process("m-1", slow, redelivered=True).verdict is Verdict.ACK
-        thread.join(60)
+        answer = first.process("m-1", slow, redelivered=True)
+        assert held, "the second consumer's run was never seen waiting on the first's"
+        assert answer.verdict is Verdict.ACK
+        thread.join(HANG_S)
         assert [answer.verdict for answer in seen] == [Verdict.ACK]
     finally:
-        thread.join(60)
+        thread.join(HANG_S)
         first.close()
         second.close()
+        look.dispose()
     assert noted(url) == ["once"]
     assert [(row[1], row[3]) for row in attempts(url)] == [(0, False)]

@@ -6,16 +6,19 @@ other stage once older than the limit."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
-from devtools.servers import MariaDBServer
+from devtools.servers import MariaDBServer, wait_until
 from relay.db.sink import STAGE_PREFIX, OutboxSink
 
 DAY = 24 * 3600.0
+# A hang guard, not a window: the server closes a connection idle for its wait_timeout (1 s
+# here) by a timer of its own, which a busy machine delays a little.
+DROPPED_S = 60.0
+ALIVE = sa.text("SELECT count(*) FROM information_schema.processlist WHERE id = :id")
 
 
 @pytest.fixture
@@ -59,10 +62,21 @@ def test_a_held_stage_outlives_the_servers_idle_timeout(
     write would see its stage dropped by the next purge."""
     usual = mariadb.sql("SELECT @@GLOBAL.wait_timeout").strip()
     sink = OutboxSink(mariadb_url)
+    look, plain = sa.create_engine(mariadb_url), sa.create_engine(mariadb_url)
+    looking = look.connect()  # before the change: the usual timeout, for the looks below
     mariadb.sql("SET GLOBAL wait_timeout = 1")
     try:
         with sink.held_stage() as name:
-            time.sleep(2.5)
+            # A connection with the server's timeout, idle from after the stage's last
+            # statement: once the server has closed it, it would have closed the stage's too,
+            # but for the stage's own session.
+            with plain.connect() as idle:
+                number = idle.execute(sa.select(sa.func.connection_id())).scalar_one()
+            wait_until(
+                lambda: not looking.execute(ALIVE, {"id": number}).scalar_one(),
+                DROPPED_S,
+                "the server to close an idle connection",
+            )
             mariadb.sql(f"SET GLOBAL wait_timeout = {usual}")
             other = OutboxSink(mariadb_url)
             try:
@@ -72,6 +86,9 @@ def test_a_held_stage_outlives_the_servers_idle_timeout(
         assert stages(sink) == [name]
     finally:
         mariadb.sql(f"SET GLOBAL wait_timeout = {usual}")
+        looking.close()
+        look.dispose()
+        plain.dispose()
         sink.close()
 
 

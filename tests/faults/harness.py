@@ -275,11 +275,11 @@ class Outcome:
                 f.write(line + "\n")
 
 
-def recovered_at(url: str, since: float, before: float, within: float | None = None) -> float:
+def recovered_at(url: str, since: float, before: float, stall: float = STALL_S) -> float:
     """Seconds after ``since`` (time.time()) until no row created before ``before`` is
-    pending any more: within ``within`` seconds when that is what the scenario promises,
-    else however long draining them takes while they keep being sent (a busy machine's
-    relays are slower, not stuck)."""
+    pending any more: however long draining them takes while they keep being sent (a busy
+    machine's relays are slower, not stuck); failing once none has been for ``stall``
+    seconds."""
     engine = sa.create_engine(url)
     pending = sa.select(sa.func.count()).where(
         outbox.c.status == PENDING, outbox.c.created_at < datetime.fromtimestamp(before, UTC)
@@ -291,10 +291,7 @@ def recovered_at(url: str, since: float, before: float, within: float | None = N
             with engine.connect() as conn:
                 return int(conn.execute(pending).scalar_one())
 
-        if within is None:
-            wait_while_progressing(left, STALL_S, what)
-        else:
-            wait_until(lambda: left() == 0, within, what)
+        wait_while_progressing(left, stall, what)
         return round(time.time() - since, 1)
     finally:
         engine.dispose()
@@ -407,15 +404,15 @@ def scenario(
     queue_arguments: Mapping[str, object] | None = None,
     duplicates: int | None = None,
     first_command: Sequence[str] | None = None,
-    recovery_within: float | None = None,
+    stall: float = STALL_S,
     **settings: str,
 ) -> tuple[Consumer, list[FaultRelay]]:
     """Relays on the outbox at ``url`` and ``broker_url`` (one node, or several as
     ``RELAY_AMQP_URL`` takes them; ``relay_url`` instead for the relays only), writers and a
     consumer; ``fault`` while they run (once rows flow), the time until every row written
-    before it returned is sent (within ``recovery_within`` seconds where the scenario
-    promises that, else for as long as they keep being sent), then ``after`` (while the
-    writers still write), then the check. Duplicates are
+    before it returned is sent (for as long as they keep being sent: the wait fails once
+    none has been for ``stall`` seconds), then ``after`` (while the writers still write),
+    then the check. Duplicates are
     bounded by ``duplicates``, by default a window per fault and relay. ``first_command`` runs
     the first relay, the one under test: it then connects before the others start, so that it
     owns every bucket first and keeps the lowest, where the writers' first rows lie."""
@@ -447,7 +444,7 @@ def scenario(
                 flowing = writers.count * writers.batch
                 wait_until(lambda: len(consumer.deliveries) >= flowing, 60, "rows flowing")
                 restored = fault(running)
-                recovery = recovered_at(url, restored, restored, recovery_within)
+                recovery = recovered_at(url, restored, restored, stall)
                 if after is not None:
                     after()
                 time.sleep(0.5)  # and still flowing after

@@ -11,10 +11,12 @@ from tests.support.rabbitmq import RABBITMQ_3, RABBITMQ_VERSIONS
 
 
 @pytest.fixture(scope="session", params=RABBITMQ_VERSIONS)
-def rabbit(request: pytest.FixtureRequest, rabbit: RabbitNode) -> RabbitNode:
-    if request.param == RABBITMQ_3:
-        return rabbit
-    node: RabbitNode = request.getfixturevalue("rabbit4")
+def rabbit(request: pytest.FixtureRequest) -> RabbitNode:
+    # Each version's node by a fixture of another name (tests/conftest.py's ``rabbit`` says
+    # why), asked for only by the tests of that version.
+    node: RabbitNode = request.getfixturevalue(
+        "rabbit3" if request.param == RABBITMQ_3 else "rabbit4"
+    )
     return node
 
 

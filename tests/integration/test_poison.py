@@ -292,6 +292,11 @@ UTF16_PAYLOADS = {
     # Over it in UTF-8 alone: counted from below unread, parked by its exact size once read.
     "600 two-byte characters": ("'" + "\u00e9" * 600 + "'", "headers are 1200 bytes, more"),
 }
+# Headers (JSON text, so stored in UTF-16 too) beside a BLOB payload: a BLOB of 400 bytes and
+# 400 three-byte characters (1,609 bytes in all, 1,209 counted from below) was read by the fast
+# path, which checked no size, and published past the largest message.
+UTF16_HEADERS = {"beside a blob": ("X'" + "01" * 400 + "'", '{"h": "' + "\u4e2d" * 400 + '"}')}
+UTF16_HEADERS_PARKED = "headers are 1609 bytes, more"
 # The largest message in the UTF-16 case: between a payload's UTF-8 bytes and its UTF-16.
 UTF16_MAX_MESSAGE = 1000
 
@@ -302,8 +307,8 @@ def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
     """Read as its BLOB, a TEXT payload of a database created with ``PRAGMA encoding =
     'UTF-16le'`` went out as UTF-16 (the README's JSON as ``{\\0"\\0o\\0...``), acked and
     deleted. Its text is published as UTF-8, a BLOB as stored, and a TEXT that is no text
-    (a lone surrogate) parked; the largest message is in the bytes published, not the
-    UTF-16 stored."""
+    (a lone surrogate) parked; the largest message is in the bytes published, payload and
+    headers, not the UTF-16 stored."""
     url = f"sqlite:///{tmp_path / 'utf16.db'}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:
@@ -315,6 +320,7 @@ def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
     running = Running(limited, simple_topology(exchange, queue))
     published = {n: body for n, (_, body) in UTF16_PAYLOADS.items() if isinstance(body, bytes)}
     parked = {n: why for n, (_, why) in UTF16_PAYLOADS.items() if isinstance(why, str)}
+    parked |= {n: UTF16_HEADERS_PARKED for n in UTF16_HEADERS}
 
     async def scenario() -> None:
         async with running:
@@ -323,6 +329,10 @@ def test_on_a_utf16_sqlite_database_a_text_payload_is_published_as_its_text(
                     values = f"VALUES (:m, :e, {stored})"
                     query = f"INSERT INTO outbox (message_id, exchange, payload) {values}"
                     conn.execute(sa.text(query), {"m": name, "e": exchange})
+                for name, (stored, headers) in UTF16_HEADERS.items():
+                    values = f"VALUES (:m, :e, {stored}, :h)"
+                    query = f"INSERT INTO outbox (message_id, exchange, payload, headers) {values}"
+                    conn.execute(sa.text(query), {"m": name, "e": exchange, "h": headers})
             await wait_for(
                 lambda: statuses(url) == {"sent": len(published), "parked": len(parked)},
                 60,

@@ -4,12 +4,13 @@ and the dead-letter listing that reads only those queues."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pika
 import pytest
 
-from devtools.servers import RabbitNode, free_port
+from devtools.servers import RabbitNode
 from relay.broker.deadletters import listing
 from relay.broker.queue_kind import unreadable
 
@@ -30,7 +31,7 @@ from relay.broker.queue_kind import unreadable
 def test_a_queue_is_readable_only_when_classic(
     rabbit: RabbitNode, durable: bool, arguments: dict[str, Any] | None, why: str
 ) -> None:
-    queue = f"kind.{free_port()}"
+    queue = f"kind.{uuid.uuid4().hex[:8]}"
     connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
     try:
         channel = connection.channel()
@@ -51,7 +52,7 @@ def test_a_queue_is_readable_only_when_classic(
 
 
 def test_a_quorum_dead_letter_queue_is_counted_never_read(rabbit: RabbitNode) -> None:
-    queue = f"kind.{free_port()}"
+    queue = f"kind.{uuid.uuid4().hex[:8]}"
     connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
     try:
         channel = connection.channel()

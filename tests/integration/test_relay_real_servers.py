@@ -20,8 +20,18 @@ from relay.constants import BUCKET_SPAN_ROWS, OUTBOX_BUCKETS
 from relay.db.claims import ClaimStore
 from relay.db.migrate import migrate
 from relay.db.outbox import OutboxWriter
+from relay.lease import watch_period
 from relay.records import NewMessage
-from tests.support.inprocess import Running, enqueue, rows_by_status, settings, table, wait_for
+from tests.support.inprocess import (
+    Parts,
+    Running,
+    enqueue,
+    logged,
+    rows_by_status,
+    settings,
+    table,
+    wait_for,
+)
 from tests.support.metrics import sample_value
 
 
@@ -232,7 +242,7 @@ def test_concurrent_claims_on_postgresql_never_overlap(postgresql_url: str) -> N
 
 
 def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are_up(
-    tmp_path: Path, rabbit: RabbitNode
+    tmp_path: Path, rabbit: RabbitNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     exchange, queue = names("late")
     database = PostgresServer(tmp_path / "pg", tuned_for_tests=True)
@@ -248,14 +258,17 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
 
     async def scenario() -> None:
         async with Running(settings(url, rabbit.url), simple_topology(exchange, queue)) as parts:
-            await asyncio.sleep(1.0)
+            # It has tried both, and both failed it: it has had its chance to call itself ready.
+            await wait_for(
+                lambda: (
+                    logged(caplog, "broker_retry") > 0
+                    and sample_value(parts.metrics, "relay_database_errors_total") > 0
+                ),
+                30,
+                "a connect to the broker and a call to the database to fail",
+            )
             assert not parts.relay.ready()
             await asyncio.to_thread(rabbit.start)
-            await wait_for(
-                lambda: sample_value(parts.metrics, "relay_database_errors_total") >= 1,
-                30,
-                "a claim to fail on the stopped database",
-            )
             assert sample_value(parts.metrics, "relay_database_connected") == 0
             await asyncio.to_thread(database.start)
             await wait_for(lambda: rows_by_status(parts) == {"sent": 50}, 60, "all rows sent")
@@ -270,26 +283,43 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
 
 @pytest.mark.databases("sqlite", "postgresql")
 def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
-    database_url: str, rabbit: RabbitNode
+    database_url: str, rabbit: RabbitNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     exchange, queue = names("blocked")
+    # A short confirm timeout: messages the broker holds unread while blocked must not time
+    # out (their clocks restart on unblock).
+    confirm_timeout = 1.0
+    period = watch_period(confirm_timeout)
+
+    def published_and_blocked(parts: Parts) -> bool:
+        published = sample_value(parts.metrics, "relay_published_total")
+        return published > 0 and logged(caplog, "broker_blocked") > 0
 
     async def scenario() -> None:
-        # A short confirm timeout: messages the broker holds unread while blocked must not
-        # time out (their clocks restart on unblock).
-        config = settings(database_url, rabbit.url, confirm_timeout=1, lease=10)
+        config = settings(database_url, rabbit.url, confirm_timeout=confirm_timeout, lease=10)
         async with Running(config, simple_topology(exchange, queue)) as parts:
             await wait_for(parts.relay.ready, 30, "relay connected")
             rabbit.ctl("set_vm_memory_high_watermark", "0.0000001")  # a memory alarm: block
             try:
                 enqueue(parts, [NewMessage(f"{i}".encode(), exchange, "k") for i in range(100)])
-                await asyncio.sleep(3.0)
+                # Rows went out into the alarm, and the broker blocked the connection: nothing
+                # is published after that, so every row in flight went out before this.
+                await wait_for(
+                    lambda: published_and_blocked(parts), 30, "rows published, then blocked"
+                )
+                # Their confirms are a confirm timeout overdue by the end of this sleep, and the
+                # publisher looks for overdue ones every watch period on this event loop, whose
+                # timers run in order: it has looked at least once since they were overdue.
+                await asyncio.sleep(confirm_timeout + 2 * period)
                 assert "sent" not in rows_by_status(parts), "rows sent while blocked"
                 assert sample_value(parts.metrics, "relay_outcomes_total", outcome="timed_out") == 0
-                assert sample_value(parts.metrics, "relay_in_flight") <= 1000
+                assert 0 < sample_value(parts.metrics, "relay_in_flight") <= 1000
+                # Connected and publishing nothing: not ready (a rollout must not go on).
+                assert (parts.relay.unready() or "").startswith("the broker blocks publishing")
             finally:
                 rabbit.ctl("set_vm_memory_high_watermark", "0.4")
             await wait_for(lambda: rows_by_status(parts) == {"sent": 100}, 60, "all rows sent")
+            assert parts.relay.ready()
             assert sample_value(parts.metrics, "relay_broker_connections_total") == 1, (
                 "blocking cost a reconnect"
             )

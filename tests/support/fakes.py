@@ -7,6 +7,7 @@ the broker."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import uuid
 from collections.abc import Callable, Collection, Sequence
@@ -56,7 +57,7 @@ class _Bucket:
 
 
 class InMemoryStore:
-    """The outbox as a dict; ``fail`` makes the next calls raise StoreError (an outage).
+    """The outbox as a dict; ``failing`` makes the next calls raise StoreError (an outage).
     Every time is its ``clock``'s, as every time of the real stores is the database's;
     stores that share ``rows`` (and ``buckets``, ``relays``: one outbox) share the clock too.
     ``held``: the rows this relay claimed and has not settled. ``sent_log``: message ids a
@@ -93,9 +94,13 @@ class InMemoryStore:
         self.duplicates = 0
         self._claim_from: frozenset[int] = frozenset()
         self.failing = False
+        # Calls made, by name (``turn``, ``claim``, ...), and those refused while failing: a
+        # test waits on them for proof that the relay had its chance to do something.
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[str] = collections.Counter()
 
     def turn(self, active: bool = True) -> float:
-        self._check()
+        self._check("turn")
         now = self.clock.now
         self.fenced = self._fence(now) if active and self.protocol is not None else None
         if active:
@@ -184,7 +189,7 @@ class InMemoryStore:
         first_always: bool = False,
         skip: Collection[str] = (),
     ) -> list[OutboxRow]:
-        self._check()
+        self._check("claim")
         now = self.clock.now
         first_pending: dict[str, int] = {}
         for s in sorted(self.rows.values(), key=lambda s: s.row.id):
@@ -226,7 +231,7 @@ class InMemoryStore:
         return row._replace(payload=b"", headers=None, unreadable=reason)
 
     def settle(self, batch: SettleBatch) -> None:
-        self._check()
+        self._check("settle")
         now = self.clock.now
         for id in batch.sent:
             s = self.rows[id]
@@ -249,7 +254,7 @@ class InMemoryStore:
         self.held.difference_update(batch.duplicates)
 
     def hasten(self, exchanges: Sequence[str]) -> int:
-        self._check()
+        self._check("hasten")
         now = self.clock.now
         waiting = [
             s
@@ -264,14 +269,14 @@ class InMemoryStore:
         return len(waiting)
 
     def backlog(self) -> BacklogStats:
-        self._check()
+        self._check("backlog")
         now = self.clock.now
         due = [s for s in self.rows.values() if s.status == PENDING and s.next_attempt_at <= now]
         oldest = min((s.next_attempt_at for s in due), default=now)
         return BacklogStats(len(due), (now - oldest).total_seconds())
 
     def enqueue(self, messages: Sequence[NewMessage]) -> list[str]:
-        self._check()
+        self._check("enqueue")
         now = self.clock.now
         ids = []
         # Looked up once per call, not per row: per row, 10,050 rows took a minute.
@@ -302,8 +307,10 @@ class InMemoryStore:
     def close(self) -> None:
         self.turn(active=False)
 
-    def _check(self) -> None:
+    def _check(self, call: str) -> None:
+        self.calls[call] += 1
         if self.failing:
+            self.refused[call] += 1
             raise StoreError("database is down (simulated)")
 
 
@@ -337,6 +344,7 @@ class ScriptedPublisher(ConfirmWindow):
         self.published: list[OutboxRow] = []
         self.max_in_flight = 0
         self._connected = True
+        self.blocked = False  # the broker's resource alarm: connected, publishing nothing
         self._quarantine = Quarantine()
         self._wake: Callable[[], None] = lambda: None
         self._answered: Callable[[], None] = lambda: None
@@ -352,7 +360,7 @@ class ScriptedPublisher(ConfirmWindow):
 
     @property
     def can_publish(self) -> bool:
-        return self.connected
+        return self.connected and not self.blocked
 
     def capacity(self) -> int:
         return 0 if self._quarantine.closed else super().capacity()

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from devtools.outbox import rows, statuses
 from relay.broker.topology import Topology
 from relay.daemon import assemble
@@ -55,6 +57,12 @@ def table(parts: Parts) -> list[Any]:
 
 def enqueue(parts: Parts, messages: Sequence[NewMessage]) -> list[str]:
     return parts.writer.enqueue(messages)
+
+
+def logged(caplog: pytest.LogCaptureFixture, action: str) -> int:
+    """How many of the records ``caplog`` holds carry this ``action`` (the relay's log lines
+    each carry one)."""
+    return sum(1 for record in caplog.records if getattr(record, "action", "") == action)
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -187,8 +187,8 @@ def test_outcomes_survive_a_database_outage_and_are_recorded_after_it() -> None:
         while len(publisher.published) < 10:
             await asyncio.sleep(0)
         store.failing = True  # the acks arrive while the database is down
-        await asyncio.sleep(0.2)
-        assert not relay.ready()
+        # The relay tried to record them, was refused, and says it cannot work.
+        await wait(lambda: store.refused["settle"] >= 1 and not relay.ready())
         assert all(s.status == PENDING for s in store.rows.values())
         store.failing = False
         while any(s.status != SENT for s in store.rows.values()):
@@ -226,7 +226,11 @@ def test_a_batch_is_claimed_ahead_of_the_window_and_released_when_publishing_sto
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
         await wait(lambda: len(publisher.published) == 10 and len(store.held) == 15)
-        await asyncio.sleep(0.05)
+        # Each turn wakes the claims (``Relay.wake``); the next turn starts only once the
+        # loop has nothing left to do, a claim included: two turns on, the relay has
+        # decided at least once more whether to claim.
+        turns = store.calls["turn"]
+        await wait(lambda: store.calls["turn"] >= turns + 2)
         assert len(store.held) == 15, "claimed more than one batch ahead"
         publisher.connected = False  # the broker went away: the ready batch goes back
         await wait(lambda: store.held == set(range(1, 11)))
@@ -350,6 +354,32 @@ def test_a_relay_waiting_on_a_protocol_fence_is_ready() -> None:
     async def scenario() -> None:
         task = asyncio.create_task(relay.run())
         await wait(lambda: sample_value(relay.metrics, "relay_fenced") == 1)
+        assert relay.ready()
+        relay.stop()
+        await task
+
+    run(scenario())
+
+
+def test_a_relay_the_broker_blocks_is_not_ready_saying_why() -> None:
+    """Connected, a confirm channel open, but the broker's resource alarm holds every publish:
+    the relay publishes nothing, so it is not ready (a rollout waits) until the alarm ends,
+    and it publishes the rows written meanwhile then."""
+    store = InMemoryStore()
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(relay.ready)
+        publisher.blocked = True
+        assert relay.unready() == (
+            "the broker blocks publishing: a resource alarm (see the broker_blocked log lines)"
+        )
+        fill(store, 5)
+        publisher.blocked = False
+        relay.wake()
+        await wait(lambda: set(statuses(store).values()) == {SENT})
         assert relay.ready()
         relay.stop()
         await task

@@ -11,7 +11,7 @@ from relay.constants import HELD_CHARGE_INTERVAL_S
 from relay.pacing import ClaimPacing, Counts
 
 LINGER, POLL, BATCH = 0.05, 0.5, 40
-ROOM = Counts(can_publish=True, capacity=100, in_flight=0, ready=0, unsettled=0, budget_spent=False)
+ROOM = Counts(can_publish=True, capacity=100, in_flight=0, ready=0, unsettled=0, budget_waits=False)
 
 
 def pacing(linger: float = LINGER, window: int = 100) -> ClaimPacing:
@@ -125,7 +125,7 @@ SIZES: dict[str, tuple[int, Counts, int]] = {
         0,
     ),
     "a window's worth of outcomes waits to be settled": (100, ROOM._replace(unsettled=100), 0),
-    "the byte budget is spent": (100, ROOM._replace(budget_spent=True), 0),
+    "the byte budget waits for room": (100, ROOM._replace(budget_waits=True), 0),
     "a full window and a batch ready ahead": (
         100,
         ROOM._replace(capacity=0, in_flight=100, ready=BATCH),

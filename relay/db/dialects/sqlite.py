@@ -97,8 +97,8 @@ class SQLite(Dialect):
         # as UTF-8 (``stored_bytes``): 700 ASCII characters were counted 1,400 bytes, and
         # parked unread under a 1,000-byte largest message. Half its bytes, its UTF-16 code
         # units, are never more than its UTF-8 bytes (nor a third of them): a bound from
-        # below, so that no row a message could carry is parked unread; the message's own
-        # check (``relay.message``) parks one too large by its exact size.
+        # below, so that no row a message could carry is parked unread; the decoder
+        # (``relay.db.decode``) parks one too large by its exact size once read.
         blob = sa.func.length(sa.cast(value, sa.LargeBinary()))
         units = sa.cast(blob / 2, sa.Integer())  # no FLOOR: SQLite may be built without it
         text = sa.case((_DATABASE_ENCODING == "UTF-8", blob), else_=units)
