@@ -27,11 +27,18 @@ def _root(version: str) -> Path | None:
 
 
 def rabbit_node(
-    version: str, tmp_path_factory: pytest.TempPathFactory, name: str, config: str = ""
+    version: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    config: str = "",
+    *,
+    management: bool = False,
 ) -> RabbitNode:
-    """A node (not started) of ``version``."""
+    """A node (not started) of ``version``; with ``management``, its HTTP API."""
     root = _root(version)
-    return RabbitNode(tmp_path_factory.mktemp(name), name=name, config=config, root=root)
+    return RabbitNode(
+        tmp_path_factory.mktemp(name), name=name, config=config, root=root, management=management
+    )
 
 
 def rabbit_cluster(
