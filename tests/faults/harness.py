@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from devtools.broker import write_topology
 from devtools.outbox import fates, sent_logged, statuses
-from devtools.relayproc import RELAY, RelayProcess, relay_env
+from devtools.relayproc import RELAY, RelayProcess, no_leaks, relay_env
 from devtools.scrape import http_get, metric
 from devtools.servers import ServerError, free_port, wait_until, wait_while_progressing
 from relay.broker.topology import Binding, Exchange, Queue, Topology
@@ -498,7 +498,9 @@ def scenario(
     finally:
         for relay in running:
             if relay.running:
-                relay.kill()
+                relay.end()
+    for relay in running:
+        no_leaks(relay.command, relay.log())
     return consumer, running
 
 
@@ -507,8 +509,10 @@ def metrics_text(relay: FaultRelay) -> str:
 
 
 def nothing_in_flight(relay: FaultRelay) -> bool:
-    """No row ``relay`` published is waiting for the broker's answer (its gauge)."""
-    return metric(metrics_text(relay), "relay_in_flight") == 0
+    """No row ``relay`` published is waiting for the broker's answer (its gauge); False
+    while its /metrics does not answer (a loaded machine's slow scrape), to look again."""
+    status, text = http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")
+    return status == 200 and metric(text, "relay_in_flight") == 0
 
 
 def connected(relay: FaultRelay) -> bool:
