@@ -17,8 +17,9 @@ the fault scenarios with the broker a bystander run on 3.10 alone);
 the items on 4.0 are marked ``rabbitmq4``, so either layer runs alone (``-m rabbitmq4``,
 ``-m "not rabbitmq4"``).
 
-A missing server binary fails loudly: these tests never skip themselves, except the 4.0
-layer on a machine where it cannot run (no root, no debootstrap): it is skipped, with why.
+A missing server binary or tool fails loudly, saying which: these tests never skip
+themselves (the 4.0 layer too needs root and debootstrap; ``-m "not rabbitmq4"`` leaves it
+out where it cannot run).
 
 Each test's layer is its folder's (``LAYERS``), so that every layer runs alone
 (``scripts/test -m unit``, ``-m "contract or integration"``, ...).

@@ -58,7 +58,7 @@ class Setup:
 
 @pytest.fixture
 def setup(faketime: None, tmp_path: Path, rabbit: RabbitNode, database_url: str) -> Setup:
-    """What each test here needs; skipped where a relay's clock cannot be skewed."""
+    """What each test here needs (``faketime`` fails where a relay's clock cannot be skewed)."""
     exchange, queue, env = relay_on_new_queue(
         tmp_path,
         "skew",
