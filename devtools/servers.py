@@ -80,9 +80,15 @@ def port_open(host: str, port: int) -> bool:
 def wait_until(
     condition: Callable[[], bool], timeout: float, what: str, *, poll: float = 0.05
 ) -> None:
+    """Until ``condition()``; fails once a look begun after ``timeout`` seconds finds it
+    false: a look that itself takes long (a CLI's boot beside a busy machine) is not what
+    the bound is for."""
     deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
+    while True:
+        began = time.monotonic()
+        if condition():
+            return
+        if began > deadline:
             raise ServerError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(poll)
 

@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ import pika
 import pika.exceptions
 import sqlalchemy as sa
 
-from devtools.servers import RabbitNode
+from devtools.servers import RabbitNode, ServerError, wait_until
 from relay.broker.copies import retry_queue
 from relay.broker.deadletters import DeadLetter, dead_letters
 from relay.db.engine import create_engine
@@ -330,13 +329,12 @@ class Inboxes:
 
 
 def until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    """Wait for ``predicate`` to hold, looking every 50 ms, at most ``timeout`` seconds: a
-    bound for a broken inbox, not a window the test's outcome depends on."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+    """Wait for ``predicate`` to hold, at most ``timeout`` seconds (``wait_until``): a bound
+    for a broken inbox, not a window the test's outcome depends on; an AssertionError."""
+    try:
+        wait_until(lambda: bool(predicate()), timeout, what)
+    except ServerError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def databases(kind: str, base_url: str | None, root: Path) -> dict[str, str]:
