@@ -105,25 +105,39 @@ def relay_from(checkout: Path) -> list[str]:
     return [sys.executable, "-c", f"{start}; sys.exit(main())", "run"]
 
 
+# A subprocess's ResourceWarnings (a socket or a file collected unclosed) are printed to its
+# stderr, each time: the tests' filter, which makes them errors, stops at their process, and
+# a plain interpreter shows none. Every `relay` subprocess here runs with it, and its end
+# fails on one (``no_leaks``).
+SUBPROCESS_WARNINGS = "always::ResourceWarning"
+
+
+def with_warnings(env: dict[str, str]) -> dict[str, str]:
+    return {"PYTHONWARNINGS": SUBPROCESS_WARNINGS, **env}
+
+
+def no_leaks(command: Sequence[str], stderr: str) -> None:
+    """An AssertionError if ``stderr`` shows a ResourceWarning: ``command`` left a socket or
+    a file to the collector."""
+    leaks = [line for line in stderr.splitlines() if "ResourceWarning" in line]
+    assert not leaks, f"{list(command)} left resources unclosed: {leaks}"
+
+
 def relay(
     *args: str, env: dict[str, str], input: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run one `relay` command to its end; its output as text."""
-    return subprocess.run(
+    """Run one `relay` command to its end; its output as text (``no_leaks``)."""
+    done = subprocess.run(
         [*RELAY, *args],
-        env=env,
+        env=with_warnings(env),
         input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
-
-
-# A subprocess's ResourceWarnings (a socket or a file collected unclosed) are printed to its
-# stderr, each time: the tests' filter, which makes them errors, stops at their process, and
-# a plain interpreter shows none (``RelayProcess.stop`` fails on one).
-SUBPROCESS_WARNINGS = "always::ResourceWarning"
+    no_leaks(done.args, done.stderr)
+    return done
 
 
 class RelayProcess:
@@ -143,7 +157,7 @@ class RelayProcess:
         self.killed = False
 
     def start(self) -> Self:
-        env = {"PYTHONWARNINGS": SUBPROCESS_WARNINGS, **self.env}
+        env = with_warnings(self.env)
         if self.log_path is None:
             self.proc = subprocess.Popen(self.command, env=env)
         else:
@@ -162,8 +176,7 @@ class RelayProcess:
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM and wait; the exit code (killed, and TimeoutExpired raised, if it hangs).
-        An AssertionError if its log shows a ResourceWarning: it left a socket or a file
-        to the collector (``SUBPROCESS_WARNINGS``)."""
+        An AssertionError if its log shows a ResourceWarning (``no_leaks``)."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -173,11 +186,17 @@ class RelayProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise
-        leaks = [line for line in self.log().splitlines() if "ResourceWarning" in line]
-        assert not leaks, f"{self.command} left resources unclosed: {leaks}"
+        no_leaks(self.command, self.log())
         return self.proc.returncode
 
     def kill(self) -> None:
+        """SIGKILL and wait: a crash, so nothing is collected at its end, but what it left
+        unclosed while running shows in its log (``no_leaks``)."""
+        self.end()
+        no_leaks(self.command, self.log())
+
+    def end(self) -> None:
+        """SIGKILL and wait, whatever its log says: a test that failed is ending it."""
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(timeout=30)
@@ -199,7 +218,7 @@ class RelayProcess:
     ) -> None:
         """Whatever happened in the block, no relay is left running."""
         if self.running:
-            self.kill()
+            self.end()
 
 
 def wait_sharing(database_url: str, ports: Sequence[int], timeout: float = 60) -> None:

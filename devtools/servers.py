@@ -7,7 +7,9 @@ machine's own services (if any) alone. Debian's packages provide the binaries.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -16,6 +18,8 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,9 +80,15 @@ def port_open(host: str, port: int) -> bool:
 def wait_until(
     condition: Callable[[], bool], timeout: float, what: str, *, poll: float = 0.05
 ) -> None:
+    """Until ``condition()``; fails once a look begun after ``timeout`` seconds finds it
+    false: a look that itself takes long (a CLI's boot beside a busy machine) is not what
+    the bound is for."""
     deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
+    while True:
+        began = time.monotonic()
+        if condition():
+            return
+        if began > deadline:
             raise ServerError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(poll)
 
@@ -116,8 +126,12 @@ class RabbitNode:
         port: int | None = None,
         config: str = "",
         root: Path | None = None,
+        *,
+        management: bool = False,
     ) -> None:
-        """``config``: extra ``rabbitmq.conf`` lines (for example a TLS listener)."""
+        """``config``: extra ``rabbitmq.conf`` lines (for example a TLS listener);
+        ``management``: with the management plugin's HTTP API (``api``), on a port of its own
+        on 127.0.0.1."""
         if not ((root or Path("/")) / RABBITMQ_BIN.relative_to("/") / "rabbitmq-server").exists():
             raise ServerError(
                 "rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)"
@@ -130,6 +144,7 @@ class RabbitNode:
         self.home = self.base / "home"
         self.log_path = self.base / "log" / "console.log"
         self.config = config
+        self.management_port = free_port() if management else None
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -164,10 +179,18 @@ class RabbitNode:
     def start(self, timeout: float = BOOT_TIMEOUT_S) -> None:
         for d in (self.home, self.base / "log", self.base / "mnesia"):
             d.mkdir(parents=True, exist_ok=True)
-        (self.base / "enabled_plugins").write_text("[].\n")
+        plugins = "rabbitmq_management" if self.management_port else ""
+        (self.base / "enabled_plugins").write_text(f"[{plugins}].\n")
         config = self.base / "rabbitmq.conf"
         if not config.exists():
-            config.write_text("log.console = false\nlog.file.level = warning\n" + self.config)
+            management = (
+                f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
+                if self.management_port
+                else ""
+            )
+            config.write_text(
+                "log.console = false\nlog.file.level = warning\n" + management + self.config
+            )
         log = self.log_path.open("ab")
         argv, env = self._command("rabbitmq-server")
         process = self._process = subprocess.Popen(
@@ -185,6 +208,15 @@ class RabbitNode:
                 timeout,
                 f"RabbitMQ node {self.name} answering on port {self.port} (log: {self.log_path})",
             )
+            if self.management_port:  # a plugin: its listener may open after AMQP's
+                wait_until(
+                    lambda: (
+                        process.poll() is not None
+                        or port_open("127.0.0.1", self.management_port or 0)
+                    ),
+                    timeout,
+                    f"RabbitMQ node {self.name}'s management API (log: {self.log_path})",
+                )
             if process.poll() is not None:
                 raise ServerError(f"RabbitMQ node {self.name} exited; see {self.log_path}")
         except Exception:
@@ -214,6 +246,27 @@ class RabbitNode:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def api(self, method: str, path: str, body: object = None) -> None:
+        """A call to the management plugin's HTTP API (a node started with ``management``):
+        milliseconds, where a CLI run boots an Erlang VM (tens of seconds on a loaded
+        machine). ``path`` after ``/api``; ``body`` sent as JSON."""
+        assert self.management_port, "a node started without its management API"
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.management_port}/api{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={
+                "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=CLI_TIMEOUT_S):
+                pass
+        except urllib.error.HTTPError as exc:
+            with exc:
+                raise ServerError(f"{method} /api{path}: {exc.code} {exc.read()!r}") from exc
 
     def ctl(self, *args: str, timeout: float = CLI_TIMEOUT_S) -> str:
         return self.tool("rabbitmqctl", *args, timeout=timeout)

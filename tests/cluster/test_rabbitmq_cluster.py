@@ -30,7 +30,7 @@ from devtools.servers import (
     RabbitNode,
     port_open,
 )
-from tests.faults.harness import QUEUE, Fault, FaultRelay, metrics_text, scenario
+from tests.faults.harness import QUEUE, WINDOW, Fault, FaultRelay, metrics_text, scenario
 from tests.support.destinations import check
 from tests.support.rabbitmq import RABBITMQ_4, rabbit_cluster
 
@@ -157,11 +157,14 @@ def test_c3_no_majority_nothing_is_marked_sent_or_parked_until_a_node_returns(
         assert relay_node(fresh_cluster, relays[0]) is first
         for node in others:
             node.ctl("stop_app")
-        time.sleep(1)  # confirms for what the majority took before it went
         sent = statuses(postgresql_url).get("sent", 0)
         time.sleep(OUTAGE_S)
         during = statuses(postgresql_url)
-        assert during.get("sent", 0) == sent, "rows marked sent without a majority"
+        # What the majority took before it went may be confirmed and marked after: at most
+        # what each relay had in flight (its window) and acked awaiting a settle, however
+        # late a loaded machine lets it come; without a majority, nothing more.
+        late = during.get("sent", 0) - sent
+        assert late <= 2 * WINDOW * len(relays), f"{late} rows marked sent without a majority"
         assert during.get("pending", 0) > 0
         others[0].ctl("start_app")  # one is enough for a majority
         return time.time()

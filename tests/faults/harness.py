@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from devtools.broker import write_topology
 from devtools.outbox import fates, sent_logged, statuses
-from devtools.relayproc import RELAY, RelayProcess, relay_env
+from devtools.relayproc import RELAY, RelayProcess, no_leaks, relay_env
 from devtools.scrape import http_get, metric
 from devtools.servers import ServerError, free_port, wait_until, wait_while_progressing
 from relay.broker.topology import Binding, Exchange, Queue, Topology
@@ -206,6 +206,10 @@ class Writers:
         self.engine.dispose()
 
 
+# The message id of ``Consumer.barrier``'s own messages, never a writer's.
+BARRIER = "harness-barrier"
+
+
 class Consumer:
     """Consumes the queue with manual acks into a record, reconnecting through outages."""
 
@@ -215,6 +219,7 @@ class Consumer:
         self.nodes = [pika.URLParameters(u) for u in amqp_url.split(",")]
         self.delay = delay
         self.deliveries: list[tuple[str, bool]] = []  # (message_id, redelivered)
+        self.barriers: set[str] = set()  # ``barrier``'s messages delivered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -234,7 +239,10 @@ class Consumer:
                         break
                     if method is None:
                         continue
-                    self.deliveries.append((props.message_id, method.redelivered))
+                    if props.message_id.startswith(BARRIER):
+                        self.barriers.add(props.message_id)
+                    else:
+                        self.deliveries.append((props.message_id, method.redelivered))
                     if self.delay:
                         time.sleep(self.delay)
                     channel.basic_ack(method.delivery_tag)
@@ -254,6 +262,24 @@ class Consumer:
 
     def seen(self) -> set[str]:
         return {m for m, _ in list(self.deliveries)}
+
+    def barrier(self, stall: float) -> None:
+        """Until every message the queue took before now was delivered here: a message of
+        the harness's own, published to the queue after them and confirmed, comes last (one
+        queue, one consumer, in order). Fails once no delivery came for ``stall`` seconds."""
+        marker = f"{BARRIER}-{uuid.uuid4().hex}"
+        conn = pika.BlockingConnection(self.nodes)
+        try:
+            channel = conn.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("", QUEUE, b"", pika.BasicProperties(message_id=marker))
+        finally:
+            conn.close()
+
+        def left() -> int:  # fewer as deliveries come; none once the marker came
+            return 0 if marker in self.barriers else 1_000_000_000 - len(self.deliveries)
+
+        wait_while_progressing(left, stall, "every message before the barrier delivered")
 
 
 @dataclass
@@ -334,7 +360,13 @@ def finish(
 
     with contextlib.suppress(ServerError):  # what was never consumed is reported below
         wait_while_progressing(unseen, STALL_S, "every row consumed", poll=1.0)
-    time.sleep(0.5)  # late duplicates still count
+    # Late duplicates count too: once no relay has a publish unanswered, every copy it
+    # published is in the queue, before the barrier's message.
+    for relay in relays:
+        if relay.running:
+            answered = functools.partial(nothing_in_flight, relay)
+            wait_until(answered, STALL_S, f"{relay.name}'s publishes answered")
+    consumer.barrier(STALL_S)
     counts = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
     seen = consumer.seen()
     sent_seen = sent(seen - kept)
@@ -447,7 +479,13 @@ def scenario(
                 recovery = recovered_at(url, restored, restored, stall)
                 if after is not None:
                     after()
-                time.sleep(0.5)  # and still flowing after
+                # And still flowing after: as many rows delivered again as at the start.
+                after_at = len(consumer.deliveries) + flowing
+                wait_while_progressing(
+                    lambda: max(0, after_at - len(consumer.deliveries)),
+                    STALL_S,
+                    "rows flowing after",
+                )
             finish(
                 name,
                 url,
@@ -460,12 +498,21 @@ def scenario(
     finally:
         for relay in running:
             if relay.running:
-                relay.kill()
+                relay.end()
+    for relay in running:
+        no_leaks(relay.command, relay.log())
     return consumer, running
 
 
 def metrics_text(relay: FaultRelay) -> str:
     return http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")[1]
+
+
+def nothing_in_flight(relay: FaultRelay) -> bool:
+    """No row ``relay`` published is waiting for the broker's answer (its gauge); False
+    while its /metrics does not answer (a loaded machine's slow scrape), to look again."""
+    status, text = http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")
+    return status == 200 and metric(text, "relay_in_flight") == 0
 
 
 def connected(relay: FaultRelay) -> bool:

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from devtools.broker import drain
 from devtools.outbox import insert, statuses
-from devtools.relayproc import RelayProcess, relay, relay_env
+from devtools.relayproc import RelayProcess, no_leaks, relay, relay_env
 from devtools.scrape import http_get
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
 from relay.db.engine import create_engine
@@ -159,7 +159,9 @@ def test_every_message_is_processed_once_whoever_is_killed(
         stop.set()
         for process in [*relays, *consumers]:
             if process.running:
-                process.kill()
+                process.end()
+    for process in [*relays, *consumers]:
+        no_leaks(process.command, process.log())
     engine = create_engine(database_url)
     try:
         with engine.connect() as db:

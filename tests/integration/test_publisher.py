@@ -127,6 +127,15 @@ def test_moves_on_to_the_next_node_when_one_refuses_or_dies(
     assert [d.message_id for d in delivered] == [f"nodes-{i}" for i in range(6, 11)]
 
 
+def header(listening: socket.socket) -> socket.socket:
+    """The connection accepted on ``listening`` once its AMQP 0-9-1 protocol header came."""
+    listening.settimeout(30)
+    peer, _ = listening.accept()
+    peer.settimeout(30)
+    assert peer.recv(8, socket.MSG_WAITALL) == b"AMQP\x00\x00\x09\x01"
+    return peer
+
+
 def test_closing_while_a_connection_is_still_opening_is_clean() -> None:
     """A stop can come while the publisher is still opening a connection (here to a socket
     that accepts and never answers): the close lets the opening end rather than abort it,
@@ -147,10 +156,12 @@ def test_closing_while_a_connection_is_still_opening_is_clean() -> None:
                 lease=lasting_lease(),
             )
             running = asyncio.create_task(publisher.run(lambda: None))
-            await asyncio.sleep(0.5)  # the protocol header is sent; no answer comes
-            assert not publisher.connected
-            await asyncio.wait_for(publisher.close(), 30)
-            await asyncio.wait_for(running, 30)
+            # The close comes once the protocol header is sent, which no answer follows.
+            peer = await asyncio.wait_for(asyncio.to_thread(header, silent), 30)
+            with peer:
+                assert not publisher.connected
+                await asyncio.wait_for(publisher.close(), 30)
+                await asyncio.wait_for(running, 30)
 
         asyncio.run(scenario())
     assert errors == []

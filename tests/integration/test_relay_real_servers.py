@@ -261,7 +261,7 @@ def test_relay_started_while_broker_and_database_are_down_delivers_once_they_are
             # It has tried both, and both failed it: it has had its chance to call itself ready.
             await wait_for(
                 lambda: (
-                    logged(caplog, "broker_retry") > 0
+                    len(logged(caplog, "broker_retry")) > 0
                     and sample_value(parts.metrics, "relay_database_errors_total") > 0
                 ),
                 30,
@@ -293,7 +293,7 @@ def test_publishing_pauses_while_the_broker_blocks_and_resumes_after(
 
     def published_and_blocked(parts: Parts) -> bool:
         published = sample_value(parts.metrics, "relay_published_total")
-        return published > 0 and logged(caplog, "broker_blocked") > 0
+        return published > 0 and len(logged(caplog, "broker_blocked")) > 0
 
     async def scenario() -> None:
         config = settings(database_url, rabbit.url, confirm_timeout=confirm_timeout, lease=10)

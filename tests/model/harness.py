@@ -8,16 +8,14 @@ and its own log."""
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import json
 import multiprocessing
 import os
 import signal
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
@@ -28,7 +26,7 @@ import pika
 import pika.exceptions
 import sqlalchemy as sa
 
-from devtools.servers import RabbitNode
+from devtools.servers import RabbitNode, ServerError, wait_until
 from relay.broker.copies import retry_queue
 from relay.broker.deadletters import DeadLetter, dead_letters
 from relay.db.engine import create_engine
@@ -259,30 +257,28 @@ class Inboxes:
     def refuse_dead_letters(self) -> None:
         """The dead letters' queues at their length limit, refusing publishes: a limit of as
         many as each holds (a lower one would drop the oldest), so call it with no dead
-        letter on its way (after a settling)."""
-        self.refusing, policies = [], []
+        letter on its way (after a settling). Policies set through the management API: each
+        ``rabbitmqctl`` run boots an Erlang VM, which beside the CPU hog took 35 to 50 s, and
+        eight steps of three ran a sequence past its hang guard."""
+        self.refusing = []
         with pika.BlockingConnection(pika.URLParameters(self.rabbit.url)) as conn:
             channel = conn.channel()
             for front_end in self.front_ends:
                 name = f"model-full-{front_end.flavour}-{uuid.uuid4().hex[:6]}"
                 dead = f"{front_end.queue}.dead-letters"
                 held = channel.queue_declare(dead, passive=True).method.message_count
-                full = json.dumps({"max-length": held, "overflow": "reject-publish"})
-                pattern = f"^{dead.replace('.', '[.]')}$"
-                policies.append(("set_policy", "--apply-to", "queues", name, pattern, full))
+                policy = {
+                    "pattern": f"^{dead.replace('.', '[.]')}$",
+                    "definition": {"max-length": held, "overflow": "reject-publish"},
+                    "apply-to": "queues",
+                }
+                self.rabbit.api("PUT", f"/policies/%2F/{name}", policy)
                 self.refusing.append(name)
-        self._ctl_at_once(policies)
 
     def accept_dead_letters(self) -> None:
-        self._ctl_at_once([("clear_policy", name) for name in self.refusing or ()])
+        for name in self.refusing or ():
+            self.rabbit.api("DELETE", f"/policies/%2F/{name}")
         self.refusing = None
-
-    def _ctl_at_once(self, commands: Sequence[tuple[str, ...]]) -> None:
-        """``rabbitmqctl`` runs side by side: each boots an Erlang VM, which a loaded machine
-        stretches to tens of seconds (``devtools.servers``)."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(commands) or 1) as pool:
-            for done in [pool.submit(self.rabbit.ctl, *command) for command in commands]:
-                done.result()
 
     def settled(self, front_end: FrontEnd, fates: dict[str, set[Fate]]) -> bool:
         """Whether every message published has met its fate at ``front_end`` (processed or
@@ -333,13 +329,12 @@ class Inboxes:
 
 
 def until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    """Wait for ``predicate`` to hold, looking every 50 ms, at most ``timeout`` seconds: a
-    bound for a broken inbox, not a window the test's outcome depends on."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+    """Wait for ``predicate`` to hold, at most ``timeout`` seconds (``wait_until``): a bound
+    for a broken inbox, not a window the test's outcome depends on; an AssertionError."""
+    try:
+        wait_until(lambda: bool(predicate()), timeout, what)
+    except ServerError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def databases(kind: str, base_url: str | None, root: Path) -> dict[str, str]:

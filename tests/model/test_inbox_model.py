@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 from devtools.servers import RabbitNode
 from tests.model.harness import MAX_ATTEMPTS, FrontEnd, Inboxes, databases, kill, processed, until
 from tests.support.inbox_model import DB_AWAY, DEAD, OUTCOMES, PROCESSED, Fate, fates
+from tests.support.rabbitmq import RABBITMQ_3, rabbit_node, running
 
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "2"))
 SHRINK = os.environ.get("MODEL_SHRINK") == "1"
@@ -154,6 +155,13 @@ def verify(inboxes: Inboxes, front_end: FrontEnd, expected: dict[str, set[Fate]]
     if problems:
         print("\n".join(problems))  # Hypothesis runs a failure again, which may fail otherwise
     assert problems == [], "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
+    """The model's own 3.10 node, with the management API its dead-letter steps set their
+    policies through (``Inboxes.refuse_dead_letters``)."""
+    yield from running(rabbit_node(RABBITMQ_3, tmp_path_factory, "model", management=True))
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
 
-from devtools.relayproc import relay_env
+from devtools.relayproc import no_leaks, relay_env, with_warnings
 from devtools.servers import free_port, port_open, wait_until
 from relay.console.passwords import hash_password
 from relay.constants import CONSOLE_SETTLE_HORIZON_S
@@ -114,12 +114,14 @@ class ConsoleProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ConsoleProcess:
-        env = relay_env(
-            **{
-                "RELAY_CONSOLE_PORT": str(self.port),
-                "RELAY_CONSOLE_METRICS_PORT": "0",
-                **self.env,
-            }
+        env = with_warnings(
+            relay_env(
+                **{
+                    "RELAY_CONSOLE_PORT": str(self.port),
+                    "RELAY_CONSOLE_METRICS_PORT": "0",
+                    **self.env,
+                }
+            )
         )
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -133,7 +135,8 @@ class ConsoleProcess:
         assert self.proc.poll() is None, self.log.read_text()
         return self
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
+        """Stopped; on a clean exit, an AssertionError if it left resources unclosed."""
         assert self.proc is not None
         self.proc.terminate()
         try:
@@ -141,6 +144,8 @@ class ConsoleProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=30)
+        if exc_type is None:
+            no_leaks(["relay", "console"], self.log.read_text())
 
 
 def console_env(database_url: str, **more: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,10 +60,10 @@ def enqueue(parts: Parts, messages: Sequence[NewMessage]) -> list[str]:
     return parts.writer.enqueue(messages)
 
 
-def logged(caplog: pytest.LogCaptureFixture, action: str) -> int:
-    """How many of the records ``caplog`` holds carry this ``action`` (the relay's log lines
-    each carry one)."""
-    return sum(1 for record in caplog.records if getattr(record, "action", "") == action)
+def logged(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
+    """The records ``caplog`` holds that carry this ``action`` (the relay's log lines each
+    carry one)."""
+    return [record for record in caplog.records if getattr(record, "action", "") == action]
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
