@@ -83,9 +83,17 @@ def purge_journaled(cutoff: sa.ColumnElement[Any], chunk: int) -> sa.Select[Any]
     """The journal's oldest rows of entries sent before ``cutoff``, about ``chunk`` entries
     (the first row whatever its size, then rows while they add up to fewer), deleted with
     their entries in the log, found by their keys (``relay.db.outbox.OutboxAdmin.purge``).
-    Its one value: the entries purged, fewer than ``chunk`` only once none is left."""
+    Its one value: the entries purged, fewer than ``chunk`` only once none is left.
+
+    None while the log is not complete: a rebuild under way reads the journal as it was when
+    its statement began, and would copy back the entries of rows purged since, which no
+    journal row would then hold for a purge to find (kept for ever)."""
     place = (_JOURNAL.c.sent_at, _JOURNAL.c.id)
-    oldest = sa.select(*place, _JOURNAL.c.ids).where(_JOURNAL.c.sent_at < cutoff).order_by(*place)
+    oldest = (
+        sa.select(*place, _JOURNAL.c.ids)
+        .where(_JOURNAL.c.sent_at < cutoff, complete())
+        .order_by(*place)
+    )
     read = oldest.limit(chunk).subquery("read")
     size = sa.func.cardinality(read.c.ids)
     upto = sa.func.sum(size).over(order_by=(read.c.sent_at, read.c.id))

@@ -342,6 +342,35 @@ def test_the_purge_ends_the_horizon_after_a_rebuild_too(postgresql_url: str) -> 
         box.close()
 
 
+def test_no_journal_row_is_purged_while_the_log_is_not_complete(postgresql_url: str) -> None:
+    """A rebuild copies the journal as it was when its statement began: a row purged
+    meanwhile would come back as a log entry no journal row holds, which no purge would ever
+    find. So the purge leaves the journal while the log is incomplete, and ends the horizon
+    once the log is whole again."""
+    box = Outbox(postgresql_url)
+    try:
+        acked = {}
+        for name in ("old", "new"):
+            box.writer.enqueue([message(name)])
+            (acked[name],) = box.relay_all()
+        with box.writer.engine.begin() as conn:
+            sent_days_ago(conn, acked["old"], 8)
+        lose_the_log(postgresql_url)
+        assert box.admin.purge(7 * DAY) == 0
+        with box.writer.engine.connect() as conn:
+            assert (
+                conn.execute(sa.select(sa.func.count()).select_from(outbox_sent_journal)).scalar()
+                == 2
+            )
+        assert rebuild(postgresql_url) == 2
+        assert box.admin.purge(7 * DAY) == 1
+        with box.writer.engine.connect() as conn:
+            left = conn.execute(sa.select(outbox_sent.c.key)).scalars().all()
+        assert left == [sent_key_value("new", box.writer.engine.dialect)]
+    finally:
+        box.close()
+
+
 def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> None:
     """PostgreSQL crashes (an immediate stop: no shutdown checkpoint) after three acks: its
     unlogged log comes back empty, the journal whole. No row is claimed until a relay's
