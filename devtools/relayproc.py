@@ -184,7 +184,7 @@ class RelayProcess:
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.kill()
+                self.end()  # the hang is the failure to report, whatever its log says
                 raise
         no_leaks(self.command, self.log())
         return self.proc.returncode

@@ -504,14 +504,19 @@ def scenario(
     return consumer, running
 
 
+def scrape(relay: FaultRelay) -> tuple[int, str]:
+    """(status, text) of ``relay``'s /metrics; status 0 when it does not answer."""
+    return http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")
+
+
 def metrics_text(relay: FaultRelay) -> str:
-    return http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")[1]
+    return scrape(relay)[1]
 
 
 def nothing_in_flight(relay: FaultRelay) -> bool:
     """No row ``relay`` published is waiting for the broker's answer (its gauge); False
     while its /metrics does not answer (a loaded machine's slow scrape), to look again."""
-    status, text = http_get(f"http://127.0.0.1:{relay.metrics_port}/metrics")
+    status, text = scrape(relay)
     return status == 200 and metric(text, "relay_in_flight") == 0
 
 

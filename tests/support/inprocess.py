@@ -67,9 +67,14 @@ def logged(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRec
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """``devtools.servers.wait_until`` for a test's event loop (the condition in a thread):
+    fails once a look begun after ``timeout`` seconds finds it false."""
     deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(condition):
-        if time.monotonic() > deadline:
+    while True:
+        began = time.monotonic()
+        if await asyncio.to_thread(condition):
+            return
+        if began > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.05)
 
