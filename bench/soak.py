@@ -162,13 +162,14 @@ def stamped() -> bytes:
     return f"{time.time():.6f} ".encode().ljust(len(BODY), b"x")
 
 
-def streams(phase: str, args: argparse.Namespace) -> list[Stream]:
+def streams(phase: str, args: argparse.Namespace, rewrite: bool) -> list[Stream]:
     """``--rate`` rows a second: ``--multi-share`` of them in transactions of
     ``--multi-rows`` on one connection, the rest one row a transaction, spread over enough
-    connections (``SINGLES_PER_WRITER``)."""
+    connections (``SINGLES_PER_WRITER``); with ``rewrite``, ``--rewritten`` of them
+    re-written ids."""
     multi = args.rate * args.multi_share
     singles = args.rate - multi
-    every = round(1 / args.rewritten) if args.rewritten else 0
+    every = round(1 / args.rewritten) if args.rewritten and rewrite else 0
     out = []
     if multi > 0:
         out.append(Stream(f"{phase}-m", args.multi_rows, multi / args.multi_rows, every))
@@ -193,18 +194,21 @@ def _writers(dsn: str, plan: list[Stream], stop: Any, written: Any, rewritten: A
 
 @dataclass
 class Writers:
-    """The writer process: ``--rate`` rows a second, in two transaction sizes."""
+    """The writer process: ``--rate`` rows a second, in two transaction sizes; re-writing
+    ids (``--rewritten``) only with ``rewrite``: with no relay, the row an id re-writes is
+    still in the outbox."""
 
     dsn: str
     phase: str
     args: argparse.Namespace
+    rewrite: bool = True
     _ctx: Any = field(default_factory=lambda: multiprocessing.get_context("spawn"))
 
     def __post_init__(self) -> None:
         self.stop = self._ctx.Event()
         self.written: Synchronized[int] = self._ctx.Value("q", 0)
         self.rewritten: Synchronized[int] = self._ctx.Value("q", 0)
-        plan = streams(self.phase, self.args)
+        plan = streams(self.phase, self.args, self.rewrite)
         self.proc = self._ctx.Process(
             target=_writers,
             args=(self.dsn, plan, self.stop, self.written, self.rewritten),
@@ -467,7 +471,7 @@ def insert_phase(bench: Bench, dsn: str, args: argparse.Namespace) -> dict[str, 
     removed (TRUNCATE), as a fresh outbox starts."""
     bench.db.statements()  # reset
     before = bench.reading()
-    with Writers(dsn, f"insert-{args.run}", args) as writers:
+    with Writers(dsn, f"insert-{args.run}", args, rewrite=False) as writers:
         time.sleep(args.insert_seconds)
     after = bench.reading(writers.rows)
     result = {
