@@ -153,13 +153,18 @@ def sent_days_ago(conn: sa.Connection, row_id: int, days: float) -> None:
         conn.execute(sa.update(journal).where(acked).values(sent_at=when))
 
 
-def test_the_purge_ends_the_dedupe_horizon(box: Outbox) -> None:
-    box.writer.enqueue([message("old")])
-    (old,) = box.relay_all()
-    box.writer.enqueue([message("new")])
-    box.relay_all()
+def sent_old_and_new(box: Outbox) -> None:
+    """Two messages acked: "old" as if 8 days ago, past a 7-day horizon, and "new" now."""
+    acked = {}
+    for name in ("old", "new"):
+        box.writer.enqueue([message(name)])
+        (acked[name],) = box.relay_all()
     with box.writer.engine.begin() as conn:
-        sent_days_ago(conn, old, 8)
+        sent_days_ago(conn, acked["old"], 8)
+
+
+def test_the_purge_ends_the_dedupe_horizon(box: Outbox) -> None:
+    sent_old_and_new(box)
     assert box.admin.purge(7 * DAY, chunk=1) == 1
     assert statuses(box.url) == {"sent": 1}
     box.writer.enqueue([message("old"), message("new")])
@@ -327,12 +332,7 @@ def test_the_purge_ends_the_horizon_after_a_rebuild_too(postgresql_url: str) -> 
     back no id past the horizon."""
     box = Outbox(postgresql_url)
     try:
-        acked = {}
-        for name in ("old", "new"):
-            box.writer.enqueue([message(name)])
-            (acked[name],) = box.relay_all()
-        with box.writer.engine.begin() as conn:
-            sent_days_ago(conn, acked["old"], 8)
+        sent_old_and_new(box)
         assert box.admin.purge(7 * DAY) == 1
         lose_the_log(postgresql_url)
         assert rebuild(postgresql_url) == 1
@@ -349,12 +349,7 @@ def test_no_journal_row_is_purged_while_the_log_is_not_complete(postgresql_url: 
     once the log is whole again."""
     box = Outbox(postgresql_url)
     try:
-        acked = {}
-        for name in ("old", "new"):
-            box.writer.enqueue([message(name)])
-            (acked[name],) = box.relay_all()
-        with box.writer.engine.begin() as conn:
-            sent_days_ago(conn, acked["old"], 8)
+        sent_old_and_new(box)
         lose_the_log(postgresql_url)
         assert box.admin.purge(7 * DAY) == 0
         with box.writer.engine.connect() as conn:
