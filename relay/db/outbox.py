@@ -34,7 +34,7 @@ from relay.db.schema import (
     outbox_counters,
     outbox_sent,
 )
-from relay.db.sentlog import entries, purge_journaled
+from relay.db.sentlog import entries, purge_chunk
 from relay.db.statements import bounded_count, in_chunks, run_delete
 from relay.records import (
     PARKED,
@@ -268,8 +268,7 @@ class OutboxAdmin:
     ) -> Callable[[sa.Connection], int]:
         """The purge of ``chunk`` of the sent log's entries sent before ``cutoff``."""
         if of(self.engine).journals_sent_log:
-            journaled = purge_journaled(cutoff, chunk)
-            return lambda conn: int(conn.execute(journaled).scalar_one())
+            return purge_chunk(cutoff, chunk)
         old = outbox_sent.c.sent_at < cutoff
         delete = of(self.engine).delete_chunk(outbox_sent, outbox_sent.c.key, old, chunk, None)
         return functools.partial(run_delete, delete)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -79,21 +80,39 @@ def journaled(logged: sa.CTE) -> sa.Insert:
     )
 
 
-def purge_journaled(cutoff: sa.ColumnElement[Any], chunk: int) -> sa.Select[Any]:
-    """The journal's oldest rows of entries sent before ``cutoff``, about ``chunk`` entries
-    (the first row whatever its size, then rows while they add up to fewer), deleted with
-    their entries in the log, found by their keys (``relay.db.outbox.OutboxAdmin.purge``).
-    Its one value: the entries purged, fewer than ``chunk`` only once none is left.
+def purge_chunk(cutoff: sa.ColumnElement[Any], chunk: int) -> Callable[[sa.Connection], int]:
+    """One transaction's purge of the journal's oldest rows of entries sent before
+    ``cutoff``, about ``chunk`` entries, with their entries in the log
+    (``relay.db.outbox.OutboxAdmin.purge``): the entries purged, fewer than ``chunk`` only
+    once none is left.
 
-    None while the log is not complete: a rebuild under way reads the journal as it was when
-    its statement began, and would copy back the entries of rows purged since, which no
-    journal row would then hold for a purge to find (kept for ever)."""
-    place = (_JOURNAL.c.sent_at, _JOURNAL.c.id)
-    oldest = (
-        sa.select(*place, _JOURNAL.c.ids)
-        .where(_JOURNAL.c.sent_at < cutoff, complete())
-        .order_by(*place)
+    None unless the log is complete, and that is held until the transaction ends (the state
+    row's share lock): a rebuild copies the journal as it was when its statement began, so
+    one that began as a purge deleted a row would bring its entries back as log entries no
+    journal row holds, which no purge would ever find (kept for ever). A rebuild, or a state
+    row deleted or updated by hand, waits for the chunk; a chunk that finds the rebuild
+    holding the row purges nothing (the log is incomplete)."""
+    whole = (
+        sa.select(_STATE.c.complete)
+        .where(_STATE.c.log == SENT_LOG)
+        .with_for_update(read=True, skip_locked=True)
     )
+    purge = _purge_journaled(cutoff, chunk)
+
+    def one_chunk(conn: sa.Connection) -> int:
+        if not conn.execute(whole).scalar():
+            return 0
+        return int(conn.execute(purge).scalar_one())
+
+    return one_chunk
+
+
+def _purge_journaled(cutoff: sa.ColumnElement[Any], chunk: int) -> sa.Select[Any]:
+    """The statement of ``purge_chunk``: the journal's oldest rows, about ``chunk`` entries
+    (the first row whatever its size, then rows while they add up to fewer), deleted with
+    their entries in the log, found by their keys. Its one value: the entries purged."""
+    place = (_JOURNAL.c.sent_at, _JOURNAL.c.id)
+    oldest = sa.select(*place, _JOURNAL.c.ids).where(_JOURNAL.c.sent_at < cutoff).order_by(*place)
     read = oldest.limit(chunk).subquery("read")
     size = sa.func.cardinality(read.c.ids)
     upto = sa.func.sum(size).over(order_by=(read.c.sent_at, read.c.id))

@@ -28,7 +28,7 @@ from relay.db.schema import (
     outbox_sent_journal,
     outbox_sent_state,
 )
-from relay.db.sentlog import SentLogRebuild
+from relay.db.sentlog import SentLogRebuild, purge_chunk
 from relay.db.sink import OutboxSink
 from relay.errors import RelayError
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
@@ -362,6 +362,49 @@ def test_no_journal_row_is_purged_while_the_log_is_not_complete(postgresql_url: 
         with box.writer.engine.connect() as conn:
             left = conn.execute(sa.select(outbox_sent.c.key)).scalars().all()
         assert left == [sent_key_value("new", box.writer.engine.dialect)]
+    finally:
+        box.close()
+
+
+def test_a_state_row_deleted_during_a_purge_chunk_waits_for_it(postgresql_url: str) -> None:
+    """An operator deletes the state row (to have the log rebuilt) while a purge chunk is
+    under way, and a relay's rebuild follows. Either would read the journal before the
+    chunk commits and copy back the entry the chunk deletes: a log entry no journal row
+    holds, never purged, its id a duplicate for ever. The chunk holds the state row until it
+    commits, so the delete waits for it, and the rebuild copies only what the journal keeps."""
+    box = Outbox(postgresql_url)
+    try:
+        sent_old_and_new(box)
+        one_chunk = purge_chunk(database_time(-7 * DAY), 5000)
+        rebuilt: list[int] = []
+
+        def by_hand_then_rebuild() -> None:
+            with box.admin.engine.begin() as conn:
+                conn.execute(sa.delete(outbox_sent_state))
+            rebuilt.append(rebuild(postgresql_url))
+
+        waiting = sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+
+        def blocked() -> bool:
+            with box.admin.engine.connect() as other:
+                return bool(other.execute(waiting).scalar_one() == 1)
+
+        with box.writer.engine.connect() as purging:
+            with purging.begin():
+                assert one_chunk(purging) == 1
+                thread = threading.Thread(target=by_hand_then_rebuild)
+                thread.start()
+                wait_until(blocked, 30, "the delete, or the rebuild, waiting for the chunk")
+            thread.join(timeout=30)
+        assert rebuilt == [0], "the log kept the new entry, and the purged one stays purged"
+        with box.writer.engine.connect() as conn:
+            left = conn.execute(sa.select(outbox_sent.c.key)).scalars().all()
+        assert left == [sent_key_value("new", box.writer.engine.dialect)]
+        box.writer.enqueue([message("old"), message("new")])
+        assert claimable(box.store) == ["old"], "past its horizon and purged: new again"
     finally:
         box.close()
 
