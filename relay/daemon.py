@@ -209,26 +209,31 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
 
 
 async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
-    """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if a crash or a
-    failover emptied it (PostgreSQL: ``relay.db.sentlog``), rebuild it from its journal,
-    unless another relay is. Claims take nothing meanwhile. A failed look or rebuild is
-    logged and tried again at the next look; a stop cancels a rebuild under way."""
+    """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if it is not (a crash
+    or a failover emptied PostgreSQL's, ``relay.db.sentlog``, or its state row was deleted),
+    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile, and
+    the gauge says 0 from the look that finds it so until one finds it whole. A failed look
+    or rebuild is logged and tried again at the next look (the gauge keeps the last answer);
+    a stop cancels a rebuild under way."""
     rebuild = SentLogRebuild(settings.database_url)
     warned = False  # once per emptied log, not at each look while another relay rebuilds it
     try:
         while True:
             try:
                 whole = await in_thread(rebuild.complete)
-                if not whole and not warned:
-                    log.warning(
-                        "the sent log is not complete (a crash or a failover emptied it): "
-                        "claiming nothing until it is rebuilt from its journal",
-                        extra={"action": "sent_log_rebuild"},
-                    )
-                warned = not whole
-                if not whole:
-                    whole = await _rebuild_sent_log(rebuild)
                 metrics.sent_log_complete.set(1 if whole else 0)
+                if not whole:
+                    if not warned:
+                        log.warning(
+                            "the sent log is not complete (a crash or a failover emptied it, "
+                            "or its state row was deleted): claiming nothing until it is "
+                            "rebuilt from its journal",
+                            extra={"action": "sent_log_rebuild"},
+                        )
+                    warned = True
+                    whole = await _rebuild_sent_log(rebuild)
+                    metrics.sent_log_complete.set(1 if whole else 0)
+                warned = warned and not whole
             except RelayError as exc:
                 log.warning("%s", exc, extra={"action": "sent_log_failed"})
             await asyncio.sleep(SENT_LOG_CHECK_S)

@@ -6,6 +6,8 @@ horizon."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import sqlalchemy as sa
 
 from devtools.outbox import statuses
 from devtools.servers import PostgresServer, wait_until
+from relay.daemon import _whole_sent_log
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
 from relay.db.columns import sent_key_value
@@ -31,7 +34,9 @@ from relay.db.schema import (
 from relay.db.sentlog import SentLogRebuild, purge_chunk
 from relay.db.sink import OutboxSink
 from relay.errors import RelayError
+from relay.metrics import Metrics
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
+from tests.support.inprocess import logged, settings
 from tests.support.rows import sink_chunk
 
 DAY = 24 * 3600.0
@@ -405,6 +410,59 @@ def test_a_state_row_deleted_during_a_purge_chunk_waits_for_it(postgresql_url: s
         assert left == [sent_key_value("new", box.writer.engine.dialect)]
         box.writer.enqueue([message("old"), message("new")])
         assert claimable(box.store) == ["old"], "past its horizon and purged: new again"
+    finally:
+        box.close()
+
+
+def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
+    postgresql_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relay's looks at the log (``relay.daemon``): from the look that finds it lost, the
+    gauge says 0 while this relay rebuilds it (held here behind a lock on the journal), 1
+    once rebuilt; a second loss right after the rebuild is warned of again, as the first."""
+    caplog.set_level(logging.INFO)
+    values = settings(postgresql_url, "amqp://guest:guest@127.0.0.1:1/%2F")
+    metrics = Metrics()
+    box = Outbox(postgresql_url)
+    box.writer.enqueue([message("m-1")])
+    box.relay_all()
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("relay_sent_log_complete")
+
+    copying = sa.text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE 'WITH copied AS%'"
+    )
+
+    def blocked() -> bool:
+        with box.admin.engine.connect() as other:
+            return bool(other.execute(copying).scalar_one() == 1)
+
+    def rebuilt(times: int) -> bool:
+        return len(logged(caplog, "sent_log_rebuilt")) == times
+
+    async def scenario() -> float | None:
+        looking = asyncio.create_task(_whole_sent_log(values, metrics))
+        try:
+            await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
+            with box.writer.engine.begin() as conn:
+                conn.execute(sa.text("LOCK TABLE outbox_sent_journal IN ACCESS EXCLUSIVE MODE"))
+                lose_the_log(postgresql_url)
+                await asyncio.to_thread(wait_until, blocked, 60, "the rebuild under way")
+                during = gauge()
+            await asyncio.to_thread(wait_until, lambda: rebuilt(1), 60, "the rebuild")
+            lose_the_log(postgresql_url)  # before the next look
+            await asyncio.to_thread(wait_until, lambda: rebuilt(2), 60, "the second rebuild")
+            return during
+        finally:
+            looking.cancel()
+            await asyncio.gather(looking, return_exceptions=True)
+
+    try:
+        assert asyncio.run(scenario()) == 0, "claiming nothing while it rebuilds"
+        assert gauge() == 1
+        assert len(logged(caplog, "sent_log_rebuild")) == 2, "each loss warned of"
     finally:
         box.close()
 
