@@ -112,6 +112,12 @@ SENT_LOG_CHECK_S = 5.0
 # order, before it spills to temporary files: a session setting of its one transaction, not
 # the server's. 60 million entries sort in passes over about 3 GB of temporary files.
 SENT_LOG_REBUILD_WORK_MEM = "64MB"
+# How often the database checks, during the rebuild's one long statement, that its relay is
+# still connected (PostgreSQL 14's client_connection_check_interval, ms): a relay killed
+# mid-rebuild otherwise left its backend copying to the end (or waiting on a lock for ever),
+# holding the state row's lock, and the next relay waited that long before starting again
+# (twice the pause: 2 million entries copied on for 3.8 s after the kill, 0.5 s with it).
+SENT_LOG_REBUILD_CLIENT_CHECK_MS = 1000
 
 # --- Messages ------------------------------------------------------------------------------
 # The largest message (payload and headers, bytes) the relay reads and publishes, and the Spark

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -329,6 +331,43 @@ def test_a_rebuild_cancelled_as_its_relay_stops_rolls_back(postgresql_url: str) 
         assert rebuild(postgresql_url) == 1
     finally:
         rebuilder.close()
+        box.close()
+
+
+def test_a_relay_killed_mid_rebuild_leaves_it_to_the_next_at_once(postgresql_url: str) -> None:
+    """A relay killed (SIGKILL) while its rebuild's statement runs (here waiting behind an
+    operator's lock, which it waits for as long as it is held, as it copies for as long as
+    the journal needs): the server ends the statement as it finds the relay gone, rolling
+    back and freeing the state row, rather than going on to the end; the next relay
+    rebuilds."""
+    box = Outbox(postgresql_url)
+    box.writer.enqueue([message("m-1")])
+    box.relay_all()
+    lose_the_log(postgresql_url)
+    script = (
+        "import sys; from relay.db.sentlog import SentLogRebuild; "
+        "SentLogRebuild(sys.argv[1]).rebuild()"
+    )
+    copying = sa.text(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'WITH copied AS%INSERT INTO%'"
+    )
+
+    def running() -> int:
+        with box.admin.engine.connect() as other:  # a snapshot of its own
+            return int(other.execute(copying).scalar_one())
+
+    try:
+        with box.writer.engine.begin() as conn:
+            conn.execute(sa.text("LOCK TABLE outbox_sent IN SHARE MODE"))
+            relay = subprocess.Popen([sys.executable, "-c", script, postgresql_url])
+            try:
+                wait_until(lambda: running() == 1, 60, "the rebuild waiting on the lock")
+            finally:
+                relay.kill()
+                relay.wait(timeout=30)
+            wait_until(lambda: running() == 0, 30, "the killed relay's statement ended")
+        assert rebuild(postgresql_url) == 1
+    finally:
         box.close()
 
 

@@ -281,8 +281,9 @@ class Dialect(abc.ABC):
     # The sent log's rebuild (``relay.db.sentlog``), where the log is journaled ------------
 
     def unbounded(self, conn: sa.Connection) -> None:
-        """Lift the relay session's statement timeout for the rest of ``conn``'s transaction,
-        and give its sorts room: the rebuild is one statement, as long as the journal needs."""
+        """Lift the relay session's statement and lock timeouts for the rest of ``conn``'s
+        transaction, give its sorts room, and have the server end it if its relay goes away:
+        the rebuild is one statement, as long as the journal needs."""
         raise NotImplementedError(f"{self.name} journals no sent log")
 
     def cancel(self, driver_connection: Any) -> None:

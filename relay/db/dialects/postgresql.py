@@ -32,6 +32,7 @@ from relay.constants import (
     DB_TCP_USER_TIMEOUT_S,
     MERGE_WORK_MEM,
     MIGRATION_LOCK_KEY,
+    SENT_LOG_REBUILD_CLIENT_CHECK_MS,
     SENT_LOG_REBUILD_WORK_MEM,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
@@ -212,9 +213,15 @@ class PostgreSQL(Dialect):
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
 
     def unbounded(self, conn: sa.Connection) -> None:
-        # Settings a role may change for itself: the caller's rights suffice.
+        # Settings a role may change for itself: the caller's rights suffice. Its lock waits
+        # are not bounded either: an operator's lock would otherwise fail it every few
+        # seconds. A stop cancels it (``cancel``), and the client check ends it if its relay
+        # dies.
         conn.execute(sa.text("SET LOCAL statement_timeout = 0"))
+        conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
         conn.execute(sa.text(f"SET LOCAL work_mem = '{SENT_LOG_REBUILD_WORK_MEM}'"))
+        check = SENT_LOG_REBUILD_CLIENT_CHECK_MS
+        conn.execute(sa.text(f"SET LOCAL client_connection_check_interval = {check}"))
 
     def cancel(self, driver_connection: Any) -> None:
         driver_connection.cancel_safe(timeout=DB_CONNECT_TIMEOUT_S)
