@@ -499,7 +499,7 @@ def _mariadb_prepare(server: MariaDBServer, name: str, entries: int) -> None:
             for first in range(1, entries + 1, AGE_STEP):
                 last = min(entries, first + AGE_STEP - 1)
                 conn.exec_driver_sql(
-                    "INSERT INTO outbox_sent (`key`, id, created_at, sent_at) "
+                    "INSERT INTO outbox_sent_log (`key`, id, created_at, sent_at) "
                     "SELECT unhex(md5(concat('aged-', seq))), -seq, t, t FROM (SELECT seq, "
                     f"utc_timestamp(6) - INTERVAL ({HORIZON_S} * (1 - seq / {entries})) SECOND "
                     f"AS t FROM seq_{first}_to_{last}) AS aged"
@@ -524,9 +524,9 @@ def _mariadb_cycle(
         return {**found, "cpu": tree_cpu_seconds(server.pid())}
 
     values = ", ".join(["(unhex(md5(%s)), %s, utc_timestamp(6), utc_timestamp(6))"] * args.batch)
-    ack = f"INSERT IGNORE INTO outbox_sent (`key`, id, created_at, sent_at) VALUES {values}"
+    ack = f"INSERT IGNORE INTO outbox_sent_log (`key`, id, created_at, sent_at) VALUES {values}"
     probe = (
-        "SELECT count(*) FROM outbox_sent WHERE `key` IN ("
+        "SELECT count(*) FROM outbox_sent_log WHERE `key` IN ("
         + ", ".join(["unhex(md5(%s))"] * args.batch)
         + ")"
     )

@@ -50,7 +50,7 @@ def main() -> int:
         pg.stop("immediate")
         pg.start()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            left = conn.execute("SELECT count(*) FROM outbox_sent").fetchone()[0]  # type: ignore[index]
+            left = conn.execute("SELECT count(*) FROM outbox_sent_log").fetchone()[0]  # type: ignore[index]
             assert left == 0, f"the unlogged log kept {left} entries through the crash"
             lsn = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"
             wal0 = conn.execute(lsn).fetchone()[0]  # type: ignore[index]
@@ -77,7 +77,7 @@ def main() -> int:
             seconds = time.monotonic() - started
             cpu = tree_cpu_seconds(pg.pid()) - cpu0
             wal = conn.execute(lsn).fetchone()[0] - wal0  # type: ignore[index]
-            logged = conn.execute("SELECT count(*) FROM outbox_sent").fetchone()[0]  # type: ignore[index]
+            logged = conn.execute("SELECT count(*) FROM outbox_sent_log").fetchone()[0]  # type: ignore[index]
         result = {
             "journaled": int(journaled),
             "rebuilt": int(logged),

@@ -318,7 +318,11 @@ class Postgres:
         self.dsn = f"host=127.0.0.1 port={server.port} user=postgres dbname={database}"
         self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="soak-bench")
         journaled = self.one("SELECT to_regclass('outbox_sent_journal') IS NOT NULL")[0]
-        self.entries = _JOURNALED_ENTRIES if journaled else "outbox_sent"
+        # The sent log's name: ``outbox_sent`` before migration 0015 (a --checkout's).
+        self.log = "outbox_sent_log" if journaled else "outbox_sent"
+        self.entries = _JOURNALED_ENTRIES if journaled else self.log
+        # A table of the entries' sent times with an index on them (the oldest, at once).
+        self.sent_times = "outbox_sent_journal" if journaled else self.log
 
     def one(self, sql: str, *params: Any) -> Any:
         return self.conn.execute(sql, params).fetchone()
@@ -378,7 +382,7 @@ class Postgres:
         return int(count), 1000 * (p50 or 0.0), 1000 * (p99 or 0.0)
 
     def sent(self) -> int:
-        return int(self.one("SELECT count(*) FROM outbox_sent")[0])
+        return int(self.one(f"SELECT count(*) FROM {self.log}")[0])
 
 
 # --- Readings and samples -------------------------------------------------------------------
@@ -498,11 +502,12 @@ def age_sent_log(
         (row[0], row[1])
         for row in db.all(
             "SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x "
-            "JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = 'outbox_sent'::regclass"
+            "JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = %s::regclass",
+            db.log,
         )
     ]
     if build_indexes:
-        db.conn.execute("ALTER TABLE outbox_sent DROP CONSTRAINT outbox_sent_pkey")
+        db.conn.execute(f"ALTER TABLE {db.log} DROP CONSTRAINT {db.log}_pkey")
         for name, _ in indexes:
             db.conn.execute(f"DROP INDEX IF EXISTS {name}")
     acks = -(-entries // per_ack)
@@ -512,7 +517,7 @@ def age_sent_log(
         "%(acks)s)) AS t FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g"
     )
     log = (
-        "INSERT INTO outbox_sent (key, id, created_at, sent_at) "
+        f"INSERT INTO {db.log} (key, id, created_at, sent_at) "
         "SELECT md5('aged-' || i)::uuid, -i, t, t FROM (" + times + ") AS ack, "
         "generate_series(g * %(per)s + 1, g * %(per)s + %(per)s) AS i"
     )
@@ -543,14 +548,12 @@ def age_sent_log(
     if build_indexes:
         db.conn.execute("SET maintenance_work_mem = '1GB'")
         for name, definition in indexes:
-            if name == "outbox_sent_pkey":
-                db.conn.execute(
-                    "ALTER TABLE outbox_sent ADD CONSTRAINT outbox_sent_pkey PRIMARY KEY (key)"
-                )
+            if name == f"{db.log}_pkey":
+                db.conn.execute(f"ALTER TABLE {db.log} ADD CONSTRAINT {name} PRIMARY KEY (key)")
             else:
                 db.conn.execute(definition)
         print(f"  indexes built, {time.monotonic() - started:.0f} s", flush=True)
-    db.conn.execute("VACUUM ANALYZE outbox_sent")
+    db.conn.execute(f"VACUUM ANALYZE {db.log}")
     if journal:
         db.conn.execute("VACUUM ANALYZE outbox_sent_journal")
     db.conn.execute("CREATE TABLE soak_aged (entries bigint)")
@@ -744,7 +747,8 @@ def run_phase(
     bench = Bench(Postgres(cluster.pg, sa.make_url(url).database or ""), cluster.node)
     settings = dict(cluster.settings)
     if name == "aged" and not args.retention:
-        age = bench.db.one("SELECT extract(epoch FROM now() - min(sent_at)) FROM outbox_sent")[0]
+        oldest = f"SELECT extract(epoch FROM now() - min(sent_at)) FROM {bench.db.sent_times}"
+        age = bench.db.one(oldest)[0]
         settings.update(RELAY_RETENTION=str(max(60, int(age) - 60)), RELAY_PURGE_INTERVAL="60")
     with ExitStack() as stack:
         stack.callback(bench.db.conn.close)

@@ -33,7 +33,7 @@ CONSOLE = "console"
 PRIVILEGES: dict[str, dict[str, str]] = {
     RELAY: {
         "outbox": "SELECT, UPDATE, DELETE",
-        "outbox_sent": "SELECT, INSERT, DELETE",
+        "outbox_sent_log": "SELECT, INSERT, DELETE",
         "outbox_buckets": "SELECT, UPDATE",
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_protocol": "SELECT",
@@ -48,7 +48,8 @@ PRIVILEGES: dict[str, dict[str, str]] = {
     },
     CONSOLE: {
         "outbox": "SELECT, INSERT, UPDATE, DELETE",
-        "outbox_sent": "SELECT",
+        "outbox_sent_log": "SELECT",
+        "outbox_sent_journal": "SELECT",
         "outbox_buckets": "SELECT",
         "outbox_relays": "SELECT",
         "outbox_protocol": "SELECT",

@@ -310,12 +310,12 @@ def test_a_rebuild_cancelled_as_its_relay_stops_rolls_back(postgresql_url: str) 
 
     try:
         with box.writer.engine.begin() as conn:
-            conn.execute(sa.text("LOCK TABLE outbox_sent IN SHARE MODE"))
+            conn.execute(sa.text("LOCK TABLE outbox_sent_log IN SHARE MODE"))
             thread = threading.Thread(target=run)
             thread.start()
             waiting = sa.text(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'WITH copied AS%INSERT INTO outbox_sent %'"
+                "AND query LIKE 'WITH copied AS%INSERT INTO outbox_sent_log %'"
             )
 
             def blocked() -> bool:
@@ -358,7 +358,7 @@ def test_a_relay_killed_mid_rebuild_leaves_it_to_the_next_at_once(postgresql_url
 
     try:
         with box.writer.engine.begin() as conn:
-            conn.execute(sa.text("LOCK TABLE outbox_sent IN SHARE MODE"))
+            conn.execute(sa.text("LOCK TABLE outbox_sent_log IN SHARE MODE"))
             relay = subprocess.Popen([sys.executable, "-c", script, postgresql_url])
             try:
                 wait_until(lambda: running() == 1, 60, "the rebuild waiting on the lock")

@@ -20,9 +20,11 @@ from relay.db.schema.metadata import metadata
 # ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
 # horizon (the retention): a relay's claim probes it for every row it claims and drops,
 # unpublished, a row whose message id is here (``relay.db.claims``), whoever the writer
-# was. Its times serve ``relay status`` (sent counts, latency) and the purge.
+# was. Its times serve ``relay status`` (sent counts, latency) and the purge. Named
+# ``outbox_sent`` until migration 0015, which renamed it so that no relay of the releases
+# before, which log acks without the journal (below), can write it once it is journaled.
 outbox_sent = sa.Table(
-    "outbox_sent",
+    "outbox_sent_log",
     metadata,
     sa.Column("key", SENT_KEY, primary_key=True),
     sa.Column("id", ROW_ID, nullable=False),
