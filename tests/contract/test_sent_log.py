@@ -533,3 +533,48 @@ def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> 
             box.close()
     finally:
         server.stop()
+
+
+def test_an_id_acked_after_a_crash_undid_the_purge_of_its_first_entry_stays_known(
+    tmp_path: Path,
+) -> None:
+    """A message id acked 8 days ago is written again; the relay's retention purge deletes
+    the old entry and its journal row, and a claim then takes the new row, not sent before,
+    and publishes it. PostgreSQL crashes right after. Had the purge been seen before its
+    commit was flushed (the relay's sessions commit so), the crash would undo it: the old
+    journal row back, the rebuild copying the old entry into the log, the new row's ack
+    finding its key logged and journaling nothing, and the next purge deleting the only
+    entry of an id acked minutes before, to be published again when written again. The
+    purge commits durably: the id stays known. (The WAL writer's period is its longest here,
+    so that nothing but the purge's own commit would flush it before the crash.)"""
+    server = PostgresServer(tmp_path / "pg", settings=["wal_writer_delay=10000"])
+    server.start()
+    try:
+        server.create_database("outbox")
+        url = server.url("outbox")
+        migrate(url)
+        box = Outbox(url)
+        box.writer.enqueue([message("K")])
+        (first,) = box.relay_all()
+        with box.writer.engine.begin() as conn:  # durable
+            sent_days_ago(conn, first, 8)
+        box.writer.enqueue([message("K")])
+        retention = OutboxAdmin(url, relay_session=True)  # the relay's own purge
+        assert retention.purge(7 * DAY) == 1
+        (published,) = box.store.claim(10, NO_BYTE_LIMIT)
+        assert not published.sent_before
+        server.stop("immediate")
+        server.start()
+        retention.close()
+        box.close()
+        box = Outbox(url)
+        try:
+            rebuild(url)
+            box.store.settle(SettleBatch(sent=(published.id,)))  # its broker ack, written now
+            box.admin.purge(7 * DAY)
+            box.writer.enqueue([message("K")])
+            assert claimable(box.store) == [], "K was acked minutes ago: within its horizon"
+        finally:
+            box.close()
+    finally:
+        server.stop()
