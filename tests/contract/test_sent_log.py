@@ -506,6 +506,52 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
         box.close()
 
 
+def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relay's looks through a crash of PostgreSQL (an immediate stop, and a start): the
+    gauge says 0 while the server is down (the looks fail, and so would claims), the relay
+    warns of the emptied log, rebuilds it, and says 1 again."""
+    caplog.set_level(logging.INFO)
+    server = PostgresServer(tmp_path / "pg")
+    server.start()
+    try:
+        server.create_database("outbox")
+        url = server.url("outbox")
+        migrate(url)
+        box = Outbox(url)
+        box.writer.enqueue([message("m-1")])
+        box.relay_all()
+        box.close()
+        metrics = Metrics()
+
+        def gauge() -> float | None:
+            return metrics.registry.get_sample_value("relay_sent_log_complete")
+
+        def rebuilt() -> bool:
+            return bool(logged(caplog, "sent_log_rebuilt"))
+
+        async def scenario() -> None:
+            values = settings(url, "amqp://guest:guest@127.0.0.1:1/%2F")
+            looking = asyncio.create_task(_whole_sent_log(values, metrics))
+            try:
+                await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
+                await asyncio.to_thread(server.stop, "immediate")
+                await asyncio.to_thread(wait_until, lambda: gauge() == 0, 60, "a failed look")
+                await asyncio.to_thread(server.start)
+                await asyncio.to_thread(wait_until, rebuilt, 60, "the rebuild")
+            finally:
+                looking.cancel()
+                await asyncio.gather(looking, return_exceptions=True)
+
+        asyncio.run(scenario())
+        assert gauge() == 1
+        assert logged(caplog, "sent_log_failed") and logged(caplog, "sent_log_rebuild")
+        assert statuses(url) == {"sent": 1}, "the entry back in the log"
+    finally:
+        server.stop()
+
+
 def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> None:
     """PostgreSQL crashes (an immediate stop: no shutdown checkpoint) after three acks: its
     unlogged log comes back empty, the journal whole. No row is claimed until a relay's
