@@ -108,6 +108,10 @@ PURGE_CHUNK = 5000
 # until it is: a crash's rebuild starts this long after the relay is connected again, at
 # most), and between its tries while another relay rebuilds it.
 SENT_LOG_CHECK_S = 5.0
+# Seconds before a relay looks again after a look at the sent log failed: after a crash of
+# the database the first look fails on a connection the crash closed, and the next finds the
+# log empty; waiting SENT_LOG_CHECK_S added 5 s to every crash's pause.
+SENT_LOG_RETRY_S = 1.0
 # Memory the sent log's rebuild (``relay.db.sentlog``) may sort its entries in, in key
 # order, before it spills to temporary files: a session setting of its one transaction, not
 # the server's. 60 million entries sort in passes over about 3 GB of temporary files.

@@ -20,6 +20,7 @@ from relay.broker.topology import Topology, load_topology
 from relay.constants import (
     PURGE_CHUNK,
     SENT_LOG_CHECK_S,
+    SENT_LOG_RETRY_S,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
     TURNS_PER_LEASE,
@@ -211,10 +212,10 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
 async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
     """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if it is not (a crash
     or a failover emptied PostgreSQL's, ``relay.db.sentlog``, or its state row was deleted),
-    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile, and
-    the gauge says 0 from the look that finds it so until one finds it whole. A failed look
-    or rebuild is logged and tried again at the next look (the gauge keeps the last answer);
-    a stop cancels a rebuild under way."""
+    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile. The
+    gauge says 0 from the look that finds it so, or that fails (claims fail too, and a crash
+    is seen first as a failed look), until a look finds it whole; a failed look is tried
+    again after ``SENT_LOG_RETRY_S``. A stop cancels a rebuild under way."""
     rebuild = SentLogRebuild(settings.database_url)
     warned = False  # once per emptied log, not at each look while another relay rebuilds it
     try:
@@ -233,9 +234,17 @@ async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
                     warned = True
                     whole = await _rebuild_sent_log(rebuild)
                     metrics.sent_log_complete.set(1 if whole else 0)
+                elif warned:
+                    log.info(
+                        "the sent log is complete (another relay rebuilt it): claiming again",
+                        extra={"action": "sent_log_complete"},
+                    )
                 warned = warned and not whole
             except RelayError as exc:
+                metrics.sent_log_complete.set(0)
                 log.warning("%s", exc, extra={"action": "sent_log_failed"})
+                await asyncio.sleep(SENT_LOG_RETRY_S)
+                continue
             await asyncio.sleep(SENT_LOG_CHECK_S)
     finally:
         rebuild.close()

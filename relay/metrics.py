@@ -92,8 +92,9 @@ class Metrics:
         )
         self.sent_log_complete = Gauge(
             "relay_sent_log_complete",
-            "1 while the sent log is whole; 0 while it is rebuilt from its journal after a "
-            "crash or a failover emptied it (PostgreSQL): meanwhile no relay claims a row.",
+            "1 while the sent log is whole; 0 while it is not known to be: rebuilt from its "
+            "journal after a crash or a failover emptied it (PostgreSQL), or the database "
+            "did not answer the last look. Meanwhile this relay claims no row.",
             registry=r,
         )
         self.broker_connected = Gauge(

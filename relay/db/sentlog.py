@@ -91,7 +91,13 @@ def purge_chunk(cutoff: sa.ColumnElement[Any], chunk: int) -> Callable[[sa.Conne
     one that began as a purge deleted a row would bring its entries back as log entries no
     journal row holds, which no purge would ever find (kept for ever). A rebuild, or a state
     row deleted or updated by hand, waits for the chunk; a chunk that finds the rebuild
-    holding the row purges nothing (the log is incomplete)."""
+    holding the row purges nothing (the log is incomplete), and says so.
+
+    Committed durably, though in a relay session: seen before it is flushed, a purge lets a
+    claim take a re-written id as new and publish it, and a crash then undoes the purge; the
+    rebuild brings the old entry back, the new publication's ack finds its key logged and
+    journals nothing, and the next purge deletes the only entry of an id acked minutes
+    before."""
     whole = (
         sa.select(_STATE.c.complete)
         .where(_STATE.c.log == SENT_LOG)
@@ -101,7 +107,12 @@ def purge_chunk(cutoff: sa.ColumnElement[Any], chunk: int) -> Callable[[sa.Conne
 
     def one_chunk(conn: sa.Connection) -> int:
         if not conn.execute(whole).scalar():
+            log.warning(
+                "the sent log is not complete (being rebuilt): its entries are purged once it is",
+                extra={"action": "purge_waits"},
+            )
             return 0
+        of(conn).durable_commit(conn)
         return int(conn.execute(purge).scalar_one())
 
     return one_chunk

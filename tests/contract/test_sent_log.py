@@ -506,6 +506,52 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
         box.close()
 
 
+def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relay's looks through a crash of PostgreSQL (an immediate stop, and a start): the
+    gauge says 0 while the server is down (the looks fail, and so would claims), the relay
+    warns of the emptied log, rebuilds it, and says 1 again."""
+    caplog.set_level(logging.INFO)
+    server = PostgresServer(tmp_path / "pg")
+    server.start()
+    try:
+        server.create_database("outbox")
+        url = server.url("outbox")
+        migrate(url)
+        box = Outbox(url)
+        box.writer.enqueue([message("m-1")])
+        box.relay_all()
+        box.close()
+        metrics = Metrics()
+
+        def gauge() -> float | None:
+            return metrics.registry.get_sample_value("relay_sent_log_complete")
+
+        def rebuilt() -> bool:
+            return bool(logged(caplog, "sent_log_rebuilt"))
+
+        async def scenario() -> None:
+            values = settings(url, "amqp://guest:guest@127.0.0.1:1/%2F")
+            looking = asyncio.create_task(_whole_sent_log(values, metrics))
+            try:
+                await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
+                await asyncio.to_thread(server.stop, "immediate")
+                await asyncio.to_thread(wait_until, lambda: gauge() == 0, 60, "a failed look")
+                await asyncio.to_thread(server.start)
+                await asyncio.to_thread(wait_until, rebuilt, 60, "the rebuild")
+            finally:
+                looking.cancel()
+                await asyncio.gather(looking, return_exceptions=True)
+
+        asyncio.run(scenario())
+        assert gauge() == 1
+        assert logged(caplog, "sent_log_failed") and logged(caplog, "sent_log_rebuild")
+        assert statuses(url) == {"sent": 1}, "the entry back in the log"
+    finally:
+        server.stop()
+
+
 def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> None:
     """PostgreSQL crashes (an immediate stop: no shutdown checkpoint) after three acks: its
     unlogged log comes back empty, the journal whole. No row is claimed until a relay's
@@ -529,6 +575,51 @@ def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> 
             assert box.store.claim(10_000, NO_BYTE_LIMIT) == []
             assert rebuild(url) == 3
             assert claimable(box.store) == ["m-3"]
+        finally:
+            box.close()
+    finally:
+        server.stop()
+
+
+def test_an_id_acked_after_a_crash_undid_the_purge_of_its_first_entry_stays_known(
+    tmp_path: Path,
+) -> None:
+    """A message id acked 8 days ago is written again; the relay's retention purge deletes
+    the old entry and its journal row, and a claim then takes the new row, not sent before,
+    and publishes it. PostgreSQL crashes right after. Had the purge been seen before its
+    commit was flushed (the relay's sessions commit so), the crash would undo it: the old
+    journal row back, the rebuild copying the old entry into the log, the new row's ack
+    finding its key logged and journaling nothing, and the next purge deleting the only
+    entry of an id acked minutes before, to be published again when written again. The
+    purge commits durably: the id stays known. (The WAL writer's period is its longest here,
+    so that nothing but the purge's own commit would flush it before the crash.)"""
+    server = PostgresServer(tmp_path / "pg", settings=["wal_writer_delay=10000"])
+    server.start()
+    try:
+        server.create_database("outbox")
+        url = server.url("outbox")
+        migrate(url)
+        box = Outbox(url)
+        box.writer.enqueue([message("K")])
+        (first,) = box.relay_all()
+        with box.writer.engine.begin() as conn:  # durable
+            sent_days_ago(conn, first, 8)
+        box.writer.enqueue([message("K")])
+        retention = OutboxAdmin(url, relay_session=True)  # the relay's own purge
+        assert retention.purge(7 * DAY) == 1
+        (published,) = box.store.claim(10, NO_BYTE_LIMIT)
+        assert not published.sent_before
+        server.stop("immediate")
+        server.start()
+        retention.close()
+        box.close()
+        box = Outbox(url)
+        try:
+            rebuild(url)
+            box.store.settle(SettleBatch(sent=(published.id,)))  # its broker ack, written now
+            box.admin.purge(7 * DAY)
+            box.writer.enqueue([message("K")])
+            assert claimable(box.store) == [], "K was acked minutes ago: within its horizon"
         finally:
             box.close()
     finally:

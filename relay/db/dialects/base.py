@@ -291,6 +291,11 @@ class Dialect(abc.ABC):
         when the relay stops)."""
         raise NotImplementedError(f"{self.name} journals no sent log")
 
+    def durable_commit(self, conn: sa.Connection) -> None:
+        """Have ``conn``'s transaction, in a relay session, seen by others only once its
+        commit is on disk (a purge of the journal's: ``relay.db.sentlog.purge_chunk``)."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
     # Migrations ---------------------------------------------------------------------------
 
     @abc.abstractmethod

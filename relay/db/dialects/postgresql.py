@@ -226,6 +226,11 @@ class PostgreSQL(Dialect):
     def cancel(self, driver_connection: Any) -> None:
         driver_connection.cancel_safe(timeout=DB_CONNECT_TIMEOUT_S)
 
+    def durable_commit(self, conn: sa.Connection) -> None:
+        # An asynchronous commit is visible before it is flushed; a synchronous one only
+        # after, so that no one acts on what a crash then undoes.
+        conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
+
     def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
         # An INSERT that takes its id from a table's sequence needs to use it.
         return [f"GRANT USAGE ON SEQUENCE {table}_id_seq TO {grantee}" for table in tables]
