@@ -33,7 +33,8 @@ CONSOLE = "console"
 PRIVILEGES: dict[str, dict[str, str]] = {
     RELAY: {
         "outbox": "SELECT, UPDATE, DELETE",
-        "outbox_sent_log": "SELECT, INSERT, DELETE",
+        # UPDATE: on PostgreSQL an ack replaces an older entry of its key (relay.db.settles).
+        "outbox_sent_log": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_buckets": "SELECT, UPDATE",
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_protocol": "SELECT",

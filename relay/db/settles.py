@@ -100,16 +100,19 @@ class Settles:
         """What an ack writes, for the ids bound as ``ids``, in order.
 
         ``keep_sent = messages``: the row is marked sent. ``ids``: the row is deleted and its
-        message id's key, id and times go to the sent log. A key already logged (a message
-        sent again) keeps its first entry.
+        message id's key, id and times go to the sent log.
 
         Where the log is journaled (PostgreSQL, ``relay.db.sentlog``): one statement (a
         data-modifying CTE) deletes the rows, logs their keys and writes what it logged to the
-        journal, one row. The log's key is tested by ``ON CONFLICT DO NOTHING``: on the
-        unlogged log its speculative insertion writes no WAL (on the logged log of the
-        releases before, its confirmation records were 48 of the 552 bytes of WAL an acked
-        row cost, and a probe of the key replaced it), and it skips a key a rebuild copied
-        meanwhile. Elsewhere: two statements of one transaction."""
+        journal, one row. A key already logged takes the ack's entry (``ON CONFLICT DO
+        UPDATE``), journaled with the others: a claim published the id because the log did
+        not have it, so the entry there is an older one a crash or a failover brought back
+        with the purge that had removed it undone; kept, it would go at the next purge, and
+        the id acked now with it. On the unlogged log the speculative insertion writes no WAL
+        (on the logged log of the releases before, its confirmation records were 48 of the
+        552 bytes of WAL an acked row cost, and a probe of the key replaced it). Elsewhere: two
+        statements of one transaction, and a key already logged (a message sent again) keeps
+        its first entry."""
         pending = self._pending_ids
         if keep_sent == KEEP_MESSAGES:
             mark = sa.update(outbox).where(pending)
@@ -126,7 +129,7 @@ class Settles:
                 sent_key(gone.c.message_id), gone.c.id, gone.c.created_at, database_time()
             )
             new = (
-                self._dialect.insert_or_ignore(outbox_sent)
+                self._dialect.insert_or_replace(outbox_sent, outbox_sent.c.key)
                 .from_select(columns, entries)
                 .returning(*(outbox_sent.c[c] for c in columns))
                 .cte("logged")

@@ -552,6 +552,36 @@ def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
         server.stop()
 
 
+def test_an_ack_replaces_an_older_entry_of_its_key(postgresql_url: str) -> None:
+    """A failover to an asynchronous standby loses the primary's last commits, a purge the
+    relays had acted on among them: the old entry of an id is back, while the id, written
+    again past its horizon, was published meanwhile. Its ack replaces that entry with its own
+    and journals it, so that the next purge, of the old entry's journal row, leaves the id
+    known for its new horizon."""
+    box = Outbox(postgresql_url)
+    try:
+        sent_old_and_new(box)
+        with box.writer.engine.connect() as conn:
+            old_rows = [
+                (table, [row._asdict() for row in conn.execute(sa.select(table))])
+                for table in (outbox_sent, outbox_sent_journal)
+            ]
+        assert box.admin.purge(7 * DAY) == 1
+        box.writer.enqueue([message("old")])
+        (published,) = box.store.claim(10, NO_BYTE_LIMIT)
+        assert not published.sent_before
+        with box.writer.engine.begin() as conn:  # the purge undone, as by the failover
+            for table, rows in old_rows:
+                conn.execute(sa.delete(table))
+                conn.execute(sa.insert(table), rows)
+        box.store.settle(SettleBatch(sent=(published.id,)))
+        assert box.admin.purge(7 * DAY) == 1, "the old entry's journal row"
+        box.writer.enqueue([message("old")])
+        assert claimable(box.store) == [], "acked minutes ago: within its horizon"
+    finally:
+        box.close()
+
+
 def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> None:
     """PostgreSQL crashes (an immediate stop: no shutdown checkpoint) after three acks: its
     unlogged log comes back empty, the journal whole. No row is claimed until a relay's

@@ -291,6 +291,11 @@ class Dialect(abc.ABC):
         when the relay stops)."""
         raise NotImplementedError(f"{self.name} journals no sent log")
 
+    def insert_or_replace(self, table: sa.Table, key: sa.Column[Any]) -> sa.Insert:
+        """An INSERT whose row replaces the one of its ``key`` if there is one; RETURNING
+        gives every row it wrote, added or replaced (an ack's, ``relay.db.settles``)."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
     def durable_commit(self, conn: sa.Connection) -> None:
         """Have ``conn``'s transaction, in a relay session, seen by others only once its
         commit is on disk (a purge of the journal's: ``relay.db.sentlog.purge_chunk``)."""

@@ -226,6 +226,11 @@ class PostgreSQL(Dialect):
     def cancel(self, driver_connection: Any) -> None:
         driver_connection.cancel_safe(timeout=DB_CONNECT_TIMEOUT_S)
 
+    def insert_or_replace(self, table: sa.Table, key: sa.Column[Any]) -> sa.Insert:
+        insert = postgresql.insert(table)
+        others = {c.name: insert.excluded[c.name] for c in table.columns if c is not key}
+        return insert.on_conflict_do_update(index_elements=[key], set_=others)
+
     def durable_commit(self, conn: sa.Connection) -> None:
         # An asynchronous commit is visible before it is flushed; a synchronous one only
         # after, so that no one acts on what a crash then undoes.
