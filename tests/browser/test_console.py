@@ -33,6 +33,7 @@ from tests.support.console import (
     browser,
     call,
     console_env,
+    follow,
     log_in,
     login_form,
     park,
@@ -117,11 +118,11 @@ def test_an_operator_replays_what_they_saw_through_the_relay_and_the_audit_says_
         page.goto(f"{console.url}/rows?exchange={exchange}")
         late = park(postgresql_url, [{"exchange": exchange, "message_id": "late"}], NO_ROUTE)
         page.check("#scope-filter")
-        page.click("#replay-selected")
+        follow(page, "#replay-selected")
         assert page.inner_text("#confirm-count").startswith("3 parked rows match")
         assert page.inner_text("#parked-since").startswith("1 rows parked since")
         shot(page, "confirm")
-        page.click("#confirm")
+        follow(page, "#confirm")
         assert page.inner_text("#changed") == "3 changed."
         assert page.inner_text("#parked-since").startswith("1 rows parked after")
 
@@ -246,7 +247,7 @@ def test_a_logout_a_removed_user_and_a_lowered_role_end_what_old_cookies_could_d
         bound = page.get_attribute("input[name=bound]", "value") or ""
         kept = session_cookie(chromium)
         replay = {"csrf": token, "action": "replay", "id": str(row), "bound": bound}
-        page.click("form.who button[type=submit]")  # log out
+        follow(page, "form.who button[type=submit]")  # log out
         assert page.url == console.url + "/login"
         # The cookie and token copied before the logout: refused, as if never logged in.
         assert call(console.url, "GET", "/", kept)[0] == 303
@@ -403,11 +404,11 @@ def test_an_admin_replays_an_edited_copy_and_each_row_names_the_other(
         log_in(page, console.url, "ada")
         page.goto(f"{console.url}/rows/{original}")
         page.fill("form.edit input[name=routing_key]", "order.paid")
-        page.click("form.edit button[type=submit]")
+        follow(page, "form.edit button[type=submit]")
         assert page.inner_text("#status") == "pending"
         copy = int(page.url.rsplit("/", 1)[1])
         assert copy != original and page.inner_text("#message-id") != "typo"
-        page.click(f"text=row {original}")
+        follow(page, f"text=row {original}")
         assert page.inner_text("#status") == "parked"
         assert page.locator(f"text=row {copy}").count() == 1
         assert chromium.dialogs == [] and chromium.errors == []
@@ -434,11 +435,11 @@ def test_an_edit_keeps_the_bytes_of_every_field_the_admin_left_alone(
         for row in rows:
             page.goto(f"{console.url}/rows/{row}")
             page.fill("form.edit input[name=exchange]", "fixed")
-            page.click("form.edit button[type=submit]")
+            follow(page, "form.edit button[type=submit]")
             copies.append(int(page.url.rsplit("/", 1)[1]))
         page.goto(f"{console.url}/rows/{rows[0]}")  # the payload edited: its line breaks as LF
         page.fill("form.edit textarea[name=payload]", '{"a":2}\n{"b":3}\n')
-        page.click("form.edit button[type=submit]")
+        follow(page, "form.edit button[type=submit]")
         copies.append(int(page.url.rsplit("/", 1)[1]))
         assert chromium.dialogs == [] and chromium.errors == []
     stored = rows_of(sqlite_url, copies)

@@ -18,7 +18,7 @@ from devtools.broker import drain, fresh_queue
 from devtools.servers import RabbitNode, free_port
 from relay.db.schema import console_audit, inbox_attempts
 from relay.inbox.policy import dead_letter_queue
-from tests.support.console import SCRIPT, signed_in
+from tests.support.console import SCRIPT, follow, signed_in
 
 
 def dead_letter(
@@ -67,9 +67,9 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
         assert f"ValueError: bad order 0 {SCRIPT}" in first and "billing" in first
         assert "\t5\t" in first and "2026-11-27T10:01:00Z" in first
         page.check("input[name=letter][value=order-2]")
-        page.click("button[value=requeue_dead_letters]")
+        follow(page, "button[value=requeue_dead_letters]")
         assert page.inner_text("#confirm-count") == "1 dead letters will go back to their queue."
-        page.click("#confirm")
+        follow(page, "#confirm")
         assert page.inner_text("#changed") == "1 changed."
         page.goto(f"{console.url}/inbox/{queue}")
         left = [
@@ -189,8 +189,8 @@ def test_a_letter_whose_queue_is_gone_stays_with_its_attempts_and_the_audit_says
         page.goto(f"{console.url}/inbox/{queue}")
         page.check("input[name=letter][value=order-0]")
         page.check("input[name=letter][value=order-1]")
-        page.click("button[value=requeue_dead_letters]")
-        page.click("#confirm")
+        follow(page, "button[value=requeue_dead_letters]")
+        follow(page, "#confirm")
         assert page.inner_text("#changed") == "1 changed."
         assert chromium.dialogs == [] and chromium.errors == []
     with engine.connect() as conn:

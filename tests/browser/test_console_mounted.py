@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 from devtools.servers import free_port, port_open, wait_until
 from relay.console.app import create_app, load_console
 from relay.settings import ConsoleSettings, Settings
-from tests.support.console import SECRET, browser, log_in, park, users_file
+from tests.support.console import SECRET, browser, follow, log_in, park, users_file
 
 
 def test_the_console_mounted_under_a_path_serves_its_pages_there(
@@ -48,7 +48,7 @@ def test_the_console_mounted_under_a_path_serves_its_pages_there(
             assert page.url == base + "/login"
             log_in(page, base, "vera")
             assert page.url == base + "/"
-            page.click("text=Parked rows")
+            follow(page, "text=Parked rows")
             assert page.url == base + "/rows"
             assert page.locator("#rows tbody tr").count() == 1
             cookies = {c["name"]: c for c in chromium.context.cookies()}

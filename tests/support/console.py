@@ -212,7 +212,14 @@ def log_in(page: Page, base: str, name: str, password: str = PASSWORD) -> None:
     page.goto(base + "/login")
     page.fill("input[name=name]", name)
     page.fill("input[name=password]", password)
-    page.click("form.login button[type=submit]")
+    follow(page, "form.login button[type=submit]")
+
+
+def follow(page: Page, selector: str) -> None:
+    """A click on a link or a form's button, and the page it leads to loaded: Playwright's
+    click waits only for the navigation to start, and a locator's count() does not wait, so
+    a count right after a bare click can read a document not yet parsed (seen in CI)."""
+    page.click(selector)
     page.wait_for_load_state()
 
 
