@@ -49,10 +49,14 @@ class ByteBudget:
         """Did the budget, rather than the outbox running dry, end a short claim of ``rows``
         rows and ``claimed`` bytes, made with ``room`` bytes of room? Guessed without another
         query: one more row like these (having claimed none, of half the budget) would not
-        have fit. Then the next claim waits for more room than this one had (``waits``). A
-        wrong guess costs one empty claim, or a wait for the next settle."""
+        have fit. Then the next claim waits for more room than this one had (``waits``),
+        unless settles beside the claim freed it already: called once the claim is back and
+        held, with the room it was made with. A wrong guess costs one empty claim, or a wait
+        for the next settle."""
         typical = claimed / rows if rows else self.limit / 2
         cut = claimed + typical > room
-        if cut:
+        # Freed while the claim ran, the room ends the wait now: no later settle might (a
+        # claim of nothing, its held rows all settled meanwhile, had claims wait for ever).
+        if cut and self.room <= room - claimed:
             self._cut_at = room - claimed
         return cut

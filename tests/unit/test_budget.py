@@ -46,26 +46,35 @@ def test_a_short_claim_was_cut_by_the_budget_when_one_more_row_like_its_own_woul
     assert ByteBudget(1000).cut_short(rows, claimed, room) is cut
 
 
-# name: (steps: ("hold", bytes) held or, negative, settled; ("claim", rows, bytes) a short
-# claim of that many rows and bytes, held, made with the room there was; whether claims then
-# wait for a settle to free room), budget 1000
+# name: (steps: ("hold", bytes) held or, negative, settled; ("claim", rows, bytes, freed) a
+# short claim of that many rows and bytes, held, made with the room there was, while settles
+# freed ``freed`` bytes; whether claims then wait for a settle to free room), budget 1000
 WAITS = {
     "nothing held": ([], False),
     "the budget spent": ([("hold", 1000)], True),
-    "a claim of nothing the budget cut waits": ([("hold", 600), ("claim", 0, 0)], True),
+    "a claim of nothing the budget cut waits": ([("hold", 600), ("claim", 0, 0, 0)], True),
     "a settle that frees room ends the wait": (
-        [("hold", 600), ("claim", 0, 0), ("hold", -1)],
+        [("hold", 600), ("claim", 0, 0, 0), ("hold", -1)],
         False,
     ),
-    "rows of 100 filling 400 of 450 wait": ([("hold", 550), ("claim", 4, 400)], True),
-    "a claim the outbox ended does not wait": ([("hold", 500), ("claim", 3, 300)], False),
+    "rows of 100 filling 400 of 450 wait": ([("hold", 550), ("claim", 4, 400, 0)], True),
+    "a claim the outbox ended does not wait": ([("hold", 500), ("claim", 3, 300, 0)], False),
     "a claim of nothing with room over half the budget does not wait": (
-        [("hold", 300), ("claim", 0, 0)],
+        [("hold", 300), ("claim", 0, 0, 0)],
         False,
     ),
     "a settle frees room, the next claim is cut again: waits again": (
-        [("hold", 600), ("claim", 0, 0), ("hold", -50), ("claim", 0, 0)],
+        [("hold", 600), ("claim", 0, 0, 0), ("hold", -50), ("claim", 0, 0, 0)],
         True,
+    ),
+    # Seen: a relay that claimed nothing for ever, its held rows all settled during the claim.
+    "everything held settled during a cut claim of nothing: no wait, nothing left to end it": (
+        [("hold", 600), ("claim", 0, 0, 600)],
+        False,
+    ),
+    "room freed during a cut claim: the next has more room, no wait": (
+        [("hold", 550), ("claim", 4, 400, 100)],
+        False,
     ),
 }
 
@@ -81,8 +90,9 @@ def test_claims_wait_for_room_after_one_the_budget_cut(
         match step:
             case ("hold", int(size)):
                 budget.hold(size)
-            case ("claim", int(rows), int(claimed)):
+            case ("claim", int(rows), int(claimed), int(freed)):
                 room = budget.room
+                budget.hold(-freed)
                 budget.hold(claimed)
                 budget.cut_short(rows, claimed, room)
     assert budget.waits is waits
