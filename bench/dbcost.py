@@ -115,7 +115,7 @@ def clean(url: str, engine: sa.Engine) -> None:
     admin.purge(0.0)
     admin.close()
     with engine.connect() as conn:
-        conn.execute(sa.text("VACUUM outbox, outbox_sent"))
+        conn.execute(sa.text("VACUUM outbox, outbox_sent_log"))
 
 
 def main() -> int:

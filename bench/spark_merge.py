@@ -73,7 +73,7 @@ def run(url: str, args: argparse.Namespace) -> dict[str, list[float]]:
                 with engine.begin() as conn:
                     conn.execute(sa.text(FILL.format(stage=stage, rows=args.rows)))
                     conn.execute(sa.text(f"ANALYZE {stage}"))
-                    conn.execute(sa.text("TRUNCATE outbox, outbox_sent"))
+                    conn.execute(sa.text("TRUNCATE outbox, outbox_sent_log"))
                 with engine.connect() as conn:
                     conn.execute(sa.text("CHECKPOINT"))
                     conn.commit()

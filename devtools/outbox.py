@@ -9,7 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.db.columns import sent_key_value
-from relay.db.schema import outbox, outbox_buckets, outbox_sent
+from relay.db.dialects import of
+from relay.db.schema import outbox, outbox_buckets, outbox_sent, outbox_sent_journal
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000
@@ -109,13 +110,29 @@ def empty(target: str | sa.Engine) -> None:
     0.021)."""
     with _connection(target) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
-            conn.execute(sa.text(f"TRUNCATE {outbox.name}, {outbox_sent.name}"))
+            # The journal too: a rebuild after a crash would bring its entries back.
+            tables = (outbox, outbox_sent, outbox_sent_journal)
+            conn.execute(sa.text(f"TRUNCATE {', '.join(t.name for t in tables)}"))
         elif conn.dialect.name == "mysql":  # the same reason: InnoDB's purge of deleted rows
             conn.execute(sa.text(f"TRUNCATE TABLE {outbox.name}"))
             conn.execute(sa.text(f"TRUNCATE TABLE {outbox_sent.name}"))
         else:
             conn.execute(sa.delete(outbox))
             conn.execute(sa.delete(outbox_sent))
+
+
+def log_acked(
+    conn: sa.Connection, message_id: str, row_id: int, created_at: Any, sent_at: Any
+) -> None:
+    """A sent log entry written as an ack writes it: in the log, and where the log is
+    journaled (``relay.db.sentlog``), in a journal row of its own, which the relays' reads by
+    sent time go to there."""
+    key = sent_key_value(message_id, conn.dialect)
+    entry = {"key": key, "id": row_id, "created_at": created_at, "sent_at": sent_at}
+    conn.execute(sa.insert(outbox_sent).values(entry))
+    if of(conn).journals_sent_log:
+        arrays = {"message_keys": [key], "ids": [row_id], "created_at": [created_at]}
+        conn.execute(sa.insert(outbox_sent_journal).values(sent_at=sent_at, id=row_id, **arrays))
 
 
 def _logged(conn: sa.Connection) -> int:

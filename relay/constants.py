@@ -104,6 +104,24 @@ RECENT_SENT_S = 10.0
 # Sent rows deleted per transaction by `relay purge` and the relay's retention: small enough
 # that no transaction holds locks for long, large enough that a million rows is 200 commits.
 PURGE_CHUNK = 5000
+# Seconds between a relay's looks at whether the sent log is complete (claims take nothing
+# until it is: a crash's rebuild starts this long after the relay is connected again, at
+# most), and between its tries while another relay rebuilds it.
+SENT_LOG_CHECK_S = 5.0
+# Seconds before a relay looks again after a look at the sent log failed: after a crash of
+# the database the first look fails on a connection the crash closed, and the next finds the
+# log empty; waiting SENT_LOG_CHECK_S added 5 s to every crash's pause.
+SENT_LOG_RETRY_S = 1.0
+# Memory the sent log's rebuild (``relay.db.sentlog``) may sort its entries in, in key
+# order, before it spills to temporary files: a session setting of its one transaction, not
+# the server's. 60 million entries sort in passes over about 3 GB of temporary files.
+SENT_LOG_REBUILD_WORK_MEM = "64MB"
+# How often the database checks, during the rebuild's one long statement, that its relay is
+# still connected (PostgreSQL 14's client_connection_check_interval, ms): a relay killed
+# mid-rebuild otherwise left its backend copying to the end (or waiting on a lock for ever),
+# holding the state row's lock, and the next relay waited that long before starting again
+# (twice the pause: 2 million entries copied on for 3.8 s after the kill, 0.5 s with it).
+SENT_LOG_REBUILD_CLIENT_CHECK_MS = 1000
 
 # --- Messages ------------------------------------------------------------------------------
 # The largest message (payload and headers, bytes) the relay reads and publishes, and the Spark
@@ -254,8 +272,9 @@ OUTBOX_BUCKETS = 64
 # The relays' protocol (``relay.buckets.fence``): how a row maps to a bucket and what the
 # claim and the settle assume of each other. Raised by a release whose relays must not run
 # beside the release before's; a relay's presence row says it (NULL: the releases before
-# protocols existed, which count as 1).
-PROTOCOL = 2
+# protocols existed, which count as 1). 3: claims ask whether the sent log is complete, and
+# acks write its journal (migration 0015).
+PROTOCOL = 3
 PROTOCOL_BEFORE_FENCES = 1
 # Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
 # (hashing each id apart had a 500-row claim read 290 buffers instead of 12 with runs of 1,024).

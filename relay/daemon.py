@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
@@ -18,6 +19,8 @@ from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
     PURGE_CHUNK,
+    SENT_LOG_CHECK_S,
+    SENT_LOG_RETRY_S,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
     TURNS_PER_LEASE,
@@ -25,6 +28,7 @@ from relay.constants import (
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.db.probe import NewRowsProbe
+from relay.db.sentlog import SentLogRebuild
 from relay.errors import ConfigError, RelayError, StoreError
 from relay.lease import Lease, margin_for
 from relay.memory import return_big_buffers
@@ -162,7 +166,10 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, functools.partial(_stop, relay, sig))
-    helpers = [asyncio.create_task(_backlog_gauges(store, metrics, settings.stats_interval))]
+    helpers = [
+        asyncio.create_task(_backlog_gauges(store, metrics, settings.stats_interval)),
+        asyncio.create_task(_whole_sent_log(settings, metrics)),
+    ]
     if settings.retention:
         helpers.append(asyncio.create_task(_retention(settings)))
     if settings.probe_interval:
@@ -200,6 +207,64 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
             metrics.due_rows.set(stats.due)
             metrics.oldest_due_age.set(stats.oldest_due_age)
         await asyncio.sleep(interval)
+
+
+async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
+    """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if it is not (a crash
+    or a failover emptied PostgreSQL's, ``relay.db.sentlog``, or its state row was deleted),
+    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile. The
+    gauge says 0 from the look that finds it so, or that fails (claims fail too, and a crash
+    is seen first as a failed look), until a look finds it whole; a failed look is tried
+    again after ``SENT_LOG_RETRY_S``. A stop cancels a rebuild under way."""
+    rebuild = SentLogRebuild(settings.database_url)
+    warned = False  # once per emptied log, not at each look while another relay rebuilds it
+    try:
+        while True:
+            try:
+                whole = await in_thread(rebuild.complete)
+                metrics.sent_log_complete.set(1 if whole else 0)
+                if not whole:
+                    if not warned:
+                        log.warning(
+                            "the sent log is not complete (a crash or a failover emptied it, "
+                            "or its state row was deleted): claiming nothing until it is "
+                            "rebuilt from its journal",
+                            extra={"action": "sent_log_rebuild"},
+                        )
+                    warned = True
+                    whole = await _rebuild_sent_log(rebuild)
+                    metrics.sent_log_complete.set(1 if whole else 0)
+                elif warned:
+                    log.info(
+                        "the sent log is complete (another relay rebuilt it): claiming again",
+                        extra={"action": "sent_log_complete"},
+                    )
+                warned = warned and not whole
+            except RelayError as exc:
+                metrics.sent_log_complete.set(0)
+                log.warning("%s", exc, extra={"action": "sent_log_failed"})
+                await asyncio.sleep(SENT_LOG_RETRY_S)
+                continue
+            await asyncio.sleep(SENT_LOG_CHECK_S)
+    finally:
+        rebuild.close()
+
+
+async def _rebuild_sent_log(rebuild: SentLogRebuild) -> bool:
+    """Rebuild the sent log unless another relay is: whether this relay did."""
+    started = time.monotonic()
+    copied = await in_thread(rebuild.rebuild, on_cancel=rebuild.cancel)
+    if copied is None:
+        return False
+    log.info(
+        "the sent log is complete: claiming again",
+        extra={
+            "action": "sent_log_rebuilt",
+            "entries": copied,
+            "seconds": round(time.monotonic() - started, 1),
+        },
+    )
+    return True
 
 
 async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:

@@ -90,6 +90,13 @@ class Metrics:
             "How long the longest-waiting due row (in flight or not) has been due.",
             registry=r,
         )
+        self.sent_log_complete = Gauge(
+            "relay_sent_log_complete",
+            "1 while the sent log is whole; 0 while it is not known to be: rebuilt from its "
+            "journal after a crash or a failover emptied it (PostgreSQL), or the database "
+            "did not answer the last look. Meanwhile this relay claims no row.",
+            registry=r,
+        )
         self.broker_connected = Gauge(
             "relay_broker_connected", "1 while a confirm channel is open.", registry=r
         )

@@ -49,9 +49,9 @@ from relay.db.schema import (
     outbox_buckets,
     outbox_protocol,
     outbox_relays,
-    outbox_sent,
     reason_prefix,
 )
+from relay.db.sentlog import entries
 from relay.db.statements import bounded_count
 from relay.records import PARKED, PENDING
 from relay.redact import redact_url
@@ -107,7 +107,8 @@ class ConsoleReads:
         pending = sa.select(outbox.c.id).where(outbox.c.status == PENDING)
         parked = sa.select(outbox.c.id).where(outbox.c.status == PARKED)
         archived = sa.select(outbox_archive.c.id)
-        recent = sa.select(outbox_sent.c.key).where(outbox_sent.c.sent_at > database_time(-60))
+        logged = entries(of(self.engine).journals_sent_log)
+        recent = sa.select(logged.c.key).where(logged.c.sent_at > database_time(-60))
         with db_errors("console overview", self.where), self.engine.connect() as conn:
             drawn_at = conn.execute(sa.select(database_time())).scalar_one()
             backlog = due_backlog(conn, BACKLOG_EXACT_ROWS)

@@ -19,6 +19,7 @@ from relay.db.clock import database_time, seconds_since
 from relay.db.columns import sent_key
 from relay.db.dialects import of
 from relay.db.schema import ROW_COLUMNS, bucket_column, outbox, outbox_buckets, outbox_sent
+from relay.db.sentlog import complete as sent_log_complete
 from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats
 
@@ -115,6 +116,9 @@ def claim_statement(
     carried = [outbox.c.id] if lean else _unless_oversize(row_columns, oversize)
     ours = of(dialect).in_once(bucket_column(outbox.c.id), mine)
     takeable = [
+        # No row while the sent log is not whole (a crash emptied it, ``relay.db.sentlog``):
+        # its dedupe could not tell a message sent before.
+        sent_log_complete(),
         sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
         sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
     ]

@@ -9,7 +9,8 @@ Two kinds of session, by what their writes must survive:
   the flush takes a disk flush off every batch. And bounded, so that a relay that froze or
   vanished holds nothing for long: the server ends a statement that runs, or waits for a
   lock, too long, and a transaction left idle (``DB_*`` in ``relay.constants``); TCP
-  keepalives on both ends find a silent peer in seconds.
+  keepalives on both ends find a silent peer in seconds. The one exception, the purge of
+  PostgreSQL's sent log journal, commits durably (``relay.db.sentlog.purge_chunk`` says why).
 - ``inbox_session=True`` (an inbox consumer's, its handlers' writes among them): durable, as
   below, and bounded where a wait is never a handler's own work: a lock waited for
   (another consumer's handler of the same id) and a statement run longer than the relay's

@@ -34,6 +34,7 @@ from relay.db.schema import (
     outbox_counters,
     outbox_sent,
 )
+from relay.db.sentlog import entries, purge_chunk
 from relay.db.statements import bounded_count, in_chunks, run_delete
 from relay.records import (
     PARKED,
@@ -99,13 +100,14 @@ class OutboxAdmin:
             SENT: [ids.where(outbox.c.status == SENT), sa.select(outbox_sent.c.key)],
             PARKED: [ids.where(outbox.c.status == PARKED)],
         }
+        logged = entries(of(self.engine).journals_sent_log)
         recent = [
             sa.select(
                 sa.func.count(),
                 sa.func.sum(seconds_between(t.c.created_at, t.c.sent_at)),
                 sa.func.max(seconds_between(t.c.created_at, t.c.sent_at)),
             ).where(t.c.sent_at > database_time(-RECENT_SENT_S), *where)
-            for t, where in ((outbox, [outbox.c.status == SENT]), (outbox_sent, []))
+            for t, where in ((outbox, [outbox.c.status == SENT]), (logged, []))
         ]
         by_reason = (
             sa.select(outbox.c.last_error, sa.func.count().label("rows"))
@@ -203,9 +205,10 @@ class OutboxAdmin:
         ``keep_sent = ids``): their rows are gone, so they cannot be replayed. The log keeps
         no exchange and no error, so only the selection's ids and times narrow this count
         (exact up to ``BACKLOG_EXACT_ROWS``, then an estimate)."""
-        logged = sa.select(outbox_sent.c.key).where(*_narrowed(outbox_sent, selection))
+        logged = entries(of(self.engine).journals_sent_log)
+        selected = sa.select(logged.c.key).where(*_narrowed(logged, selection))
         with db_errors("replay", self._where), self.engine.connect() as conn:
-            return bounded_count(conn, logged, BACKLOG_EXACT_ROWS)
+            return bounded_count(conn, selected, BACKLOG_EXACT_ROWS)
 
     def purge(
         self,
@@ -221,7 +224,9 @@ class OutboxAdmin:
         one at most).
 
         Sent rows are found in their sent-time index, oldest first; the sent log's entries
-        are in the order they were sent, so its old ones are its first pages."""
+        are in the order they were sent, so its old ones are its first pages. Where the log
+        is journaled (``relay.db.sentlog``), the journal's oldest rows are deleted with the
+        log's entries they hold, found by their keys (the log has no time index there)."""
         cutoff = database_time(-older_than)
         sent_rows = (
             sa.select(outbox.c.id)
@@ -232,10 +237,6 @@ class OutboxAdmin:
         delete_rows = sa.delete(outbox).where(
             of(self.engine).id_in(outbox.c.id), outbox.c.status == SENT
         )
-        old = outbox_sent.c.sent_at < cutoff
-        delete_logged = of(self.engine).delete_chunk(
-            outbox_sent, outbox_sent.c.key, old, chunk, None
-        )
 
         def rows_chunk(conn: sa.Connection) -> int:
             batch = list(conn.scalars(sent_rows))
@@ -244,7 +245,7 @@ class OutboxAdmin:
             return len(batch)
 
         deleted = 0
-        for one_chunk in (rows_chunk, functools.partial(run_delete, delete_logged)):
+        for one_chunk in (rows_chunk, self._log_chunk(cutoff, chunk)):
             before = deleted  # ``progress`` is told the total of both parts
 
             def so_far(count: int, before: int = before) -> None:
@@ -262,11 +263,21 @@ class OutboxAdmin:
             )
         return deleted
 
+    def _log_chunk(
+        self, cutoff: sa.ColumnElement[Any], chunk: int
+    ) -> Callable[[sa.Connection], int]:
+        """The purge of ``chunk`` of the sent log's entries sent before ``cutoff``."""
+        if of(self.engine).journals_sent_log:
+            return purge_chunk(cutoff, chunk)
+        old = outbox_sent.c.sent_at < cutoff
+        delete = of(self.engine).delete_chunk(outbox_sent, outbox_sent.c.key, old, chunk, None)
+        return functools.partial(run_delete, delete)
+
     def close(self) -> None:
         self.engine.dispose()
 
 
-def _narrowed(table: sa.Table, selection: Selection) -> list[sa.ColumnElement[bool]]:
+def _narrowed(table: sa.FromClause, selection: Selection) -> list[sa.ColumnElement[bool]]:
     """The parts of ``selection`` that the outbox and the sent log can both answer: ids and
     times (ages by the database's clock)."""
     where: list[sa.ColumnElement[bool]] = []

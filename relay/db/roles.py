@@ -22,7 +22,7 @@ with them and no more.
 from __future__ import annotations
 
 from relay.db.dialects import of
-from relay.db.schema import WRITER_COLUMNS
+from relay.db.schema import WRITER_COLUMNS, built_on, metadata
 
 RELAY = "relay"
 WRITER = "writer"
@@ -33,11 +33,14 @@ CONSOLE = "console"
 PRIVILEGES: dict[str, dict[str, str]] = {
     RELAY: {
         "outbox": "SELECT, UPDATE, DELETE",
-        "outbox_sent": "SELECT, INSERT, DELETE",
+        # UPDATE: on PostgreSQL an ack replaces an older entry of its key (relay.db.settles).
+        "outbox_sent_log": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_buckets": "SELECT, UPDATE",
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_protocol": "SELECT",
         "outbox_counters": "SELECT, UPDATE",
+        "outbox_sent_journal": "SELECT, INSERT, DELETE",
+        "outbox_sent_state": "SELECT, INSERT, UPDATE",
     },
     WRITER: {"outbox": f"INSERT ({', '.join(WRITER_COLUMNS)})"},
     CONSUMER: {
@@ -46,7 +49,8 @@ PRIVILEGES: dict[str, dict[str, str]] = {
     },
     CONSOLE: {
         "outbox": "SELECT, INSERT, UPDATE, DELETE",
-        "outbox_sent": "SELECT",
+        "outbox_sent_log": "SELECT",
+        "outbox_sent_journal": "SELECT",
         "outbox_buckets": "SELECT",
         "outbox_relays": "SELECT",
         "outbox_protocol": "SELECT",
@@ -70,5 +74,6 @@ def grants(dialect: str, role: str, grantee: str, database: str = "") -> list[st
     statements = [
         own.grant(privileges, table, grantee, database)
         for table, privileges in PRIVILEGES[role].items()
+        if built_on(metadata.tables[table], dialect)
     ]
     return [*statements, *own.sequence_grants(grantee, SEQUENCES.get(role, ()))]

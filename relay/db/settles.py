@@ -14,6 +14,7 @@ from relay.db.clock import database_time
 from relay.db.columns import sent_key
 from relay.db.dialects import of
 from relay.db.schema import DUPLICATES, bucket_column, outbox, outbox_counters, outbox_sent
+from relay.db.sentlog import journaled
 from relay.records import KEEP_MESSAGES, PARKED, SENT, SettleBatch
 
 # "The row is still pending" for the settle, which finds its rows by primary key: said so that
@@ -99,35 +100,41 @@ class Settles:
         """What an ack writes, for the ids bound as ``ids``, in order.
 
         ``keep_sent = messages``: the row is marked sent. ``ids``: the row is deleted and its
-        message id's key, id and times go to the sent log; on PostgreSQL in one statement
-        (a data-modifying CTE), on SQLite and MySQL in two of one transaction. A key already
-        logged (a message sent again) keeps its first entry.
+        message id's key, id and times go to the sent log.
 
-        On PostgreSQL that test is a probe of the log's key, not ``ON CONFLICT DO NOTHING``:
-        the latter is a speculative insertion, which writes a confirmation record per row,
-        48 of the 552 bytes of WAL an acked row cost (``pg_waldump --stats``). Nothing else
-        can insert the same key meanwhile: the key's row is unique in the outbox, and this
-        statement is deleting it. The probe is a scalar subquery, run once per row on the
-        primary key: as ``NOT EXISTS`` the planner made it a hash anti join that read the
-        whole log every settle (``bench.dbcost``: 19 us of database CPU per row, not 13)."""
+        Where the log is journaled (PostgreSQL, ``relay.db.sentlog``): one statement (a
+        data-modifying CTE) deletes the rows, logs their keys and writes what it logged to the
+        journal, one row. A key already logged takes the ack's entry (``ON CONFLICT DO
+        UPDATE``), journaled with the others: a claim published the id because the log did
+        not have it, so the entry there is an older one a crash or a failover brought back
+        with the purge that had removed it undone; kept, it would go at the next purge, and
+        the id acked now with it. On the unlogged log the speculative insertion writes no WAL
+        (on the logged log of the releases before, its confirmation records were 48 of the
+        552 bytes of WAL an acked row cost, and a probe of the key replaced it). Elsewhere: two
+        statements of one transaction, and a key already logged (a message sent again) keeps
+        its first entry."""
         pending = self._pending_ids
         if keep_sent == KEEP_MESSAGES:
             mark = sa.update(outbox).where(pending)
             return [mark.values(status=SENT, sent_at=database_time())]
         columns = ["key", "id", "created_at", "sent_at"]
-        if self._dialect.ack_in_one_statement:
+        if self._dialect.journals_sent_log:
             gone = (
                 sa.delete(outbox)
                 .where(pending)
                 .returning(outbox.c.message_id, outbox.c.id, outbox.c.created_at)
                 .cte("gone")
             )
-            key = sent_key(gone.c.message_id)
-            known = sa.select(outbox_sent.c.key).where(outbox_sent.c.key == key)
-            logged = sa.select(key, gone.c.id, gone.c.created_at, database_time()).where(
-                known.scalar_subquery().is_(None)
+            entries = sa.select(
+                sent_key(gone.c.message_id), gone.c.id, gone.c.created_at, database_time()
             )
-            return [sa.insert(outbox_sent).from_select(columns, logged)]
+            new = (
+                self._dialect.insert_or_replace(outbox_sent, outbox_sent.c.key)
+                .from_select(columns, entries)
+                .returning(*(outbox_sent.c[c] for c in columns))
+                .cte("logged")
+            )
+            return [journaled(new)]
         logged = sa.select(
             sent_key(outbox.c.message_id), outbox.c.id, outbox.c.created_at, database_time()
         ).where(pending)

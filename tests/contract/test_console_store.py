@@ -353,6 +353,6 @@ def test_the_console_role_has_what_the_console_does_and_no_more(
     engine = sa.create_engine(console_url)
     try:
         with pytest.raises(sa.exc.ProgrammingError), engine.begin() as conn:
-            conn.execute(sa.text("DELETE FROM outbox_sent"))
+            conn.execute(sa.text("DELETE FROM outbox_sent_log"))
     finally:
         engine.dispose()

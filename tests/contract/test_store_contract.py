@@ -340,13 +340,14 @@ def test_buckets_are_shared_out_and_handed_over_only_when_idle(make_store: Store
 
 
 def test_relays_of_two_protocols_never_own_buckets_at_once(make_store: StoreFactory) -> None:
-    """An older relay (the release before) owns the outbox: a newer one takes nothing while
-    it holds buckets, and the older one gives its buckets up once it sees the newer one (as
-    soon as none of its rows is held), which takes them at its next turn."""
-    old = make_store("old", protocol=PROTOCOL - 1)
+    """An older relay owns the outbox (this release, beside a newer one whose migrations left
+    this release's protocol admitted): the newer one takes nothing while it holds buckets, and
+    the older one gives its buckets up once it sees the newer one (as soon as none of its rows
+    is held), which takes them at its next turn."""
+    old = make_store("old")
     old.enqueue(msgs(2))
     held = old.claim(10, NO_BYTE_LIMIT)
-    new = make_store("new")
+    new = make_store("new", protocol=PROTOCOL + 1)
     assert new.fenced is Fence.WAIT_FOR_OLDER
     assert new.claim(10, NO_BYTE_LIMIT) == []
     old.turn()  # it sees the newer relay: it claims nothing more, keeps the held rows' bucket

@@ -311,7 +311,7 @@ def test_a_mariadb_writer_with_insert_only_writes_and_the_schema_has_no_code(
             )
             assert written.rowcount == 2
         with pytest.raises(sa.exc.OperationalError, match="denied"), writer.begin() as conn:
-            conn.execute(sa.text("CREATE TEMPORARY TABLE outbox_sent (k int)"))
+            conn.execute(sa.text("CREATE TEMPORARY TABLE outbox_sent_log (k int)"))
         for column, value in NOT_A_WRITERS.items():
             with pytest.raises(sa.exc.OperationalError, match="denied"), writer.begin() as conn:
                 conn.execute(*insert_with(column, value))

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from devtools.outbox import rows
+from devtools.outbox import log_acked, rows
 from relay.cli import main
-from relay.db.columns import sent_key
-from relay.db.schema import outbox, outbox_buckets, outbox_sent
+from relay.db.schema import outbox, outbox_buckets
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)
@@ -187,14 +186,7 @@ def test_replay_sent_messages_kept_whole_and_say_which_are_not(
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:
         for number in (30, 31):
-            logged = sa.select(
-                sent_key(sa.literal(f"m-{number}")),
-                sa.literal(number),
-                sa.literal(NOW - DAY, outbox_sent.c.created_at.type),
-                sa.literal(NOW - HOUR, outbox_sent.c.sent_at.type),
-            )
-            columns = ["key", "id", "created_at", "sent_at"]
-            conn.execute(sa.insert(outbox_sent).from_select(columns, logged))
+            log_acked(conn, f"m-{number}", number, NOW - DAY, NOW - HOUR)
     engine.dispose()
     before = table(database_url)
     since = (NOW - 3 * DAY).isoformat()

@@ -181,7 +181,7 @@ def test_relay_runs_with_least_privilege(
         (runner, "INSERT INTO outbox (payload) VALUES ('x')"),
         (writer, "DELETE FROM outbox"),
         (writer, "SELECT id FROM outbox"),
-        (writer, "SELECT * FROM outbox_sent"),
+        (writer, "SELECT * FROM outbox_sent_log"),
         (runner, "ALTER TABLE outbox ADD COLUMN x int"),
     ]:
         with pytest.raises(ServerError, match=r"permission denied|must be owner"):

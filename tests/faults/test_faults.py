@@ -727,10 +727,11 @@ def fenced(relay: FaultRelay) -> bool:
 def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migration(
     postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path, previous_release: list[str]
 ) -> None:
-    """A relay of the release before runs on its schema (0011) under the writers; migration
-    0012 runs under it; two relays of this release start and claim nothing while it holds
-    buckets (relay_fenced); it stops (SIGTERM, a rolling update's), and they take the whole
-    outbox over: nothing lost, nothing published twice, each key in order."""
+    """A relay of the release before runs on its schema (0011) under the writers; migrations
+    0012 and 0013 run under it; two relays of this release start and claim nothing while it
+    holds buckets (relay_fenced); it stops (SIGTERM, a rolling update's), migrations 0014 and
+    0015 (which relays of its protocol cannot run beside) run, and they take the whole outbox
+    over: nothing lost, nothing published twice, each key in order."""
     migrate(postgresql_url, "0011", downgrade=True)
     published_while_fenced: list[float] = []
     new_relays: list[FaultRelay] = []
@@ -743,7 +744,7 @@ def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migra
         return set(owners) == {r.name for r in new_relays} and min(owners.values()) >= 16
 
     def upgrade(relays: list[FaultRelay]) -> float:
-        migrate(postgresql_url)
+        migrate(postgresql_url, "0013")
         for n in (1, 2):
             relays.append(
                 FaultRelay(
@@ -756,6 +757,7 @@ def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migra
         time.sleep(2 * LEASE / 3)  # a turn each more, the writers writing
         published_while_fenced.extend(r.published() for r in relays[1:])
         assert relays[0].stop(30) == 0
+        migrate(postgresql_url)
         wait_until(lambda: not any(fenced(r) for r in relays[1:]), 2 * LEASE, "taken over")
         return time.time()
 

@@ -50,8 +50,11 @@ class Dialect(abc.ABC):
     budget_cut_as_read: ClassVar[bool] = False
     # The claim's candidates carry ids only, the rows read by id at the end (``relay.db.due``).
     claims_carry_ids: ClassVar[bool] = False
-    # An ack deletes the row and logs its key in one statement (``relay.db.settles``).
-    ack_in_one_statement: ClassVar[bool] = False
+    # The sent log is unlogged (no WAL, emptied by a crash) and each ack's entries are also
+    # written to a logged journal it is rebuilt from (``relay.db.schema.outbox_sent_journal``,
+    # ``relay.db.sentlog``); an ack deletes its rows, logs their keys and journals them in one
+    # statement (``relay.db.settles``). Elsewhere an ack is two statements of a transaction.
+    journals_sent_log: ClassVar[bool] = False
     # Partial indexes (``relay.db.schema``).
     partial_indexes: ClassVar[bool] = True
     # Times bound with their zone (else as naive UTC).
@@ -274,6 +277,29 @@ class Dialect(abc.ABC):
 
     def unlock_stage(self, conn: sa.Connection, name: str, key: tuple[int, int]) -> None:
         raise NotImplementedError(f"{self.name} holds no staging table locks")
+
+    # The sent log's rebuild (``relay.db.sentlog``), where the log is journaled ------------
+
+    def unbounded(self, conn: sa.Connection) -> None:
+        """Lift the relay session's statement and lock timeouts for the rest of ``conn``'s
+        transaction, give its sorts room, and have the server end it if its relay goes away:
+        the rebuild is one statement, as long as the journal needs."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
+    def cancel(self, driver_connection: Any) -> None:
+        """Cancel the statement ``driver_connection`` runs, from another thread (a rebuild's,
+        when the relay stops)."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
+    def insert_or_replace(self, table: sa.Table, key: sa.Column[Any]) -> sa.Insert:
+        """An INSERT whose row replaces the one of its ``key`` if there is one; RETURNING
+        gives every row it wrote, added or replaced (an ack's, ``relay.db.settles``)."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
+
+    def durable_commit(self, conn: sa.Connection) -> None:
+        """Have ``conn``'s transaction, in a relay session, seen by others only once its
+        commit is on disk (a purge of the journal's: ``relay.db.sentlog.purge_chunk``)."""
+        raise NotImplementedError(f"{self.name} journals no sent log")
 
     # Migrations ---------------------------------------------------------------------------
 

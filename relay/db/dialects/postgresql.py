@@ -32,6 +32,8 @@ from relay.constants import (
     DB_TCP_USER_TIMEOUT_S,
     MERGE_WORK_MEM,
     MIGRATION_LOCK_KEY,
+    SENT_LOG_REBUILD_CLIENT_CHECK_MS,
+    SENT_LOG_REBUILD_WORK_MEM,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
 from relay.db.sqltext import Lexicon
@@ -87,7 +89,9 @@ class PostgreSQL(Dialect):
     url_backends: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     epoch: ClassVar[str] = "'epoch'::timestamptz"
     aware_times: ClassVar[bool] = True
-    ack_in_one_statement: ClassVar[bool] = True
+    # Its key index's page images made an ack cost nine times the INSERT's WAL once the log
+    # was a few days old (``relay.db.schema.outbox_sent_journal``).
+    journals_sent_log: ClassVar[bool] = True
     copies_rows: ClassVar[bool] = True
     stage_locks: ClassVar[bool] = True
     sql_lexicon: ClassVar[Lexicon] = Lexicon(nested_comments=True, dollar_quotes=True)
@@ -207,6 +211,30 @@ class PostgreSQL(Dialect):
     def lock_migrations(self, conn: sa.Connection) -> None:
         # Held until the migration's transaction ends (its DDL is transactional too).
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+
+    def unbounded(self, conn: sa.Connection) -> None:
+        # Settings a role may change for itself: the caller's rights suffice. Its lock waits
+        # are not bounded either: an operator's lock would otherwise fail it every few
+        # seconds. A stop cancels it (``cancel``), and the client check ends it if its relay
+        # dies.
+        conn.execute(sa.text("SET LOCAL statement_timeout = 0"))
+        conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
+        conn.execute(sa.text(f"SET LOCAL work_mem = '{SENT_LOG_REBUILD_WORK_MEM}'"))
+        check = SENT_LOG_REBUILD_CLIENT_CHECK_MS
+        conn.execute(sa.text(f"SET LOCAL client_connection_check_interval = {check}"))
+
+    def cancel(self, driver_connection: Any) -> None:
+        driver_connection.cancel_safe(timeout=DB_CONNECT_TIMEOUT_S)
+
+    def insert_or_replace(self, table: sa.Table, key: sa.Column[Any]) -> sa.Insert:
+        insert = postgresql.insert(table)
+        others = {c.name: insert.excluded[c.name] for c in table.columns if c is not key}
+        return insert.on_conflict_do_update(index_elements=[key], set_=others)
+
+    def durable_commit(self, conn: sa.Connection) -> None:
+        # An asynchronous commit is visible before it is flushed; a synchronous one only
+        # after, so that no one acts on what a crash then undoes.
+        conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
 
     def sequence_grants(self, grantee: str, tables: tuple[str, ...]) -> list[str]:
         # An INSERT that takes its id from a table's sequence needs to use it.

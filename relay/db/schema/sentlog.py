@@ -1,0 +1,85 @@
+"""The sent log: the keys of the messages acked, kept for the dedupe horizon, and where the
+database journals it, its journal and its state (``relay.db.sentlog``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from relay.db.columns import (
+    ROW_ID,
+    SENT_KEY,
+    UTCDateTime,
+)
+from relay.db.dialects import of
+from relay.db.schema.metadata import metadata
+
+# The sent log: what is left of an acked row when acked rows leave the outbox (the default,
+# ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
+# horizon (the retention): a relay's claim probes it for every row it claims and drops,
+# unpublished, a row whose message id is here (``relay.db.claims``), whoever the writer
+# was. Its times serve ``relay status`` (sent counts, latency) and the purge. Named
+# ``outbox_sent`` until migration 0015, which renamed it so that no relay of the releases
+# before, which log acks without the journal (below), can write it once it is journaled.
+outbox_sent = sa.Table(
+    "outbox_sent_log",
+    metadata,
+    sa.Column("key", SENT_KEY, primary_key=True),
+    sa.Column("id", ROW_ID, nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("sent_at", UTCDateTime(), nullable=False),
+)
+
+
+def _unjournaled(*_args: Any, dialect: sa.Dialect, **_kw: Any) -> bool:
+    return not of(dialect).journals_sent_log
+
+
+# The purge and ``relay status`` find entries by their sent time. A B-tree: a BRIN index
+# assumed the log's physical order was its time order, which the purge undoes (migration
+# 0008). New entries go to its right edge. Not where the log is journaled: the journal's
+# time order serves there (``relay.db.sentlog.entries``).
+sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at).ddl_if(callable_=_unjournaled)
+
+# PostgreSQL (``relay.db.dialects.base.Dialect.journals_sent_log``, migration 0015): the log
+# above is UNLOGGED, and each ack's new entries also go, as one row, to this journal, which
+# is logged. An ack adds its key to a random page of the log's key index; once that index
+# has more pages than acks arrive between two checkpoints, nearly every ack wrote a whole
+# page to the WAL (``full_page_writes``, about 5.5 KB), nine times the writer's INSERT at the
+# default retention. Unlogged, the log writes no WAL; the journal's rows are appended in
+# time order, a few dozen bytes an entry, and purged whole. A crash or a failover to a
+# standby empties the log (and ``outbox_sent_state``); claims then take nothing until a
+# relay has copied the journal back into it (``relay.db.sentlog``): dedupe stays exact.
+outbox_sent_journal = sa.Table(
+    "outbox_sent_journal",
+    metadata,
+    sa.Column("sent_at", UTCDateTime(), primary_key=True),
+    # The lowest of ``ids``: an acked row is logged once, so this tells rows of one sent
+    # time apart (the purge and a rebuild read the journal in (sent_at, id) order).
+    sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("message_keys", postgresql.ARRAY(sa.Uuid(as_uuid=False)), nullable=False),
+    sa.Column("ids", postgresql.ARRAY(sa.BigInteger()), nullable=False),
+    sa.Column("created_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
+)
+
+# Whether the sent log is whole, one row: claims take nothing without it
+# (``relay.db.sentlog.complete``). On PostgreSQL it is UNLOGGED, as the log is: a crash
+# empties both, and the relay that rebuilds the log from its journal holds the row's lock
+# meanwhile, and marks it complete when done. Elsewhere the log is never emptied behind the
+# relays' backs, and the row stays.
+outbox_sent_state = sa.Table(
+    "outbox_sent_state",
+    metadata,
+    sa.Column("log", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    sa.Column("complete", sa.Boolean(), nullable=False),
+)
+# ``outbox_sent_state.log``: the one row's key.
+SENT_LOG = 1
+
+
+def built_on(table: sa.Table, dialect: sa.Dialect | str) -> bool:
+    """Whether the migrations build ``table`` on ``dialect``: every table, but the sent log's
+    journal only where the log is journaled (``Dialect.journals_sent_log``)."""
+    return table is not outbox_sent_journal or of(dialect).journals_sent_log
