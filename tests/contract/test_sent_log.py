@@ -11,7 +11,7 @@ import logging
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -218,6 +218,21 @@ def rebuild(url: str) -> int:
         rebuilder.close()
 
 
+def waits_on_a_lock(engine: sa.Engine, query_like: str = "%") -> Callable[[], bool]:
+    """Whether one statement of this database (``query_like``: its text, as LIKE matches it)
+    waits on a lock: looked at in a snapshot of its own."""
+    waiting = sa.text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database() AND query LIKE :query"
+    )
+
+    def blocked() -> bool:
+        with engine.connect() as other:
+            return bool(other.execute(waiting, {"query": query_like}).scalar_one() == 1)
+
+    return blocked
+
+
 def test_no_row_is_claimed_until_a_lost_sent_log_is_rebuilt(box: Outbox) -> None:
     """The log lost (as a crash loses PostgreSQL's): due rows stay unclaimed, whatever they
     are, until a relay has rebuilt it from its journal; then a re-written id is dropped and a
@@ -313,15 +328,8 @@ def test_a_rebuild_cancelled_as_its_relay_stops_rolls_back(postgresql_url: str) 
             conn.execute(sa.text("LOCK TABLE outbox_sent_log IN SHARE MODE"))
             thread = threading.Thread(target=run)
             thread.start()
-            waiting = sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'WITH copied AS%INSERT INTO outbox_sent_log %'"
-            )
-
-            def blocked() -> bool:
-                with box.admin.engine.connect() as other:  # a snapshot of its own
-                    return bool(other.execute(waiting).scalar_one() == 1)
-
+            copying = "WITH copied AS%INSERT INTO outbox_sent_log %"
+            blocked = waits_on_a_lock(box.admin.engine, copying)
             wait_until(blocked, 30, "the rebuild waiting on the lock")
             rebuilder.cancel()
             thread.join(timeout=30)
@@ -427,15 +435,7 @@ def test_a_state_row_deleted_during_a_purge_chunk_waits_for_it(postgresql_url: s
                 conn.execute(sa.delete(outbox_sent_state))
             rebuilt.append(rebuild(postgresql_url))
 
-        waiting = sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database()"
-        )
-
-        def blocked() -> bool:
-            with box.admin.engine.connect() as other:
-                return bool(other.execute(waiting).scalar_one() == 1)
-
+        blocked = waits_on_a_lock(box.admin.engine)
         with box.writer.engine.connect() as purging:
             with purging.begin():
                 assert one_chunk(purging) == 1
@@ -469,14 +469,7 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
     def gauge() -> float | None:
         return metrics.registry.get_sample_value("relay_sent_log_complete")
 
-    copying = sa.text(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE 'WITH copied AS%'"
-    )
-
-    def blocked() -> bool:
-        with box.admin.engine.connect() as other:
-            return bool(other.execute(copying).scalar_one() == 1)
+    blocked = waits_on_a_lock(box.admin.engine, "WITH copied AS%")
 
     def rebuilt(times: int) -> bool:
         return len(logged(caplog, "sent_log_rebuilt")) == times
