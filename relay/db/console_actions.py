@@ -30,6 +30,7 @@ from relay.db.console_rows import parked_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import (
+    WRITTEN_COLUMNS,
     console_audit,
     console_sessions_ended,
     outbox,
@@ -47,19 +48,7 @@ DISCARD = "discard"
 RESTORE = "restore"
 EDIT = "edit_and_replay"
 REQUEUE = "requeue_dead_letters"
-_ARCHIVED = (
-    "id",
-    "message_id",
-    "exchange",
-    "routing_key",
-    "payload",
-    "content_type",
-    "headers",
-    "ordering_key",
-    "created_at",
-    "attempts",
-    "last_error",
-)
+_ARCHIVED = ("id", *WRITTEN_COLUMNS, "created_at", "attempts", "last_error")
 # What a chunk does to the ids it is given, on a connection in its transaction: how many
 # it changed.
 Chunk = Callable[[sa.Connection, list[int]], int]
