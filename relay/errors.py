@@ -25,7 +25,8 @@ class SchemaMissingError(StoreError):
 
 class MigrationRefusedError(RelayError):
     """``relay migrate`` would change the schema under live relays it concerns
-    (``relay.upgrade.blockers``); nothing was changed."""
+    (``relay.upgrade.blockers``), or a migration cannot change the database as it stands
+    (the message says what to do first); nothing was changed."""
 
 
 class RetiredError(RelayError):

@@ -267,6 +267,42 @@ def test_an_ack_of_a_relay_before_0015_fails_after_it_and_changes_nothing(
         writer.close()
 
 
+def test_the_upgrade_to_0015_names_a_publication_of_the_log_and_changes_nothing(
+    postgresql_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PostgreSQL makes no table of a publication unlogged (a change-data-capture feed of
+    the outbox's tables): `relay migrate` refuses, exit 1, naming the publication and the
+    statement that takes the log out, and the schema stays as it was (before: the driver's
+    error, in the migration's words). Once out, the upgrade goes, and the journal may be
+    published in its place."""
+    environ = {"RELAY_DATABASE_URL": postgresql_url}
+    migrate(postgresql_url, "0014", downgrade=True)
+    engine = sa.create_engine(postgresql_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE PUBLICATION cdc FOR TABLE outbox, outbox_sent"))
+        assert main(["migrate"], environ) == 1
+        err = capsys.readouterr().err
+        assert (
+            "outbox_sent is in cdc" in err
+            and "ALTER PUBLICATION cdc DROP TABLE outbox_sent;" in err
+        )
+        assert revision_of(postgresql_url) == "0014"
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER PUBLICATION cdc DROP TABLE outbox_sent"))
+        assert main(["migrate"], environ) == 0
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER PUBLICATION cdc ADD TABLE outbox_sent_journal"))
+            published = conn.execute(
+                sa.text("SELECT tablename FROM pg_publication_tables WHERE pubname = 'cdc'")
+            ).scalars()
+            assert sorted(published) == ["outbox", "outbox_sent_journal"]
+            conn.execute(sa.text("DROP PUBLICATION cdc"))
+    finally:
+        engine.dispose()
+    assert differences(postgresql_url) == []
+
+
 def test_a_deleted_highest_id_is_never_handed_out_again(database_url: str) -> None:
     """An ack deletes its row: were its id given to the next row, a stale ack (or a settle
     retried after a commit the relay did not see) would delete that row unpublished."""

@@ -545,34 +545,63 @@ def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
         server.stop()
 
 
-def test_an_ack_replaces_an_older_entry_of_its_key(postgresql_url: str) -> None:
+def acked_over_a_lost_purge(box: Outbox) -> None:
     """A failover to an asynchronous standby loses the primary's last commits, a purge the
-    relays had acted on among them: the old entry of an id is back, while the id, written
-    again past its horizon, was published meanwhile. Its ack replaces that entry with its own
-    and journals it, so that the next purge, of the old entry's journal row, leaves the id
-    known for its new horizon."""
+    relays had acted on among them: the old entry of "old" is back, while "old", written
+    again past its horizon, was published meanwhile; then that publication is acked. "old"
+    is journaled twice: 8 days ago and now."""
+    sent_old_and_new(box)
+    with box.writer.engine.connect() as conn:
+        old_rows = [
+            (table, [row._asdict() for row in conn.execute(sa.select(table))])
+            for table in (outbox_sent, outbox_sent_journal)
+        ]
+    assert box.admin.purge(7 * DAY) == 1
+    box.writer.enqueue([message("old")])
+    (published,) = box.store.claim(10, NO_BYTE_LIMIT)
+    assert not published.sent_before
+    with box.writer.engine.begin() as conn:  # the purge undone, as by the failover
+        for table, rows in old_rows:
+            conn.execute(sa.delete(table))
+            conn.execute(sa.insert(table), rows)
+    box.store.settle(SettleBatch(sent=(published.id,)))
+
+
+def test_an_ack_replaces_an_older_entry_of_its_key(postgresql_url: str) -> None:
+    """The ack of an id whose older entry a failover brought back replaces that entry with
+    its own and journals it, so that the next purge, of the old entry's journal row, leaves
+    the id known for its new horizon."""
     box = Outbox(postgresql_url)
     try:
-        sent_old_and_new(box)
-        with box.writer.engine.connect() as conn:
-            old_rows = [
-                (table, [row._asdict() for row in conn.execute(sa.select(table))])
-                for table in (outbox_sent, outbox_sent_journal)
-            ]
-        assert box.admin.purge(7 * DAY) == 1
-        box.writer.enqueue([message("old")])
-        (published,) = box.store.claim(10, NO_BYTE_LIMIT)
-        assert not published.sent_before
-        with box.writer.engine.begin() as conn:  # the purge undone, as by the failover
-            for table, rows in old_rows:
-                conn.execute(sa.delete(table))
-                conn.execute(sa.insert(table), rows)
-        box.store.settle(SettleBatch(sent=(published.id,)))
+        acked_over_a_lost_purge(box)
         assert box.admin.purge(7 * DAY) == 1, "the old entry's journal row"
         box.writer.enqueue([message("old")])
         assert claimable(box.store) == [], "acked minutes ago: within its horizon"
     finally:
         box.close()
+
+
+def test_a_downgrade_after_a_crash_keeps_the_latest_entry_of_a_key_journaled_twice(
+    postgresql_url: str,
+) -> None:
+    """A downgrade of 0015 rebuilds a log a crash emptied, for the releases before, which
+    read only the log. Of a key journaled twice it keeps the latest entry, as a relay's
+    rebuild does: with the older one (sent 8 days ago), the release before's next purge
+    forgot an id acked minutes before (an outside review)."""
+    box = Outbox(postgresql_url)
+    try:
+        acked_over_a_lost_purge(box)
+    finally:
+        box.close()
+    lose_the_log(postgresql_url)
+    migrate(postgresql_url, "0014", downgrade=True, force=True)  # the box's lease lives on
+    engine = sa.create_engine(postgresql_url)
+    try:
+        with engine.connect() as conn:
+            ages = conn.execute(sa.text("SELECT now() - sent_at FROM outbox_sent")).scalars()
+            assert sorted(age.days for age in ages) == [0, 0], "old's entry of today, and new's"
+    finally:
+        engine.dispose()
 
 
 def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> None:

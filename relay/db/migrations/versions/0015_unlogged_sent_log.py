@@ -36,6 +36,7 @@ from sqlalchemy.dialects import postgresql
 
 from relay.db.columns import UTCDateTime
 from relay.db.schema import SENT_LOG
+from relay.errors import MigrationRefusedError
 
 revision = "0015"
 down_revision = "0014"
@@ -55,6 +56,8 @@ _JOURNAL_ROW_ENTRIES = 1000
 
 def upgrade() -> None:
     postgresql_ = op.get_bind().dialect.name == "postgresql"
+    if postgresql_:
+        _unpublished("outbox_sent")
     op.rename_table("outbox_sent", _LOG)
     if postgresql_:
         op.execute(f"ALTER INDEX outbox_sent_pkey RENAME TO {_LOG}_pkey")
@@ -90,18 +93,38 @@ def downgrade() -> None:
     op.drop_table("outbox_sent_state")
     if op.get_bind().dialect.name == "postgresql":
         # A log a crash emptied and no relay rebuilt is rebuilt here first: the releases
-        # before read only the log.
+        # before read only the log. Of a key journaled twice, its latest entry, as a relay's
+        # rebuild keeps (``relay.db.sentlog``): the older one's purge comes first.
         op.execute(
             f"INSERT INTO {_LOG} (key, id, created_at, sent_at) "
-            "SELECT entry.key, entry.id, entry.created_at, j.sent_at FROM outbox_sent_journal j, "
+            "SELECT DISTINCT ON (entry.key) entry.key, entry.id, entry.created_at, j.sent_at "
+            "FROM outbox_sent_journal j, "
             "unnest(j.message_keys, j.ids, j.created_at) AS entry(key, id, created_at) "
-            "ON CONFLICT DO NOTHING"
+            "ORDER BY entry.key, j.sent_at DESC ON CONFLICT DO NOTHING"
         )
         op.drop_table("outbox_sent_journal")
         op.execute(f"ALTER TABLE {_LOG} SET LOGGED")
         op.create_index("outbox_sent_time_idx", _LOG, ["sent_at"])
         op.execute(f"ALTER INDEX {_LOG}_pkey RENAME TO outbox_sent_pkey")
     op.rename_table(_LOG, "outbox_sent")
+
+
+def _unpublished(log: str) -> None:
+    """Refuse, before anything changes, while a publication lists the log: PostgreSQL makes
+    no table of a publication unlogged (a change-data-capture feed of the outbox's tables)."""
+    listed = sa.text(
+        "SELECT p.pubname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+        "WHERE r.prrelid = CAST(:log AS regclass) ORDER BY 1"
+    )
+    names = list(op.get_bind().execute(listed, {"log": log}).scalars())
+    if names:
+        drops = " ".join(f"ALTER PUBLICATION {name} DROP TABLE {log};" for name in names)
+        raise MigrationRefusedError(
+            f"migration 0015 makes the sent log {log} unlogged, and PostgreSQL makes no "
+            f"table of a publication unlogged: {log} is in {', '.join(names)}. Take it out "
+            f"({drops}) and migrate again; each ack's entries are then in the journal, "
+            "outbox_sent_journal, for a publication to carry. Nothing was changed"
+        )
 
 
 def _least_protocol(protocol: int, release: str) -> None:
