@@ -3,6 +3,7 @@ downgrade cleanly: the one schema definition and the shipped migrations cannot d
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -271,25 +272,29 @@ def test_the_upgrade_to_0015_names_a_publication_of_the_log_and_changes_nothing(
     postgresql_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """PostgreSQL makes no table of a publication unlogged (a change-data-capture feed of
-    the outbox's tables): `relay migrate` refuses, exit 1, naming the publication and the
-    statement that takes the log out, and the schema stays as it was (before: the driver's
-    error, in the migration's words). Once out, the upgrade goes, and the journal may be
-    published in its place."""
+    the outbox's tables): `relay migrate` refuses, exit 1, naming each publication and the
+    statement that takes the log out of it, and the schema stays as it was (before: the
+    driver's error, in the migration's words). The statements it gives, run as given, let
+    the upgrade go; the journal may be published in the log's place."""
     environ = {"RELAY_DATABASE_URL": postgresql_url}
     migrate(postgresql_url, "0014", downgrade=True)
     engine = sa.create_engine(postgresql_url)
     try:
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE PUBLICATION cdc FOR TABLE outbox, outbox_sent"))
+            conn.execute(sa.text('CREATE PUBLICATION "Audit Feed" FOR TABLE outbox_sent'))
         assert main(["migrate"], environ) == 1
         err = capsys.readouterr().err
-        assert (
-            "outbox_sent is in cdc" in err
-            and "ALTER PUBLICATION cdc DROP TABLE outbox_sent;" in err
-        )
+        assert "outbox_sent is in Audit Feed, cdc" in err
+        given = re.findall(r"ALTER PUBLICATION .+? DROP TABLE outbox_sent;", err)
+        assert given == [
+            'ALTER PUBLICATION "Audit Feed" DROP TABLE outbox_sent;',
+            "ALTER PUBLICATION cdc DROP TABLE outbox_sent;",
+        ]
         assert revision_of(postgresql_url) == "0014"
         with engine.begin() as conn:
-            conn.execute(sa.text("ALTER PUBLICATION cdc DROP TABLE outbox_sent"))
+            for statement in given:
+                conn.execute(sa.text(statement))
         assert main(["migrate"], environ) == 0
         with engine.begin() as conn:
             conn.execute(sa.text("ALTER PUBLICATION cdc ADD TABLE outbox_sent_journal"))
@@ -297,7 +302,7 @@ def test_the_upgrade_to_0015_names_a_publication_of_the_log_and_changes_nothing(
                 sa.text("SELECT tablename FROM pg_publication_tables WHERE pubname = 'cdc'")
             ).scalars()
             assert sorted(published) == ["outbox", "outbox_sent_journal"]
-            conn.execute(sa.text("DROP PUBLICATION cdc"))
+            conn.execute(sa.text('DROP PUBLICATION cdc, "Audit Feed"'))
     finally:
         engine.dispose()
     assert differences(postgresql_url) == []

@@ -21,6 +21,10 @@
   ids again. ``relay migrate`` refuses while they hold buckets; those still running then
   give their buckets up and exit.
 
+A publication that lists the log (a change-data-capture feed) stops the migration before it
+changes anything: PostgreSQL makes no published table unlogged; the error says how to take
+the log out.
+
 Stop the relays of the release before (the migration refuses otherwise): on PostgreSQL the
 log is rewritten unlogged and copied into the journal, which locks it for a while (about a
 minute per ten million entries here).
@@ -116,9 +120,11 @@ def _unpublished(log: str) -> None:
         "SELECT p.pubname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
         "WHERE r.prrelid = CAST(:log AS regclass) ORDER BY 1"
     )
-    names = list(op.get_bind().execute(listed, {"log": log}).scalars())
+    bind = op.get_bind()
+    names = list(bind.execute(listed, {"log": log}).scalars())
     if names:
-        drops = " ".join(f"ALTER PUBLICATION {name} DROP TABLE {log};" for name in names)
+        quoted = map(bind.dialect.identifier_preparer.quote, names)
+        drops = " ".join(f"ALTER PUBLICATION {name} DROP TABLE {log};" for name in quoted)
         raise MigrationRefusedError(
             f"migration 0015 makes the sent log {log} unlogged, and PostgreSQL makes no "
             f"table of a publication unlogged: {log} is in {', '.join(names)}. Take it out "
