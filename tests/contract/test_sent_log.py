@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -499,6 +500,27 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
         box.close()
 
 
+@contextmanager
+def private_server(directory: Path, acked: list[str], **options: str) -> Iterator[PostgresServer]:
+    """A PostgreSQL server of its own (a test's crash leaves the others alone), with
+    ``options`` set, its database ``outbox`` migrated and the messages ``acked`` relayed."""
+    server = PostgresServer(directory, settings=[f"{k}={v}" for k, v in options.items()])
+    server.start()
+    try:
+        server.create_database("outbox")
+        url = server.url("outbox")
+        migrate(url)
+        box = Outbox(url)
+        try:
+            box.writer.enqueue([message(name) for name in acked])
+            box.relay_all()
+        finally:
+            box.close()
+        yield server
+    finally:
+        server.stop()
+
+
 def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -506,16 +528,8 @@ def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
     gauge says 0 while the server is down (the looks fail, and so would claims), the relay
     warns of the emptied log, rebuilds it, and says 1 again."""
     caplog.set_level(logging.INFO)
-    server = PostgresServer(tmp_path / "pg")
-    server.start()
-    try:
-        server.create_database("outbox")
+    with private_server(tmp_path / "pg", ["m-1"]) as server:
         url = server.url("outbox")
-        migrate(url)
-        box = Outbox(url)
-        box.writer.enqueue([message("m-1")])
-        box.relay_all()
-        box.close()
         metrics = Metrics()
 
         def gauge() -> float | None:
@@ -541,8 +555,6 @@ def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
         assert gauge() == 1
         assert logged(caplog, "sent_log_failed") and logged(caplog, "sent_log_rebuild")
         assert statuses(url) == {"sent": 1}, "the entry back in the log"
-    finally:
-        server.stop()
 
 
 def acked_over_a_lost_purge(box: Outbox) -> None:
@@ -608,16 +620,8 @@ def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> 
     """PostgreSQL crashes (an immediate stop: no shutdown checkpoint) after three acks: its
     unlogged log comes back empty, the journal whole. No row is claimed until a relay's
     rebuild, and then the ids sent before the crash are dropped, a new one published."""
-    server = PostgresServer(tmp_path / "pg")
-    server.start()
-    try:
-        server.create_database("outbox")
+    with private_server(tmp_path / "pg", [f"m-{n}" for n in range(3)]) as server:
         url = server.url("outbox")
-        migrate(url)
-        box = Outbox(url)
-        box.writer.enqueue([message(f"m-{n}") for n in range(3)])
-        box.relay_all()
-        box.close()
         server.stop("immediate")
         server.start()
         assert statuses(url) == {}, "the unlogged log is empty after the crash"
@@ -629,8 +633,6 @@ def test_a_crash_empties_the_sent_log_and_dedupe_stays_exact(tmp_path: Path) -> 
             assert claimable(box.store) == ["m-3"]
         finally:
             box.close()
-    finally:
-        server.stop()
 
 
 def test_an_id_acked_after_a_crash_undid_the_purge_of_its_first_entry_stays_known(
@@ -645,17 +647,11 @@ def test_an_id_acked_after_a_crash_undid_the_purge_of_its_first_entry_stays_know
     entry of an id acked minutes before, to be published again when written again. The
     purge commits durably: the id stays known. (The WAL writer's period is its longest here,
     so that nothing but the purge's own commit would flush it before the crash.)"""
-    server = PostgresServer(tmp_path / "pg", settings=["wal_writer_delay=10000"])
-    server.start()
-    try:
-        server.create_database("outbox")
+    with private_server(tmp_path / "pg", ["K"], wal_writer_delay="10000") as server:
         url = server.url("outbox")
-        migrate(url)
         box = Outbox(url)
-        box.writer.enqueue([message("K")])
-        (first,) = box.relay_all()
         with box.writer.engine.begin() as conn:  # durable
-            sent_days_ago(conn, first, 8)
+            sent_days_ago(conn, conn.execute(sa.select(outbox_sent.c.id)).scalar_one(), 8)
         box.writer.enqueue([message("K")])
         retention = OutboxAdmin(url, relay_session=True)  # the relay's own purge
         assert retention.purge(7 * DAY) == 1
@@ -674,5 +670,3 @@ def test_an_id_acked_after_a_crash_undid_the_purge_of_its_first_entry_stays_know
             assert claimable(box.store) == [], "K was acked minutes ago: within its horizon"
         finally:
             box.close()
-    finally:
-        server.stop()
