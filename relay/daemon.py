@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
@@ -35,6 +36,7 @@ from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
 from relay.relay import Relay
 from relay.retrying import in_thread
+from relay.sentlog import SentLogWatch
 from relay.settings import Settings, TracingSettings
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
@@ -47,6 +49,7 @@ class Assembled:
     relay: Relay
     store: ClaimStore
     metrics: Metrics
+    sent_log: SentLogWatch
 
 
 def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assembled:
@@ -60,6 +63,8 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
     # No row is published once its bucket's lease has less left than a publish may take
     # (``relay.lease``); nor is one claimed from such a bucket.
     lease = Lease(margin_for(settings.confirm_timeout))
+    # A relay that cannot claim for longer than a lease is not ready (``relay.sentlog``).
+    sent_log = SentLogWatch(settings.lease, lease.clock())
     store = ClaimStore(
         settings.database_url,
         settings.name,
@@ -98,8 +103,10 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         turn_interval=turn_interval(settings.lease, lease.margin),
         retry=reconnect,
         tracing=tracing,
+        database_failed=lambda: sent_log.failed(lease.clock()),
     )
-    return Assembled(relay, store, metrics)
+    metrics.sent_log_complete.set_function(lambda: 1 if sent_log.complete else 0)
+    return Assembled(relay, store, metrics, sent_log)
 
 
 def turn_interval(lease: float, margin: float) -> float:
@@ -151,11 +158,17 @@ def start_tracing(settings: TracingSettings) -> Tracing:
 async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> bool:
     parts = assemble(settings, topology, tracing)
     relay, store, metrics = parts.relay, parts.store, parts.metrics
+    clock = relay.lease.clock
+
+    def unready() -> str | None:
+        return relay.unready() or parts.sent_log.unready(clock())
+
+    metrics.ready.set_function(lambda: 0 if unready() else 1)
     server = None
     if settings.metrics_port:
         try:
             server = HealthServer(
-                metrics, settings.metrics_host, settings.metrics_port, relay.alive, relay.unready
+                metrics, settings.metrics_host, settings.metrics_port, relay.alive, unready
             )
         except OSError as exc:
             raise ConfigError(
@@ -167,17 +180,43 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, functools.partial(_stop, relay, sig))
     helpers = [
-        asyncio.create_task(_backlog_gauges(store, metrics, settings.stats_interval)),
-        asyncio.create_task(_whole_sent_log(settings, metrics)),
+        asyncio.create_task(
+            _backlog_gauges(store, metrics, settings.stats_interval), name="backlog gauges"
+        ),
+        asyncio.create_task(_whole_sent_log(settings, parts.sent_log, clock), name="sent log"),
     ]
     if settings.retention:
-        helpers.append(asyncio.create_task(_retention(settings)))
+        helpers.append(asyncio.create_task(_retention(settings), name="retention"))
     if settings.probe_interval:
-        helpers.append(asyncio.create_task(_wake_on_new_rows(relay, settings)))
+        helpers.append(asyncio.create_task(_wake_on_new_rows(relay, settings), name="probe"))
+    ended: list[asyncio.Task[None]] = []
+
+    def helper_ended(task: asyncio.Task[None]) -> None:
+        # Each runs for as long as the relay, its errors retried: one that ended is a fault
+        # no retry can mend (without the sent log's, claims could wait for ever, the relay
+        # alive and ready); the relay drains and fails with it, for its supervisor to
+        # restart it.
+        if task.cancelled():
+            return
+        ended.append(task)
+        log.error(
+            "the relay's %s task ended: stopping",
+            task.get_name(),
+            extra={"action": "task_failed", "task": task.get_name()},
+        )
+        relay.stop()
+
+    for task in helpers:
+        task.add_done_callback(helper_ended)
     try:
-        return await relay.run()
+        drained = await relay.run()
+        for task in ended:
+            task.result()  # its own error, if it raised one
+            raise RelayError(f"the relay's {task.get_name()} task ended")
+        return drained
     finally:
         for task in helpers:
+            task.remove_done_callback(helper_ended)
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
         if server is not None:
@@ -209,20 +248,22 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
         await asyncio.sleep(interval)
 
 
-async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
+async def _whole_sent_log(
+    settings: Settings, watch: SentLogWatch, clock: Callable[[], float]
+) -> None:
     """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if it is not (a crash
     or a failover emptied PostgreSQL's, ``relay.db.sentlog``, or its state row was deleted),
-    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile. The
-    gauge says 0 from the look that finds it so, or that fails (claims fail too, and a crash
-    is seen first as a failed look), until a look finds it whole; a failed look is tried
-    again after ``SENT_LOG_RETRY_S``. A stop cancels a rebuild under way."""
+    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile.
+    ``watch`` keeps what the looks found (``relay.sentlog``: the gauge, readiness); a failed
+    look is tried again after ``SENT_LOG_RETRY_S``. A stop cancels a rebuild under way."""
     rebuild = SentLogRebuild(settings.database_url)
     warned = False  # once per emptied log, not at each look while another relay rebuilds it
     try:
         while True:
+            began = clock()
             try:
                 whole = await in_thread(rebuild.complete)
-                metrics.sent_log_complete.set(1 if whole else 0)
+                watch.looked(whole, began, clock())
                 if not whole:
                     if not warned:
                         log.warning(
@@ -232,8 +273,10 @@ async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
                             extra={"action": "sent_log_rebuild"},
                         )
                     warned = True
+                    began = clock()
                     whole = await _rebuild_sent_log(rebuild)
-                    metrics.sent_log_complete.set(1 if whole else 0)
+                    if whole:
+                        watch.looked(True, began, clock())
                 elif warned:
                     log.info(
                         "the sent log is complete (another relay rebuilt it): claiming again",
@@ -241,7 +284,7 @@ async def _whole_sent_log(settings: Settings, metrics: Metrics) -> None:
                     )
                 warned = warned and not whole
             except RelayError as exc:
-                metrics.sent_log_complete.set(0)
+                watch.failed(clock())
                 log.warning("%s", exc, extra={"action": "sent_log_failed"})
                 await asyncio.sleep(SENT_LOG_RETRY_S)
                 continue

@@ -92,9 +92,15 @@ class Metrics:
         )
         self.sent_log_complete = Gauge(
             "relay_sent_log_complete",
-            "1 while the sent log is whole; 0 while it is not known to be: rebuilt from its "
-            "journal after a crash or a failover emptied it (PostgreSQL), or the database "
-            "did not answer the last look. Meanwhile this relay claims no row.",
+            "1 while the sent log is whole, as a look made since this relay's last failed "
+            "database call found it; 0 otherwise: rebuilt from its journal after a crash or "
+            "a failover emptied it (PostgreSQL), not looked at since a call failed, or not "
+            "yet. Meanwhile this relay claims no row.",
+            registry=r,
+        )
+        self.ready = Gauge(
+            "relay_ready",
+            "1 while /readyz answers 200 (the relay can work); 0 while it gives a reason why not.",
             registry=r,
         )
         self.broker_connected = Gauge(

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 from relay.backoff import Backoff
 from relay.batching import SettleBatching
 from relay.budget import ByteBudget
 from relay.constants import LIVENESS_LIMIT_S
-from relay.errors import StoreError
+from relay.errors import RelayError, StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease
 from relay.metrics import Metrics
 from relay.pacing import ClaimPacing, Counts, Decision
@@ -51,10 +52,14 @@ class Relay:
         turn_interval: float,
         retry: Backoff,
         tracing: Tracing | None = None,
+        database_failed: Callable[[], None] = lambda: None,
     ) -> None:
+        """``database_failed``: told whenever a database call fails (``RetryingStore``)."""
         # Every time the loop keeps is a duration on the lease's clock (``relay.lease``).
         clock = self._clock = lease.clock
-        self.store = db = RetryingStore(store, retry, metrics, self._beat, clock)
+        self.store = db = RetryingStore(
+            store, retry, metrics, self._beat, clock, failed=database_failed
+        )
         self.publisher, self.metrics, self.drain_timeout = publisher, metrics, drain_timeout
         self.lease = lease  # renewed by the turns; checked before each claim and each send
         self.turns = Turns(db, lease, metrics, turn_interval, turned=self.wake, retire=self.stop)
@@ -81,12 +86,18 @@ class Relay:
         claiming = asyncio.create_task(self._claim_until_stopped(), name="claim")
         settling = asyncio.create_task(self.settler.run(self._collect), name="settle")
         turning = asyncio.create_task(self.turns.run(self._can_publish), name="turn")
+        # The loop lives by all four: one that ended before the stop failed (no retry could
+        # help), and so does the relay, at once, rather than stay alive and ready settling,
+        # publishing or claiming nothing.
+        tasks = (publishing, claiming, settling, turning)
+        for task in tasks:
+            task.add_done_callback(self._task_ended)
         try:
             while not self._stopping.is_set():
                 self._beat()
-                for task in (claiming, turning):
+                for task in tasks:
                     if task.done():
-                        task.result()  # it failed (no retry can help): so does the relay
+                        _failed(task)
                 self.turns.check(self._can_publish())
                 self._collect()
                 self._publish_ready()
@@ -108,6 +119,9 @@ class Relay:
             await self.publisher.close()
             publishing.cancel()
             await asyncio.gather(publishing, claiming, settling, turning, return_exceptions=True)
+
+    def _task_ended(self, _task: asyncio.Task[None]) -> None:
+        self._woken.set()
 
     def wake(self) -> None:
         """Rows may be due that no claim has looked for (new rows were announced, or rows
@@ -324,3 +338,9 @@ class Relay:
     async def _wait(self, timeout: float) -> None:
         """Until ``wake`` was called (since the last wait returned) or ``timeout`` seconds."""
         await self._woken.wait(timeout)
+
+
+def _failed(task: asyncio.Task[None]) -> None:
+    """Raise why ``task``, one the loop lives by, ended before the relay stopped."""
+    task.result()  # its own error, if it raised one
+    raise RelayError(f"the relay's {task.get_name()} task ended before the relay stopped")

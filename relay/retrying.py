@@ -50,8 +50,9 @@ async def in_thread(call: Callable[[], T], on_cancel: Callable[[], None] = lambd
 
 class RetryingStore:
     """``store``'s calls for the loop, awaitable and retried. ``beat`` is called while a
-    retry waits (the relay is alive, only waiting); ``deadline`` (in ``clock``'s seconds)
-    ends the retries: the loop sets it when it stops."""
+    retry waits (the relay is alive, only waiting); ``failed`` whenever a call fails (what
+    the relay knew of the database may no longer hold); ``deadline`` (in ``clock``'s
+    seconds) ends the retries: the loop sets it when it stops."""
 
     def __init__(
         self,
@@ -60,8 +61,11 @@ class RetryingStore:
         metrics: Metrics,
         beat: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        *,
+        failed: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
+        self._on_failure = failed
         self.clock = clock
         self._retry = retry
         self._metrics = metrics
@@ -141,6 +145,7 @@ class RetryingStore:
             result = await in_thread(call)
         except StoreError:
             self._metrics.store_errors.inc()
+            self._on_failure()
         else:
             self._worked(name)
             return result, began
@@ -184,4 +189,5 @@ class RetryingStore:
         self._up = False
         self._metrics.database_connected.set(0)
         self._metrics.store_errors.inc()
+        self._on_failure()
         _log_database_retry(state)

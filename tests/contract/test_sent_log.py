@@ -11,6 +11,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,8 +38,8 @@ from relay.db.schema import (
 from relay.db.sentlog import SentLogRebuild, purge_chunk
 from relay.db.sink import OutboxSink
 from relay.errors import RelayError
-from relay.metrics import Metrics
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
+from relay.sentlog import SentLogWatch
 from tests.support.inprocess import logged, settings
 from tests.support.rows import sink_chunk
 
@@ -458,17 +459,18 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
     postgresql_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A relay's looks at the log (``relay.daemon``): from the look that finds it lost, the
-    gauge says 0 while this relay rebuilds it (held here behind a lock on the journal), 1
-    once rebuilt; a second loss right after the rebuild is warned of again, as the first."""
+    relay says it incomplete while it rebuilds it (held here behind a lock on the journal),
+    complete once rebuilt; a second loss right after the rebuild is warned of again, as the
+    first."""
     caplog.set_level(logging.INFO)
     values = settings(postgresql_url, "amqp://guest:guest@127.0.0.1:1/%2F")
-    metrics = Metrics()
+    watch = SentLogWatch(values.lease, time.monotonic())
     box = Outbox(postgresql_url)
     box.writer.enqueue([message("m-1")])
     box.relay_all()
 
-    def gauge() -> float | None:
-        return metrics.registry.get_sample_value("relay_sent_log_complete")
+    def gauge() -> int:
+        return 1 if watch.complete else 0
 
     blocked = waits_on_a_lock(box.admin.engine, "WITH copied AS%")
 
@@ -476,7 +478,7 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
         return len(logged(caplog, "sent_log_rebuilt")) == times
 
     async def scenario() -> float | None:
-        looking = asyncio.create_task(_whole_sent_log(values, metrics))
+        looking = asyncio.create_task(_whole_sent_log(values, watch, time.monotonic))
         try:
             await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
             with box.writer.engine.begin() as conn:
@@ -525,22 +527,22 @@ def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A relay's looks through a crash of PostgreSQL (an immediate stop, and a start): the
-    gauge says 0 while the server is down (the looks fail, and so would claims), the relay
-    warns of the emptied log, rebuilds it, and says 1 again."""
+    relay says the log not complete while the server is down (the looks fail, and so would
+    claims), warns of the emptied log, rebuilds it, and says it complete again."""
     caplog.set_level(logging.INFO)
     with private_server(tmp_path / "pg", ["m-1"]) as server:
         url = server.url("outbox")
-        metrics = Metrics()
+        watch = SentLogWatch(60.0, time.monotonic())
 
-        def gauge() -> float | None:
-            return metrics.registry.get_sample_value("relay_sent_log_complete")
+        def gauge() -> int:
+            return 1 if watch.complete else 0
 
         def rebuilt() -> bool:
             return bool(logged(caplog, "sent_log_rebuilt"))
 
         async def scenario() -> None:
             values = settings(url, "amqp://guest:guest@127.0.0.1:1/%2F")
-            looking = asyncio.create_task(_whole_sent_log(values, metrics))
+            looking = asyncio.create_task(_whole_sent_log(values, watch, time.monotonic))
             try:
                 await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
                 await asyncio.to_thread(server.stop, "immediate")

@@ -341,6 +341,34 @@ def test_a_relay_whose_turns_fail_is_not_ready_saying_why_though_its_claims_work
     run(scenario())
 
 
+class SettlesBreak(InMemoryStore):
+    """A store whose settle fails with an error no retry catches (a fault in the relay's own
+    code, say), while its claims and turns go on working."""
+
+    def settle(self, batch: SettleBatch) -> None:
+        raise RuntimeError("settle broke (simulated)")
+
+
+def test_a_relay_whose_settle_task_dies_fails_at_once_rather_than_stay_ready() -> None:
+    """The loop lives by its settle task: once that task died, nothing acked would be marked
+    sent, while claims, turns and /readyz went on as if all were well. The relay fails with
+    the task's own error, within a turn of its loop."""
+    store = SettlesBreak()
+    fill(store, 5)
+    publisher = ScriptedPublisher(lambda row: "ack")
+    relay = make(store, publisher)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(relay.run())
+        await wait(task.done, 10)
+        with pytest.raises(RuntimeError, match="settle broke"):
+            task.result()
+
+    run(scenario())
+    assert len(publisher.published) == 5
+    assert set(statuses(store).values()) == {PENDING}, "nothing recorded: due again"
+
+
 def test_a_relay_waiting_on_a_protocol_fence_is_ready() -> None:
     """Its turns work: it is ready, so that a rollout goes on and stops the older relays it
     waits for."""
