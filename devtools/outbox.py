@@ -10,10 +10,18 @@ import sqlalchemy as sa
 
 from relay.db.columns import sent_key_value
 from relay.db.dialects import of
-from relay.db.schema import outbox, outbox_buckets, outbox_sent, outbox_sent_journal
+from relay.db.schema import (
+    outbox,
+    outbox_buckets,
+    outbox_sent,
+    outbox_sent_journal,
+    outbox_sent_legacy,
+)
 from relay.records import SENT
 
 _IDS_PER_QUERY = 1000
+# The sent log, and that of the releases before migration 0015, which their relays write.
+_LOGS = (outbox_sent, outbox_sent_legacy)
 
 
 @contextmanager
@@ -66,22 +74,25 @@ def fates(target: str | sa.Engine, message_ids: Iterable[str]) -> dict[str, str]
 
 
 def sent_already(conn: sa.Connection, message_ids: Iterable[str]) -> set[str]:
-    """Which of ``message_ids`` the sent log holds (their keys computed here: the lookup is
-    one probe of its primary key per id)."""
+    """Which of ``message_ids`` a sent log holds (their keys computed here: the lookup is
+    one probe of each log's primary key per id)."""
     keys = {sent_key_value(i, conn.dialect): i for i in message_ids}
-    found = conn.scalars(sa.select(outbox_sent.c.key).where(outbox_sent.c.key.in_(list(keys))))
-    return {keys[key] for key in found}
+    return {
+        keys[key]
+        for log in _LOGS
+        for key in conn.scalars(sa.select(log.c.key).where(log.c.key.in_(list(keys))))
+    }
 
 
 def sent_ids(target: str | sa.Engine) -> set[int]:
-    """The ids of the rows sent: kept whole, or in the sent log."""
+    """The ids of the rows sent: kept whole, or in a sent log."""
     with _connection(target) as conn:
-        kept = conn.scalars(sa.select(outbox.c.id).where(outbox.c.status == SENT))
-        return set(kept) | set(conn.scalars(sa.select(outbox_sent.c.id)))
+        kept = set(conn.scalars(sa.select(outbox.c.id).where(outbox.c.status == SENT)))
+        return kept.union(*(conn.scalars(sa.select(log.c.id)) for log in _LOGS))
 
 
 def sent_logged(target: str | sa.Engine) -> int:
-    """Entries in the sent log."""
+    """Entries in the sent logs."""
     with _connection(target) as conn:
         return _logged(conn)
 
@@ -92,7 +103,7 @@ def sent_latencies(target: str | sa.Engine) -> list[float]:
     with _connection(target) as conn:
         return [
             (sent - created).total_seconds()
-            for table, where in ((outbox, [outbox.c.status == SENT]), (outbox_sent, []))
+            for table, where in ((outbox, [outbox.c.status == SENT]), *((log, []) for log in _LOGS))
             for created, sent in conn.execute(
                 sa.select(table.c.created_at, table.c.sent_at).where(*where)
             )
@@ -111,14 +122,14 @@ def empty(target: str | sa.Engine) -> None:
     with _connection(target) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             # The journal too: a rebuild after a crash would bring its entries back.
-            tables = (outbox, outbox_sent, outbox_sent_journal)
+            tables = (outbox, *_LOGS, outbox_sent_journal)
             conn.execute(sa.text(f"TRUNCATE {', '.join(t.name for t in tables)}"))
         elif conn.dialect.name == "mysql":  # the same reason: InnoDB's purge of deleted rows
-            conn.execute(sa.text(f"TRUNCATE TABLE {outbox.name}"))
-            conn.execute(sa.text(f"TRUNCATE TABLE {outbox_sent.name}"))
+            for table in (outbox, *_LOGS):
+                conn.execute(sa.text(f"TRUNCATE TABLE {table.name}"))
         else:
-            conn.execute(sa.delete(outbox))
-            conn.execute(sa.delete(outbox_sent))
+            for table in (outbox, *_LOGS):
+                conn.execute(sa.delete(table))
 
 
 def log_acked(
@@ -136,7 +147,8 @@ def log_acked(
 
 
 def _logged(conn: sa.Connection) -> int:
-    return int(conn.execute(sa.select(sa.func.count()).select_from(outbox_sent)).scalar_one())
+    counts = (sa.select(sa.func.count()).select_from(log) for log in _LOGS)
+    return sum(int(conn.execute(count).scalar_one()) for count in counts)
 
 
 def rows(target: str | sa.Engine) -> list[Any]:

@@ -18,7 +18,14 @@ from relay.db.buckets import owned_now
 from relay.db.clock import database_time, seconds_since
 from relay.db.columns import sent_key
 from relay.db.dialects import of
-from relay.db.schema import ROW_COLUMNS, bucket_column, outbox, outbox_buckets, outbox_sent
+from relay.db.schema import (
+    ROW_COLUMNS,
+    bucket_column,
+    outbox,
+    outbox_buckets,
+    outbox_sent,
+    outbox_sent_legacy,
+)
 from relay.db.sentlog import complete as sent_log_complete
 from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats
@@ -217,11 +224,16 @@ def within_budget(rows: Iterable[Sequence[Any]], max_bytes: int, first_always: b
 
 
 def _sent_before(message_id: sa.ColumnElement[str]) -> sa.Label[bool]:
-    """The dedupe: one probe of the sent log's primary key per row claimed, by the relay's
-    own statement, so that no writer pays for it and no writer's snapshot decides it. A
-    scalar subquery, not EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log."""
-    logged = sa.select(sa.true()).where(outbox_sent.c.key == sent_key(message_id))
-    return logged.scalar_subquery().is_not(None).label("sent_before")
+    """The dedupe: one probe of the sent log's primary key per row claimed, and one of the
+    log of the releases before (``outbox_sent_legacy``), by the relay's own statement, so
+    that no writer pays for it and no writer's snapshot decides it. Scalar subqueries, not
+    EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log."""
+    key = sent_key(message_id)
+    probes = (
+        sa.select(sa.true()).where(log.c.key == key).scalar_subquery().is_not(None)
+        for log in (outbox_sent, outbox_sent_legacy)
+    )
+    return sa.or_(*probes).label("sent_before")
 
 
 def _unless_oversize(

@@ -33,6 +33,7 @@ from relay.db.schema import (
     outbox_buckets,
     outbox_counters,
     outbox_sent,
+    outbox_sent_legacy,
 )
 from relay.db.sentlog import entries, purge_chunk
 from relay.db.statements import bounded_count, in_chunks, run_delete
@@ -97,7 +98,10 @@ class OutboxAdmin:
         ids = sa.select(outbox.c.id)
         counted = {
             PENDING: [ids.where(pending)],
-            SENT: [ids.where(outbox.c.status == SENT), sa.select(outbox_sent.c.key)],
+            SENT: [
+                ids.where(outbox.c.status == SENT),
+                *(sa.select(log.c.key) for log in (outbox_sent, outbox_sent_legacy)),
+            ],
             PARKED: [ids.where(outbox.c.status == PARKED)],
         }
         logged = entries(of(self.engine).journals_sent_log)
@@ -244,8 +248,17 @@ class OutboxAdmin:
                 conn.execute(delete_rows, {"ids": batch})
             return len(batch)
 
+        # The log of the releases before (``outbox_sent_legacy``) by its sent-time index.
+        legacy = of(self.engine).delete_chunk(
+            outbox_sent_legacy,
+            outbox_sent_legacy.c.key,
+            outbox_sent_legacy.c.sent_at < cutoff,
+            chunk,
+            None,
+        )
+        parts = (rows_chunk, self._log_chunk(cutoff, chunk), functools.partial(run_delete, legacy))
         deleted = 0
-        for one_chunk in (rows_chunk, self._log_chunk(cutoff, chunk)):
+        for one_chunk in parts:
             before = deleted  # ``progress`` is told the total of both parts
 
             def so_far(count: int, before: int = before) -> None:

@@ -41,6 +41,8 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_counters": "SELECT, UPDATE",
         "outbox_sent_journal": "SELECT, INSERT, DELETE",
         "outbox_sent_state": "SELECT, INSERT, UPDATE",
+        # The log of the releases before (migration 0015): probed by claims, purged.
+        "outbox_sent": "SELECT, DELETE",
     },
     WRITER: {"outbox": f"INSERT ({', '.join(WRITER_COLUMNS)})"},
     CONSUMER: {
@@ -51,6 +53,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_sent_log": "SELECT",
         "outbox_sent_journal": "SELECT",
+        "outbox_sent": "SELECT",
         "outbox_buckets": "SELECT",
         "outbox_relays": "SELECT",
         "outbox_protocol": "SELECT",

@@ -32,7 +32,13 @@ import sqlalchemy as sa
 
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors
-from relay.db.schema import SENT_LOG, outbox_sent, outbox_sent_journal, outbox_sent_state
+from relay.db.schema import (
+    SENT_LOG,
+    outbox_sent,
+    outbox_sent_journal,
+    outbox_sent_legacy,
+    outbox_sent_state,
+)
 from relay.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -48,18 +54,20 @@ def complete() -> sa.ColumnElement[bool]:
 
 
 def entries(journaled: bool) -> sa.FromClause:
-    """The log's entries as a table of ``key``, ``id``, ``created_at`` and ``sent_at``, for
+    """The logs' entries as a table of ``key``, ``id``, ``created_at`` and ``sent_at``, for
     reads by sent time (``relay status``, the console, a replay's count): with ``journaled``,
-    the journal's, found by its time-ordered key (the log has no time index there); else the
-    log itself."""
+    the journal's, found by its time-ordered key (the log has no time index there), else the
+    log's; and those of the log of the releases before (``outbox_sent_legacy``), by its own
+    time index."""
+    legacy = sa.select(*(outbox_sent_legacy.c[name] for name in _ENTRY))
     if not journaled:
-        return outbox_sent
-    entry = _unnested(_JOURNAL)
-    return (
-        sa.select(entry.c.key, entry.c.id, entry.c.created_at, _JOURNAL.c.sent_at)
-        .select_from(_JOURNAL.join(entry, sa.true()))
-        .subquery("sent_entries")
-    )
+        logged = sa.select(*(outbox_sent.c[name] for name in _ENTRY))
+    else:
+        entry = _unnested(_JOURNAL)
+        logged = sa.select(
+            entry.c.key, entry.c.id, entry.c.created_at, _JOURNAL.c.sent_at
+        ).select_from(_JOURNAL.join(entry, sa.true()))
+    return sa.union_all(logged, legacy).subquery("sent_entries")
 
 
 def journaled(logged: sa.CTE) -> sa.Insert:

@@ -3,7 +3,6 @@ downgrade cleanly: the one schema definition and the shipped migrations cannot d
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,17 +15,17 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from devtools.outbox import statuses
+from devtools.outbox import fates, statuses
 from relay.cli import main
 from relay.constants import PROTOCOL
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time, seconds_between
 from relay.db.columns import sent_key
 from relay.db.migrate import live_relays, migrate
-from relay.db.outbox import OutboxWriter
+from relay.db.outbox import OutboxAdmin, OutboxWriter
 from relay.db.schema import built_on, metadata, outbox, outbox_buckets
 from relay.errors import SchemaMissingError, StoreError
-from relay.records import NewMessage, SettleBatch
+from relay.records import SENT, NewMessage, SettleBatch
 from relay.upgrade import LiveRelay
 from tests.support.privileges import definer_functions
 
@@ -218,8 +217,8 @@ def test_upgrade_to_the_suspect_column_keeps_the_suspects_marked_in_last_error(
 
 
 def ack_all_as_before(url: str) -> list[int]:
-    """What a relay of a release before 0015 made of an ack of every row (its claims need
-    tables it did not know): the rows deleted, their keys logged. Their ids, in order."""
+    """What a relay of a release before 0015 made of an ack of every row: the rows deleted,
+    their keys logged in its log. Their ids, in order."""
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
@@ -228,7 +227,7 @@ def ack_all_as_before(url: str) -> list[int]:
                 sent_key(outbox.c.message_id), outbox.c.id, outbox.c.created_at, database_time()
             )
             columns = ["key", "id", "created_at", "sent_at"]
-            log = sa.table("outbox_sent", *(sa.column(c) for c in columns))  # its name then
+            log = sa.table("outbox_sent", *(sa.column(c) for c in columns))
             conn.execute(sa.insert(log).from_select(columns, entries))
             conn.execute(sa.delete(outbox))
         return acked
@@ -245,64 +244,94 @@ def _highest_acked_then_one_more(store: ClaimStore, writer: OutboxWriter) -> tup
     return highest.id, new.id
 
 
-def test_an_ack_of_a_relay_before_0015_fails_after_it_and_changes_nothing(
-    database_url: str,
+def test_relays_before_0015_run_beside_it_and_their_acks_are_seen_after_it(
+    database_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A relay of the release before acks after the upgrade to 0015 (it was cut off from the
-    database past its lease while the migration ran): written, its entry would be in the log
-    but not in the journal, lost at the next crash and never purged. The log's new name
-    fails the ack, which rolls back: the row stays, and this release's relays publish it."""
+    """0015 expands beside the relays of the release before: `relay migrate` goes through
+    while one holds buckets (it refused, and every relay had to stop), and what such a
+    relay acks into its own log after the migration (cut off past its lease while a relay
+    of this release took over, say) is seen by this release's claims: the id, written
+    again, is dropped; a new one is claimed."""
+    environ = {"RELAY_DATABASE_URL": database_url}
     migrate(database_url, "0014", downgrade=True)
     writer = OutboxWriter(database_url)
-    writer.enqueue([NewMessage(b"x", message_id="m-1")])
-    migrate(database_url)
-    store = ClaimStore(database_url, "relay", 60.0)
+    engine = sa.create_engine(database_url)
     try:
-        with pytest.raises(sa.exc.DBAPIError, match="outbox_sent"):
-            ack_all_as_before(database_url)
-        store.turn()
-        claimed = [(r.message_id, r.sent_before) for r in store.claim(10, 2**62)]
-        assert claimed == [("m-1", False)]
+        writer.enqueue([NewMessage(b"x", message_id="m-1")])
+        with engine.begin() as conn:  # a relay of the release before, holding buckets
+            conn.execute(
+                sa.update(outbox_buckets)
+                .where(outbox_buckets.c.bucket < 5)
+                .values(owner="old", lease_until=database_time(60))
+            )
+        assert main(["migrate"], environ) == 0, capsys.readouterr().err
+        assert "live relay old: protocol 1, 5 buckets" in capsys.readouterr().out
+        assert ack_all_as_before(database_url) == [1]
+        with engine.begin() as conn:  # it stopped
+            conn.execute(sa.update(outbox_buckets).values(owner=None, lease_until=None))
+        writer.enqueue([NewMessage(b"x", message_id="m-1"), NewMessage(b"x", message_id="m-2")])
+        store = ClaimStore(database_url, "relay", 60.0)
+        try:
+            store.turn()
+            claimed = {r.message_id: r.sent_before for r in store.claim(10, 2**62)}
+            assert claimed == {"m-1": True, "m-2": False}
+        finally:
+            store.close()
     finally:
-        store.close()
+        engine.dispose()
         writer.close()
+    assert differences(database_url) == []
 
 
-def test_the_upgrade_to_0015_names_a_publication_of_the_log_and_changes_nothing(
-    postgresql_url: str, capsys: pytest.CaptureFixture[str]
+def test_the_purge_empties_the_log_of_the_releases_before_over_the_horizon(
+    database_url: str,
 ) -> None:
-    """PostgreSQL makes no table of a publication unlogged (a change-data-capture feed of
-    the outbox's tables): `relay migrate` refuses, exit 1, naming each publication and the
-    statement that takes the log out of it, and the schema stays as it was (before: the
-    driver's error, in the migration's words). The statements it gives, run as given, let
-    the upgrade go; the journal may be published in the log's place."""
-    environ = {"RELAY_DATABASE_URL": postgresql_url}
+    """What relays before 0015 logged stays in their log, which this release counts as sent
+    (`relay status`) and purges at the horizon as its own; a later release drops it once
+    it is empty."""
+    migrate(database_url, "0014", downgrade=True)
+    writer = OutboxWriter(database_url)
+    try:
+        writer.enqueue([NewMessage(b"x", message_id=m) for m in ("old", "new")])
+    finally:
+        writer.close()
+    acked = ack_all_as_before(database_url)
+    migrate(database_url)
+    engine = sa.create_engine(database_url)
+    legacy = sa.table("outbox_sent", sa.column("id"), sa.column("sent_at"))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(legacy)
+            .where(legacy.c.id == acked[0])
+            .values(sent_at=database_time(-8 * 86400))
+        )
+    engine.dispose()
+    admin = OutboxAdmin(database_url)
+    try:
+        assert admin.status().counts[SENT] == 2
+        assert admin.purge(7 * 86400) == 1
+        assert admin.status().counts[SENT] == 1
+    finally:
+        admin.close()
+    assert fates(database_url, ["old", "new"]) == {"new": SENT}
+
+
+def test_the_upgrade_to_0015_leaves_a_publication_of_the_old_log_as_it_is(
+    postgresql_url: str,
+) -> None:
+    """A change-data-capture feed that publishes the old log: 0015 makes its new log beside
+    it (it rewrote the old one unlogged, which PostgreSQL refuses for a published table),
+    so the upgrade goes through and the publication stays as it was."""
     migrate(postgresql_url, "0014", downgrade=True)
     engine = sa.create_engine(postgresql_url)
+    published = sa.text("SELECT tablename FROM pg_publication_tables WHERE pubname = 'cdc'")
     try:
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE PUBLICATION cdc FOR TABLE outbox, outbox_sent"))
-            conn.execute(sa.text('CREATE PUBLICATION "Audit Feed" FOR TABLE outbox_sent'))
-        assert main(["migrate"], environ) == 1
-        err = capsys.readouterr().err
-        assert "outbox_sent is in Audit Feed, cdc" in err
-        given = re.findall(r"ALTER PUBLICATION .+? DROP TABLE outbox_sent;", err)
-        assert given == [
-            'ALTER PUBLICATION "Audit Feed" DROP TABLE outbox_sent;',
-            "ALTER PUBLICATION cdc DROP TABLE outbox_sent;",
-        ]
-        assert revision_of(postgresql_url) == "0014"
+        migrate(postgresql_url)
         with engine.begin() as conn:
-            for statement in given:
-                conn.execute(sa.text(statement))
-        assert main(["migrate"], environ) == 0
-        with engine.begin() as conn:
-            conn.execute(sa.text("ALTER PUBLICATION cdc ADD TABLE outbox_sent_journal"))
-            published = conn.execute(
-                sa.text("SELECT tablename FROM pg_publication_tables WHERE pubname = 'cdc'")
-            ).scalars()
-            assert sorted(published) == ["outbox", "outbox_sent_journal"]
-            conn.execute(sa.text('DROP PUBLICATION cdc, "Audit Feed"'))
+            assert sorted(conn.execute(published).scalars()) == ["outbox", "outbox_sent"]
+            conn.execute(sa.text("DROP PUBLICATION cdc"))
     finally:
         engine.dispose()
     assert differences(postgresql_url) == []
@@ -479,7 +508,7 @@ def test_migrate_refuses_a_migration_older_relays_cannot_run_beside(
         )
     assert main(["migrate"], environ) == 1
     err = capsys.readouterr().err
-    assert f"needs relays of protocol {PROTOCOL} or later" in err  # 0015's, since
+    assert "needs relays of protocol 2 or later" in err  # 0007's
     assert "old (protocol 1, 5 buckets)" in err and "idle" not in err
     assert revision_of(database_url) == "0006"
     with engine.begin() as conn:  # the old relay stopped: its buckets given up

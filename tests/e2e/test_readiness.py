@@ -27,7 +27,7 @@ def test_a_relay_on_a_schema_it_needs_migrated_is_not_ready_until_it_is_migrated
 ) -> None:
     """On the schema of the release before (0012), every turn of a relay of this release
     fails ("run `relay migrate`") and it owns nothing, while its claims, of no bucket, worked
-    (before 0015; now they fail too, on the sent log's new name): /readyz answered 200. It
+    (before 0015; now they fail too, on the sent log's new tables): /readyz answered 200. It
     answers 503 with the reason, the first of the two kinds of call to fail, and 200 once
     the schema is migrated, after which the relay publishes without a restart."""
     migrate(database_url, "0012", downgrade=True)

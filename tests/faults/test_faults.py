@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import json
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pika
@@ -31,7 +33,7 @@ from devtools.scrape import metric
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerError, wait_until
 from relay.constants import DB_TCP_USER_TIMEOUT_S
 from relay.db.migrate import migrate
-from relay.db.schema import outbox_buckets
+from relay.db.schema import outbox, outbox_buckets, outbox_sent, outbox_sent_legacy
 from tests.faults.harness import (
     LEASE,
     QUEUE,
@@ -701,13 +703,16 @@ PREVIOUS_RELEASE = "17fbdee"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def previous_release(tmp_path: Path) -> list[str]:
-    """The command that runs ``relay run`` of the release before."""
-    source = tmp_path / "previous-release"
+# The release of migration 0013 (protocol 2): the last before this release's sent log.
+RELEASE_OF_0013 = "39f4e7b"
+
+
+def release_command(commit: str, directory: Path) -> list[str]:
+    """The command that runs ``relay run`` of the release at ``commit``."""
+    source = directory / f"release-{commit}"
     source.mkdir()
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE, "relay"],
+        ["git", "-C", str(ROOT), "archive", commit, "relay"],
         check=False,  # said below
         capture_output=True,
         timeout=60,
@@ -716,6 +721,12 @@ def previous_release(tmp_path: Path) -> list[str]:
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
     run = f"import runpy, sys; sys.path.insert(0, {str(source)!r}); runpy.run_module('relay')"
     return [sys.executable, "-c", run, "run"]
+
+
+@pytest.fixture
+def previous_release(tmp_path: Path) -> list[str]:
+    """The command that runs ``relay run`` of the release before protocols."""
+    return release_command(PREVIOUS_RELEASE, tmp_path)
 
 
 def fenced(relay: FaultRelay) -> bool:
@@ -729,9 +740,9 @@ def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migra
 ) -> None:
     """A relay of the release before runs on its schema (0011) under the writers; migrations
     0012 and 0013 run under it; two relays of this release start and claim nothing while it
-    holds buckets (relay_fenced); it stops (SIGTERM, a rolling update's), migrations 0014 and
-    0015 (which relays of its protocol cannot run beside) run, and they take the whole outbox
-    over: nothing lost, nothing published twice, each key in order."""
+    holds buckets (relay_fenced); it stops (SIGTERM, a rolling update's), the rest of the
+    migrations run, and they take the whole outbox over: nothing lost, nothing published
+    twice, each key in order."""
     migrate(postgresql_url, "0011", downgrade=True)
     published_while_fenced: list[float] = []
     new_relays: list[FaultRelay] = []
@@ -774,6 +785,86 @@ def test_17_relays_of_this_release_wait_for_the_release_before_through_the_migra
     engine.dispose()
     assert published_while_fenced == [0.0, 0.0]
     assert out_of_key_order(consumer) == {}
+
+
+def longest_pause(url: str, since: float, until: float) -> float:
+    """The longest time, between ``since`` and ``until`` (time.time()), in which no message
+    was acked: the sent times of both sent logs' entries (this release's and the release
+    before's), with the window's ends."""
+    logged = sa.union_all(
+        *(sa.select(log.c.sent_at) for log in (outbox_sent, outbox_sent_legacy))
+    ).subquery()
+    window = sa.select(logged.c.sent_at).where(
+        logged.c.sent_at > datetime.fromtimestamp(since, UTC),
+        logged.c.sent_at < datetime.fromtimestamp(until, UTC),
+    )
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            times = sorted(t.timestamp() for t in conn.scalars(window))
+    finally:
+        engine.dispose()
+    edges = [since, *times, until]
+    return float(max(b - a for a, b in itertools.pairwise(edges)))
+
+
+@broker_bystander
+def test_19_a_live_stream_rolls_from_the_release_of_0013_to_this_one_without_a_stop(
+    postgresql_url: str, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """A relay of the release of migration 0013 (protocol 2) publishes under the writers.
+    `relay migrate` takes the schema to this release's while it runs (it refused before,
+    and every relay had to stop); relays of this release then start one by one, the old one
+    stopped after the first is up, as a rolling update does. Nothing lost, nothing published
+    twice, ids the old relay acked and written again after the switch dropped, and acks
+    never stopped for a lease."""
+    migrate(postgresql_url, "0013", downgrade=True)
+    old_release = release_command(RELEASE_OF_0013, tmp_path)
+    engine = sa.create_engine(postgresql_url)
+    rewritten: list[str] = []
+    pause: list[float] = []
+
+    def roll(relays: list[FaultRelay]) -> float:
+        (old,) = relays
+        with engine.connect() as conn:  # rows the old relay is about to ack
+            chosen = list(conn.scalars(sa.select(outbox.c.message_id).limit(50)))
+        migrate(postgresql_url)  # beside it, under the writers
+        wait_until(
+            lambda: set(fates(postgresql_url, chosen).values()) == {"sent"}, 60, "acked by it"
+        )
+        began = time.time()
+        first, second = (
+            FaultRelay(f"19-new-{n}", tmp_path, postgresql_url, fresh_broker.url) for n in (1, 2)
+        )
+        relays.append(first.start())
+        wait_until(functools.partial(connected, first), 60, "the first connected")
+        wait_until(lambda: not fenced(first) and first.published() > 0, 3 * LEASE, "taken over")
+        assert old.stop(30) == 0
+        relays.append(second.start())
+        wait_until(functools.partial(connected, second), 60, "the second connected")
+        ended = time.time() + 2 * LEASE
+        time.sleep(2 * LEASE)  # both new relays at work, the writers writing
+        pause.append(longest_pause(postgresql_url, began, ended))
+        rewritten.extend(chosen)
+        rows = [{"message_id": m, "exchange": "faults", "payload": b"x"} for m in chosen]
+        insert(postgresql_url, rows)
+        return time.time()
+
+    try:
+        scenario(
+            "19-roll-0013",
+            postgresql_url,
+            fresh_broker.url,
+            tmp_path,
+            roll,
+            first_command=old_release,
+            duplicates=0,
+        )
+    finally:
+        engine.dispose()
+    assert len(rewritten) == 50
+    assert pause[0] < LEASE, f"no ack for {pause[0]:.1f} s"
+    print(json.dumps({"scenario": "19-roll-0013", "longest_pause_s": round(pause[0], 2)}))
 
 
 @broker_bystander

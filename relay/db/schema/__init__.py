@@ -41,6 +41,7 @@ from relay.db.schema.sentlog import (
     built_on,
     outbox_sent,
     outbox_sent_journal,
+    outbox_sent_legacy,
     outbox_sent_state,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "outbox_relays",
     "outbox_sent",
     "outbox_sent_journal",
+    "outbox_sent_legacy",
     "outbox_sent_state",
     "reason_prefix",
 ]

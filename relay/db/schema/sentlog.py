@@ -20,9 +20,9 @@ from relay.db.schema.metadata import metadata
 # ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
 # horizon (the retention): a relay's claim probes it for every row it claims and drops,
 # unpublished, a row whose message id is here (``relay.db.claims``), whoever the writer
-# was. Its times serve ``relay status`` (sent counts, latency) and the purge. Named
-# ``outbox_sent`` until migration 0015, which renamed it so that no relay of the releases
-# before, which log acks without the journal (below), can write it once it is journaled.
+# was. Its times serve ``relay status`` (sent counts, latency) and the purge. Made by
+# migration 0015 beside the log of the releases before (``outbox_sent_legacy``), which their
+# relays go on writing while they run.
 outbox_sent = sa.Table(
     "outbox_sent_log",
     metadata,
@@ -31,6 +31,23 @@ outbox_sent = sa.Table(
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("sent_at", UTCDateTime(), nullable=False),
 )
+
+# The sent log of the releases before migration 0015, which their relays write and probe.
+# Kept, not renamed or rewritten, so that they publish on while the schema is migrated and
+# until the protocol fence hands the outbox to this release's relays (``relay.buckets``).
+# This release writes nothing to it: its claims probe it beside the log (a relay of the
+# release before that acks late, past its lease, is still seen), and its purge empties it
+# over the horizon. A later release contracts it, once the purge has.
+outbox_sent_legacy = sa.Table(
+    "outbox_sent",
+    metadata,
+    sa.Column("key", SENT_KEY, primary_key=True),
+    sa.Column("id", ROW_ID, nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("sent_at", UTCDateTime(), nullable=False),
+)
+# Its purge's index (migration 0008).
+sa.Index("outbox_sent_time_idx", outbox_sent_legacy.c.sent_at)
 
 
 def _unjournaled(*_args: Any, dialect: sa.Dialect, **_kw: Any) -> bool:
@@ -41,7 +58,7 @@ def _unjournaled(*_args: Any, dialect: sa.Dialect, **_kw: Any) -> bool:
 # assumed the log's physical order was its time order, which the purge undoes (migration
 # 0008). New entries go to its right edge. Not where the log is journaled: the journal's
 # time order serves there (``relay.db.sentlog.entries``).
-sa.Index("outbox_sent_time_idx", outbox_sent.c.sent_at).ddl_if(callable_=_unjournaled)
+sa.Index("outbox_sent_log_time_idx", outbox_sent.c.sent_at).ddl_if(callable_=_unjournaled)
 
 # PostgreSQL (``relay.db.dialects.base.Dialect.journals_sent_log``, migration 0015): the log
 # above is UNLOGGED, and each ack's new entries also go, as one row, to this journal, which
