@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from relay.buckets import Fence, fence, turn
-from relay.constants import PROTOCOL, PROTOCOL_BEFORE_FENCES
+from relay.constants import PROTOCOL, PROTOCOL_BEFORE_FENCES, PROTOCOL_RELEASE
 from relay.db.clock import database_time
 from relay.db.dialects import of
 from relay.db.schema import outbox_buckets, outbox_protocol, outbox_relays
@@ -86,6 +86,18 @@ def refresh(
         admits = _admits(conn)
         holding, announced, counted = _protocols(conn, owner, lease)
         fenced = fence(protocol, holding, announced, admits.protocol, counted)
+        if fenced is None and protocol == PROTOCOL and admits.protocol < protocol:
+            # The switch: no relay of an older protocol holds buckets, and this one takes
+            # them. From here on the schema admits this protocol only, so that an older relay
+            # still running (waiting, or frozen) retires at its next turn rather than take the
+            # outbox back once the newer ones are gone: it would publish again ids they acked,
+            # whose keys only their sent log holds (migration 0015). A stand-in of an older
+            # release (another ``protocol``, in tests) raises nothing, as those did not.
+            conn.execute(
+                sa.update(outbox_protocol)
+                .where(outbox_protocol.c.least_protocol < protocol)
+                .values(least_protocol=protocol, least_release=PROTOCOL_RELEASE)
+            )
     if active:
         _present(conn, owner, lease, protocol=protocol, until=0.0 if fenced else lease)
     publishing = active and fenced is None

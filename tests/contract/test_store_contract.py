@@ -365,6 +365,28 @@ def test_relays_of_two_protocols_never_own_buckets_at_once(make_store: StoreFact
     assert old.fenced is Fence.YIELD_TO_NEWER and old.claim(10, NO_BYTE_LIMIT) == []
 
 
+def test_the_first_relay_of_this_protocol_to_take_over_retires_the_older_ones_for_good(
+    make_store: StoreFactory,
+) -> None:
+    """A relay of the release before (protocol 2) yields to one of this release, which takes
+    the outbox over; then this release's relay goes away (a crash loop, a redeploy) while
+    the older one still runs. The older one must not take the outbox back: it would publish
+    again ids this release acked, which only the new sent log holds (an outside review: 100
+    of 100 re-written ids published again). It is retired at its next turn instead, naming
+    the release to run."""
+    old = make_store("old", protocol=PROTOCOL - 1)
+    new = make_store("new")
+    assert new.fenced is Fence.WAIT_FOR_OLDER
+    old.turn()
+    assert old.fenced is Fence.YIELD_TO_NEWER
+    new.turn()
+    assert new.fenced is None and owned(new, "new") == OUTBOX_BUCKETS
+    new.close()
+    with pytest.raises(RetiredError, match=f"protocol {PROTOCOL} or later"):
+        old.turn()
+    assert owned(old, "old") == 0 and old.claim(10, NO_BYTE_LIMIT) == []
+
+
 def test_a_relay_of_a_release_before_protocols_is_waited_for(make_store: StoreFactory) -> None:
     """Its presence says no protocol (it predates them): it never yields, and the newer relay
     waits until it has stopped and its leases have run out."""

@@ -17,7 +17,13 @@ from datetime import UTC, datetime, timedelta
 from relay.broker.confirms import ConfirmWindow
 from relay.broker.quarantine import Quarantine
 from relay.buckets import Fence, any_in, bucket_of, fence, retired, turn
-from relay.constants import MAX_MESSAGE_SIZE, OUTBOX_BUCKETS, PROTOCOL, PROTOCOL_BEFORE_FENCES
+from relay.constants import (
+    MAX_MESSAGE_SIZE,
+    OUTBOX_BUCKETS,
+    PROTOCOL,
+    PROTOCOL_BEFORE_FENCES,
+    PROTOCOL_RELEASE,
+)
 from relay.errors import StoreError
 from relay.lease import LEASE_LAPSED, LEASE_SHORT, Lease, Waiting
 from relay.message import Unpublishable, build, too_large_to_read
@@ -103,6 +109,9 @@ class InMemoryStore:
         self._check("turn")
         now = self.clock.now
         self.fenced = self._fence(now) if active and self.protocol is not None else None
+        switch = self.fenced is None and self.protocol == PROTOCOL > max(self.admits)
+        if active and switch:
+            self.admits[PROTOCOL] = PROTOCOL_RELEASE  # the switch (``relay.db.buckets``)
         if active:
             self._present(now if self.fenced else now + self.lease)
         else:
