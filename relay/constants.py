@@ -123,6 +123,26 @@ SENT_LOG_REBUILD_WORK_MEM = "64MB"
 # (twice the pause: 2 million entries copied on for 3.8 s after the kill, 0.5 s with it).
 SENT_LOG_REBUILD_CLIENT_CHECK_MS = 1000
 
+# The sent log's runs (``relay.db.sentruns``): the journal's entries sealed into a run every
+# this many seconds (after a crash, claims wait for the copy of at most about this much of
+# the journal: 1.2 million entries at 2,000 acks a second, about 3 s), ...
+SENT_RUN_SEAL_S = 600.0
+# ... up to this many seconds ago: every ack that sent them has committed or failed by then
+# (its statements are bounded by DB_STATEMENT_TIMEOUT_MS, its idle time by
+# DB_IDLE_IN_TRANSACTION_S), so that no entry of a sealed span comes after its seal.
+SENT_RUN_MARGIN_S = 300.0
+# Runs of one level merged into one of the next, once there are this many: a week's log is
+# then at most about 15 runs of each level below the top (10 minutes, 2.7 hours) and a few
+# at the top (43 hours), which a claim looks a key up in while the log is rebuilt; each
+# entry is written once per level, about 25 bytes of WAL each.
+SENT_RUN_FANIN = 16
+SENT_RUN_TOP_LEVEL = 2
+# Keys of a run per block (one row): 64 keys and their sent times, about 1.6 KB, under
+# PostgreSQL's TOAST threshold (2 KB), so that a lookup reads one heap page per run.
+SENT_RUN_BLOCK = 64
+# Seconds between a relay's looks at whether a run is due to be sealed or merged.
+SENT_RUN_CHECK_S = 60.0
+
 # --- Messages ------------------------------------------------------------------------------
 # The largest message (payload and headers, bytes) the relay reads and publishes, and the Spark
 # writer accepts, by default (``max_message_size``; option maxPayloadBytes): RabbitMQ 4's default
@@ -273,8 +293,11 @@ OUTBOX_BUCKETS = 64
 # claim and the settle assume of each other. Raised by a release whose relays must not run
 # beside the release before's; a relay's presence row says it (NULL: the releases before
 # protocols existed, which count as 1). 3: claims ask whether the sent log is complete, and
-# acks write its journal (migration 0015).
+# acks write its journal, and claims probe both sent logs (migration 0015).
 PROTOCOL = 3
+# The first release that speaks PROTOCOL: what a relay of an older one is told to run once
+# the schema admits this protocol only (``relay.db.buckets.refresh`` raises it).
+PROTOCOL_RELEASE = "the release of migration 0015"
 PROTOCOL_BEFORE_FENCES = 1
 # Consecutive ids share a bucket in runs this long, so that one claim's rows share heap pages
 # (hashing each id apart had a 500-row claim read 290 buffers instead of 12 with runs of 1,024).

@@ -10,8 +10,6 @@ import logging
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.backoff import Backoff
@@ -20,8 +18,6 @@ from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
     PURGE_CHUNK,
-    SENT_LOG_CHECK_S,
-    SENT_LOG_RETRY_S,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
     TURNS_PER_LEASE,
@@ -29,17 +25,19 @@ from relay.constants import (
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.db.probe import NewRowsProbe
-from relay.db.sentlog import SentLogRebuild
 from relay.errors import ConfigError, RelayError, StoreError
 from relay.lease import Lease, margin_for
 from relay.memory import return_big_buffers
 from relay.metrics import HealthServer, Metrics
+from relay.records import KEEP_IDS
 from relay.relay import Relay
 from relay.retrying import in_thread
 from relay.sentlog import SentLogWatch
+from relay.sentlog_tasks import keep_sent_runs, whole_sent_log
 from relay.settings import Settings, TracingSettings
 from relay.settle import SettlePolicy
 from relay.tracing import NoTracing, Tracing
+from relay.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +48,7 @@ class Assembled:
     store: ClaimStore
     metrics: Metrics
     sent_log: SentLogWatch
+    sent_log_wanted: Wakeup  # a database call failed: look at the sent log at once
 
 
 def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assembled:
@@ -65,6 +64,12 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
     lease = Lease(margin_for(settings.confirm_timeout))
     # A relay that cannot claim for longer than a lease is not ready (``relay.sentlog``).
     sent_log = SentLogWatch(settings.lease, lease.clock())
+    sent_log_wanted = Wakeup()
+
+    def database_failed() -> None:
+        sent_log.failed(lease.clock())
+        sent_log_wanted.set()
+
     store = ClaimStore(
         settings.database_url,
         settings.name,
@@ -103,10 +108,11 @@ def assemble(settings: Settings, topology: Topology, tracing: Tracing) -> Assemb
         turn_interval=turn_interval(settings.lease, lease.margin),
         retry=reconnect,
         tracing=tracing,
-        database_failed=lambda: sent_log.failed(lease.clock()),
+        database_failed=database_failed,
     )
     metrics.sent_log_complete.set_function(lambda: 1 if sent_log.complete else 0)
-    return Assembled(relay, store, metrics, sent_log)
+    metrics.sent_log_recovering.set_function(lambda: 1 if sent_log.recovering else 0)
+    return Assembled(relay, store, metrics, sent_log, sent_log_wanted)
 
 
 def turn_interval(lease: float, margin: float) -> float:
@@ -183,10 +189,17 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
         asyncio.create_task(
             _backlog_gauges(store, metrics, settings.stats_interval), name="backlog gauges"
         ),
-        asyncio.create_task(_whole_sent_log(settings, parts.sent_log, clock), name="sent log"),
+        asyncio.create_task(
+            whole_sent_log(settings.database_url, parts.sent_log, clock, parts.sent_log_wanted),
+            name="sent log",
+        ),
     ]
     if settings.retention:
         helpers.append(asyncio.create_task(_retention(settings), name="retention"))
+    if settings.keep_sent == KEEP_IDS:
+        helpers.append(
+            asyncio.create_task(keep_sent_runs(settings.database_url), name="sent log runs")
+        )
     if settings.probe_interval:
         helpers.append(asyncio.create_task(_wake_on_new_rows(relay, settings), name="probe"))
     ended: list[asyncio.Task[None]] = []
@@ -246,68 +259,6 @@ async def _backlog_gauges(store: ClaimStore, metrics: Metrics, interval: float) 
             metrics.due_rows.set(stats.due)
             metrics.oldest_due_age.set(stats.oldest_due_age)
         await asyncio.sleep(interval)
-
-
-async def _whole_sent_log(
-    settings: Settings, watch: SentLogWatch, clock: Callable[[], float]
-) -> None:
-    """Look every ``SENT_LOG_CHECK_S`` whether the sent log is complete; if it is not (a crash
-    or a failover emptied PostgreSQL's, ``relay.db.sentlog``, or its state row was deleted),
-    rebuild it from its journal, unless another relay is. Claims take nothing meanwhile.
-    ``watch`` keeps what the looks found (``relay.sentlog``: the gauge, readiness); a failed
-    look is tried again after ``SENT_LOG_RETRY_S``. A stop cancels a rebuild under way."""
-    rebuild = SentLogRebuild(settings.database_url)
-    warned = False  # once per emptied log, not at each look while another relay rebuilds it
-    try:
-        while True:
-            began = clock()
-            try:
-                whole = await in_thread(rebuild.complete)
-                watch.looked(whole, began, clock())
-                if not whole:
-                    if not warned:
-                        log.warning(
-                            "the sent log is not complete (a crash or a failover emptied it, "
-                            "or its state row was deleted): claiming nothing until it is "
-                            "rebuilt from its journal",
-                            extra={"action": "sent_log_rebuild"},
-                        )
-                    warned = True
-                    began = clock()
-                    whole = await _rebuild_sent_log(rebuild)
-                    if whole:
-                        watch.looked(True, began, clock())
-                elif warned:
-                    log.info(
-                        "the sent log is complete (another relay rebuilt it): claiming again",
-                        extra={"action": "sent_log_complete"},
-                    )
-                warned = warned and not whole
-            except RelayError as exc:
-                watch.failed(clock())
-                log.warning("%s", exc, extra={"action": "sent_log_failed"})
-                await asyncio.sleep(SENT_LOG_RETRY_S)
-                continue
-            await asyncio.sleep(SENT_LOG_CHECK_S)
-    finally:
-        rebuild.close()
-
-
-async def _rebuild_sent_log(rebuild: SentLogRebuild) -> bool:
-    """Rebuild the sent log unless another relay is: whether this relay did."""
-    started = time.monotonic()
-    copied = await in_thread(rebuild.rebuild, on_cancel=rebuild.cancel)
-    if copied is None:
-        return False
-    log.info(
-        "the sent log is complete: claiming again",
-        extra={
-            "action": "sent_log_rebuilt",
-            "entries": copied,
-            "seconds": round(time.monotonic() - started, 1),
-        },
-    )
-    return True
 
 
 async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:

@@ -98,6 +98,13 @@ class Metrics:
             "yet. Meanwhile this relay claims no row.",
             registry=r,
         )
+        self.sent_log_recovering = Gauge(
+            "relay_sent_log_recovering",
+            "1 while the sent log holds the journal's latest entries only (after a crash or "
+            "a failover) and claims look the rest up in its runs, while the whole journal is "
+            "copied back; 0 otherwise.",
+            registry=r,
+        )
         self.ready = Gauge(
             "relay_ready",
             "1 while /readyz answers 200 (the relay can work); 0 while it gives a reason why not.",

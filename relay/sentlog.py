@@ -2,9 +2,10 @@
 Pure: looks and failures in, with the clock's readings; a verdict out. The database side (the
 look, the rebuild) is ``relay.db.sentlog``.
 
-Claims take no row while the sent log is not complete (a crash or a failover emptied it on
-PostgreSQL). The relay says the log complete (``relay_sent_log_complete`` 1) only from a
-look that found it so, made after the last database call of this relay that failed: a crash
+Claims take no row while the sent log is incomplete (a crash or a failover emptied it on
+PostgreSQL), and take rows again once it is recovering (the journal's tail copied back, the
+runs answering for the rest: ``relay.db.sentruns``) or complete. The relay says what a look
+found only from a look made after the last database call of this relay that failed: a crash
 of the database is first seen as such a failure, and the log it emptied must not be called
 complete on the strength of a look made before it. And a relay that cannot claim for longer
 than ``patience`` (a lease: what a rollout or an operator waits for before taking a relay's
@@ -13,34 +14,48 @@ silence as a fault) is not ready, saying why.
 
 from __future__ import annotations
 
+import enum
+
+
+class SentLogState(enum.Enum):
+    """What the sent log's state row says (``relay.db.sentlog``)."""
+
+    COMPLETE = "complete"
+    RECOVERING = "recovering"  # claims go on, looking the runs up too
+    INCOMPLETE = "incomplete"  # claims take nothing
+
 
 class SentLogWatch:
     """``patience``: seconds the log may be not known complete before the relay is unready;
     ``now``: the clock's reading at the start (the relay does not know yet)."""
 
-    __slots__ = ("failed_at", "incomplete", "patience", "unknown_since")
+    __slots__ = ("failed_at", "patience", "seen", "unknown_since")
 
     def __init__(self, patience: float, now: float) -> None:
         self.patience = patience
-        # Since when the log has not been known complete, or None: it is.
+        # Since when the log has not been known good for claims, or None: it is.
         self.unknown_since: float | None = now
-        # The last look found it incomplete (being rebuilt), not only unknown.
-        self.incomplete = False
+        # What the last look found (None: no look yet, or a call failed since).
+        self.seen: SentLogState | None = None
         # When a database call of this relay last failed.
         self.failed_at = float("-inf")
 
     @property
     def complete(self) -> bool:
-        return self.unknown_since is None
+        return self.seen is SentLogState.COMPLETE
 
-    def looked(self, complete: bool, began: float, now: float) -> None:
-        """A look that began at ``began`` answered: the log is ``complete``, or not. A look
-        that found it complete but began before a call failed says nothing: it may have read
-        the state row before a crash emptied it."""
-        if complete and began <= self.failed_at:
+    @property
+    def recovering(self) -> bool:
+        return self.seen is SentLogState.RECOVERING
+
+    def looked(self, state: SentLogState, began: float, now: float) -> None:
+        """A look that began at ``began`` found ``state``. A look that began before a call
+        failed says nothing but an incomplete log: it may have read the state row before a
+        crash emptied it."""
+        if state is not SentLogState.INCOMPLETE and began <= self.failed_at:
             return
-        self.incomplete = not complete
-        if complete:
+        self.seen = state
+        if state is not SentLogState.INCOMPLETE:
             self.unknown_since = None
         elif self.unknown_since is None:
             self.unknown_since = now
@@ -49,6 +64,7 @@ class SentLogWatch:
         """A database call of this relay failed (a look, or any other): what the last look
         said may no longer hold."""
         self.failed_at = now
+        self.seen = None
         if self.unknown_since is None:
             self.unknown_since = now
 
@@ -57,13 +73,14 @@ class SentLogWatch:
         if self.unknown_since is None or now - self.unknown_since <= self.patience:
             return None
         waited = now - self.unknown_since
-        if self.incomplete:
+        if self.seen is SentLogState.INCOMPLETE:
             return (
                 f"the sent log has been incomplete for {waited:.0f} s (a crash or a failover "
-                "emptied it): claiming nothing until it is rebuilt from its journal (see the "
-                "sent_log_rebuild log lines)"
+                "emptied it): claiming nothing until the journal's tail is copied back (see "
+                "the sent_log_rebuild log lines)"
             )
         return (
-            f"the sent log has not been known complete for {waited:.0f} s: its look fails "
-            "(see the sent_log_failed log lines)"
+            f"the sent log has not been known good for claims for {waited:.0f} s: no look "
+            "has found it so since a database call failed (see the sent_log_failed and "
+            "database_retry log lines)"
         )

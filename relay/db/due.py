@@ -26,7 +26,8 @@ from relay.db.schema import (
     outbox_sent,
     outbox_sent_legacy,
 )
-from relay.db.sentlog import complete as sent_log_complete
+from relay.db.sentlog import claimable, recovering
+from relay.db.sentruns import looked_up
 from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats
 
@@ -123,9 +124,9 @@ def claim_statement(
     carried = [outbox.c.id] if lean else _unless_oversize(row_columns, oversize)
     ours = of(dialect).in_once(bucket_column(outbox.c.id), mine)
     takeable = [
-        # No row while the sent log is not whole (a crash emptied it, ``relay.db.sentlog``):
+        # No row while the sent log is incomplete (a crash emptied it, ``relay.db.sentlog``):
         # its dedupe could not tell a message sent before.
-        sent_log_complete(),
+        claimable(),
         sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
         sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
     ]
@@ -172,7 +173,7 @@ def claim_statement(
     if of(dialect).budget_cut_as_read:
         return candidates.with_only_columns(
             *carried,
-            _sent_before(outbox.c.message_id),
+            _sent_before(outbox.c.message_id, dialect),
             sa.case((oversize, message_size)).label("oversize"),
             _DUE_AT,
             sa.case((oversize, 0), else_=size).label("counted"),
@@ -201,7 +202,7 @@ def claim_statement(
     message_id = outbox.c.message_id if lean else sized.c.message_id
     too_large = sa.case((sized.c.over, sized.c.message_size)).label("oversize")
     return (
-        sa.select(*columns, _sent_before(message_id), too_large, sized.c.due_at)
+        sa.select(*columns, _sent_before(message_id, dialect), too_large, sized.c.due_at)
         .select_from(source)
         .where(fits)
         .order_by(sized.c.place)
@@ -223,16 +224,21 @@ def within_budget(rows: Iterable[Sequence[Any]], max_bytes: int, first_always: b
     return taken
 
 
-def _sent_before(message_id: sa.ColumnElement[str]) -> sa.Label[bool]:
+def _sent_before(message_id: sa.ColumnElement[str], dialect: sa.Dialect) -> sa.Label[bool]:
     """The dedupe: one probe of the sent log's primary key per row claimed, and one of the
     log of the releases before (``outbox_sent_legacy``), by the relay's own statement, so
     that no writer pays for it and no writer's snapshot decides it. Scalar subqueries, not
-    EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log."""
+    EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log. Where the log is
+    journaled and recovering from a crash (it holds the journal's tail only), the runs
+    answer for the rest (``relay.db.sentruns.looked_up``): looked up only then, the state
+    row read once per statement."""
     key = sent_key(message_id)
-    probes = (
+    probes: list[sa.ColumnElement[bool]] = [
         sa.select(sa.true()).where(log.c.key == key).scalar_subquery().is_not(None)
         for log in (outbox_sent, outbox_sent_legacy)
-    )
+    ]
+    if of(dialect).journals_sent_log:
+        probes.append(sa.case((recovering(), looked_up(key)), else_=sa.false()))
     return sa.or_(*probes).label("sent_before")
 
 

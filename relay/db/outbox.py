@@ -36,6 +36,7 @@ from relay.db.schema import (
     outbox_sent_legacy,
 )
 from relay.db.sentlog import entries, purge_chunk
+from relay.db.sentruns import purge_chunk as runs_purge_chunk
 from relay.db.statements import bounded_count, in_chunks, run_delete
 from relay.records import (
     PARKED,
@@ -256,7 +257,13 @@ class OutboxAdmin:
             chunk,
             None,
         )
-        parts = (rows_chunk, self._log_chunk(cutoff, chunk), functools.partial(run_delete, legacy))
+        parts: list[Callable[[sa.Connection], int]] = [
+            rows_chunk,
+            self._log_chunk(cutoff, chunk),
+            functools.partial(run_delete, legacy),
+        ]
+        if of(self.engine).journals_sent_log:
+            parts.append(runs_purge_chunk(cutoff, chunk))
         deleted = 0
         for one_chunk in parts:
             before = deleted  # ``progress`` is told the total of both parts

@@ -37,9 +37,12 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "outbox_sent_log": "SELECT, INSERT, UPDATE, DELETE",
         "outbox_buckets": "SELECT, UPDATE",
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
-        "outbox_protocol": "SELECT",
+        # UPDATE: the first relay of a protocol to take the outbox over raises the least one.
+        "outbox_protocol": "SELECT, UPDATE",
         "outbox_counters": "SELECT, UPDATE",
         "outbox_sent_journal": "SELECT, INSERT, DELETE",
+        "outbox_sent_runs": "SELECT, INSERT, DELETE",
+        "outbox_sent_blocks": "SELECT, INSERT, DELETE",
         "outbox_sent_state": "SELECT, INSERT, UPDATE",
         # The log of the releases before (migration 0015): probed by claims, purged.
         "outbox_sent": "SELECT, DELETE",

@@ -37,9 +37,11 @@ from relay.db.schema import (
     outbox_sent,
     outbox_sent_journal,
     outbox_sent_legacy,
+    outbox_sent_runs,
     outbox_sent_state,
 )
 from relay.redact import redact_url
+from relay.sentlog import SentLogState
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +51,27 @@ _ENTRY = ("key", "id", "created_at", "sent_at")
 
 
 def complete() -> sa.ColumnElement[bool]:
-    """The sent log is whole: a claim's condition (one read of a one-row table)."""
+    """The sent log is whole: the purge's condition (one read of a one-row table)."""
     return sa.exists().where(_STATE.c.log == SENT_LOG, _STATE.c.complete)
+
+
+def claimable() -> sa.ColumnElement[bool]:
+    """A claim's condition: the log is whole, or holds the journal's tail while the runs
+    answer for the rest (``recovering``, ``relay.db.sentruns``)."""
+    return sa.exists().where(
+        _STATE.c.log == SENT_LOG, sa.or_(_STATE.c.complete, _STATE.c.recovering)
+    )
+
+
+def recovering() -> sa.ColumnElement[bool]:
+    """Claims look their keys up in the runs too (the log holds the journal's tail only)."""
+    return sa.exists().where(_STATE.c.log == SENT_LOG, _STATE.c.recovering)
+
+
+def first_unsealed() -> sa.ScalarSelect[Any]:
+    """Where the journal's tail begins: the sent time no run holds entries from on (the
+    latest run's end), or None when there is no run (the whole journal is the tail)."""
+    return sa.select(sa.func.max(outbox_sent_runs.c.upto)).scalar_subquery()
 
 
 def entries(journaled: bool) -> sa.FromClause:
@@ -63,7 +84,7 @@ def entries(journaled: bool) -> sa.FromClause:
     if not journaled:
         logged = sa.select(*(outbox_sent.c[name] for name in _ENTRY))
     else:
-        entry = _unnested(_JOURNAL)
+        entry = unnested(_JOURNAL)
         logged = sa.select(
             entry.c.key, entry.c.id, entry.c.created_at, _JOURNAL.c.sent_at
         ).select_from(_JOURNAL.join(entry, sa.true()))
@@ -143,7 +164,7 @@ def _purge_journaled(cutoff: sa.ColumnElement[Any], chunk: int) -> sa.Select[Any
         .returning(_JOURNAL.c.message_keys, _JOURNAL.c.ids)
         .cte("old")
     )
-    entry = _unnested(old, ("key", "id"))
+    entry = unnested(old, ("key", "id"))
     gone = (
         sa.select(entry.c.key, entry.c.id).select_from(old.join(entry, sa.true())).subquery("gone")
     )
@@ -155,48 +176,72 @@ def _purge_journaled(cutoff: sa.ColumnElement[Any], chunk: int) -> sa.Select[Any
 
 
 class SentLogRebuild:
-    """A relay's side of the sent log's completeness: whether it is complete, and its
-    rebuild. In the relay's bounded sessions, but for the rebuild's one statement, which
-    takes as long as the journal's entries need (``Dialect.unbounded``)."""
+    """A relay's side of the sent log's completeness: what the state row says, and the log's
+    recovery and rebuild. In the relay's bounded sessions, but for the copies, which take as
+    long as the journal's entries need (``Dialect.unbounded``)."""
 
     def __init__(self, url: str) -> None:
         self.engine = create_engine(url, relay_session=True)
         self._where = redact_url(url)
         self._dialect = of(self.engine)
-        self._made = self._dialect.insert_or_ignore(_STATE).values(log=SENT_LOG, complete=False)
-        # Run only where the log is journaled (``unnest`` is PostgreSQL's). Its count is the
-        # statement's one row: the driver's row count of an INSERT from a SELECT is -1.
-        copied = (
-            self._dialect.insert_or_ignore(outbox_sent)
-            .from_select(list(_ENTRY), _in_key_order())
-            .returning(outbox_sent.c.key)
-            .cte("copied")
+        self._made = self._dialect.insert_or_ignore(_STATE).values(
+            log=SENT_LOG, complete=False, recovering=False
         )
-        self._copy = sa.select(sa.func.count()).select_from(copied)
-        self._running: Any = None  # the driver's connection while the copy runs
+        # Run only where the log is journaled (``unnest`` is PostgreSQL's). Their count is
+        # the statement's one row: the driver's row count of an INSERT from a SELECT is -1.
+        self._copy_tail, self._copy_all = (
+            sa.select(sa.func.count()).select_from(
+                self._dialect.insert_or_ignore(outbox_sent)
+                .from_select(list(_ENTRY), _in_key_order(tail))
+                .returning(outbox_sent.c.key)
+                .cte("copied")
+            )
+            for tail in (True, False)
+        )
+        self._running: Any = None  # the driver's connection while a copy runs
         self._lock = threading.Lock()
 
-    def complete(self) -> bool:
+    def state(self) -> SentLogState:
         with db_errors("sent log", self._where), self.engine.connect() as conn:
-            return bool(conn.execute(sa.select(complete())).scalar())
+            row = conn.execute(
+                sa.select(_STATE.c.complete, _STATE.c.recovering).where(_STATE.c.log == SENT_LOG)
+            ).one_or_none()
+        if row is not None and row.complete:
+            return SentLogState.COMPLETE
+        if row is not None and row.recovering:
+            return SentLogState.RECOVERING
+        return SentLogState.INCOMPLETE
+
+    def complete(self) -> bool:
+        return self.state() is SentLogState.COMPLETE
+
+    def recover(self) -> int | None:
+        """Make the log good for claims: copy into it the journal's tail, the entries no run
+        holds (``relay.db.sentruns``), and say it recovering; where the log is not
+        journaled, say it complete (there is nothing to copy). The entries copied; None,
+        without waiting, while another relay holds the state row: look again later."""
+        return self._copied(self._copy_tail, recovering=True)
 
     def rebuild(self) -> int | None:
-        """Copy the journal into the log, in one transaction, and mark the log complete:
-        the entries copied (none if another relay just did). None, without waiting, while
-        another relay rebuilds it: look again later."""
+        """Copy the whole journal into the log, in one transaction, and mark the log
+        complete: the entries copied (none if another relay just did). None, without
+        waiting, while another relay holds the state row: look again later."""
+        return self._copied(self._copy_all, recovering=False)
+
+    def _copied(self, copy: sa.Select[Any], *, recovering: bool) -> int | None:
         with db_errors("sent log", self._where), self.engine.begin() as conn:
-            # Made in a transaction of its own: a relay's row, uncommitted while it rebuilds,
+            # Made in a transaction of its own: a relay's row, uncommitted while it copies,
             # would hold the others' inserts for as long (lock timeouts every few seconds).
             conn.execute(self._made)
         with db_errors("sent log", self._where), self.engine.begin() as conn:
             state = conn.execute(
-                sa.select(_STATE.c.complete)
+                sa.select(_STATE.c.complete, _STATE.c.recovering)
                 .where(_STATE.c.log == SENT_LOG)
                 .with_for_update(skip_locked=True)
             ).one_or_none()
             if state is None:
                 return None
-            if state.complete:
+            if state.complete or (recovering and state.recovering):
                 return 0
             copied = 0
             if self._dialect.journals_sent_log:
@@ -204,15 +249,23 @@ class SentLogRebuild:
                 with self._lock:
                     self._running = conn.connection.driver_connection
                 try:
-                    copied = int(conn.execute(self._copy).scalar_one())
+                    copied = int(conn.execute(copy).scalar_one())
                 finally:
                     with self._lock:
                         self._running = None
-            conn.execute(sa.update(_STATE).where(_STATE.c.log == SENT_LOG).values(complete=True))
+            done = (
+                {"recovering": True}
+                if recovering and self._dialect.journals_sent_log
+                else {
+                    "complete": True,
+                    "recovering": False,
+                }
+            )
+            conn.execute(sa.update(_STATE).where(_STATE.c.log == SENT_LOG).values(**done))
         return copied
 
     def cancel(self) -> None:
-        """Cancel a rebuild under way (the relay is stopping): it rolls back, and the next
+        """Cancel a copy under way (the relay is stopping): it rolls back, and the next
         relay to look starts it again. From another thread."""
         with self._lock:
             if self._running is not None:
@@ -222,7 +275,7 @@ class SentLogRebuild:
         self.engine.dispose()
 
 
-def _unnested(rows: sa.FromClause, columns: tuple[str, ...] = ("key", "id", "created_at")) -> Any:
+def unnested(rows: sa.FromClause, columns: tuple[str, ...] = ("key", "id", "created_at")) -> Any:
     """The entries of ``rows``' journal rows: their arrays side by side, one row each."""
     arrays = {"key": "message_keys", "id": "ids", "created_at": "created_at"}
     return (
@@ -232,13 +285,18 @@ def _unnested(rows: sa.FromClause, columns: tuple[str, ...] = ("key", "id", "cre
     )
 
 
-def _in_key_order() -> sa.Select[Any]:
-    """Every entry of the journal, in the log's key order; of a key journaled twice (sent
-    again past the horizon, before the purge reached its first entry), the latest first, so
-    that the log keeps the entry the purge leaves longest."""
-    entry = _unnested(_JOURNAL)
-    return (
+def _in_key_order(tail: bool) -> sa.Select[Any]:
+    """Every entry of the journal (with ``tail``, those no run holds: sent at or after the
+    latest run's end), in the log's key order; of a key journaled twice (sent again past
+    the horizon, before the purge reached its first entry), the latest first, so that the
+    log keeps the entry the purge leaves longest."""
+    entry = unnested(_JOURNAL)
+    entries = (
         sa.select(entry.c.key, entry.c.id, entry.c.created_at, _JOURNAL.c.sent_at)
         .select_from(_JOURNAL.join(entry, sa.true()))
         .order_by(entry.c.key, _JOURNAL.c.sent_at.desc())
     )
+    if tail:
+        unsealed = first_unsealed()
+        entries = entries.where(sa.or_(unsealed.is_(None), _JOURNAL.c.sent_at >= unsealed))
+    return entries

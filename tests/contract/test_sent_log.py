@@ -21,7 +21,6 @@ import sqlalchemy as sa
 
 from devtools.outbox import statuses
 from devtools.servers import PostgresServer, wait_until
-from relay.daemon import _whole_sent_log
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
 from relay.db.columns import sent_key_value
@@ -40,6 +39,8 @@ from relay.db.sink import OutboxSink
 from relay.errors import RelayError
 from relay.records import KEEP_IDS, KEEP_MESSAGES, PENDING, NewMessage, RowChange, SettleBatch
 from relay.sentlog import SentLogWatch
+from relay.sentlog_tasks import whole_sent_log
+from relay.wakeup import Wakeup
 from tests.support.inprocess import logged, settings
 from tests.support.rows import sink_chunk
 
@@ -478,7 +479,9 @@ def test_a_relay_says_the_log_is_incomplete_while_it_rebuilds_it(
         return len(logged(caplog, "sent_log_rebuilt")) == times
 
     async def scenario() -> float | None:
-        looking = asyncio.create_task(_whole_sent_log(values, watch, time.monotonic))
+        looking = asyncio.create_task(
+            whole_sent_log(values.database_url, watch, time.monotonic, Wakeup())
+        )
         try:
             await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
             with box.writer.engine.begin() as conn:
@@ -541,8 +544,7 @@ def test_a_relay_says_0_from_a_crash_until_the_log_is_rebuilt(
             return bool(logged(caplog, "sent_log_rebuilt"))
 
         async def scenario() -> None:
-            values = settings(url, "amqp://guest:guest@127.0.0.1:1/%2F")
-            looking = asyncio.create_task(_whole_sent_log(values, watch, time.monotonic))
+            looking = asyncio.create_task(whole_sent_log(url, watch, time.monotonic, Wakeup()))
             try:
                 await asyncio.to_thread(wait_until, lambda: gauge() == 1, 60, "the first look")
                 await asyncio.to_thread(server.stop, "immediate")

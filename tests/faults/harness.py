@@ -332,10 +332,12 @@ def finish(
     bound: int,
     recovery: float | None,
     parked: dict[str, str] | None = None,
+    history: int = 0,
 ) -> Outcome:
     """Wait until no row is pending (with a deadline), then check everything. ``parked``:
     the rows that must end parked (never sent, never consumed), with a part of their
-    reason; every other row must be sent and consumed."""
+    reason; every other row must be sent and consumed. ``history``: sent log entries of
+    messages sent before the run (a log aged by SQL), which nobody consumes."""
     wait_while_progressing(lambda: statuses(url).get("pending", 0), STALL_S, "rows pending")
     engine = sa.create_engine(url)
     with engine.connect() as conn:
@@ -349,7 +351,7 @@ def finish(
     # Acked rows left the outbox for the sent log, which keeps their ids' keys only: the ids
     # the consumer saw are looked up there, and the log's entries nobody saw are lost rows.
     kept = {m for m, _, _ in table} - set(parked)
-    logged = sent_logged(url)
+    logged = sent_logged(url) - history
 
     def sent(ids: set[str]) -> set[str]:
         return {m for m, status in fates(url, ids).items() if status == "sent"}
@@ -437,6 +439,7 @@ def scenario(
     duplicates: int | None = None,
     first_command: Sequence[str] | None = None,
     stall: float = STALL_S,
+    history: int = 0,
     **settings: str,
 ) -> tuple[Consumer, list[FaultRelay]]:
     """Relays on the outbox at ``url`` and ``broker_url`` (one node, or several as
@@ -447,7 +450,8 @@ def scenario(
     then the check. Duplicates are
     bounded by ``duplicates``, by default a window per fault and relay. ``first_command`` runs
     the first relay, the one under test: it then connects before the others start, so that it
-    owns every bucket first and keeps the lowest, where the writers' first rows lie."""
+    owns every bucket first and keeps the lowest, where the writers' first rows lie.
+    ``history``: as ``finish`` takes it."""
     plain = (*RELAY, "run")
     commands = [first_command or plain, *[plain] * (relays - 1)]
     running = [
@@ -494,6 +498,7 @@ def scenario(
                 bound=faults * relays * WINDOW if duplicates is None else duplicates,
                 recovery=recovery,
                 parked=parked,
+                history=history,
             )
     finally:
         for relay in running:

@@ -34,6 +34,9 @@ from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerEr
 from relay.constants import DB_TCP_USER_TIMEOUT_S
 from relay.db.migrate import migrate
 from relay.db.schema import outbox, outbox_buckets, outbox_sent, outbox_sent_legacy
+from relay.db.sentlog import SentLogRebuild
+from relay.db.sentruns import SentRuns
+from relay.sentlog import SentLogState
 from tests.faults.harness import (
     LEASE,
     QUEUE,
@@ -865,6 +868,118 @@ def test_19_a_live_stream_rolls_from_the_release_of_0013_to_this_one_without_a_s
     assert len(rewritten) == 50
     assert pause[0] < LEASE, f"no ack for {pause[0]:.1f} s"
     print(json.dumps({"scenario": "19-roll-0013", "longest_pause_s": round(pause[0], 2)}))
+
+
+# Test 20: entries of a sent log aged by plain SQL (six days of acks), sealed into a run.
+AGED_ENTRIES = 1_000_000
+AGED_ROW_ENTRIES = 1000  # a journal row's, as an ack statement's
+# How long after PostgreSQL accepts connections again new rows may wait (issue 68).
+CRASH_PAUSE_S = 10.0
+
+
+def age_the_sent_log(url: str, entries: int) -> None:
+    """``entries`` acks of messages ``aged-N`` spread over the last six days, as the relays
+    would have left them: in the journal, a row per thousand, and in the log."""
+    engine = sa.create_engine(url)
+    journal = sa.text(
+        "INSERT INTO outbox_sent_journal (sent_at, id, message_keys, ids, created_at) "
+        "SELECT now() - make_interval(secs => 518400.0 * (1 - r / CAST(:rows AS float))), "
+        "1000000000 + r * :per, "
+        "array(SELECT CAST(md5('aged-' || (r * :per + k)) AS uuid) "
+        "      FROM generate_series(0, :per - 1) k), "
+        "array(SELECT 1000000000 + r * :per + k FROM generate_series(0, :per - 1) k), "
+        "array_fill(now() - interval '7 days', ARRAY[:per]) "
+        "FROM generate_series(0, :rows - 1) r"
+    )
+    log = sa.text(
+        "INSERT INTO outbox_sent_log (key, id, created_at, sent_at) "
+        "SELECT e.key, e.id, e.created_at, j.sent_at FROM outbox_sent_journal j, "
+        "unnest(j.message_keys, j.ids, j.created_at) AS e(key, id, created_at) "
+        "ON CONFLICT DO NOTHING"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(journal, {"rows": entries // AGED_ROW_ENTRIES, "per": AGED_ROW_ENTRIES})
+            conn.execute(log)
+    finally:
+        engine.dispose()
+
+
+@broker_bystander
+def test_20_a_crash_under_a_live_stream_pauses_delivery_seconds_whatever_the_logs_age(
+    postgresql_url: str, postgres: PostgresServer, fresh_broker: RabbitNode, tmp_path: Path
+) -> None:
+    """PostgreSQL crashes (an immediate stop, and a start) under the writers, with a sent
+    log of six days sealed into a run (the relays' upkeep, run here once): its unlogged log
+    comes back empty. New rows are delivered within seconds of the server accepting
+    connections, while the whole journal is still being copied back: only its tail had to
+    be (claims look the rest up in the run meanwhile). Ids acked six
+    days ago and ids acked just before the crash, written again after it, are dropped;
+    nothing is lost."""
+    database = sa.make_url(postgresql_url).database or ""
+    postgres.psql(f"ALTER DATABASE {database} SET synchronous_commit = on")  # as test 6
+    age_the_sent_log(postgresql_url, AGED_ENTRIES)
+    keeper = SentRuns(postgresql_url)
+    try:
+        assert [made.entries for made in keeper.maintain()] == [AGED_ENTRIES]
+    finally:
+        keeper.close()
+    aged = [f"aged-{n}" for n in range(0, AGED_ENTRIES, AGED_ENTRIES // 50)]
+    chosen: list[str] = []
+    pause: list[float] = []
+    states: list[SentLogState] = []
+
+    def crash(_relays: list[FaultRelay]) -> float:
+        engine = sa.create_engine(postgresql_url)
+        try:
+            with engine.connect() as conn:  # rows the relay is about to ack
+                chosen.extend(conn.scalars(sa.select(outbox.c.message_id).limit(50)))
+        finally:
+            engine.dispose()
+        wait_until(lambda: set(fates(postgresql_url, chosen).values()) == {"sent"}, 60, "acked")
+        postgres.psql("CHECKPOINT")  # their acks durable (the relay commits asynchronously)
+        postgres.stop("immediate")
+        postgres.start()  # returns once it accepts connections
+        accepting = time.time()
+        marker = [{"message_id": "after-crash", "exchange": "faults", "payload": b"x"}]
+        insert(postgresql_url, marker)
+        sent = {"after-crash": "sent"}
+        wait_until(lambda: fates(postgresql_url, ["after-crash"]) == sent, 120, "delivered")
+        pause.append(time.time() - accepting)
+        rebuild = SentLogRebuild(postgresql_url)
+        try:  # delivered before the journal's million entries were copied back (seconds)
+            states.append(rebuild.state())
+        finally:
+            rebuild.close()
+        again = [*chosen, *aged]
+        insert(
+            postgresql_url,
+            [{"message_id": m, "exchange": "faults", "payload": b"x"} for m in again],
+        )
+        return accepting
+
+    def whole() -> None:  # the journal copied back: the log's entries are counted then
+        rebuild = SentLogRebuild(postgresql_url)
+        try:
+            wait_until(rebuild.complete, 120, "the whole journal copied back")
+        finally:
+            rebuild.close()
+
+    consumer, _ = scenario(
+        "20-crash-aged-log",
+        postgresql_url,
+        fresh_broker.url,
+        tmp_path,
+        crash,
+        after=whole,
+        history=AGED_ENTRIES,
+    )
+    assert not any(m.startswith("aged-") for m in consumer.seen()), "an aged id published again"
+    copies = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
+    assert {m: copies[m] for m in chosen} == dict.fromkeys(chosen, 1), "published again"
+    print(json.dumps({"scenario": "20-crash-aged-log", "pause_s": round(pause[0], 2)}))
+    assert states == [SentLogState.RECOVERING], "new rows waited for the whole journal"
+    assert pause[0] < CRASH_PAUSE_S, f"new rows waited {pause[0]:.1f} s after the crash"
 
 
 @broker_bystander

@@ -1,93 +1,75 @@
-"""What a relay says of the sent log's completeness (``relay.sentlog``): a table of what it
-was told, with the clock's readings, and what it says then."""
+"""What a relay says of the sent log (``relay.sentlog``): a table of what it was told, with
+the clock's readings, and what it says then."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.sentlog import SentLogWatch
+from relay.sentlog import SentLogState, SentLogWatch
 
-# What the watch is told, in order: ("looked", complete, began, now) or ("failed", now).
-Event = tuple[object, ...]
+COMPLETE, RECOVERING, INCOMPLETE = SentLogState
 PATIENCE = 30.0
 
+# What the watch is told, in order: (state, began, now) for a look, or a float: a failed
+# call's time.
+Told = tuple[SentLogState, float, float] | float
 
-def told(events: list[Event]) -> SentLogWatch:
+
+def told(events: list[Told]) -> SentLogWatch:
     watch = SentLogWatch(PATIENCE, 0.0)
     for event in events:
-        if event[0] == "looked":
-            _, complete, began, now = event
-            watch.looked(bool(complete), float(began), float(now))  # type: ignore[arg-type]
+        if isinstance(event, tuple):
+            watch.looked(*event)
         else:
-            watch.failed(float(event[1]))  # type: ignore[arg-type]
+            watch.failed(event)
     return watch
 
 
 @pytest.mark.parametrize(
-    ("events", "complete", "unready_at", "reason"),
+    ("events", "says", "unready_at", "reason"),
     [
-        # Not looked at yet: not complete, but ready until a lease has passed.
-        ([], False, 10.0, None),
-        ([], False, 31.0, "not been known complete for 31 s"),
+        # Not looked at yet: neither complete nor recovering, but ready until a lease passed.
+        ([], None, 10.0, None),
+        ([], None, 31.0, "not been known good for claims for 31 s"),
         # A look found it complete: complete, and stays so without news.
-        ([("looked", True, 1.0, 1.1)], True, 500.0, None),
-        # A call failed after the look: not known complete any more, from the failure on.
-        ([("looked", True, 1.0, 1.1), ("failed", 5.0)], False, 34.0, None),
-        ([("looked", True, 1.0, 1.1), ("failed", 5.0)], False, 36.0, "for 31 s"),
+        ([(COMPLETE, 1.0, 1.1)], COMPLETE, 500.0, None),
+        # A call failed after the look: not known any more, from the failure on.
+        ([(COMPLETE, 1.0, 1.1), 5.0], None, 34.0, None),
+        ([(COMPLETE, 1.0, 1.1), 5.0], None, 36.0, "for 31 s"),
         # A look that began before the failure and found it complete says nothing: it may
         # have read the state row before a crash emptied it.
-        (
-            [("looked", True, 1.0, 1.1), ("failed", 5.0), ("looked", True, 4.0, 6.0)],
-            False,
-            40.0,
-            "not been known complete for 35 s",
-        ),
+        ([(COMPLETE, 1.0, 1.1), 5.0, (COMPLETE, 4.0, 6.0)], None, 40.0, "good for claims for 35 s"),
         # A look begun after the failure finds it complete again.
+        ([(COMPLETE, 1.0, 1.1), 5.0, (COMPLETE, 5.5, 6.0)], COMPLETE, 40.0, None),
+        # Found incomplete (a crash emptied it): the reason says so, and the time counts from
+        # the first moment it was not known good, not from the last look.
         (
-            [("looked", True, 1.0, 1.1), ("failed", 5.0), ("looked", True, 5.5, 6.0)],
-            True,
-            40.0,
-            None,
-        ),
-        # A look found it incomplete (a crash emptied it): the reason says so, and the time
-        # counts from the first moment it was not known complete, not from the last look.
-        (
-            [
-                ("looked", True, 1.0, 1.1),
-                ("failed", 5.0),
-                ("looked", False, 6.0, 6.1),
-                ("looked", False, 11.0, 11.1),
-            ],
-            False,
+            [(COMPLETE, 1.0, 1.1), 5.0, (INCOMPLETE, 6.0, 6.1), (INCOMPLETE, 11.0, 11.1)],
+            INCOMPLETE,
             40.0,
             "incomplete for 35 s",
         ),
-        # Rebuilt: complete again, and ready at once.
+        # Recovering (the journal's tail copied back): claims go on, ready at once, though
+        # not complete until the whole journal is copied.
+        ([5.0, (INCOMPLETE, 6.0, 6.1), (RECOVERING, 7.0, 9.0)], RECOVERING, 500.0, None),
         (
-            [("failed", 5.0), ("looked", False, 6.0, 6.1), ("looked", True, 50.0, 60.0)],
-            True,
+            [5.0, (INCOMPLETE, 6.0, 6.1), (RECOVERING, 7.0, 9.0), (COMPLETE, 50.0, 60.0)],
+            COMPLETE,
             61.0,
             None,
         ),
+        # A recovering look begun before a failure says nothing either.
+        ([5.0, (RECOVERING, 4.0, 9.0)], None, 40.0, "good for claims for 40 s"),
         # A later failure starts the count again from it.
-        (
-            [
-                ("looked", True, 1.0, 1.1),
-                ("failed", 5.0),
-                ("looked", True, 6.0, 6.1),
-                ("failed", 100.0),
-            ],
-            False,
-            129.0,
-            None,
-        ),
+        ([(COMPLETE, 1.0, 1.1), 5.0, (COMPLETE, 6.0, 6.1), 100.0], None, 129.0, None),
     ],
 )
-def test_the_watch_says_complete_only_from_a_look_after_the_last_failure(
-    events: list[Event], complete: bool, unready_at: float, reason: str | None
+def test_the_watch_says_what_a_look_after_the_last_failure_found(
+    events: list[Told], says: SentLogState | None, unready_at: float, reason: str | None
 ) -> None:
     watch = told(events)
-    assert watch.complete is complete
+    assert watch.complete is (says is COMPLETE)
+    assert watch.recovering is (says is RECOVERING)
     why = watch.unready(unready_at)
     if reason is None:
         assert why is None

@@ -40,8 +40,10 @@ from relay.db.schema.sentlog import (
     SENT_LOG,
     built_on,
     outbox_sent,
+    outbox_sent_blocks,
     outbox_sent_journal,
     outbox_sent_legacy,
+    outbox_sent_runs,
     outbox_sent_state,
 )
 
@@ -71,8 +73,10 @@ __all__ = [
     "outbox_protocol",
     "outbox_relays",
     "outbox_sent",
+    "outbox_sent_blocks",
     "outbox_sent_journal",
     "outbox_sent_legacy",
+    "outbox_sent_runs",
     "outbox_sent_state",
     "reason_prefix",
 ]

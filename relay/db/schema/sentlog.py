@@ -81,16 +81,47 @@ outbox_sent_journal = sa.Table(
     sa.Column("created_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
 )
 
+# Where the log is journaled: the journal's entries sealed into runs, each the entries of a
+# span of sent times in key order, in blocks of at most ``SENT_RUN_BLOCK`` keys found by
+# their first key (``relay.db.sentruns``). Written once, in key order, and merged into
+# longer runs as they pile up, a run costs a few dozen bytes of WAL an entry; it is logged,
+# so a crash leaves it whole. After a crash a relay copies back into the log only the
+# journal's entries no run holds (minutes of acks), and claims then look up, beside the log,
+# the runs' blocks of the keys they claim, until the whole log is rebuilt
+# (``relay.db.sentlog``): delivery waits seconds, not the rebuild of a week's log.
+outbox_sent_runs = sa.Table(
+    "outbox_sent_runs",
+    metadata,
+    sa.Column("run", sa.BigInteger(), primary_key=True, autoincrement=False),
+    # The level (0 for a run sealed from the journal, n + 1 for one merged from runs of n)
+    # and the span of sent times [first_at, upto) whose journaled entries it holds.
+    sa.Column("level", sa.SmallInteger(), nullable=False),
+    sa.Column("first_at", UTCDateTime(), nullable=False),
+    sa.Column("upto", UTCDateTime(), nullable=False),
+    sa.Column("entries", sa.BigInteger(), nullable=False),
+)
+outbox_sent_blocks = sa.Table(
+    "outbox_sent_blocks",
+    metadata,
+    sa.Column("run", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("first_key", sa.Uuid(as_uuid=False), primary_key=True),
+    # Side by side, in key order: each entry's key and sent time.
+    sa.Column("message_keys", postgresql.ARRAY(sa.Uuid(as_uuid=False)), nullable=False),
+    sa.Column("sent_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
+)
+
 # Whether the sent log is whole, one row: claims take nothing without it
 # (``relay.db.sentlog.complete``). On PostgreSQL it is UNLOGGED, as the log is: a crash
 # empties both, and the relay that rebuilds the log from its journal holds the row's lock
-# meanwhile, and marks it complete when done. Elsewhere the log is never emptied behind the
-# relays' backs, and the row stays.
+# meanwhile, and marks it complete when done. ``recovering``: the log holds the journal's
+# entries that no run holds, and claims look up the runs for the rest, while the rest is
+# copied. Elsewhere the log is never emptied behind the relays' backs, and the row stays.
 outbox_sent_state = sa.Table(
     "outbox_sent_state",
     metadata,
     sa.Column("log", sa.SmallInteger(), primary_key=True, autoincrement=False),
     sa.Column("complete", sa.Boolean(), nullable=False),
+    sa.Column("recovering", sa.Boolean(), nullable=False, server_default=sa.false()),
 )
 # ``outbox_sent_state.log``: the one row's key.
 SENT_LOG = 1
@@ -98,5 +129,6 @@ SENT_LOG = 1
 
 def built_on(table: sa.Table, dialect: sa.Dialect | str) -> bool:
     """Whether the migrations build ``table`` on ``dialect``: every table, but the sent log's
-    journal only where the log is journaled (``Dialect.journals_sent_log``)."""
-    return table is not outbox_sent_journal or of(dialect).journals_sent_log
+    journal and its runs only where the log is journaled (``Dialect.journals_sent_log``)."""
+    journaled = (outbox_sent_journal, outbox_sent_runs, outbox_sent_blocks)
+    return table not in journaled or of(dialect).journals_sent_log

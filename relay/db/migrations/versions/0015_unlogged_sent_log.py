@@ -12,6 +12,9 @@ while relays of an older protocol hold buckets, ``relay.buckets``).
   key index alone, and each ack's entries also go, as one row, to ``outbox_sent_journal``,
   logged and appended in time order; a crash or a failover empties the log, and relays
   claim nothing until one of them has copied the journal back (``relay.db.sentlog``).
+  The journal's entries are sealed, every few minutes, into runs in key order
+  (``outbox_sent_runs``, ``outbox_sent_blocks``, logged), so that after a crash only the
+  entries no run holds are copied back before claims go on (``relay.db.sentruns``).
   Elsewhere it is logged, with its sent-time index, as the old one.
 - ``outbox_sent_state``, whose one row says the new log is complete (unlogged on
   PostgreSQL, so that a crash empties it with the log); claims need it. Complete here: the
@@ -22,8 +25,11 @@ while relays of an older protocol hold buckets, ``relay.buckets``).
   later release drops it once nothing in it is within any horizon.
 
 The least protocol stays as it was: relays of the release before may run beside this
-revision (they never publish beside this release's: the fence). A downgrade copies the new
-log's entries into the old one (of a key in both, the later entry), for the releases before.
+revision (they never publish beside this release's: the fence). The first relay of this
+release to take the outbox over raises it to 3 (``relay.db.buckets.refresh``), so that no
+relay of the release before takes it back. A downgrade lowers it again (as migration 0013
+left it) and copies the new log's entries into the old one (of a key in both, the later
+entry), for the releases before.
 
 Revision ID: 0015
 Revises: 0014
@@ -65,15 +71,31 @@ def upgrade() -> None:
             sa.Column("ids", postgresql.ARRAY(sa.BigInteger()), nullable=False),
             sa.Column("created_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
         )
+        op.create_table(
+            "outbox_sent_runs",
+            sa.Column("run", sa.BigInteger(), primary_key=True, autoincrement=False),
+            sa.Column("level", sa.SmallInteger(), nullable=False),
+            sa.Column("first_at", UTCDateTime(), nullable=False),
+            sa.Column("upto", UTCDateTime(), nullable=False),
+            sa.Column("entries", sa.BigInteger(), nullable=False),
+        )
+        op.create_table(
+            "outbox_sent_blocks",
+            sa.Column("run", sa.BigInteger(), primary_key=True, autoincrement=False),
+            sa.Column("first_key", sa.Uuid(as_uuid=False), primary_key=True),
+            sa.Column("message_keys", postgresql.ARRAY(sa.Uuid(as_uuid=False)), nullable=False),
+            sa.Column("sent_at", postgresql.ARRAY(sa.DateTime(timezone=True)), nullable=False),
+        )
     else:
         op.create_index(f"{_LOG}_time_idx", _LOG, ["sent_at"])
     state = op.create_table(
         "outbox_sent_state",
         sa.Column("log", sa.SmallInteger(), primary_key=True, autoincrement=False),
         sa.Column("complete", sa.Boolean(), nullable=False),
+        sa.Column("recovering", sa.Boolean(), nullable=False, server_default=sa.false()),
         prefixes=["UNLOGGED"] if postgresql_ else [],
     )
-    op.bulk_insert(state, [{"log": SENT_LOG, "complete": True}])
+    op.bulk_insert(state, [{"log": SENT_LOG, "complete": True, "recovering": False}])
 
 
 def downgrade() -> None:
@@ -102,6 +124,12 @@ def downgrade() -> None:
     entries = sa.select(*(source.c[name] for name in _ENTRY)).where(missing)
     op.execute(sa.insert(old).from_select(list(_ENTRY), entries))
     op.drop_table("outbox_sent_state")
+    # The first relay of this release to take the outbox over raised it (protocol 3): the
+    # releases before speak 2.
+    protocol = sa.table("outbox_protocol", sa.column("least_protocol"), sa.column("least_release"))
+    op.execute(sa.update(protocol).values(least_protocol=1, least_release="any release"))
     if op.get_bind().dialect.name == "postgresql":
+        op.drop_table("outbox_sent_blocks")
+        op.drop_table("outbox_sent_runs")
         op.drop_table("outbox_sent_journal")
     op.drop_table(_LOG)

@@ -1,0 +1,205 @@
+"""The sent log's runs on PostgreSQL (``relay.db.sentruns``): the journal sealed into runs in
+key order and merged, so that after a crash claims wait only for the journal's tail to be
+copied back, and dedupe stays exact meanwhile: an id in a run or in the tail, acked within
+the horizon, is dropped; one the purge forgot, or never sent, is claimed."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from devtools.outbox import log_acked
+from relay.db.claims import ClaimStore
+from relay.db.clock import database_time
+from relay.db.schema import outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
+from relay.db.sentlog import SentLogRebuild
+from relay.db.sentruns import SentRuns
+from relay.sentlog import SentLogState
+from tests.contract.test_sent_log import (
+    DAY,
+    Outbox,
+    claimable,
+    lose_the_log,
+    message,
+)
+
+HOUR = 3600.0
+
+
+def acked_ago(box: Outbox, message_id: str, hours: float, row_id: int) -> None:
+    """An entry as an ack ``hours`` ago wrote it: in the log and a journal row of its own."""
+    with box.writer.engine.begin() as conn:
+        sent_at = conn.execute(sa.select(database_time(-hours * HOUR))).scalar_one()
+        log_acked(conn, message_id, row_id, sent_at, sent_at)
+
+
+def runs(box: Outbox) -> list[tuple[int, int]]:
+    """(level, entries) of each run, oldest span first."""
+    with box.writer.engine.connect() as conn:
+        return [
+            (r.level, r.entries)
+            for r in conn.execute(
+                sa.select(outbox_sent_runs.c.level, outbox_sent_runs.c.entries).order_by(
+                    outbox_sent_runs.c.first_at
+                )
+            )
+        ]
+
+
+def test_the_journal_is_sealed_into_runs_merged_and_read_back_after_a_crash(
+    postgresql_url: str,
+) -> None:
+    """Entries acked 9 to 1 hours ago, sealed an hour at a time (runs of level 0, merged
+    two by two into level 1, and those into level 2) in blocks of 4 keys; one acked now,
+    in the journal's tail. The log is lost: no claim takes a row until the tail is copied
+    back (a handful of entries, not the whole journal), and then every id acked, sealed or
+    not, is dropped when written again, a new one claimed; the full copy then completes."""
+    box = Outbox(postgresql_url)
+    try:
+        old = [f"old-{n}" for n in range(90)]
+        for n, name in enumerate(old):
+            acked_ago(box, name, 9 - n / 11.25, 1000 + n)  # 9 to 1 hours ago
+        acked_ago(box, "now", 0, 5000)
+        made = []
+        for hours in range(8, 0, -1):  # an hour later each time (the margin one less)
+            keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=hours * HOUR, fanin=2, block=4)
+            try:
+                made += keeper.maintain()
+            finally:
+                keeper.close()
+        assert {m.level for m in made} == {0, 1, 2}
+        kept = runs(box)
+        assert sum(entries for _, entries in kept) == 90, kept
+        assert kept[0][0] == 2, "the oldest merged furthest"
+        with box.writer.engine.connect() as conn:
+            widest = conn.execute(
+                sa.select(sa.func.max(sa.func.cardinality(outbox_sent_blocks.c.message_keys)))
+            ).scalar_one()
+        assert widest == 4
+
+        lose_the_log(postgresql_url)
+        box.writer.enqueue([message(m) for m in (*old[::7], "now", "new")])
+        assert claimable(box.store) == [], "nothing while the log is incomplete"
+        rebuilder = SentLogRebuild(postgresql_url)
+        try:
+            assert rebuilder.recover() == 1, "the tail alone: the entry acked now"
+            assert rebuilder.state() is SentLogState.RECOVERING
+            assert claimable(box.store) == ["new"]
+            assert rebuilder.rebuild() == 90, "the rest: the tail is in already"
+            assert rebuilder.state() is SentLogState.COMPLETE
+        finally:
+            rebuilder.close()
+        box.writer.enqueue([message(m) for m in (old[3], "newer")])
+        assert claimable(box.store) == ["new", "newer"], "new: claimed, not acked, above"
+    finally:
+        box.close()
+
+
+def test_a_first_seal_of_a_journal_days_old_is_one_run_of_the_top_level(
+    postgresql_url: str,
+) -> None:
+    """The first upkeep after an upgrade (or after the relays were away) seals days of the
+    journal at once, as one run of the level whose runs span as long, not as a run of level
+    0 to be merged over and over."""
+    box = Outbox(postgresql_url)
+    keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=4, top_level=2)
+    try:
+        acked_ago(box, "a", 3 * 24, 1)
+        acked_ago(box, "b", 5, 2)
+        assert [m.level for m in keeper.maintain()] == [2]
+        assert runs(box) == [(2, 2)]
+    finally:
+        keeper.close()
+        box.close()
+
+
+def test_a_run_remembers_nothing_the_journals_purge_forgot(postgresql_url: str) -> None:
+    """An entry acked 8 days ago and one 6 days ago, sealed into one run; the purge at a
+    7-day horizon deletes the older one's journal row (the run lives on: its span ends
+    inside the horizon). After a crash, while the runs answer, the older id written again
+    is new, as it is once the log is whole; the younger is dropped."""
+    box = Outbox(postgresql_url)
+    keeper = SentRuns(postgresql_url, seal_s=DAY, margin_s=HOUR, fanin=16)
+    try:
+        acked_ago(box, "eight-days", 8 * 24, 1)
+        acked_ago(box, "six-days", 6 * 24, 2)
+        assert [m.level for m in keeper.maintain()] == [0]
+        assert box.admin.purge(7 * DAY) == 1
+        assert runs(box) == [(0, 2)], "the run's span ends inside the horizon"
+        lose_the_log(postgresql_url)
+        rebuilder = SentLogRebuild(postgresql_url)
+        try:
+            assert rebuilder.recover() == 0
+        finally:
+            rebuilder.close()
+        box.writer.enqueue([message("eight-days"), message("six-days")])
+        assert claimable(box.store) == ["eight-days"]
+    finally:
+        keeper.close()
+        box.close()
+
+
+def test_the_purge_deletes_runs_whose_span_ended_past_the_horizon(postgresql_url: str) -> None:
+    """Five entries acked 9 days ago, sealed as one run, and one 2 hours ago, as another:
+    the purge at a 7-day horizon deletes the first run's blocks with the journal's rows,
+    and leaves the second."""
+    box = Outbox(postgresql_url)
+    try:
+        for n in range(5):
+            acked_ago(box, f"m-{n}", 9 * 24 - n, n + 1)
+        acked_ago(box, "young", 2, 10)
+        for margin in (8 * DAY, HOUR):  # eight days ago, then an hour ago
+            keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=margin, fanin=16)
+            try:
+                assert len(keeper.maintain()) == 1
+            finally:
+                keeper.close()
+        assert [entries for _, entries in runs(box)] == [5, 1]
+        assert box.admin.purge(7 * DAY) == 10, "5 journal entries, 5 of the run's"
+        assert [entries for _, entries in runs(box)] == [1]
+        with box.writer.engine.connect() as conn:
+            left = conn.execute(sa.select(sa.func.count()).select_from(outbox_sent_journal))
+            assert left.scalar_one() == 1
+            blocks = conn.execute(sa.select(sa.func.count()).select_from(outbox_sent_blocks))
+            assert blocks.scalar_one() == 1
+    finally:
+        box.close()
+
+
+def test_one_relay_keeps_the_runs_at_a_time(postgresql_url: str) -> None:
+    """Two relays' upkeep at once: the one that holds the lock seals; the other does
+    nothing (no run made twice)."""
+    box = Outbox(postgresql_url)
+    first = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    second = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    try:
+        acked_ago(box, "m", 5, 1)
+        with first.engine.begin() as holder:
+            holder.execute(sa.select(sa.func.pg_advisory_xact_lock(0x6F75_7462_7275_6E73)))
+            assert second.maintain() == []
+        assert [m.level for m in second.maintain()] == [0]
+        assert runs(box) == [(0, 1)]
+    finally:
+        first.close()
+        second.close()
+        box.close()
+
+
+def test_claims_on_a_store_that_never_recovered_take_nothing(postgresql_url: str) -> None:
+    """The runs answer only while the state row says so: a lost log with runs and no
+    recovery claims nothing (the runs alone do not hold the tail)."""
+    box = Outbox(postgresql_url)
+    keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    try:
+        acked_ago(box, "m", 5, 1)
+        keeper.maintain()
+        lose_the_log(postgresql_url)
+        box.writer.enqueue([message("fresh")])
+        store = ClaimStore(postgresql_url, "relay-2", 60.0)
+        try:
+            store.turn()
+            assert store.claim(10, 2**40) == []
+        finally:
+            store.close()
+    finally:
+        keeper.close()
+        box.close()
