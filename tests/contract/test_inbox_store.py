@@ -273,6 +273,30 @@ def test_a_handler_cannot_end_the_transaction_without_its_retry_running(
     assert [row[1] for row in attempts(url)] == ([counted] if counted else [])
 
 
+def test_the_transactions_savepoints_are_the_handlers_to_use(consumer: Consumer, url: str) -> None:
+    """``tx.savepoint()``: the guard lets the inbox's own savepoints through; a part whose
+    block raised is undone alone."""
+    parts = [("write", "a"), ("part", "b"), ("undone", "c"), ("part", "d")]
+    assert consumer.process("m-1", parts).verdict is Verdict.ACK
+    assert noted(url) == ["a", "b", "d"]
+
+
+@pytest.mark.parametrize("door", inbox_script.DOORS)
+def test_every_door_through_sqlalchemy_is_refused_even_when_swallowed(
+    consumer: Consumer, url: str, door: str
+) -> None:
+    """A statement that carries a transaction's end in any construct, and the connection's
+    and a session's own moves: refused before anything is sent, and the run failed even
+    though the handler caught the refusal and returned; retried, its effects once."""
+    refused = [("write", "a"), ("door", door), ("write", "b")]
+    assert consumer.process("m-1", refused).verdict is Verdict.RETRY
+    assert (noted(url), keys(url)) == ([], [])
+    ((_key, counted, error, _running),) = attempts(url)
+    assert (counted, error.split(":")[0]) == (1, "TransactionEnded")
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["done"]
+
+
 @pytest.mark.databases("mysql")
 @pytest.mark.parametrize(
     "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]
