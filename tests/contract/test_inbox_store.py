@@ -334,7 +334,7 @@ def test_a_procedure_that_commits(consumer: Consumer, url: str) -> None:
         assert noted(url) == ["a", "proc"]
 
 
-@pytest.mark.databases("mysql")
+@pytest.mark.databases("mariadb")
 @pytest.mark.parametrize(
     "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]
 )
@@ -539,7 +539,7 @@ def test_a_setting_that_would_outlive_the_message_is_refused(consumer: Consumer,
     assert noted(url) == ["b"]
 
 
-@pytest.mark.databases("postgresql", "mysql")
+@pytest.mark.databases("postgresql", "mariadb")
 def test_the_database_lost_as_the_handler_raises_is_the_database_away(
     kind: str, url: str, tmp_path: Path
 ) -> None:
