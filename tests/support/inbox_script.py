@@ -84,7 +84,7 @@ def _statement(name: str, dialect: str) -> Any:
     return sa.select(rows.c.x).where(sa.text("1 = 1; COMMIT"))
 
 
-def _through(conn: sa.Connection, door: str) -> None:
+def through(conn: sa.Connection, door: str) -> None:
     method, argument = DOORS[door]
     if method == "execute":
         conn.execute(_statement(argument, conn.dialect.name))
@@ -103,7 +103,7 @@ def _through(conn: sa.Connection, door: str) -> None:
         getattr(conn, method)()
 
 
-async def _through_async(conn: AsyncConnection, door: str) -> None:
+async def through_async(conn: AsyncConnection, door: str) -> None:
     method, argument = DOORS[door]
     if method == "execute":
         await conn.execute(_statement(argument, conn.dialect.name))
@@ -153,7 +153,7 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 _driver(tx).cursor().execute(argument)
             elif what == "door":
                 with contextlib.suppress(TransactionEnded):
-                    _through(tx.execute(sa.select(1)).context.root_connection, argument)
+                    through(tx.execute(sa.select(1)).context.root_connection, argument)
             elif what == "swallow":
                 with contextlib.suppress(sa.exc.DBAPIError):
                     tx.execute(sa.text("SELECT * FROM no_such_table"))
@@ -214,7 +214,7 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
                 await cursor.execute(argument)
             elif what == "door":
                 with contextlib.suppress(TransactionEnded):
-                    await _through_async(tx._conn, argument)
+                    await through_async(tx._conn, argument)
             elif what == "swallow":
                 with contextlib.suppress(sa.exc.DBAPIError):
                     await tx.execute(sa.text("SELECT * FROM no_such_table"))
