@@ -66,6 +66,7 @@ DOORS: dict[str, tuple[str, str]] = {
     "the connection's commit": ("commit", ""),
     "the connection's rollback": ("rollback", ""),
     "the connection's begin_nested": ("begin_nested", ""),
+    "the connection's close": ("close", ""),
     "the connection's isolation level": ("execution_options", "AUTOCOMMIT"),
     "a session's commit": ("session", "commit"),
     "a session's rollback": ("session", "rollback"),
