@@ -59,8 +59,11 @@ MOVES = (
     "rollback_twophase",
 )
 # The texts judged, remembered per engine: SQLAlchemy hands the same compiled string for a
-# cached statement, so a run's statements are judged once each, not read at every send.
+# cached statement, so a run's statements are judged once each, not read at every send. A
+# longer text (a many-row insert's, whose length varies with its rows) is judged each time,
+# so that what is kept stays a few megabytes at most.
 _JUDGED_KEPT = 1024
+_JUDGED_KEPT_LONGEST = 4096
 
 
 class TransactionEnded(RelayError):
@@ -92,7 +95,9 @@ class Guard:
 
     __slots__ = ("_database", "_judged", "_own", "refused")
 
-    def __init__(self, database: Dialect, judged_texts: dict[str, str | None] | None = None):
+    def __init__(
+        self, database: Dialect, judged_texts: dict[str, str | None] | None = None
+    ) -> None:
         self._database = database
         self._judged = {} if judged_texts is None else judged_texts
         self._own = False
@@ -105,9 +110,11 @@ class Guard:
         try:
             why = self._judged[sql]
         except KeyError:
-            if len(self._judged) >= _JUDGED_KEPT:
-                self._judged.clear()
-            why = self._judged[sql] = judged(sql, self._database)
+            why = judged(sql, self._database)
+            if len(sql) <= _JUDGED_KEPT_LONGEST:
+                if len(self._judged) >= _JUDGED_KEPT:
+                    self._judged.clear()
+                self._judged[sql] = why
         if why is not None:
             self._refuse(f"a handler may not run this statement: {why}")
 

@@ -170,3 +170,18 @@ def test_the_inboxs_own_savepoint_goes_through() -> None:
     assert guard.refused is None
     with pytest.raises(TransactionEnded):
         guard.statement("SAVEPOINT s")
+
+
+def test_a_text_judged_before_is_refused_again_and_a_long_one_is_not_kept() -> None:
+    """The judgements are kept per engine (one dict for its runs' guards): a refused text is
+    refused at every run; a long text (a many-row insert's) is judged each time, not kept."""
+    kept: dict[str, str | None] = {}
+    long_text = "INSERT INTO t VALUES " + ", ".join(["(?)"] * 2000) + "; COMMIT"
+    for _run in range(2):
+        guard = Guard(of("sqlite"), kept)
+        guard.statement("INSERT INTO t VALUES (?)")
+        for text in ("COMMIT", long_text):
+            with pytest.raises(TransactionEnded):
+                guard.statement(text)
+    assert kept == {"INSERT INTO t VALUES (?)": None, "COMMIT": kept["COMMIT"]}
+    assert kept["COMMIT"] is not None
