@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.inbox_statements import Failures, InboxStatements
-from relay.db.inbox_transaction import Transaction
+from relay.db.inbox_transaction import Guards, Transaction
 from relay.db.runlock import RunLock
 from relay.errors import StoreError
 from relay.redact import redact_url
@@ -63,6 +63,7 @@ class InboxStore:
         self.consumer = consumer
         self.where = redact_url(url)
         self.statements = InboxStatements(self.engine.dialect, consumer)
+        self.guards = Guards(self.engine)
         self._run_lock = run_lock(self.engine.url)
 
     def call(self, what: str, statement: Callable[..., T], *args: Any) -> T:
@@ -135,15 +136,19 @@ class MessageRun:
             return store.statements.add_key(self._conn, key)
 
     def handle(self) -> Exception | None:
-        assert self._conn is not None
-        try:
-            self._handler(Transaction(self._conn))
-        except Exception as exc:
-            if lost(exc, self._conn):
-                summary = f"the handler's connection to {self._store.where} was lost"
-                raise StoreError(summary, summary=summary) from exc
-            return exc
-        return None
+        """The handler's error; a refusal of the guard's first, even if the handler caught
+        it (``Guard``)."""
+        conn = self._conn
+        assert conn is not None
+        with self._store.guards.running(conn) as guard:
+            try:
+                self._handler(Transaction(conn, guard))
+            except Exception as exc:
+                if lost(exc, conn):
+                    summary = f"the handler's connection to {self._store.where} was lost"
+                    raise StoreError(summary, summary=summary) from exc
+                return guard.refused or exc
+        return guard.refused
 
     def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         assert self._conn is not None

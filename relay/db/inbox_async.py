@@ -18,7 +18,7 @@ from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
 from relay.db.inbox import classified, lost, run_lock
 from relay.db.inbox_statements import InboxStatements
-from relay.db.inbox_transaction import guarded
+from relay.db.inbox_transaction import Guard, Guards, executable
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -29,11 +29,11 @@ class AsyncTransaction:
     """``relay.db.inbox_transaction.Transaction`` for asyncio handlers: write and read in the
     transaction that holds the message's key (``await tx.execute(...)``), never end it."""
 
-    __slots__ = ("_conn", "_database")
+    __slots__ = ("_conn", "_guard")
 
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: AsyncConnection, guard: Guard) -> None:
         self._conn = conn
-        self._database = of(conn.dialect)
+        self._guard = guard
 
     @property
     def dialect(self) -> sa.Dialect:
@@ -43,7 +43,7 @@ class AsyncTransaction:
         self, statement: Any, parameters: Any = None, **options: Any
     ) -> sa.CursorResult[Any]:
         result: sa.CursorResult[Any] = await self._conn.execute(
-            guarded(statement, self._database), parameters, execution_options=options
+            executable(statement), parameters, execution_options=options
         )
         return result
 
@@ -56,8 +56,17 @@ class AsyncTransaction:
     @asynccontextmanager
     async def savepoint(self) -> AsyncIterator[AsyncTransaction]:
         """A part of the handler's work that an exception inside rolls back alone."""
-        async with self._conn.begin_nested():
+        nested = self._conn.begin_nested()
+        with self._guard.own():
+            await nested.start()
+        try:
             yield self
+        except BaseException:
+            with self._guard.own():
+                await nested.rollback()
+            raise
+        with self._guard.own():
+            await nested.commit()
 
 
 class AsyncInboxStore:
@@ -69,6 +78,7 @@ class AsyncInboxStore:
         self.consumer = consumer
         self.where = redact_url(url)
         self.statements = InboxStatements(self.engine.dialect, consumer)
+        self.guards = Guards(self.engine.sync_engine)
         self._run_lock = run_lock(self.engine.url)
 
     async def call(self, what: str, statement: Callable[..., T], *args: Any) -> T:
@@ -136,15 +146,17 @@ class AsyncMessageRun:
             raise sa.exc.DBAPIError.instance(sql, key, exc, psycopg.Error) from exc
 
     async def handle(self) -> Exception | None:
+        """``relay.db.inbox.MessageRun.handle``."""
         conn = self._sync()
-        try:
-            await self._handler(AsyncTransaction(self._held()))
-        except Exception as exc:
-            if lost(exc, conn):
-                summary = f"the handler's connection to {self._store.where} was lost"
-                raise StoreError(summary, summary=summary) from exc
-            return exc
-        return None
+        with self._store.guards.running(conn) as guard:
+            try:
+                await self._handler(AsyncTransaction(self._held(), guard))
+            except Exception as exc:
+                if lost(exc, conn):
+                    summary = f"the handler's connection to {self._store.where} was lost"
+                    raise StoreError(summary, summary=summary) from exc
+                return guard.refused or exc
+        return guard.refused
 
     async def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         with classified(what, self._store.where, self._sync()):

@@ -112,20 +112,10 @@ class InboxStatements:
         """Whether the message's key is committed, seen from a transaction of its own."""
         return self.holds_key(conn, message_id)
 
-    def count_attempt(
-        self, conn: sa.Connection, message_id: str, error: str, forget_key: bool = False
-    ) -> int:
-        """One more failed attempt at the message, its run over; with ``forget_key``, its key
-        deleted too (a handler that ended the transaction committed it with part of its
-        work: the next delivery runs the handler again rather than ack it as a duplicate).
-        Returns how many attempts there have been."""
+    def count_attempt(self, conn: sa.Connection, message_id: str, error: str) -> int:
+        """One more failed attempt at the message, its run over. Returns how many attempts
+        there have been."""
         key = self.key(message_id)
-        if forget_key:
-            gone = sa.delete(inbox_received).where(
-                inbox_received.c.consumer == sa.bindparam("consumer"),
-                inbox_received.c.message_id == sa.bindparam("message_id"),
-            )
-            conn.execute(gone, key)
         conn.execute(self._count_attempt, {**key, "last_error": error[:LAST_ERROR_MAX_CHARS]})
         return int(conn.scalar(_attempts_of(), key) or 0)
 

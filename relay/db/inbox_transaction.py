@@ -1,12 +1,19 @@
 """What a handler writes with (``Transaction``): the message's own transaction, which it can
-write and read in but not end. A statement sent as SQL text that would end or split it,
-change its connection's session, or name the inbox's own tables is refused (``guarded``)."""
+write and read in but not end. Whatever a handler's run sends on the transaction's connection
+is judged as the driver gets it (``Guard``, told by SQLAlchemy's events on the connection:
+``Guards``): each statement's text as compiled for its database, whatever construct carried
+it (SQL text, DDL, a literal column, text in a CTE, ``exec_driver_sql``), and the
+connection's own moves (a commit, a rollback, a savepoint, an isolation level), whoever made
+them (a session bound to it, a handler that reached it through a result). One that would
+end or split the transaction, change its connection's session, or name the inbox's own
+tables is refused before it is sent, and the run is failed even if the handler catches the
+refusal."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
@@ -37,6 +44,26 @@ TRANSACTION_STATEMENTS: frozenset[tuple[str, ...]] = frozenset(
         ("XA",),
     }
 )
+# SQLAlchemy's events for a connection's moves of its transaction (``ConnectionEvents``):
+# none is a handler's to make (``Transaction.savepoint`` makes the inbox's own).
+MOVES = (
+    "begin",
+    "commit",
+    "rollback",
+    "savepoint",
+    "release_savepoint",
+    "rollback_savepoint",
+    "begin_twophase",
+    "prepare_twophase",
+    "commit_twophase",
+    "rollback_twophase",
+)
+# The texts judged, remembered per engine: SQLAlchemy hands the same compiled string for a
+# cached statement, so a run's statements are judged once each, not read at every send. A
+# longer text (a many-row insert's, whose length varies with its rows) is judged each time,
+# so that what is kept stays a few megabytes at most.
+_JUDGED_KEPT = 1024
+_JUDGED_KEPT_LONGEST = 4096
 
 
 class TransactionEnded(RelayError):
@@ -44,24 +71,118 @@ class TransactionEnded(RelayError):
     commit."""
 
 
-def guarded(statement: Any, dialect: Dialect) -> Any:
-    """A handler's statement (SQL text made a ``TextClause``), refused when its text holds a
-    statement that would end or split the inbox's transaction on ``dialect``'s database,
-    change its connection's session (which outlives the message: the next messages' runs
-    would inherit it), or name the inbox's own tables (``relay.db.sqltext.refusal``)."""
-    if isinstance(statement, str):
-        statement = sa.text(statement)
-    if isinstance(statement, sa.TextClause):
-        why = refusal(
-            statement.text,
-            dialect.sql_lexicon,
-            TRANSACTION_STATEMENTS | dialect.implicit_commits,
-            dialect.changes_session,
-            INBOX_TABLES,
-        )
+def judged(sql: str, database: Dialect) -> str | None:
+    """Why a handler may not send ``sql`` (a statement's text as its driver gets it) on
+    ``database``, or None: it holds a statement that would end or split the inbox's
+    transaction, change its connection's session (which outlives the message: the next
+    messages' runs would inherit it), or name the inbox's own tables
+    (``relay.db.sqltext.refusal``)."""
+    return refusal(
+        sql,
+        database.sql_lexicon,
+        TRANSACTION_STATEMENTS | database.implicit_commits,
+        database.changes_session,
+        INBOX_TABLES,
+    )
+
+
+class Guard:
+    """One run's guard: told of what its connection sends while the handler runs, it refuses
+    (raises ``TransactionEnded``) what would end the transaction, and remembers the first
+    refusal (``refused``): the run fails with it even if the handler caught it, since a
+    handler that meant to commit a part of its work must not be acked as if it had. The
+    inbox's own savepoints (``own``) go through."""
+
+    __slots__ = ("_database", "_judged", "_own", "refused")
+
+    def __init__(
+        self, database: Dialect, judged_texts: dict[str, str | None] | None = None
+    ) -> None:
+        self._database = database
+        self._judged = {} if judged_texts is None else judged_texts
+        self._own = False
+        self.refused: TransactionEnded | None = None
+
+    def statement(self, sql: str) -> None:
+        """A statement's text, as the driver is about to get it."""
+        if self._own:
+            return
+        try:
+            why = self._judged[sql]
+        except KeyError:
+            why = judged(sql, self._database)
+            if len(sql) <= _JUDGED_KEPT_LONGEST:
+                if len(self._judged) >= _JUDGED_KEPT:
+                    self._judged.clear()
+                self._judged[sql] = why
         if why is not None:
-            raise TransactionEnded(f"a handler may not run this statement: {why}")
-    return statement
+            self._refuse(f"a handler may not run this statement: {why}")
+
+    def moved(self, move: str) -> None:
+        """A move of the transaction's (``MOVES``, or ``isolation_level``), about to be made."""
+        if not self._own:
+            words = move.replace("_", " ")
+            self._refuse(f"a handler may not end or split the inbox's transaction ({words})")
+
+    def _refuse(self, why: str) -> NoReturn:
+        error = TransactionEnded(why)
+        if self.refused is None:
+            self.refused = error
+        raise error
+
+    @contextmanager
+    def own(self) -> Iterator[None]:
+        """The inbox's own moves (``Transaction.savepoint``'s), let through."""
+        self._own = True
+        try:
+            yield
+        finally:
+            self._own = False
+
+
+class Guards:
+    """The guards of an engine's connections while their handlers run (``running``), told
+    of each connection's statements and moves by SQLAlchemy's events, listened for once on
+    the engine (an asyncio engine's ``sync_engine``): a connection with no handler running
+    costs a look in a dict per statement."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._database = of(engine)
+        self._running: dict[sa.Connection, Guard] = {}
+        self._judged: dict[str, str | None] = {}
+        sa.event.listen(engine, "before_cursor_execute", self._statement)
+        sa.event.listen(engine, "set_connection_execution_options", self._options)
+        for move in MOVES:
+            sa.event.listen(engine, move, self._mover(move))
+
+    @contextmanager
+    def running(self, conn: sa.Connection) -> Iterator[Guard]:
+        """A handler's run on ``conn``, guarded."""
+        guard = self._running[conn] = Guard(self._database, self._judged)
+        try:
+            yield guard
+        finally:
+            del self._running[conn]
+
+    def _statement(self, conn: sa.Connection, _cursor: Any, sql: str, *_: Any) -> None:
+        guard = self._running.get(conn)
+        if guard is not None:
+            guard.statement(sql)
+
+    def _options(self, conn: sa.Connection, options: dict[str, Any]) -> None:
+        # An isolation level set on a connection with a transaction open ends it on some
+        # drivers (pysqlite commits as autocommit goes on), and outlives the message.
+        guard = self._running.get(conn)
+        if guard is not None and "isolation_level" in options:
+            guard.moved("isolation_level")
+
+    def _mover(self, move: str) -> Callable[..., None]:
+        def moved(conn: sa.Connection, *_: Any) -> None:
+            guard = self._running.get(conn)
+            if guard is not None:
+                guard.moved(move)
+
+        return moved
 
 
 class Transaction:
@@ -69,14 +190,14 @@ class Transaction:
     it can write and read in but not end. A handler that committed its part and then failed
     left the key committed (the retry was acked as a duplicate, the rest of the work never
     done); one that rolled back and returned was acked with no key and no effect. So there is
-    no commit, rollback or close here, and a transaction statement sent as SQL text is
-    refused; ``savepoint()`` rolls back a part of the handler's work on its own."""
+    no commit, rollback or close here, and whatever would end the transaction is refused
+    (``Guard``); ``savepoint()`` rolls back a part of the handler's work on its own."""
 
-    __slots__ = ("_conn", "_database")
+    __slots__ = ("_conn", "_guard")
 
-    def __init__(self, conn: sa.Connection) -> None:
+    def __init__(self, conn: sa.Connection, guard: Guard) -> None:
         self._conn = conn
-        self._database = of(conn)
+        self._guard = guard
 
     @property
     def dialect(self) -> sa.Dialect:
@@ -85,11 +206,9 @@ class Transaction:
     def execute(
         self, statement: Any, parameters: Any = None, **options: Any
     ) -> sa.CursorResult[Any]:
-        """``sa.Connection.execute``: a statement, its parameters (a dict, or a list of them
-        for many rows), execution options as keywords."""
-        return self._conn.execute(
-            guarded(statement, self._database), parameters, execution_options=options
-        )
+        """``sa.Connection.execute``: a statement (or SQL text as a string), its parameters (a
+        dict, or a list of them for many rows), execution options as keywords."""
+        return self._conn.execute(executable(statement), parameters, execution_options=options)
 
     def scalar(self, statement: Any, parameters: Any = None) -> Any:
         return self.execute(statement, parameters).scalar()
@@ -101,5 +220,18 @@ class Transaction:
     def savepoint(self) -> Iterator[Transaction]:
         """A part of the handler's work that an exception inside rolls back alone (and goes
         on out of the block)."""
-        with self._conn.begin_nested():
+        with self._guard.own():
+            nested = self._conn.begin_nested()
+        try:
             yield self
+        except BaseException:
+            with self._guard.own():
+                nested.rollback()
+            raise
+        with self._guard.own():
+            nested.commit()
+
+
+def executable(statement: Any) -> Any:
+    """A handler's statement; SQL text given as a string made a ``TextClause``."""
+    return sa.text(statement) if isinstance(statement, str) else statement

@@ -1,14 +1,15 @@
 """Pure: the statements an SQL text holds, each by its words, read past comments, quoted
 strings and identifiers, the way the servers read them. For the inbox's guard
-(``relay.db.inbox_transaction.guarded``): a handler's statement that would end or split the inbox's
-transaction, change its connection's session, or touch the inbox's own tables is refused
-however it is dressed (a comment before the keyword, a second statement after a semicolon,
-MySQL's and MariaDB's executable comments). A session's quoting can change (PostgreSQL's
-``standard_conforming_strings``, MySQL's ``NO_BACKSLASH_ESCAPES``), so the text is read
-both ways, and what either reading finds is refused.
+(``relay.db.inbox_transaction.judged``, over the text the driver gets): a handler's
+statement that would end or split the inbox's transaction, change its connection's session,
+or touch the inbox's own tables is refused however it is dressed (a comment before the
+keyword, a second statement after a semicolon, MySQL's and MariaDB's executable comments). A
+session's quoting can change (PostgreSQL's ``standard_conforming_strings``, MySQL's
+``NO_BACKSLASH_ESCAPES``), so the text is read both ways, and what either reading finds is
+refused.
 
-A first line of defence only, and a clear error: what slips past (a procedure that commits,
-the driver's own connection) is found at the end of the run (``relay.inbox.flow``)."""
+What is not SQLAlchemy's to send (a procedure that commits, the driver's own connection) is
+found at the end of the run (``relay.inbox.flow``)."""
 
 from __future__ import annotations
 

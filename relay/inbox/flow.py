@@ -11,9 +11,10 @@ What counts as a failed attempt, and nothing else does:
   away);
 - the message's transaction failed at its end, the connection alive: a deferred constraint
   at the commit, a transaction the handler's swallowed error aborted;
-- the handler ended the inbox's transaction, by any door (its key is not in the transaction
-  at the end, or was committed by a handler that then raised: the key is deleted, so that
-  the retry runs);
+- the handler ended the inbox's transaction, or tried to (the guard refused it, or its key
+  is not in the transaction at the end); one that committed a part of its work past the
+  guard with the key and then failed is dead-lettered at once, its key kept: run again, it
+  would do that part twice;
 - a run that died inside the handler (its consumer killed): found by the next delivery, as
   its run's mark still set.
 Never a database error of the inbox's own, a lock wait, or a delivery that came again
@@ -170,10 +171,10 @@ class Flow:
         key, started = run.key, time.perf_counter()
         error: Exception | None = yield HANDLE
         # Whether the key committed with part of the work: a handler that ended the
-        # transaction by some door and then failed. The key is then deleted with the count,
-        # so that the retry runs. Looked at from a connection of its own while the message's
-        # transaction is still open: only a committed key is seen there, never another
-        # consumer's (a second delivery of the message waits on the open key).
+        # transaction past the guard and then failed (``_committed_in_part``). Looked at from
+        # a connection of its own while the message's transaction is still open: only a
+        # committed key is seen there, never another consumer's (a second delivery of the
+        # message waits on the open key).
         committed = False
         if error is None:
             try:
@@ -183,7 +184,7 @@ class Flow:
                     try:
                         yield COMMIT
                     except TransactionFailed as failed:  # over, and nothing of it committed
-                        return (yield from self._failed(key, failed, forget_key=False))
+                        return (yield from self._failed(key, failed))
                     self.metrics.handler_seconds.observe(time.perf_counter() - started)
                     self.metrics.processed.inc()
                     self._lost_at = None
@@ -202,7 +203,25 @@ class Flow:
         # A connection whose transaction the handler ended may have had its session changed
         # too: it is not used again.
         yield roll_back(discard=committed or isinstance(error, TransactionEnded))
-        return (yield from self._failed(key, error, forget_key=committed))
+        if committed:
+            return (yield from self._committed_in_part(key, error))
+        return (yield from self._failed(key, error))
+
+    def _committed_in_part(self, key: str, error: Exception) -> Steps[Answer]:
+        """The handler committed a part of its work past the guard (through its driver's
+        connection, a procedure that commits), the message's key with it, and then failed:
+        run again, it would do that part again. Dead-lettered at once, its attempt counted
+        with why; the key is kept, so that a delivery of the message again is acked as
+        processed, not run (an operator who would have it run again takes it from the dead
+        letters knowing what it did)."""
+        ended = TransactionEnded(
+            "the handler committed a part of its work past the inbox's transaction (the "
+            "message's key with it), then failed: dead-lettered, not run again, since that "
+            "part would be done twice"
+        )
+        why = f"{self.describe(ended)}; it failed with {self.describe(error)}"
+        yield call("counting an attempt", self.statements.count_attempt, key, why)
+        return (yield from self._dead_letter(key, why))
 
     def _lost(self, run: _Run, exc: StoreError) -> Steps[Answer]:
         """The message's connection was lost under its run: the database away, uncounted
@@ -225,7 +244,7 @@ class Flow:
             seen,
             extra={"action": "inbox_lost_at_message", "message_id": key},
         )
-        return (yield from self._failed(key, exc, forget_key=False))
+        return (yield from self._failed(key, exc))
 
     def broke(self, delivery: Delivery, error: Exception) -> Steps[Answer]:
         """The inbox itself failed on ``delivery`` (a fault of this package's, or of what it
@@ -243,15 +262,13 @@ class Flow:
         if key is None:
             return Answer(Verdict.RETRY, pause=True)
         try:
-            return (yield from self._failed(key, error, forget_key=False))
+            return (yield from self._failed(key, error))
         except StoreError as exc:
             return self._store_failed(key, exc)
 
-    def _failed(self, key: str, error: Exception, *, forget_key: bool) -> Steps[Answer]:
+    def _failed(self, key: str, error: Exception) -> Steps[Answer]:
         why = self.describe(error)
-        attempts = yield call(
-            "counting an attempt", self.statements.count_attempt, key, why, forget_key
-        )
+        attempts = yield call("counting an attempt", self.statements.count_attempt, key, why)
         answer = self.schedule.after(attempts)
         if answer.verdict is Verdict.DEAD_LETTER:
             return (yield from self._dead_letter(key, why))

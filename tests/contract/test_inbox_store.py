@@ -1,8 +1,8 @@
 """The inbox's database side on SQLite, PostgreSQL and MariaDB, through the blocking store
 (``relay.db.inbox``) and the asyncio one (``relay.db.inbox_async``) alike, each driven by the
 inbox's own decisions (``relay.inbox.flow``): a key goes in once, with the writes of its
-transaction or not at all; a handler cannot end that transaction by any door without its
-retry running; only real failures are counted; nothing recorded quotes a value."""
+transaction or not at all; a handler cannot end that transaction by any door and have a
+part of its work done twice; only real failures are counted; nothing recorded quotes a value."""
 
 from __future__ import annotations
 
@@ -234,12 +234,20 @@ DOORS: dict[str, tuple[list[tuple[Script, Verdict]], list[str], int]] = {
         ["done"],
         1,
     ),
-    "committed through the driver, then raised: the key forgotten, the retry runs": (
+    "committed through the driver, then raised: dead-lettered, its part not written twice": (
         [
-            ([("write", "half"), ("driver", "commit"), ("raise", "")], Verdict.RETRY),
+            ([("write", "half"), ("driver", "commit"), ("raise", "")], Verdict.DEAD_LETTER),
             (WRITE, Verdict.ACK),
         ],
-        ["done", "half"],
+        ["half"],
+        1,
+    ),
+    "committed through a driver's cursor, then raised: dead-lettered alike": (
+        [
+            ([("write", "half"), ("cursor", "COMMIT"), ("raise", "")], Verdict.DEAD_LETTER),
+            (WRITE, Verdict.ACK),
+        ],
+        ["half"],
         1,
     ),
     "committed through the driver, then went on and returned: all of it committed": (
@@ -273,7 +281,60 @@ def test_a_handler_cannot_end_the_transaction_without_its_retry_running(
     assert [row[1] for row in attempts(url)] == ([counted] if counted else [])
 
 
-@pytest.mark.databases("mysql")
+def test_the_transactions_savepoints_are_the_handlers_to_use(consumer: Consumer, url: str) -> None:
+    """``tx.savepoint()``: the guard lets the inbox's own savepoints through; a part whose
+    block raised is undone alone."""
+    parts = [("write", "a"), ("part", "b"), ("undone", "c"), ("part", "d")]
+    assert consumer.process("m-1", parts).verdict is Verdict.ACK
+    assert noted(url) == ["a", "b", "d"]
+
+
+@pytest.mark.parametrize("door", inbox_script.DOORS)
+def test_every_door_through_sqlalchemy_is_refused_even_when_swallowed(
+    consumer: Consumer, url: str, door: str
+) -> None:
+    """A statement that carries a transaction's end in any construct, and the connection's
+    and a session's own moves: refused before anything is sent, and the run failed even
+    though the handler caught the refusal and returned; retried, its effects once."""
+    refused = [("write", "a"), ("door", door), ("write", "b")]
+    assert consumer.process("m-1", refused).verdict is Verdict.RETRY
+    assert (noted(url), keys(url)) == ([], [])
+    ((_key, counted, error, _running),) = attempts(url)
+    assert (counted, error.split(":")[0]) == (1, "TransactionEnded")
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["done"]
+
+
+@pytest.mark.databases("postgresql", "mariadb")
+def test_a_procedure_that_commits(consumer: Consumer, url: str) -> None:
+    """MariaDB runs a procedure's COMMIT (found at the end: the key committed with its part,
+    the handler failed after it: dead-lettered, never run again); PostgreSQL refuses one
+    inside a transaction block (the handler's error: retried)."""
+    engine = create_engine(url)
+    body = "INSERT INTO effects (note) VALUES ('proc'); COMMIT;"
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(
+                f"CREATE PROCEDURE commits_part() LANGUAGE plpgsql AS $$ BEGIN {body} END $$"
+            )
+        else:
+            conn.exec_driver_sql(f"CREATE PROCEDURE commits_part() BEGIN {body} END")
+    engine.dispose()
+    called = [("write", "a"), ("sql", "CALL commits_part()"), ("raise", "")]
+    answer = consumer.process("m-1", called)
+    if consumer.store.engine.dialect.name == "postgresql":
+        assert answer.verdict is Verdict.RETRY
+        assert (noted(url), keys(url)) == ([], [])
+    else:
+        assert answer.verdict is Verdict.DEAD_LETTER
+        assert answer.reason is not None
+        assert str(answer.reason["x-inbox-error"]).startswith("TransactionEnded")
+        assert (noted(url), keys(url)) == (["a", "proc"], ["m-1"])
+        assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+        assert noted(url) == ["a", "proc"]
+
+
+@pytest.mark.databases("mariadb")
 @pytest.mark.parametrize(
     "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]
 )
@@ -478,7 +539,7 @@ def test_a_setting_that_would_outlive_the_message_is_refused(consumer: Consumer,
     assert noted(url) == ["b"]
 
 
-@pytest.mark.databases("postgresql", "mysql")
+@pytest.mark.databases("postgresql", "mariadb")
 def test_the_database_lost_as_the_handler_raises_is_the_database_away(
     kind: str, url: str, tmp_path: Path
 ) -> None:

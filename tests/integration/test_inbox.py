@@ -6,7 +6,9 @@ processing every message once under their own names."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import inspect
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -20,9 +22,11 @@ from devtools.servers import RabbitNode, wait_until
 from relay.cli import main
 from relay.db.engine import create_engine
 from relay.db.inbox_async import AsyncTransaction
-from relay.db.inbox_transaction import Transaction
+from relay.db.inbox_transaction import Transaction, TransactionEnded
 from relay.inbox import Delivery, Handler, Inbox, InboxSettings
+from tests.support import inbox_script
 from tests.support.inbox import (
+    AnyInbox,
     Recorder,
     at_least,
     attempts,
@@ -237,6 +241,88 @@ def test_a_handler_that_commits_early_fails_and_its_work_is_done_once(
     assert tried == {"m-1": 2, "m-2": 2}
     expected = {(part, m): 1 for part in ("before", "after") for m in ("m-1", "m-2")}
     assert processed(with_effects) == expected
+
+
+# The driver's doors, past the guard: its connection's commit, or a cursor's COMMIT.
+DRIVER_DOORS = ("the driver's commit", "a driver cursor's COMMIT")
+
+
+class ThroughDoors(Recorder):
+    """On its first run of a message, writes its effect and goes through the door the
+    message's key names: one of SQLAlchemy's (``inbox_script.DOORS``; the guard's refusal
+    caught, as a handler that catches every error would), or one of the driver's
+    (``DRIVER_DOORS``), then raises; its runs after that write and return."""
+
+    def __call__(self, delivery: Delivery, tx: Transaction) -> None:
+        effect = self._effect(delivery)
+        result = tx.execute(effects.insert(), effect)
+        door = effect["message_id"]
+        if self.calls[door] > 1:
+            return
+        conn = result.context.root_connection
+        if door not in DRIVER_DOORS:
+            with contextlib.suppress(TransactionEnded):
+                inbox_script.through(conn, door)
+            return
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        if door == DRIVER_DOORS[0]:
+            driver.commit()
+        else:
+            driver.cursor().execute("COMMIT")
+        raise ValueError("failed after committing its part")
+
+    async def aio(self, delivery: Delivery, tx: AsyncTransaction) -> None:
+        effect = self._effect(delivery)
+        await tx.execute(effects.insert(), effect)
+        door = effect["message_id"]
+        if self.calls[door] > 1:
+            return
+        if door not in DRIVER_DOORS:
+            with contextlib.suppress(TransactionEnded):
+                await inbox_script.through_async(tx._conn, door)
+            return
+        driver = (await tx._conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        if door == DRIVER_DOORS[0]:
+            await driver.commit()
+        else:
+            cursor = driver.cursor()
+            await (await cursor if inspect.isawaitable(cursor) else cursor).execute("COMMIT")
+        raise ValueError("failed after committing its part")
+
+
+def test_every_door_a_handler_may_try_leaves_its_effects_once(
+    with_effects: str, rabbit: RabbitNode, flavour: str
+) -> None:
+    """Through the handler's own API, at each front end on each database: each of
+    SQLAlchemy's doors is refused (the run failed though the handler caught it, nothing
+    committed) and the retry processes the message once; a part committed through the
+    driver and then failed is dead-lettered at once (never run again: that part once),
+    naming why."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    doors = list(inbox_script.DOORS)
+    handler = ThroughDoors(queue, fail=lambda _d: False)
+    quick = {"inbox_max_attempts": "3", "inbox_retry_delay": "0.1"}
+    with consuming(with_effects, rabbit.url, queue, handler, flavour, **quick) as consumer:
+        publish(rabbit.url, exchange, [(door, {}) for door in [*doors, *DRIVER_DOORS]])
+        letters = drain(rabbit.url, dead, len(DRIVER_DOORS), timeout=30)
+        done = functools.partial(copies_processed, consumer, len(doors))
+        wait_until(done, 30, "every SQLAlchemy door's message processed")
+        assert value(consumer, "inbox_failures_total", outcome="retried") == len(doors)
+    assert processed(with_effects) == {(queue, door): 1 for door in [*doors, *DRIVER_DOORS]}
+    assert handler.calls == {**{door: 2 for door in doors}, **dict.fromkeys(DRIVER_DOORS, 1)}
+    for door in doors:
+        assert attempts(with_effects, queue, door) == 1
+    assert sorted(letter.message_id or "" for letter in letters) == sorted(DRIVER_DOORS)
+    for letter in letters:
+        said = str((letter.headers or {})["x-inbox-error"])
+        assert said.startswith("TransactionEnded: the handler committed a part"), said
+        assert "ValueError" in said
+
+
+def copies_processed(consumer: AnyInbox, count: int) -> bool:
+    return value(consumer, "inbox_processed_total") == count
 
 
 @pytest.mark.databases("postgresql", "mariadb", "sqlite")

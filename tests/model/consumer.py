@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from faststream.rabbit import RabbitMessage, RabbitQueue
 
 from relay.broker.aio_consumer import delivery_of
 from relay.db.inbox_async import AsyncTransaction
-from relay.db.inbox_transaction import Transaction
+from relay.db.inbox_transaction import Transaction, TransactionEnded
 from relay.inbox import Delivery, Inbox, InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.faststream import TRANSACTION
@@ -37,7 +38,9 @@ from tests.support.inbox import inbox_router, serve_faststream
 from tests.support.inbox_model import (
     COMMIT_RAISE,
     DB_AWAY,
+    DDL_COMMIT,
     DIE,
+    DOOR_RETURN,
     DUPLICATE,
     LOST_ACK,
     RAISE,
@@ -48,7 +51,10 @@ from tests.support.inbox_model import (
 )
 
 metadata = sa.MetaData()
-# Each run's writes: "full" (the message's effect), "part" (committed past tx, then raised).
+# Issue 71's door: a transaction's end in a construct other than SQL text.
+DDL: Callable[[str], Any] = sa.DDL
+# Each run's writes: "full" (the message's effect), "part" (what a run that ends the
+# transaction, or tries to, writes before it).
 effects = sa.Table(
     "model_effects",
     metadata,
@@ -112,10 +118,17 @@ def blocking_handler(runs: Runs) -> Any:
         if outcome == DB_AWAY:
             runs.where.database_cut.touch()
             tx.execute(sa.text("SELECT 1"))
-        if outcome == COMMIT_RAISE:
-            tx.execute(effects.insert(), {**effect, "note": "part"})
-            driver.commit()
-            raise Failed(f"charging card {card} failed")
+        if outcome in (COMMIT_RAISE, DDL_COMMIT, DOOR_RETURN):
+            result = tx.execute(effects.insert(), {**effect, "note": "part"})
+            if outcome == DOOR_RETURN:
+                with contextlib.suppress(TransactionEnded):
+                    result.context.root_connection.commit()
+            else:
+                if outcome == COMMIT_RAISE:
+                    driver.commit()
+                else:
+                    tx.execute(DDL("COMMIT"))
+                raise Failed(f"charging card {card} failed")
         tx.execute(effects.insert(), effect)
         if outcome == RAISE:
             raise Failed(f"charging card {card} failed")
@@ -146,10 +159,17 @@ def async_handler(runs: Runs) -> Any:
         if outcome == DB_AWAY:
             runs.where.database_cut.touch()
             await tx.execute(sa.text("SELECT 1"))
-        if outcome == COMMIT_RAISE:
+        if outcome in (COMMIT_RAISE, DDL_COMMIT, DOOR_RETURN):
             await tx.execute(effects.insert(), {**effect, "note": "part"})
-            await driver.commit()
-            raise Failed(f"charging card {card} failed")
+            if outcome == DOOR_RETURN:
+                with contextlib.suppress(TransactionEnded):
+                    await tx._conn.commit()
+            else:
+                if outcome == COMMIT_RAISE:
+                    await driver.commit()
+                else:
+                    await tx.execute(DDL("COMMIT"))
+                raise Failed(f"charging card {card} failed")
         await tx.execute(effects.insert(), effect)
         if outcome == RAISE:
             raise Failed(f"charging card {card} failed")

@@ -22,6 +22,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -30,7 +31,19 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from devtools.servers import RabbitNode
 from tests.model.harness import MAX_ATTEMPTS, FrontEnd, Inboxes, databases, kill, processed, until
-from tests.support.inbox_model import DB_AWAY, DEAD, OUTCOMES, PROCESSED, Fate, fates
+from tests.support.inbox_model import (
+    COMMIT_RAISE,
+    DB_AWAY,
+    DDL_COMMIT,
+    DEAD,
+    DOOR_RETURN,
+    OUTCOMES,
+    PROCESSED,
+    RAISE,
+    SQL_COMMIT,
+    Fate,
+    fates,
+)
 from tests.support.rabbitmq import RABBITMQ_3, rabbit_node, running
 
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "2"))
@@ -141,6 +154,8 @@ def verify(inboxes: Inboxes, front_end: FrontEnd, expected: dict[str, set[Fate]]
         else:
             fate = Fate(f"{seen.full} effects, {len(seen.letters)} letters", seen.runs, seen.parts)
         script, card = inboxes.published[key]
+        if seen.full + seen.parts > 1:
+            problems.append(f"{name} {key} {script}: its effects more than once: {fate}")
         if fate not in allowed:
             problems.append(f"{name} {key} {script}: {fate}, the model allows {allowed}")
         recorded = [seen.last_error or "", *(letter.error for letter in seen.letters)]
@@ -194,6 +209,25 @@ def test_every_front_end_keeps_the_models_promises(front_ends: tuple[Make, bool,
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+def test_every_front_end_meets_the_doors_fates(front_ends: tuple[Make, bool, bool]) -> None:
+    """One sequence of the machine's, always the same: the doors a handler may try (issue
+    71's DDL, the connection's commit behind ``tx``, SQL text; the driver's commit, past the
+    guard, then a raise), each message's effects at most once at every front end."""
+    make, aborts, away = front_ends
+    model: Any = machine(make, aborts, away)()  # its rules called as the machine would
+    try:
+        for script in (
+            [COMMIT_RAISE],
+            [DDL_COMMIT],
+            [DOOR_RETURN, DDL_COMMIT],
+            [SQL_COMMIT, RAISE, COMMIT_RAISE],
+        ):
+            model.publish(script)
+        model.settle()
+    finally:
+        model.teardown()
 
 
 def test_consumers_killed_anywhere_under_a_stream_dead_letter_nothing(

@@ -15,9 +15,15 @@ returns). Each outcome is what a handler or its surroundings do in one run:
                     ``db_away`` may be on the first delivery still)
     sql_commit      writes, then sends ``/* settle */ COMMIT`` through ``tx``: refused, a
                     failure
-    commit_raise    writes a part, commits it through the driver, then raises: a failure, its
-                    part committed (the key deleted, so that the retry runs: that part is
-                    written again)
+    ddl_commit      writes a part, sends ``sa.DDL("COMMIT")`` through ``tx`` (issue 71's
+                    door), then raises: refused before it is sent, a failure, nothing
+                    committed
+    door_return     writes a part, commits through SQLAlchemy's connection behind ``tx``
+                    (reached through a result), catches the guard's refusal, writes its
+                    effect and returns: a failure all the same, nothing committed
+    commit_raise    writes a part, commits it through the driver (past the guard), then
+                    raises: its part committed with the key, so dead-lettered at once (run
+                    again, that part would be written twice), whatever the attempts left
     rollback_return writes, rolls back through the driver, writes again, returns: a failure,
                     nothing committed
     swallow_return  writes, swallows a failing statement, returns: processed where the
@@ -34,7 +40,8 @@ What must hold, and what this module says of each message: processed exactly onc
 effect) or dead-lettered (none), never both, never lost; dead-lettered only after the
 maximum of real failures, with that count, and never once processed; its handler run for
 exactly the script's runs up to its fate; the parts committed past ``tx`` as many as the
-``commit_raise`` runs among them.
+``commit_raise`` runs among them (one at most: the first is the message's end); its effects
+at most once (a full effect and a part never both, nor either twice).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ RAISE = "raise"
 DUPLICATE = "duplicate"
 DIE = "die"
 SQL_COMMIT = "sql_commit"
+DDL_COMMIT = "ddl_commit"
+DOOR_RETURN = "door_return"
 COMMIT_RAISE = "commit_raise"
 ROLLBACK_RETURN = "rollback_return"
 SWALLOW_RETURN = "swallow_return"
@@ -62,6 +71,8 @@ OUTCOMES = (
     DUPLICATE,
     DIE,
     SQL_COMMIT,
+    DDL_COMMIT,
+    DOOR_RETURN,
     COMMIT_RAISE,
     ROLLBACK_RETURN,
     SWALLOW_RETURN,
@@ -104,7 +115,8 @@ class _Walk:
             return {Fate(PROCESSED, runs, parts)}
         if outcome == DB_AWAY:
             return self.fates(runs, failures=failures, parts=parts)
-        parts += outcome == COMMIT_RAISE
+        if outcome == COMMIT_RAISE:
+            return {Fate(DEAD, runs, parts + 1, failures + 1)}
         if outcome != DIE:
             return self._failed(runs, failures + 1, parts)
         # Counted when the message comes again, before its next run (so it may come again

@@ -6,6 +6,7 @@ inbox's model, which run one script through every kind of inbox and compare."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -13,9 +14,12 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.session import JoinTransactionMode
 
 from relay.db.inbox_async import AsyncTransaction
-from relay.db.inbox_transaction import Transaction
+from relay.db.inbox_transaction import Transaction, TransactionEnded
 
 # A message's payload and a statement's parameter that no record of a failure may show.
 SECRET = "4111111111111111"
@@ -31,6 +35,11 @@ effects = sa.Table(
 #   write     an effect row noted with the argument
 #   sql       the argument as SQL text, through ``tx.execute`` (the guard may refuse it)
 #   driver    the driver connection's method of that name (commit, rollback), past ``tx``
+#   cursor    the argument as SQL text through a cursor of the driver's connection, past ``tx``
+#   part      an effect row noted with the argument in ``tx.savepoint()``, kept
+#   undone    the same, the savepoint's block raising (caught outside it): that part undone
+#   door      a door of ``DOORS`` (by name), the ``TransactionEnded`` it may raise swallowed, as
+#             a handler that catches every error would
 #   swallow   a statement that fails (no such table), its error caught: on PostgreSQL the
 #             transaction is aborted under the handler
 #   duplicate a row whose unique value (``SECRET``) is there already: the database's error,
@@ -42,6 +51,81 @@ effects = sa.Table(
 #   raise     a ValueError whose message quotes ``SECRET``
 Action = tuple[str, str]
 Script = Sequence[Action]
+
+
+# The ways past ``tx``'s own ``execute`` to SQLAlchemy's connection (a handler reaches it
+# through a result: ``tx.execute(...).context.root_connection``; an asyncio handler through
+# ``tx``'s connection, as awaitable calls): name -> (what is called on the connection, and
+# with what; a session's, or a statement's).
+DOORS: dict[str, tuple[str, str]] = {
+    "DDL": ("execute", "ddl"),
+    "DDL.execute_if": ("execute", "ddl_if"),
+    "a literal column": ("execute", "literal"),
+    "text in a CTE": ("execute", "cte"),
+    "exec_driver_sql": ("exec_driver_sql", "COMMIT"),
+    "the connection's commit": ("commit", ""),
+    "the connection's rollback": ("rollback", ""),
+    "the connection's begin_nested": ("begin_nested", ""),
+    "the connection's close": ("close", ""),
+    "the connection's isolation level": ("execution_options", "AUTOCOMMIT"),
+    "a session's commit": ("session", "commit"),
+    "a session's rollback": ("session", "rollback"),
+    "a session's begin_nested": ("session", "begin_nested"),
+}
+
+
+def _statement(name: str, dialect: str) -> Any:
+    """A statement that carries ``COMMIT`` in a construct of ``name``."""
+    if name in ("ddl", "ddl_if"):
+        ddl = sa.DDL("COMMIT")  # type: ignore[no-untyped-call]  # SQLAlchemy's DDL is untyped
+        return ddl if name == "ddl" else ddl.execute_if(dialect=dialect)
+    if name == "literal":
+        return sa.select(sa.literal_column("1; COMMIT"))
+    rows = sa.select(sa.literal_column("1").label("x")).cte("c")
+    return sa.select(rows.c.x).where(sa.text("1 = 1; COMMIT"))
+
+
+def through(conn: sa.Connection, door: str) -> None:
+    method, argument = DOORS[door]
+    if method == "execute":
+        conn.execute(_statement(argument, conn.dialect.name))
+    elif method == "exec_driver_sql":
+        conn.exec_driver_sql(argument)
+    elif method == "execution_options":
+        conn.execution_options(isolation_level=argument)
+    elif method == "session":
+        mode: JoinTransactionMode = (
+            "create_savepoint" if argument == "begin_nested" else "control_fully"
+        )
+        session = Session(bind=conn, join_transaction_mode=mode)
+        session.execute(sa.select(1))  # the session joins the connection's transaction
+        getattr(session, argument)()
+    else:
+        getattr(conn, method)()
+
+
+async def through_async(conn: AsyncConnection, door: str) -> None:
+    method, argument = DOORS[door]
+    if method == "execute":
+        await conn.execute(_statement(argument, conn.dialect.name))
+    elif method == "exec_driver_sql":
+        await conn.exec_driver_sql(argument)
+    elif method == "execution_options":
+        await conn.execution_options(isolation_level=argument)
+    elif method == "session":
+        mode: JoinTransactionMode = (
+            "create_savepoint" if argument == "begin_nested" else "control_fully"
+        )
+        session = AsyncSession(bind=conn, join_transaction_mode=mode)
+        await session.execute(sa.select(1))
+        if argument == "begin_nested":
+            await session.begin_nested().start()
+        else:
+            await getattr(session, argument)()
+    elif method == "begin_nested":
+        await conn.begin_nested().start()
+    else:
+        await getattr(conn, method)()
 
 
 # Functions a script's ``call`` runs, by name: a test registers them.
@@ -61,6 +145,16 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 tx.execute(argument)
             elif what == "driver":
                 getattr(_driver(tx), argument)()
+            elif what in ("part", "undone"):
+                with contextlib.suppress(Failed), tx.savepoint():
+                    tx.execute(effects.insert(), {"note": argument})
+                    if what == "undone":
+                        raise Failed("undone")
+            elif what == "cursor":
+                _driver(tx).cursor().execute(argument)
+            elif what == "door":
+                with contextlib.suppress(TransactionEnded):
+                    through(tx.execute(sa.select(1)).context.root_connection, argument)
             elif what == "swallow":
                 with contextlib.suppress(sa.exc.DBAPIError):
                     tx.execute(sa.text("SELECT * FROM no_such_table"))
@@ -108,6 +202,20 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
             elif what == "driver":
                 raw = await tx._conn.get_raw_connection()
                 await getattr(raw.driver_connection, argument)()
+            elif what in ("part", "undone"):
+                with contextlib.suppress(Failed):
+                    async with tx.savepoint():
+                        await tx.execute(effects.insert(), {"note": argument})
+                        if what == "undone":
+                            raise Failed("undone")
+            elif what == "cursor":
+                raw = await tx._conn.get_raw_connection()
+                assert raw.driver_connection is not None
+                cursor = await _awaited(raw.driver_connection.cursor())
+                await cursor.execute(argument)
+            elif what == "door":
+                with contextlib.suppress(TransactionEnded):
+                    await through_async(tx._conn, argument)
             elif what == "swallow":
                 with contextlib.suppress(sa.exc.DBAPIError):
                     await tx.execute(sa.text("SELECT * FROM no_such_table"))
@@ -124,6 +232,11 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
                 raise Failed(f"cannot charge card {SECRET}")
 
     return handle
+
+
+async def _awaited(value: Any) -> Any:
+    """A cursor: aiosqlite's and aiomysql's are awaited, psycopg's is not."""
+    return await value if inspect.isawaitable(value) else value
 
 
 def _driver(tx: Transaction) -> Any:

@@ -206,7 +206,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
         False,
         None,
     ),
-    "the handler committed past tx and raised: its key forgotten with the count": (
+    "the handler committed past tx and raised: dead-lettered at its first failure": (
         delivery(),
         [
             ("open", True),
@@ -214,11 +214,28 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("looking for the key", True),
             ("rollback", None),
             ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
         ],
-        Verdict.RETRY,
-        0.0,
+        Verdict.DEAD_LETTER,
+        HELD,
         False,
-        None,
+        1,
+    ),
+    "committed past tx, then its transaction failed at the key's look: dead-lettered too": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", None),
+            ("checking the key", DEFERRED),
+            ("looking for the key", True),
+            ("rollback", None),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
     ),
     "the failures unread: dead-lettered with the reason alone": (
         delivery(),
@@ -323,11 +340,34 @@ def test_a_handler_that_ended_the_transaction_has_its_connection_discarded() -> 
                 ("looking for the key", committed),
                 ("rollback", None),
                 ("counting an attempt", 1),
+                ("reading attempts", failures(1)),
             ]
         )
         drive(flow().process(delivery()), doer)
         assert doer.args[3] == (True,)  # rollback(discard=True)
-        assert doer.args[4][-1] is committed  # the key forgotten with the count
+
+
+def test_a_part_committed_past_tx_is_dead_lettered_naming_why() -> None:
+    """Its key committed with it: run again, the handler would do that part twice. Counted
+    with a reason that says so (and what the handler raised), the key kept, dead-lettered."""
+    doer = Scripted(
+        [
+            ("open", True),
+            ("handle", BROKE),
+            ("looking for the key", True),
+            ("rollback", None),
+            ("counting an attempt", 1),
+            ("reading attempts", None),
+        ]
+    )
+    answer = drive(flow().process(delivery()), doer)
+    assert answer.verdict is Verdict.DEAD_LETTER
+    counted = doer.args[4]
+    assert counted[:1] == ("m-1",) and len(counted) == 2  # the key not forgotten
+    why = counted[1]
+    assert why.startswith("TransactionEnded: the handler committed")
+    assert "ValueError" in why
+    assert answer.reason is not None and answer.reason["x-inbox-error"] == why
 
 
 def test_a_run_the_database_went_away_in_is_no_crash() -> None:
