@@ -129,8 +129,9 @@ class SentRuns:
         with self.engine.begin() as conn:
             if not conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_LOCK))).scalar():
                 return None
-            # A run of a busy week is sorted in one statement: as long as it takes.
-            conn.execute(sa.text("SET LOCAL statement_timeout = 0"))
+            # A run of a busy week is sorted in one statement: as long as it takes, in the
+            # rebuild's memory, and ended with its relay (``Dialect.unbounded``).
+            of(conn).unbounded(conn)
             made: Made | None = work(conn)
             return made
 

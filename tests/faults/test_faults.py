@@ -27,7 +27,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from devtools.outbox import fates, insert, sent_ids
+from devtools.outbox import age_sent_log, fates, insert, sent_ids
 from devtools.procfs import rss_mb
 from devtools.scrape import metric
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode, ServerError, wait_until
@@ -872,37 +872,8 @@ def test_19_a_live_stream_rolls_from_the_release_of_0013_to_this_one_without_a_s
 
 # Test 20: entries of a sent log aged by plain SQL (six days of acks), sealed into a run.
 AGED_ENTRIES = 1_000_000
-AGED_ROW_ENTRIES = 1000  # a journal row's, as an ack statement's
 # How long after PostgreSQL accepts connections again new rows may wait (issue 68).
 CRASH_PAUSE_S = 10.0
-
-
-def age_the_sent_log(url: str, entries: int) -> None:
-    """``entries`` acks of messages ``aged-N`` spread over the last six days, as the relays
-    would have left them: in the journal, a row per thousand, and in the log."""
-    engine = sa.create_engine(url)
-    journal = sa.text(
-        "INSERT INTO outbox_sent_journal (sent_at, id, message_keys, ids, created_at) "
-        "SELECT now() - make_interval(secs => 518400.0 * (1 - r / CAST(:rows AS float))), "
-        "1000000000 + r * :per, "
-        "array(SELECT CAST(md5('aged-' || (r * :per + k)) AS uuid) "
-        "      FROM generate_series(0, :per - 1) k), "
-        "array(SELECT 1000000000 + r * :per + k FROM generate_series(0, :per - 1) k), "
-        "array_fill(now() - interval '7 days', ARRAY[:per]) "
-        "FROM generate_series(0, :rows - 1) r"
-    )
-    log = sa.text(
-        "INSERT INTO outbox_sent_log (key, id, created_at, sent_at) "
-        "SELECT e.key, e.id, e.created_at, j.sent_at FROM outbox_sent_journal j, "
-        "unnest(j.message_keys, j.ids, j.created_at) AS e(key, id, created_at) "
-        "ON CONFLICT DO NOTHING"
-    )
-    try:
-        with engine.begin() as conn:
-            conn.execute(journal, {"rows": entries // AGED_ROW_ENTRIES, "per": AGED_ROW_ENTRIES})
-            conn.execute(log)
-    finally:
-        engine.dispose()
 
 
 @broker_bystander
@@ -918,7 +889,7 @@ def test_20_a_crash_under_a_live_stream_pauses_delivery_seconds_whatever_the_log
     nothing is lost."""
     database = sa.make_url(postgresql_url).database or ""
     postgres.psql(f"ALTER DATABASE {database} SET synchronous_commit = on")  # as test 6
-    age_the_sent_log(postgresql_url, AGED_ENTRIES)
+    age_sent_log(postgresql_url, AGED_ENTRIES)
     keeper = SentRuns(postgresql_url)
     try:
         assert [made.entries for made in keeper.maintain()] == [AGED_ENTRIES]
