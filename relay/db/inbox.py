@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.inbox_statements import Failures, InboxStatements
-from relay.db.inbox_transaction import Guards, Transaction
+from relay.db.inbox_transaction import Guard, Guards, Transaction
 from relay.db.runlock import RunLock
 from relay.errors import StoreError
 from relay.redact import redact_url
@@ -36,6 +36,16 @@ def lost(exc: BaseException, conn: sa.Connection) -> bool:
     transaction is the message's fault. A statement that failed on a live connection (a
     constraint, a lock or statement timeout, a serialization failure) is."""
     return conn.invalidated or (isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated)
+
+
+def handler_failed(exc: Exception, conn: sa.Connection, where: str, guard: Guard) -> Exception:
+    """What a handler's exception makes of its run: the guard's refusal if it refused a
+    statement (the handler may have caught it), else the exception; the database away
+    (``lost``) is no failure of the message's, raised as ``StoreError``."""
+    if lost(exc, conn):
+        summary = f"the handler's connection to {where} was lost"
+        raise StoreError(summary, summary=summary) from exc
+    return guard.refused or exc
 
 
 @contextmanager
@@ -144,10 +154,7 @@ class MessageRun:
             try:
                 self._handler(Transaction(conn, guard))
             except Exception as exc:
-                if lost(exc, conn):
-                    summary = f"the handler's connection to {self._store.where} was lost"
-                    raise StoreError(summary, summary=summary) from exc
-                return guard.refused or exc
+                return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
 
     def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:

@@ -16,10 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import classified, lost, run_lock
+from relay.db.inbox import classified, handler_failed, run_lock
 from relay.db.inbox_statements import InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
-from relay.errors import StoreError
 from relay.redact import redact_url
 
 T = TypeVar("T")
@@ -152,10 +151,7 @@ class AsyncMessageRun:
             try:
                 await self._handler(AsyncTransaction(self._held(), guard))
             except Exception as exc:
-                if lost(exc, conn):
-                    summary = f"the handler's connection to {self._store.where} was lost"
-                    raise StoreError(summary, summary=summary) from exc
-                return guard.refused or exc
+                return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
 
     async def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:

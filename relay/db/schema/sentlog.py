@@ -16,6 +16,19 @@ from relay.db.columns import (
 from relay.db.dialects import of
 from relay.db.schema.metadata import metadata
 
+
+def _log(name: str) -> sa.Table:
+    """A sent log: an entry per message id's key, with the acked row's id and times."""
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("key", SENT_KEY, primary_key=True),
+        sa.Column("id", ROW_ID, nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("sent_at", UTCDateTime(), nullable=False),
+    )
+
+
 # The sent log: what is left of an acked row when acked rows leave the outbox (the default,
 # ``keep_sent = ids``). Its keys keep message ids unique beyond the outbox for the dedupe
 # horizon (the retention): a relay's claim probes it for every row it claims and drops,
@@ -23,14 +36,7 @@ from relay.db.schema.metadata import metadata
 # was. Its times serve ``relay status`` (sent counts, latency) and the purge. Made by
 # migration 0015 beside the log of the releases before (``outbox_sent_legacy``), which their
 # relays go on writing while they run.
-outbox_sent = sa.Table(
-    "outbox_sent_log",
-    metadata,
-    sa.Column("key", SENT_KEY, primary_key=True),
-    sa.Column("id", ROW_ID, nullable=False),
-    sa.Column("created_at", UTCDateTime(), nullable=False),
-    sa.Column("sent_at", UTCDateTime(), nullable=False),
-)
+outbox_sent = _log("outbox_sent_log")
 
 # The sent log of the releases before migration 0015, which their relays write and probe.
 # Kept, not renamed or rewritten, so that they publish on while the schema is migrated and
@@ -38,14 +44,7 @@ outbox_sent = sa.Table(
 # This release writes nothing to it: its claims probe it beside the log (a relay of the
 # release before that acks late, past its lease, is still seen), and its purge empties it
 # over the horizon. A later release contracts it, once the purge has.
-outbox_sent_legacy = sa.Table(
-    "outbox_sent",
-    metadata,
-    sa.Column("key", SENT_KEY, primary_key=True),
-    sa.Column("id", ROW_ID, nullable=False),
-    sa.Column("created_at", UTCDateTime(), nullable=False),
-    sa.Column("sent_at", UTCDateTime(), nullable=False),
-)
+outbox_sent_legacy = _log("outbox_sent")
 # Its purge's index (migration 0008).
 sa.Index("outbox_sent_time_idx", outbox_sent_legacy.c.sent_at)
 
