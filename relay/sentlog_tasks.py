@@ -99,13 +99,20 @@ async def _copied(
 
 async def keep_sent_runs(url: str) -> None:
     """Seal the sent log's journal into runs and merge them (``relay.db.sentruns``), every
-    ``SENT_RUN_CHECK_S``; a failure is logged and tried again at the next look."""
+    ``SENT_RUN_CHECK_S``. A failure is tried again at once, the first time (its pooled
+    connection may be one a crash closed: the tail would otherwise grow a minute more), then
+    logged and tried again at the next look."""
     runs = SentRuns(url)
+    failures = 0
     try:
         while True:
             try:
                 await in_thread(runs.maintain)
+                failures = 0
             except RelayError as exc:
+                failures += 1
+                if failures == 1:
+                    continue
                 log.warning("sent log runs not kept: %s", exc, extra={"action": "sent_run_failed"})
             await asyncio.sleep(SENT_RUN_CHECK_S)
     finally:

@@ -14,7 +14,7 @@ from relay.db.clock import database_time
 from relay.db.columns import sent_key
 from relay.db.dialects import of
 from relay.db.schema import DUPLICATES, bucket_column, outbox, outbox_counters, outbox_sent
-from relay.db.sentlog import journaled
+from relay.db.sentlog import journal_time, journaled
 from relay.records import KEEP_MESSAGES, PARKED, SENT, SettleBatch
 
 # "The row is still pending" for the settle, which finds its rows by primary key: said so that
@@ -126,7 +126,7 @@ class Settles:
                 .cte("gone")
             )
             entries = sa.select(
-                sent_key(gone.c.message_id), gone.c.id, gone.c.created_at, database_time()
+                sent_key(gone.c.message_id), gone.c.id, gone.c.created_at, journal_time()
             )
             new = (
                 self._dialect.insert_or_replace(outbox_sent, outbox_sent.c.key)

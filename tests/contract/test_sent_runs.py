@@ -203,3 +203,31 @@ def test_claims_on_a_store_that_never_recovered_take_nothing(postgresql_url: str
     finally:
         keeper.close()
         box.close()
+
+
+def test_an_ack_after_the_clock_went_back_is_in_the_tail_copied_back(
+    postgresql_url: str,
+) -> None:
+    """The runs were sealed up to a time the database's clock has not reached (a failover
+    to a standby whose clock is 10 minutes behind): an id acked now is journaled at the
+    runs' end, not before it, so that after the next crash it is in the tail copied back
+    and dropped when written again (an outside review: journaled at the clock's time, it
+    was in no run and no tail, and published again)."""
+    box = Outbox(postgresql_url)
+    ahead = SentRuns(postgresql_url, seal_s=1.0, margin_s=-600.0)  # sealed 10 minutes ahead
+    try:
+        acked_ago(box, "old", 5, 1)
+        assert [m.entries for m in ahead.maintain()] == [1]
+        box.writer.enqueue([message("after-failover")])
+        box.relay_all()
+        lose_the_log(postgresql_url)
+        rebuilder = SentLogRebuild(postgresql_url)
+        try:
+            assert rebuilder.recover() == 1, "the ack after the failover, in the tail"
+        finally:
+            rebuilder.close()
+        box.writer.enqueue([message("after-failover"), message("old"), message("fresh")])
+        assert claimable(box.store) == ["fresh"]
+    finally:
+        ahead.close()
+        box.close()
