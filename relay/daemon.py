@@ -198,7 +198,10 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
         helpers.append(asyncio.create_task(_retention(settings), name="retention"))
     if settings.keep_sent == KEEP_IDS:
         helpers.append(
-            asyncio.create_task(keep_sent_runs(settings.database_url), name="sent log runs")
+            asyncio.create_task(
+                keep_sent_runs(settings.database_url, metrics.sent_log_unsealed.set),
+                name="sent log runs",
+            )
         )
     if settings.probe_interval:
         helpers.append(asyncio.create_task(_wake_on_new_rows(relay, settings), name="probe"))

@@ -105,6 +105,13 @@ class Metrics:
             "copied back; 0 otherwise.",
             registry=r,
         )
+        self.sent_log_unsealed = Gauge(
+            "relay_sent_log_unsealed_seconds",
+            "How far back the sent log's journal is not sealed into runs (PostgreSQL): what a "
+            "crash would have to copy back before claims go on; about 5 to 15 minutes while "
+            "the runs' upkeep works. 0 elsewhere.",
+            registry=r,
+        )
         self.ready = Gauge(
             "relay_ready",
             "1 while /readyz answers 200 (the relay can work); 0 while it gives a reason why not.",

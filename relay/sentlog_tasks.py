@@ -97,9 +97,10 @@ async def _copied(
     return state
 
 
-async def keep_sent_runs(url: str) -> None:
+async def keep_sent_runs(url: str, unsealed: Callable[[float], None]) -> None:
     """Seal the sent log's journal into runs and merge them (``relay.db.sentruns``), every
-    ``SENT_RUN_CHECK_S``. A failure is tried again at once, the first time (its pooled
+    ``SENT_RUN_CHECK_S``, telling ``unsealed`` how far back the journal's tail reaches after
+    each. A failure is tried again at once, the first time (its pooled
     connection may be one a crash closed: the tail would otherwise grow a minute more), then
     logged and tried again at the next look."""
     runs = SentRuns(url)
@@ -108,6 +109,7 @@ async def keep_sent_runs(url: str) -> None:
         while True:
             try:
                 await in_thread(runs.maintain)
+                unsealed(await in_thread(runs.unsealed_seconds))
                 failures = 0
             except RelayError as exc:
                 failures += 1

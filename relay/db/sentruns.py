@@ -41,7 +41,7 @@ from relay.constants import (
     SENT_RUN_SEAL_S,
     SENT_RUN_TOP_LEVEL,
 )
-from relay.db.clock import database_time
+from relay.db.clock import database_time, seconds_since
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
@@ -121,6 +121,18 @@ class SentRuns:
                 if merged is not None:
                     made.append(merged)
         return made
+
+    def unsealed_seconds(self) -> float:
+        """How far back the journal's tail reaches: the seconds from the latest run's end (or
+        the journal's oldest entry, with no run) to now; what a crash would copy back before
+        claims go on. 0 with nothing unsealed, or where the log is not journaled."""
+        if not self._journaled:
+            return 0.0
+        oldest = sa.select(sa.func.min(_JOURNAL.c.sent_at)).scalar_subquery()
+        since = sa.func.coalesce(first_unsealed(), oldest)
+        with db_errors("sent log runs", self._where), self.engine.connect() as conn:
+            seconds = conn.execute(sa.select(seconds_since(since))).scalar_one()
+        return max(0.0, float(seconds or 0.0))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -231,3 +231,19 @@ def test_an_ack_after_the_clock_went_back_is_in_the_tail_copied_back(
     finally:
         ahead.close()
         box.close()
+
+
+def test_the_unsealed_part_of_the_journal_is_told_in_seconds(postgresql_url: str) -> None:
+    """What ``relay_sent_log_unsealed_seconds`` says: back to the journal's oldest entry
+    before any seal, back to the latest run's end after one."""
+    box = Outbox(postgresql_url)
+    keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    try:
+        assert keeper.unsealed_seconds() == 0.0
+        acked_ago(box, "m", 5, 1)
+        assert 5 * HOUR - 60 < keeper.unsealed_seconds() < 5 * HOUR + 60
+        keeper.maintain()
+        assert HOUR - 60 < keeper.unsealed_seconds() < HOUR + 60
+    finally:
+        keeper.close()
+        box.close()
