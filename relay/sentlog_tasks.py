@@ -34,8 +34,17 @@ async def whole_sent_log(
     rebuild = SentLogRebuild(url)
     warned = False  # once per emptied log, not at each look while another relay copies it
     failures = 0  # looks failed in a row
+    # The whole journal's copy, beside the looks: it takes minutes at a week's log, and a
+    # look must go on saying what holds meanwhile (a call that failed during the copy made
+    # the relay unready for the rest of it).
+    copying: asyncio.Task[SentLogState | None] | None = None
     try:
         while True:
+            if copying is not None and copying.done():
+                if copying.result() is SentLogState.COMPLETE and warned:
+                    log.info("the sent log is complete", extra={"action": "sent_log_complete"})
+                    warned = False
+                copying = None
             began = clock()
             try:
                 found = await in_thread(rebuild.state)
@@ -52,10 +61,8 @@ async def whole_sent_log(
                     state = await _copied(
                         rebuild, rebuild.recover, "sent_log_recovered", watch, clock
                     )
-                if state is SentLogState.RECOVERING:
-                    state = await _copied(
-                        rebuild, rebuild.rebuild, "sent_log_rebuilt", watch, clock
-                    )
+                if state is SentLogState.RECOVERING and copying is None:
+                    copying = asyncio.create_task(_whole_copy(rebuild, watch, clock))
                 if state is SentLogState.COMPLETE and warned:
                     log.info(
                         "the sent log is complete",
@@ -71,7 +78,23 @@ async def whole_sent_log(
             failures = 0
             await woken.wait(SENT_LOG_CHECK_S)
     finally:
+        if copying is not None:
+            copying.cancel()
+            await asyncio.gather(copying, return_exceptions=True)
         rebuild.close()
+
+
+async def _whole_copy(
+    rebuild: SentLogRebuild, watch: SentLogWatch, clock: Callable[[], float]
+) -> SentLogState | None:
+    """Copy the whole journal back (``SentLogRebuild.rebuild``): the state it left. A
+    failure is logged, and the next look starts it again."""
+    try:
+        return await _copied(rebuild, rebuild.rebuild, "sent_log_rebuilt", watch, clock)
+    except RelayError as exc:
+        watch.failed(clock())
+        log.warning("%s", exc, extra={"action": "sent_log_failed"})
+        return None
 
 
 async def _copied(
