@@ -249,24 +249,17 @@ class OutboxAdmin:
                 conn.execute(delete_rows, {"ids": batch})
             return len(batch)
 
-        # The log of the releases before (``outbox_sent_legacy``) by its sent-time index.
-        legacy = of(self.engine).delete_chunk(
-            outbox_sent_legacy,
-            outbox_sent_legacy.c.key,
-            outbox_sent_legacy.c.sent_at < cutoff,
-            chunk,
-            None,
-        )
-        parts: list[Callable[[sa.Connection], int]] = [
+        parts = [
             rows_chunk,
             self._log_chunk(cutoff, chunk),
-            functools.partial(run_delete, legacy),
+            # The log of the releases before (``outbox_sent_legacy``).
+            self._by_sent_time(outbox_sent_legacy, cutoff, chunk),
         ]
         if of(self.engine).journals_sent_log:
             parts.append(runs_purge_chunk(cutoff, chunk))
         deleted = 0
         for one_chunk in parts:
-            before = deleted  # ``progress`` is told the total of both parts
+            before = deleted  # ``progress`` is told the total of every part
 
             def so_far(count: int, before: int = before) -> None:
                 if progress is not None:
@@ -289,8 +282,15 @@ class OutboxAdmin:
         """The purge of ``chunk`` of the sent log's entries sent before ``cutoff``."""
         if of(self.engine).journals_sent_log:
             return purge_chunk(cutoff, chunk)
-        old = outbox_sent.c.sent_at < cutoff
-        delete = of(self.engine).delete_chunk(outbox_sent, outbox_sent.c.key, old, chunk, None)
+        return self._by_sent_time(outbox_sent, cutoff, chunk)
+
+    def _by_sent_time(
+        self, log: sa.Table, cutoff: sa.ColumnElement[Any], chunk: int
+    ) -> Callable[[sa.Connection], int]:
+        """The purge of ``chunk`` of a logged sent log's entries sent before ``cutoff``, found
+        by its sent-time index."""
+        old = log.c.sent_at < cutoff
+        delete = of(self.engine).delete_chunk(log, log.c.key, old, chunk, None)
         return functools.partial(run_delete, delete)
 
     def close(self) -> None:

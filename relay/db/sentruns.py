@@ -65,11 +65,22 @@ class Made:
     entries: int
 
 
+def _oldest_journaled() -> sa.ScalarSelect[Any]:
+    """The journal's oldest sent time: what the purge has not gone past."""
+    return sa.select(sa.func.min(_JOURNAL.c.sent_at)).scalar_subquery()
+
+
+def _tail_start() -> sa.ColumnElement[Any]:
+    """Where the journal's unsealed tail begins: the latest run's end, or with no run the
+    journal's oldest entry (None with neither)."""
+    return sa.func.coalesce(first_unsealed(), _oldest_journaled())
+
+
 def looked_up(key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
     """Whether a run holds ``key`` with a sent time the journal still holds: in each run
     whose span ends after the journal's oldest row, the block of the greatest first key at
     most ``key`` (its index walked backwards, one block read), and ``key`` in it."""
-    oldest = sa.select(sa.func.min(_JOURNAL.c.sent_at)).scalar_subquery()
+    oldest = _oldest_journaled()
     block = (
         sa.select(_BLOCKS.c.message_keys, _BLOCKS.c.sent_at)
         .where(_BLOCKS.c.run == _RUNS.c.run, _BLOCKS.c.first_key <= key)
@@ -128,8 +139,7 @@ class SentRuns:
         claims go on. 0 with nothing unsealed, or where the log is not journaled."""
         if not self._journaled:
             return 0.0
-        oldest = sa.select(sa.func.min(_JOURNAL.c.sent_at)).scalar_subquery()
-        since = sa.func.coalesce(first_unsealed(), oldest)
+        since = _tail_start()
         with db_errors("sent log runs", self._where), self.engine.connect() as conn:
             seconds = conn.execute(sa.select(seconds_since(since))).scalar_one()
         return max(0.0, float(seconds or 0.0))
@@ -150,15 +160,12 @@ class SentRuns:
     def _seal(self, conn: sa.Connection) -> Made | None:
         """The journal's entries sent from the tail's start to ``margin_s`` ago as a run, once
         that span is ``seal_s`` long: of level 0, or of the level whose runs span as long."""
-        oldest = sa.select(sa.func.min(_JOURNAL.c.sent_at)).scalar_subquery()
+        start = _tail_start()
         first_at, upto, due = conn.execute(
             sa.select(
-                sa.func.coalesce(first_unsealed(), oldest).label("first_at"),
+                start.label("first_at"),
                 database_time(-self.margin_s).label("upto"),
-                (
-                    sa.func.coalesce(first_unsealed(), oldest)
-                    <= database_time(-self.margin_s - self.seal_s)
-                ).label("due"),
+                (start <= database_time(-self.margin_s - self.seal_s)).label("due"),
             )
         ).one()
         if first_at is None or not due:
