@@ -121,19 +121,22 @@ async def _copied(
 
 
 async def keep_sent_runs(url: str, unsealed: Callable[[float], None]) -> None:
-    """Seal the sent log's journal into runs and merge them (``relay.db.sentruns``), every
-    ``SENT_RUN_CHECK_S``, telling ``unsealed`` how far back the journal's tail reaches after
-    each. A failure is tried again at once, the first time (its pooled
-    connection may be one a crash closed: the tail would otherwise grow a minute more), then
-    logged and tried again at the next look."""
+    """Seal the sent log's journal into runs and merge them (``relay.db.sentruns``): a step
+    every ``SENT_RUN_CHECK_S``, or at once while more is due (a merge's next range of keys),
+    telling ``unsealed`` how far back the journal's tail reaches after each. A failure is
+    tried again at once, the first time (its pooled connection may be one a crash closed:
+    the tail would otherwise grow a minute more), then logged and tried again at the next
+    look."""
     runs = SentRuns(url)
     failures = 0
     try:
         while True:
             try:
-                await in_thread(runs.maintain)
+                upkeep = await in_thread(runs.step)
                 unsealed(await in_thread(runs.unsealed_seconds))
                 failures = 0
+                if upkeep.more:
+                    continue
             except RelayError as exc:
                 failures += 1
                 if failures == 1:

@@ -12,7 +12,7 @@ from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
 from relay.db.schema import outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
 from relay.db.sentlog import SentLogRebuild
-from relay.db.sentruns import SentRuns
+from relay.db.sentruns import MERGE_LOCK, SEAL_LOCK, SentRuns
 from relay.sentlog import SentLogState
 from tests.contract.test_sent_log import (
     DAY,
@@ -94,21 +94,91 @@ def test_the_journal_is_sealed_into_runs_merged_and_read_back_after_a_crash(
         box.close()
 
 
-def test_a_first_seal_of_a_journal_days_old_is_one_run_of_the_top_level(
+def test_a_first_seal_of_a_journal_days_old_is_sealed_a_level_1_span_at_a_time(
     postgresql_url: str,
 ) -> None:
-    """The first upkeep after an upgrade (or after the relays were away) seals days of the
-    journal at once, as one run of the level whose runs span as long, not as a run of level
-    0 to be merged over and over."""
+    """The first upkeep after the relays were away for days seals the journal as runs of
+    level 1 (not as runs of level 0 to be merged over and over), each in a transaction of
+    its own and ending at the first entry past a level-1 span (4 hours here): an entry 3
+    days ago and one 5 hours ago make two runs, not 17 of nothing between them."""
     box = Outbox(postgresql_url)
     keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=4, top_level=2)
     try:
         acked_ago(box, "a", 3 * 24, 1)
         acked_ago(box, "b", 5, 2)
-        assert [m.level for m in keeper.maintain()] == [2]
-        assert runs(box) == [(2, 2)]
+        assert keeper.step().more, "the rest of the tail is due at once"
+        assert [m.level for m in keeper.maintain()] == [1]
+        assert runs(box) == [(1, 1), (1, 1)]
+        assert HOUR - 60 < keeper.unsealed_seconds() < HOUR + 60
     finally:
         keeper.close()
+        box.close()
+
+
+def test_a_merge_goes_a_range_of_keys_at_a_time_beside_seals_and_lookups(
+    postgresql_url: str,
+) -> None:
+    """Eight runs of level 0 (240 entries, 30 an hour over eight hours), four merged into
+    one of level 1 with 16 entries a transaction: after its first range, the log is lost
+    and its tail copied back, and every id acked is still dropped (the inputs answer for
+    what the merge has not written); a seal goes through while another relay holds the
+    merge's lock; another relay takes the merge on where it was, and the runs it replaced
+    are swept, block by block. Every key is then in one run exactly once."""
+    box = Outbox(postgresql_url)
+    acked = [f"m-{n}" for n in range(240)]
+    try:
+        for n, name in enumerate(acked):
+            acked_ago(box, name, 9 - n / 30, 1000 + n)
+        for hours in range(8, 0, -1):
+            sealer = SentRuns(postgresql_url, seal_s=HOUR, margin_s=hours * HOUR, top_level=0)
+            try:
+                assert len(sealer.maintain()) == 1
+            finally:
+                sealer.close()
+        assert [level for level, _ in runs(box)] == [0] * 8
+        first = SentRuns(postgresql_url, seal_s=HOUR, fanin=4, top_level=1, merge_chunk=16)
+        # Sealing every half hour, up to now: the entry acked half an hour ago is due.
+        second = SentRuns(
+            postgresql_url, seal_s=HOUR / 2, margin_s=0, fanin=4, top_level=1, merge_chunk=16
+        )
+        try:
+            begun = first.step()
+            assert begun.more and not begun.made
+            lose_the_log(postgresql_url)
+            rebuilder = SentLogRebuild(postgresql_url)
+            try:
+                rebuilder.recover()
+                assert rebuilder.state() is SentLogState.RECOVERING
+            finally:
+                rebuilder.close()
+            box.writer.enqueue([message(m) for m in (*acked[::5], "new")])
+            assert claimable(box.store) == ["new"]
+
+            acked_ago(box, "late", 0.5, 5000)
+            with first.engine.begin() as holder:
+                holder.execute(sa.select(sa.func.pg_advisory_xact_lock(MERGE_LOCK)))
+                sealed = second.step()
+            assert [m.level for m in sealed.made] == [0]
+
+            steps = 1
+            while second.step().more:
+                steps += 1
+            assert steps > 5, "a range of keys at a time"
+        finally:
+            first.close()
+            second.close()
+        assert [level for level, _ in runs(box)] == [1, 1, 0], "8 merged 4 by 4, the new seal"
+        with box.writer.engine.connect() as conn:
+            keys = conn.execute(
+                sa.select(sa.func.unnest(outbox_sent_blocks.c.message_keys))
+            ).scalars()
+            listed = list(keys)
+            left = conn.execute(sa.select(outbox_sent_runs.c.merged_into)).scalars().all()
+        assert len(listed) == len(set(listed)) == 241, "every entry once: no input left"
+        assert left == [None, None, None]
+        box.writer.enqueue([message(m) for m in (*acked[1::7], "late", "newer")])
+        assert claimable(box.store) == ["new", "newer"], "new: claimed, not acked, above"
+    finally:
         box.close()
 
 
@@ -174,7 +244,7 @@ def test_one_relay_keeps_the_runs_at_a_time(postgresql_url: str) -> None:
     try:
         acked_ago(box, "m", 5, 1)
         with first.engine.begin() as holder:
-            holder.execute(sa.select(sa.func.pg_advisory_xact_lock(0x6F75_7462_7275_6E73)))
+            holder.execute(sa.select(sa.func.pg_advisory_xact_lock(SEAL_LOCK)))
             assert second.maintain() == []
         assert [m.level for m in second.maintain()] == [0]
         assert runs(box) == [(0, 1)]

@@ -91,13 +91,17 @@ outbox_sent_journal = sa.Table(
 outbox_sent_runs = sa.Table(
     "outbox_sent_runs",
     metadata,
-    sa.Column("run", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("run", sa.BigInteger(), sa.Identity(), primary_key=True),
     # The level (0 for a run sealed from the journal, n + 1 for one merged from runs of n)
     # and the span of sent times [first_at, upto) whose journaled entries it holds.
     sa.Column("level", sa.SmallInteger(), nullable=False),
     sa.Column("first_at", UTCDateTime(), nullable=False),
     sa.Column("upto", UTCDateTime(), nullable=False),
-    sa.Column("entries", sa.BigInteger(), nullable=False),
+    # None while a merge writes it, a range of keys per transaction: lookups may read it
+    # meanwhile (it holds a part of what its inputs hold, which stay until it is done).
+    sa.Column("entries", sa.BigInteger()),
+    # Of a run being merged, or replaced by a merge and not swept yet: the run it goes into.
+    sa.Column("merged_into", sa.BigInteger()),
 )
 outbox_sent_blocks = sa.Table(
     "outbox_sent_blocks",

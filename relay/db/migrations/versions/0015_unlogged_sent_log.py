@@ -73,11 +73,12 @@ def upgrade() -> None:
         )
         op.create_table(
             "outbox_sent_runs",
-            sa.Column("run", sa.BigInteger(), primary_key=True, autoincrement=False),
+            sa.Column("run", sa.BigInteger(), sa.Identity(), primary_key=True),
             sa.Column("level", sa.SmallInteger(), nullable=False),
             sa.Column("first_at", UTCDateTime(), nullable=False),
             sa.Column("upto", UTCDateTime(), nullable=False),
-            sa.Column("entries", sa.BigInteger(), nullable=False),
+            sa.Column("entries", sa.BigInteger()),
+            sa.Column("merged_into", sa.BigInteger()),
         )
         op.create_table(
             "outbox_sent_blocks",
