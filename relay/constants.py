@@ -335,6 +335,11 @@ CONSOLE_SESSION_IDLE_S = 900.0
 CONSOLE_SESSION_LIFETIME_S = 8 * 3600.0
 # A signing key shorter than this is refused: 32 random characters are 190 bits or more.
 CONSOLE_SESSION_SECRET_MIN = 32
+# ... and one of fewer bits of randomness than this, as its characters tell
+# (``relay.settings.keys``): the estimate from so few characters is low (32 random hex
+# digits, 128 bits, read as about 110), and a placeholder or a key typed by hand reads
+# under it (a repeated pattern 64, an alphabet 7).
+CONSOLE_SESSION_SECRET_BITS = 100
 # A login (OIDC's round trip to the identity provider, or the login form) must finish
 # within this (seconds); its state cookie expires then.
 CONSOLE_LOGIN_STATE_S = 600

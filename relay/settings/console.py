@@ -19,8 +19,10 @@ from relay.constants import (
     CONSOLE_PAYLOAD_PREVIEW_BYTES,
     CONSOLE_SESSION_IDLE_S,
     CONSOLE_SESSION_LIFETIME_S,
+    CONSOLE_SESSION_SECRET_BITS,
     CONSOLE_SESSION_SECRET_MIN,
 )
+from relay.settings.keys import key_problem
 from relay.settings.parse import (
     FromEnvironment,
     byte_size,
@@ -79,7 +81,8 @@ class ConsoleSettings(FromEnvironment):
         "",
         str,
         f"Key that signs the console's session cookies (at least {CONSOLE_SESSION_SECRET_MIN} "
-        "characters; the same on every replica).",
+        f"characters and {CONSOLE_SESSION_SECRET_BITS} bits of randomness, no placeholder: "
+        "`openssl rand -base64 48`; the same on every replica).",
         secret=True,
     )
     console_session_idle: float = setting(
@@ -169,9 +172,9 @@ class ConsoleSettings(FromEnvironment):
         auth = env_name("console_auth")
         if not self.console_auth:
             return f"{auth} is not set: the console needs one of {', '.join(AUTH_MODES)}"
-        secret = env_name("console_session_secret")
-        if len(self.console_session_secret) < CONSOLE_SESSION_SECRET_MIN:
-            return f"{secret} must be at least {CONSOLE_SESSION_SECRET_MIN} characters"
+        weak = key_problem(self.console_session_secret)
+        if weak is not None:
+            return f"{env_name('console_session_secret')} {weak}"
         needs = {
             "users": ["console_users_file"],
             "proxy": ["console_proxy_addresses"],

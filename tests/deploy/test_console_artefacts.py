@@ -95,10 +95,17 @@ def test_the_console_deployment_fits_the_console_and_stays_inside_the_cluster() 
     assert service["type"] == "ClusterIP"  # not exposed outside the cluster by default
     assert service["selector"].items() <= pod["metadata"]["labels"].items()
     # The settings load and the console would start with its secrets given (as files).
-    secrets = {"RELAY_CONSOLE_SESSION_SECRET": "x" * 40, "RELAY_CONSOLE_OIDC_CLIENT_SECRET": "y"}
+    secrets = {
+        "RELAY_CONSOLE_SESSION_SECRET": "Hn4Rk8Tz1Vq6Lp3Wm9Xc2Bd7Fs0Gj5Ya",
+        "RELAY_CONSOLE_OIDC_CLIENT_SECRET": "y",
+    }
     settings = ConsoleSettings.load({**config, **secrets})
     assert settings.problem() is None
     assert ConsoleSettings.load(config).problem() is not None  # without them it refuses
+    # The example Secret's key is refused: whoever read it could sign an admin's cookie.
+    example = doc(CONSOLE / "secret.example.yaml")["stringData"]["session-secret"]
+    refused = ConsoleSettings.load({**config, **secrets, "RELAY_CONSOLE_SESSION_SECRET": example})
+    assert refused.problem() is not None
     assert {n.removesuffix("_FILE") for n in files} >= set(secrets)
 
 

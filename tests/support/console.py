@@ -42,7 +42,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SECRET = "console-tests-0123456789abcdef-0123456789"
+SECRET = "tK7pWq2xRz9LmN4vB8cY1hJ6dF3sG0aE5uQiOwPe"
 PASSWORD = "correct horse battery staple"
 USERS = {"vera": "viewer", "otto": "operator", "ada": "admin"}
 # Hostile text: markup and script where a page shows values.

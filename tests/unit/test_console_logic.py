@@ -22,7 +22,7 @@ from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
 from relay.settings.console import networks
 
-SECRET = "s" * 40
+SECRET = "Xq3vT8mZ1pLk9RwB2nYc7HdF4sJg6AeU0oQi5Vt"
 
 
 @pytest.mark.parametrize(

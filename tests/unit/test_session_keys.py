@@ -1,0 +1,38 @@
+"""Which keys may sign the console's sessions (``relay.settings.keys``): none of the
+placeholders examples publish (the example Secret's passed the length check: whoever read
+it could sign an admin's cookie in OIDC mode), none typed by hand, every random one."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.settings.keys import key_problem
+
+# Keys as the documented commands make them (fixed here: the tests must not depend on luck).
+OPENSSL_BASE64_48 = "uJoVxd5BNOOAh858pzcxDxmrepE0rS9Z6xZD74I4Qp7b/r+/qUkY2g0OpMp0ZaRn"
+OPENSSL_HEX_16 = "b471d17350e4abff1bd4da6f40510fde"
+TOKEN_URLSAFE_32 = "bZEFLkxwNZWgUbxFjySw0R50lBbuuz0ofKxTdV10fmw"
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("short", "at least 32 characters"),
+        ("change-me-to-32-or-more-random-characters", "'change'"),  # this project's example
+        ("please-REPLACE-this-with-a-real-key-0000", "'replace'"),
+        ("my-console-session-secret-for-production", "'secret'"),
+        ("s" * 40, "bits of randomness"),
+        ("aZ9!" * 8, "bits of randomness"),  # a pattern repeated
+        ("abcdefghijklmnopqrstuvwxyz012345", "bits of randomness"),  # an alphabet
+        ("0123456789" * 4, "bits of randomness"),
+        (OPENSSL_BASE64_48, None),
+        (OPENSSL_HEX_16, None),  # 128 bits, read as about 110
+        (TOKEN_URLSAFE_32, None),
+    ],
+)
+def test_a_key_is_refused_with_its_reason_or_taken(key: str, problem: str | None) -> None:
+    found = key_problem(key)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found, found
