@@ -137,10 +137,7 @@ SENT_RUN_MARGIN_S = 300.0
 # entry is written once per level, about 25 bytes of WAL each.
 SENT_RUN_FANIN = 16
 SENT_RUN_TOP_LEVEL = 2
-# Entries a merge writes per transaction, a range of keys at a time (about 1 s of a
-# database's time a 100,000): a merge of the top level (300 million entries at 2,000 acks a
-# second) in one transaction held back the database's vacuum for its 24 minutes, sorted
-# gigabytes at once, and kept every seal waiting behind it.
+# Entries a merge writes a transaction, a range of keys at a time (``relay.db.sentmerge``).
 SENT_RUN_MERGE_CHUNK = 1_000_000
 # Keys of a run per block (one row): 64 keys and their sent times, about 1.6 KB, under
 # PostgreSQL's TOAST threshold (2 KB), so that a lookup reads one heap page per run.
@@ -335,10 +332,8 @@ CONSOLE_SESSION_IDLE_S = 900.0
 CONSOLE_SESSION_LIFETIME_S = 8 * 3600.0
 # A signing key shorter than this is refused: 32 random characters are 190 bits or more.
 CONSOLE_SESSION_SECRET_MIN = 32
-# ... and one of fewer bits of randomness than this, as its characters tell
-# (``relay.settings.keys``): the estimate from so few characters is low (32 random hex
-# digits, 128 bits, read as about 110), and a placeholder or a key typed by hand reads
-# under it (a repeated pattern 64, an alphabet 7).
+# ... or of fewer bits of randomness as its characters tell (``relay.settings.keys``: 32 hex
+# digits, 128 bits, read as about 110; a pattern repeated 64, an alphabet 7).
 CONSOLE_SESSION_SECRET_BITS = 100
 # A login (OIDC's round trip to the identity provider, or the login form) must finish
 # within this (seconds); its state cookie expires then.

@@ -29,15 +29,11 @@ nothing the purge forgot.
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from relay.constants import (
     SENT_RUN_BLOCK,
@@ -51,10 +47,10 @@ from relay.db.clock import database_time, seconds_since
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
+from relay.db.sentblocks import Made, Upkeep, finished, write_blocks
 from relay.db.sentlog import first_unsealed, unnested
+from relay.db.sentmerge import Merge
 from relay.redact import redact_url
-
-log = logging.getLogger(__name__)
 
 _RUNS = outbox_sent_runs
 _BLOCKS = outbox_sent_blocks
@@ -62,16 +58,6 @@ _JOURNAL = outbox_sent_journal
 # The advisory locks sealers and mergers take (constants other tools are unlikely to use).
 SEAL_LOCK = 0x6F75_7462_7275_6E73  # "outbruns"
 MERGE_LOCK = 0x6F75_7462_6D72_6765  # "outbmrge"
-# The least key: where the first range of a merge's input begins.
-_FIRST_KEY = str(uuid.UUID(int=0))
-
-
-@dataclass(frozen=True)
-class Made:
-    """A run made: its level and entries."""
-
-    level: int
-    entries: int
 
 
 def _oldest_journaled() -> sa.ScalarSelect[Any]:
@@ -106,31 +92,6 @@ def looked_up(key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
     )
 
 
-@dataclass(frozen=True)
-class Upkeep:
-    """One step of the runs' upkeep: the runs it finished, and whether more is due at once
-    (the rest of a long tail, a level-1 span at a time; a merge's next range of keys)."""
-
-    made: tuple[Made, ...] = ()
-    more: bool = False
-
-    def __add__(self, other: Upkeep) -> Upkeep:
-        return Upkeep(self.made + other.made, self.more or other.more)
-
-
-def key_bound(index: int, chunks: int) -> str:
-    """The first key of the ``index``-th of ``chunks`` equal ranges of keys (uuids; a key is
-    a message id's MD5, so that equal ranges hold about as many keys each)."""
-    return str(uuid.UUID(int=(index << 128) // chunks))
-
-
-def next_bound(after: str | None, chunks: int) -> str | None:
-    """The end of the range of keys a merge writes after the key ``after`` (None: from the
-    first key): the first bound of ``chunks`` ranges past it, or None past the last."""
-    index = 0 if after is None else (uuid.UUID(after).int * chunks) >> 128
-    return key_bound(index + 1, chunks) if index + 1 < chunks else None
-
-
 class SentRuns:
     """The runs' upkeep (``step``), in the relay's bounded sessions but for the runs' own
     statements. Nothing where the log is not journaled (it has no runs).
@@ -155,7 +116,8 @@ class SentRuns:
         self._where = redact_url(url)
         self._journaled = of(self.engine).journals_sent_log
         self.seal_s, self.margin_s, self.fanin, self.top_level = seal_s, margin_s, fanin, top_level
-        self.block, self.merge_chunk = block, merge_chunk
+        self.block = block
+        self._merge = Merge(fanin=fanin, top_level=top_level, block=block, chunk=merge_chunk)
 
     def step(self) -> Upkeep:
         """Seal the journal's tail if a span is due, and take a merge one step on: each in a
@@ -163,7 +125,7 @@ class SentRuns:
         if not self._journaled:
             return Upkeep()
         with db_errors("sent log runs", self._where):
-            return self._locked(SEAL_LOCK, self._seal) + self._locked(MERGE_LOCK, self._merge)
+            return self._locked(SEAL_LOCK, self._seal) + self._locked(MERGE_LOCK, self._merge.step)
 
     def maintain(self) -> list[Made]:
         """Every step due now (a tool's, a test's: the relay takes them one at a time,
@@ -231,8 +193,8 @@ class SentRuns:
             .values(level=level, first_at=first_at, upto=end, entries=0)
             .returning(_RUNS.c.run)
         ).scalar_one()
-        count = self._write(conn, entries, run)
-        return Upkeep((self._finished(conn, run, level, count),), more=end < upto)
+        count = write_blocks(conn, entries, run, self.block)
+        return Upkeep((finished(conn, run, level, count),), more=end < upto)
 
     @staticmethod
     def _first_sent(conn: sa.Connection, since: Any, before: Any) -> Any:
@@ -242,198 +204,6 @@ class SentRuns:
                 _JOURNAL.c.sent_at >= since, _JOURNAL.c.sent_at < before
             )
         ).scalar()
-
-    def _merge(self, conn: sa.Connection) -> Upkeep:
-        """A merge one step on: the runs it replaced swept (a chunk of their blocks), else the
-        next range of keys of the run being merged, else a merge begun (``_begin``)."""
-        if self._sweep(conn):
-            return Upkeep(more=True)
-        run = conn.execute(
-            sa.select(_RUNS.c.run, _RUNS.c.level).where(_RUNS.c.entries.is_(None)).limit(1)
-        ).one_or_none() or self._begin(conn)
-        if run is None:
-            return Upkeep()
-        return self._merge_range(conn, run.run, run.level)
-
-    def _begin(self, conn: sa.Connection) -> sa.Row[Any] | None:
-        """The oldest ``fanin`` runs of the lowest level that has that many, named as the
-        inputs of a run of the next level, with no count yet: being merged."""
-        for level in range(self.top_level):
-            runs = conn.execute(
-                sa.select(_RUNS.c.run, _RUNS.c.first_at, _RUNS.c.upto)
-                .where(
-                    _RUNS.c.level == level,
-                    _RUNS.c.merged_into.is_(None),
-                    _RUNS.c.entries.is_not(None),
-                )
-                .order_by(_RUNS.c.first_at)
-                .limit(self.fanin)
-            ).all()
-            if len(runs) < self.fanin:
-                continue
-            span = {"first_at": min(r.first_at for r in runs), "upto": max(r.upto for r in runs)}
-            run = conn.execute(
-                sa.insert(_RUNS)
-                .values(level=level + 1, entries=None, **span)
-                .returning(_RUNS.c.run, _RUNS.c.level)
-            ).one()
-            inputs = [r.run for r in runs]
-            conn.execute(
-                sa.update(_RUNS).where(_RUNS.c.run.in_(inputs)).values(merged_into=run.run)
-            )
-            return run
-        return None
-
-    def _merge_range(self, conn: sa.Connection, run: int, level: int) -> Upkeep:
-        """The inputs' entries of the next range of keys into ``run``: after the greatest
-        key it holds, up to the next of ``key_bound``'s bounds (about ``merge_chunk`` of
-        them); past the last, its count, and the inputs replaced. A range with no entries is
-        no step: the next follows in the same transaction."""
-        totals = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(_RUNS.c.entries), 0)).where(
-                _RUNS.c.merged_into == run
-            )
-        ).scalar_one()
-        chunks = max(1, -(-int(totals) // self.merge_chunk))
-        greatest = sa.func.cardinality(_BLOCKS.c.message_keys)
-        after: str | None = conn.execute(
-            sa.select(_BLOCKS.c.message_keys[greatest])
-            .where(_BLOCKS.c.run == run)
-            .order_by(_BLOCKS.c.first_key.desc())
-            .limit(1)
-        ).scalar()
-        low = _Low(after, inclusive=False) if after is not None else None
-        while True:
-            high = next_bound(low.key if low is not None else None, chunks)
-            if self._write(conn, self._inputs(run, low, high), run) or high is None:
-                break
-            low = _Low(high, inclusive=True)
-        if high is not None:
-            return Upkeep(more=True)
-        count = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(greatest), 0)).where(_BLOCKS.c.run == run)
-        ).scalar_one()
-        return Upkeep((self._finished(conn, run, level, int(count)),), more=True)
-
-    @staticmethod
-    def _inputs(run: int, low: _Low | None, high: str | None) -> sa.Select[Any]:
-        """The entries (``key``, ``sent_at``) of the runs being merged into ``run`` from
-        ``low`` to ``high`` (exclusive; None: no bound): in each input, from the block of
-        the greatest first key at most ``low`` (it may hold keys past it), through the
-        index."""
-        inputs = _RUNS.alias("input")
-        floor: sa.ColumnElement[Any] = _key(_FIRST_KEY)
-        if low is not None:
-            below = (
-                sa.select(_BLOCKS.c.first_key)
-                .where(_BLOCKS.c.run == inputs.c.run, _BLOCKS.c.first_key <= low.key)
-                .order_by(_BLOCKS.c.first_key.desc())
-                .limit(1)
-                .scalar_subquery()
-            )
-            floor = sa.func.coalesce(below, floor)
-        starts = (
-            sa.select(inputs.c.run, floor.label("from_key"))
-            .where(inputs.c.merged_into == run)
-            .subquery("starts")
-        )
-        within = [_BLOCKS.c.run == starts.c.run, _BLOCKS.c.first_key >= starts.c.from_key]
-        entry = (
-            sa.func.unnest(_BLOCKS.c.message_keys, _BLOCKS.c.sent_at)
-            .table_valued("key", "sent_at")
-            .render_derived("entry")
-        )
-        keys = []
-        if high is not None:
-            within.append(_BLOCKS.c.first_key < high)
-            keys.append(entry.c.key < _key(high))
-        if low is not None:
-            at = _key(low.key)
-            keys.append(entry.c.key >= at if low.inclusive else entry.c.key > at)
-        return (
-            sa.select(entry.c.key, entry.c.sent_at)
-            .select_from(starts.join(_BLOCKS, sa.and_(*within)).join(entry, sa.true()))
-            .where(*keys)
-        )
-
-    def _sweep(self, conn: sa.Connection) -> bool:
-        """A chunk of the blocks of the runs a finished merge replaced, and those runs once
-        they have none (a run's blocks deleted in one transaction were a merge's whole size
-        again). Whether there were any."""
-        target = _RUNS.alias("target")
-        replaced = (
-            sa.select(_RUNS.c.run)
-            .join(target, target.c.run == _RUNS.c.merged_into)
-            .where(target.c.entries.is_not(None))
-        )
-        runs = conn.execute(replaced).scalars().all()
-        if not runs:
-            return False
-        doomed = (
-            sa.select(_BLOCKS.c.run, _BLOCKS.c.first_key)
-            .where(_BLOCKS.c.run.in_(runs))
-            .limit(max(1, self.merge_chunk // self.block))
-        )
-        conn.execute(
-            sa.delete(_BLOCKS).where(sa.tuple_(_BLOCKS.c.run, _BLOCKS.c.first_key).in_(doomed))
-        )
-        conn.execute(
-            sa.delete(_RUNS).where(
-                _RUNS.c.run.in_(runs), ~sa.exists().where(_BLOCKS.c.run == _RUNS.c.run)
-            )
-        )
-        return True
-
-    def _write(self, conn: sa.Connection, entries: sa.Select[Any], run: int) -> int:
-        """``entries`` (``key``, ``sent_at``) as blocks of ``run``, in key order: of a key there
-        twice, its latest entry. The entries written."""
-        latest = entries.subquery("entries")
-        distinct = (
-            sa.select(latest.c.key, latest.c.sent_at)
-            .ext(postgresql.distinct_on(latest.c.key))
-            .order_by(latest.c.key, latest.c.sent_at.desc())
-            .subquery("latest")
-        )
-        numbered = sa.select(
-            distinct.c.key,
-            distinct.c.sent_at,
-            ((sa.func.row_number().over(order_by=distinct.c.key) - 1) // self.block).label("block"),
-        ).subquery("numbered")
-        keys = sa.func.array_agg(postgresql.aggregate_order_by(numbered.c.key, numbered.c.key))
-        blocks: sa.Select[Any] = sa.select(
-            sa.literal(run, sa.BigInteger()),
-            keys[1],  # its first key (PostgreSQL 15 has no min() of uuids)
-            keys,
-            sa.func.array_agg(postgresql.aggregate_order_by(numbered.c.sent_at, numbered.c.key)),
-        ).group_by(numbered.c.block)
-        written = conn.execute(
-            sa.insert(_BLOCKS)
-            .from_select(["run", "first_key", "message_keys", "sent_at"], blocks)
-            .returning(sa.func.cardinality(_BLOCKS.c.message_keys))
-        ).scalars()
-        return sum(written)
-
-    @staticmethod
-    def _finished(conn: sa.Connection, run: int, level: int, count: int) -> Made:
-        conn.execute(sa.update(_RUNS).where(_RUNS.c.run == run).values(entries=count))
-        log.info(
-            "sent log entries sealed into a run",
-            extra={"action": "sent_run", "level": level, "entries": count},
-        )
-        return Made(level, count)
-
-
-def _key(value: str) -> sa.ColumnElement[Any]:
-    """A key as a bound parameter of the keys' type (an unnested key has none of its own)."""
-    return sa.literal(value, sa.Uuid(as_uuid=False))
-
-
-@dataclass(frozen=True)
-class _Low:
-    """Where a merge's range of keys begins: after a key it wrote, or at a bound."""
-
-    key: str
-    inclusive: bool
 
 
 def purge_chunk(cutoff: sa.ColumnElement[Any], chunk: int) -> Callable[[sa.Connection], int]:

@@ -1,12 +1,12 @@
 """The ranges of keys a merge of the sent log's runs writes a transaction at a time
-(``relay.db.sentruns.key_bound``, ``next_bound``): equal ranges of the uuid space, and the
+(``relay.db.sentmerge.key_bound``, ``next_bound``): equal ranges of the uuid space, and the
 end of the one after a key written."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.db.sentruns import key_bound, next_bound
+from relay.db.sentmerge import key_bound, next_bound
 
 LAST = "ffffffff-ffff-ffff-ffff-ffffffffffff"
 
