@@ -34,7 +34,7 @@ def modules_of(group: str) -> list[str]:
 
 
 def test_a_group_of_one_process_moves_whole_by_its_sum_and_keeps_its_order() -> None:
-    writer, jdbc = modules_of("spark-session")
+    writer, jdbc, *_others = modules_of("spark")
     c1, c2 = f"{writer}::test_c1", f"{writer}::test_c2"
     c3 = f"{jdbc}::test_c3"
     items = [Item("x"), Item(c1), Item("y"), Item(c2), Item(c3)]
@@ -48,10 +48,12 @@ def test_a_group_of_one_process_moves_whole_by_its_sum_and_keeps_its_order() -> 
     ("nodeid", "group"),
     [
         ("tests/cluster/test_rabbitmq_cluster.py::test_c1[rabbitmq4.0]", "rabbitmq-cluster"),
-        ("tests/spark/test_writer.py::test_rows[sqlite]", "spark-session"),
-        ("tests/spark/test_jdbc.py::test_append", "spark-session"),
-        ("tests/spark/test_streams.py::test_a_file_stream", None),  # drivers of its own
+        ("tests/spark/test_writer.py::test_rows[sqlite]", "spark"),
+        ("tests/spark/test_jdbc.py::test_append", "spark"),
+        ("tests/spark/test_streams.py::test_a_file_stream", "spark"),  # drivers of its own
+        ("tests/cluster/test_spark_cluster.py::test_a_worker_killed", "spark"),
         ("tests/unit/test_schedule.py::test_x", None),
+        ("tests/e2e/test_spark_like.py::test_x", None),
     ],
 )
 def test_the_process_group_of_a_test_is_its_modules(nodeid: str, group: str | None) -> None:
