@@ -1,7 +1,7 @@
-"""The console as an ASGI application (Starlette): ``create_app`` assembles its settings,
-database, sessions, templates and routes, to serve alone (``relay console``) or mounted in a
+"""The console as an ASGI application (Starlette): ``standalone_app`` assembles its
+database, sessions, templates and routes for ``relay console``, and ``create_app`` for a
 host application (``Mount("/outbox", app=create_app(...))``: its links and cookies follow
-the mount's path).
+the mount's path; any mode but proxy's).
 
 Every response carries a Content-Security-Policy that lets the page load only the console's
 own script and stylesheet (nothing inline, nothing from elsewhere), is never framed and
@@ -96,6 +96,24 @@ def load_console(
 
 
 def create_app(console: Console) -> Starlette:
+    """The console to mount in a host application: in any mode but ``proxy``, which believes
+    the identity headers of requests from the proxy's own addresses. Mounted, the console
+    cannot tell the transport peer's address from one a forwarded header gave (uvicorn's
+    default ``proxy_headers`` put a client's ``X-Forwarded-For`` there: an outside review
+    was admin from anywhere), so proxy mode is ``relay console``'s own server's only
+    (``standalone_app``)."""
+    if console.config.console_auth == "proxy":
+        raise ConfigError(
+            "RELAY_CONSOLE_AUTH=proxy is for `relay console` only: mounted in a host "
+            "application, the console cannot see the transport peer's address (a proxy "
+            "headers middleware may have put a forwarded one in its place); use oidc or users"
+        )
+    return standalone_app(console)
+
+
+def standalone_app(console: Console) -> Starlette:
+    """The console as ``relay console`` serves it: with uvicorn's ``proxy_headers`` off, the
+    request's client is the transport peer, the one address proxy mode may believe."""
     def route(path: str, handler: Handler, methods: list[str], name: str) -> Route:
         async def endpoint(request: Request) -> Response:
             return await handler(console, request)

@@ -76,7 +76,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from relay.console.app import create_app, load_console
+        from relay.console.app import load_console, standalone_app
     except ImportError as exc:
         raise ConfigError(
             f"relay console needs the console extra (pip install 'outbox-relay[console]'): {exc}"
@@ -87,7 +87,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
             config.console_metrics_port, config.console_host, registry=console.metrics.registry
         )
     uvicorn.run(
-        create_app(console),
+        standalone_app(console),
         host=config.console_host,
         port=config.console_port,
         log_level="warning",

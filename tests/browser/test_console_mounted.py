@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
@@ -13,6 +14,7 @@ from starlette.routing import Mount, Route
 
 from devtools.servers import free_port, port_open, wait_until
 from relay.console.app import create_app, load_console
+from relay.errors import ConfigError
 from relay.settings import ConsoleSettings, Settings
 from tests.support.console import SECRET, browser, follow, log_in, park, users_file
 
@@ -58,3 +60,24 @@ def test_the_console_mounted_under_a_path_serves_its_pages_there(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_proxy_mode_refuses_to_be_mounted(sqlite_url: str) -> None:
+    """Mounted, the console cannot see the transport peer (a host's uvicorn, with its default
+    proxy headers, puts a client's ``X-Forwarded-For`` in its place: an outside review was
+    admin from anywhere so), and proxy mode believes identity headers by that address: it
+    is refused, with the modes that work mounted."""
+    config = ConsoleSettings.load(
+        {
+            "RELAY_CONSOLE_AUTH": "proxy",
+            "RELAY_CONSOLE_PROXY_ADDRESSES": "127.0.0.1",
+            "RELAY_CONSOLE_SESSION_SECRET": SECRET,
+        }
+    )
+    console = load_console(Settings.load({"RELAY_DATABASE_URL": sqlite_url}), config)
+    try:
+        with pytest.raises(ConfigError, match=r"relay console` only.*use oidc or users"):
+            create_app(console)
+    finally:
+        console.reads.close()
+        console.actions.close()
