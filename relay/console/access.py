@@ -5,7 +5,7 @@ or a form without its token, refused."""
 
 from __future__ import annotations
 
-import dataclasses
+import hmac
 from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
@@ -63,15 +63,16 @@ async def session_of(console: Console, request: Request) -> Session | None:
 
 
 def _as_listed(console: Console, session: Session | None) -> Session | None:
-    """``session`` with its user's role as the users file says now; None once the user is
-    no longer in it."""
+    """``session`` while its user's entry in the users file is the one it was issued for;
+    None once the user is no longer in it, or has a new password or another role (an
+    outside review: the old session went on working after either)."""
     if session is None:
         return None
     assert console.users is not None  # the users mode has its file
     user = console.users.current().get(session.user)
-    if user is None:
+    if user is None or not hmac.compare_digest(user.entry, session.entry):
         return None
-    return dataclasses.replace(session, role=user.role)
+    return session
 
 
 async def require(console: Console, request: Request, role: str) -> Session | Response:

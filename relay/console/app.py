@@ -114,6 +114,7 @@ def create_app(console: Console) -> Starlette:
 def standalone_app(console: Console) -> Starlette:
     """The console as ``relay console`` serves it: with uvicorn's ``proxy_headers`` off, the
     request's client is the transport peer, the one address proxy mode may believe."""
+
     def route(path: str, handler: Handler, methods: list[str], name: str) -> Route:
         async def endpoint(request: Request) -> Response:
             return await handler(console, request)

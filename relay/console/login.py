@@ -107,7 +107,8 @@ async def login_form(console: Console, request: Request) -> Response:
             error="wrong name or password",
         )
     console.limiter.succeeded(attempt)
-    session = console.sessions.read(console.sessions.issue(user.name, user.role, now), now)
+    issued = console.sessions.issue(user.name, user.role, now, entry=user.entry)
+    session = console.sessions.read(issued, now)
     assert session is not None
     response = RedirectResponse(_root(request) + "/", 303)
     response.delete_cookie(LOGIN_COOKIE, path=_root(request) or "/")

@@ -72,6 +72,7 @@ class Session:
     role: str
     nonce: str  # the CSRF token is derived from it
     began: int  # when its user logged in (seconds since the epoch)
+    entry: str = ""  # users mode: the user's entry it was issued for (``User.entry``)
 
     @property
     def id(self) -> str:
@@ -88,24 +89,29 @@ class Sessions:
         self.idle = idle
         self.lifetime = lifetime
 
-    def issue(self, user: str, role: str, now: float, nonce: str | None = None) -> str:
-        return self._signed(Session(user, role, nonce or secrets.token_urlsafe(16), int(now)), now)
+    def issue(
+        self, user: str, role: str, now: float, nonce: str | None = None, entry: str = ""
+    ) -> str:
+        nonce = nonce or secrets.token_urlsafe(16)
+        return self._signed(Session(user, role, nonce, int(now), entry), now)
 
     def _signed(self, session: Session, now: float) -> str:
         values = {"u": session.user, "r": session.role, "n": session.nonce, "b": session.began}
-        return self.signer.sign(values, now)
+        return self.signer.sign({**values, "e": session.entry}, now)
 
     def read(self, cookie: str | None, now: float) -> Session | None:
         values = self.signer.unsign(cookie, self.idle, now)
         if values is None:
             return None
         user, role, nonce = values.get("u"), values.get("r"), values.get("n")
-        began = values.get("b")
+        began, entry = values.get("b"), values.get("e", "")
         if not all(isinstance(v, str) and v for v in (user, role, nonce)):
+            return None
+        if not isinstance(entry, str):
             return None
         if not isinstance(began, int) or not 0 <= now - began <= self.lifetime:
             return None
-        return Session(str(user), str(role), str(nonce), began)
+        return Session(str(user), str(role), str(nonce), began, entry)
 
     def ends_at(self, session: Session) -> float:
         """When ``session`` ends whatever its use (seconds since the epoch)."""

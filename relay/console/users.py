@@ -4,6 +4,8 @@ start, naming its line (never its hash)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass
 
 from relay.console.passwords import hash_problem
@@ -16,6 +18,15 @@ class User:
     name: str
     role: str
     password_hash: str
+
+    @property
+    def entry(self) -> str:
+        """What a session of this user's is bound to: a digest of their role and hash (the
+        hash's salt is new with each password), so that a new password, another role, or
+        the user removed and put back with a new password ends the sessions of the entry
+        before. A digest: the cookie is signed, not secret."""
+        digest = hashlib.sha256(f"{self.role}:{self.password_hash}".encode()).digest()
+        return base64.urlsafe_b64encode(digest[:16]).decode("ascii").rstrip("=")
 
 
 def parse_users(text: str, where: str) -> dict[str, User]:

@@ -23,6 +23,7 @@ from playwright.sync_api import Page
 from devtools.broker import drain
 from devtools.relayproc import RelayProcess, relay_on_new_queue
 from devtools.servers import RabbitNode, free_port
+from relay.console.passwords import hash_password
 from relay.db.schema import console_audit, outbox
 from tests.support.console import (
     IMG,
@@ -233,9 +234,13 @@ def test_logins_sent_at_once_are_limited_and_oversized_ones_refused_unread(
         assert announce_login(console.url, cookie, 8_000_000) == 413  # answered, none read
 
 
-def test_a_logout_a_removed_user_and_a_lowered_role_end_what_old_cookies_could_do(
+def test_a_logout_a_removed_user_a_new_role_or_password_end_what_old_cookies_could_do(
     sqlite_url: str, tmp_path: Path
 ) -> None:
+    """A session is bound to its user's entry in the users file: a logout, the user removed,
+    made a viewer, or given a new password (an outside review: the old session went on with
+    a new password, or after the user was removed and put back) ends what its cookie could
+    do, at its next request; a user whose entry is as it was keeps theirs."""
     (row,) = park(sqlite_url, [{"message_id": "kept"}], NO_ROUTE)
     users = users_file(tmp_path)
     env = console_env(sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users))
@@ -254,6 +259,8 @@ def test_a_logout_a_removed_user_and_a_lowered_role_end_what_old_cookies_could_d
         assert call(console.url, "POST", "/act", kept, {**replay, "confirmed": "1"})[0] == 401
         assert call(console.url, "POST", "/logout", kept, {"csrf": token})[0] == 303
 
+        log_in(page, console.url, "vera")
+        vera = session_cookie(chromium)
         log_in(page, console.url, "ada")
         ada = session_cookie(chromium)
         log_in(page, console.url, "otto")  # the browser's cookie is otto's now
@@ -262,19 +269,29 @@ def test_a_logout_a_removed_user_and_a_lowered_role_end_what_old_cookies_could_d
         replay["csrf"] = page.get_attribute("input[name=csrf]", "value") or ""
         assert call(console.url, "GET", "/", ada)[0] == 200
         assert call(console.url, "POST", "/confirm", otto, replay)[0] == 200
-        # ada removed from the file and otto made a viewer: at their next request.
+        assert call(console.url, "GET", "/", vera)[0] == 200
+        # ada removed from the file, otto made a viewer, vera's password new: at their next
+        # request. Their entries were all alike but for the names: each session is its own.
         lines = users.read_text().splitlines()
+        fresh = hash_password("a new password")
         users.write_text(
             "".join(
                 line.replace("otto:operator:", "otto:viewer:") + "\n"
                 for line in lines
-                if not line.startswith("ada:")
+                if not line.startswith(("ada:", "vera:"))
             )
+            + f"vera:viewer:{fresh}\n"
         )
         assert call(console.url, "GET", "/", ada)[0] == 303
+        assert call(console.url, "GET", "/", vera)[0] == 303
         status, shown = call(console.url, "POST", "/act", otto, {**replay, "confirmed": "1"})
-        assert status == 403 and "needs the operator role" in shown
-        assert call(console.url, "GET", "/", otto)[0] == 200  # still a viewer
+        assert status == 401 and "log in first" in shown
+        assert call(console.url, "GET", "/", otto)[0] == 303
+        log_in(page, console.url, "otto")  # as a viewer now
+        page.goto(f"{console.url}/rows/{row}")
+        assert page.locator("form.actions").count() == 0
+        otto = session_cookie(chromium)
+        assert call(console.url, "GET", "/", otto)[0] == 200  # an entry as it was: kept
     assert statuses_of(sqlite_url, [row]) == {row: "parked"}
 
 
