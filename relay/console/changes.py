@@ -178,7 +178,7 @@ async def edit(console: Console, request: Request) -> Response:
     fields = await form_of(request)
     check_csrf(console, session, fields)
     given = dict(fields)
-    row_id = int(request.path_params["row_id"])
+    row_id = forms.row_id(request.path_params["row_id"])
     changes = await _edits(console, row_id, given)
     actor = Actor(session.user, session.role)
     try:

@@ -20,6 +20,8 @@ MAX_FIELD = 1000
 FILTER_FIELDS = ("reason", "cause", "exchange", "routing_key", "ordering_key", "message_id")
 _AGE = re.compile(r"\s*(\d+)\s*([smhd])\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The greatest row id: the id column's 64 bits, signed.
+ROW_ID_MAX = 2**63 - 1
 _PRINTABLE = set(string.printable) - set("\x0b\x0c")
 
 
@@ -40,7 +42,10 @@ def age(fields: Mapping[str, str]) -> timedelta | None:
     match = _AGE.fullmatch(given)
     if match is None:
         raise InputError(f"parked_for: {given!r} is not an age such as 15m, 2h or 7d")
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    try:
+        return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    except OverflowError:
+        raise InputError(f"parked_for: {given!r} is longer than any row has waited") from None
 
 
 def instant(fields: Mapping[str, str], name: str) -> datetime | None:
@@ -84,17 +89,24 @@ def cursor(fields: Mapping[str, str]) -> Cursor | None:
     row = text(fields, "after_id")
     if at is None and not row:
         return None
-    if at is None or not row.isdigit():
+    if at is None or not row:
         raise InputError("after_t and after_id: a page's cursor is both")
-    return Cursor(at, int(row))
+    return Cursor(at, row_id(row, "after_id"))
+
+
+def row_id(value: str | int, name: str = "id") -> int:
+    """A row's id as given (a form's field, a path's part): ASCII digits, within the
+    column's 64 bits (past them the driver failed, a 500 with its traceback)."""
+    given = str(value)
+    if not (given.isascii() and given.isdigit()) or not 0 < int(given) <= ROW_ID_MAX:
+        raise InputError(f"{name}: not a row id")
+    return int(given)
 
 
 def ids(values: Sequence[str]) -> list[int]:
     if not values:
         raise InputError("no rows chosen")
-    if not all(v.isdigit() and 0 < len(v) < 19 for v in values):
-        raise InputError("id: not a row id")
-    return sorted({int(v) for v in values})
+    return sorted({row_id(v) for v in values})
 
 
 def preview(payload: bytes, size: int) -> tuple[str, str]:

@@ -73,7 +73,7 @@ async def rows(console: Console, request: Request, _session: Session) -> dict[st
 
 @page("row.html")
 async def row(console: Console, request: Request, session: Session) -> dict[str, Any]:
-    row_id = int(request.path_params["row_id"])
+    row_id = forms.row_id(request.path_params["row_id"])
     found = await run_in_threadpool(
         console.reads.row, row_id, console.config.console_payload_preview
     )
@@ -96,7 +96,7 @@ async def archive(console: Console, request: Request, _session: Session) -> dict
     after = request.query_params.get("after", "")
     listed = await run_in_threadpool(
         console.reads.archived,
-        int(after) if after.isdigit() else None,
+        forms.row_id(after, "after") if after else None,
         console.config.console_page_rows,
     )
     return {"rows": listed}
@@ -107,7 +107,7 @@ async def audit(console: Console, request: Request, _session: Session) -> dict[s
     after = request.query_params.get("after", "")
     entries = await run_in_threadpool(
         console.reads.audit,
-        int(after) if after.isdigit() else None,
+        forms.row_id(after, "after") if after else None,
         console.config.console_page_rows,
     )
     return {"entries": entries}

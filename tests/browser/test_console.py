@@ -522,3 +522,32 @@ def raw(base: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, dict
         return answer.status, found, answer.read().decode()
     finally:
         connection.close()
+
+
+def test_ids_and_ages_past_what_a_row_can_hold_are_bad_input_not_a_failure(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A row id past 64 bits (in the path, a form, a page's cursor), a digit that is not
+    ASCII, an age of more days than any date holds: each a 400 that says which field, never
+    the 500 and traceback they were (an outside review)."""
+    (row,) = park(sqlite_url, [{"message_id": "m"}], NO_ROUTE)
+    users = users_file(tmp_path)
+    env = console_env(sqlite_url, RELAY_CONSOLE_AUTH="users", RELAY_CONSOLE_USERS_FILE=str(users))
+    with ConsoleProcess(env, tmp_path / "console.log") as console, browser() as chromium:
+        page = chromium.page()
+        log_in(page, console.url, "ada")
+        cookie = session_cookie(chromium)
+        huge = str(2**64)
+        for path, field in [
+            (f"/rows/{huge}", "id"),
+            (f"/archive?after={huge}", "after"),
+            ("/audit?after=%C2%B2", "after"),  # a superscript two: a digit, not an id
+            (f"/rows?after_t=2026-01-01T00:00:00%2B00:00&after_id={huge}", "after_id"),
+            ("/rows?parked_for=99999999999999999999d", "parked_for"),
+        ]:
+            status, shown = call(console.url, "GET", path, cookie)
+            assert (status, field in shown) == (400, True), (path, status, shown[-300:])
+        status, _ = call(console.url, "GET", f"/rows/{2**63 - 1}", cookie)
+        assert status == 404
+        assert call(console.url, "GET", f"/rows/{row}", cookie)[0] == 200
+        assert "Traceback" not in (tmp_path / "console.log").read_text()
