@@ -69,7 +69,9 @@ def write_blocks(conn: sa.Connection, entries: sa.Select[Any], run: int, block: 
 def finished(conn: sa.Connection, run: int, level: int, count: int) -> Made:
     """``run``, of ``level``, done: its count of entries, logged."""
     conn.execute(
-        sa.update(outbox_sent_runs).where(outbox_sent_runs.c.run == run).values(entries=count)
+        sa.update(outbox_sent_runs)
+        .where(outbox_sent_runs.c.run == run)
+        .values(entries=count, building=False)
     )
     log.info(
         "sent log entries sealed into a run",

@@ -1,9 +1,9 @@
 """A merge of the sent log's runs (``relay.db.sentruns``): ``fanin`` runs of a level into one
 of the next, a range of keys a transaction, so that a merge of the top level (300 million
 entries at 2,000 acks a second) neither holds back the database's vacuum for its length
-nor sorts it at once. Its state is in its rows: the run it writes has no count of entries
-yet, and its inputs name it (``merged_into``), so that whichever relay takes the merge's
-lock next goes on with it, after the greatest key written. Lookups read the inputs (and the
+nor sorts it at once. Its state is in its rows: the run it writes is ``building``, and its
+inputs name it (``merged_into``), so that whichever relay takes the merge's lock next goes
+on with it, after the greatest key written. Lookups read the inputs (and the
 part written) until it is done; the inputs are then swept, a chunk of blocks at a time.
 """
 
@@ -32,9 +32,12 @@ def key_bound(index: int, chunks: int) -> str:
 
 def next_bound(after: str | None, chunks: int) -> str | None:
     """The end of the range of keys a merge writes after the key ``after`` (None: from the
-    first key): the first bound of ``chunks`` ranges past it, or None past the last."""
-    index = 0 if after is None else (uuid.UUID(after).int * chunks) >> 128
-    return key_bound(index + 1, chunks) if index + 1 < chunks else None
+    first key): the first bound of ``chunks`` ranges past it, or None past the last. The
+    least ``j`` with ``key_bound(j) > after``, ``ceil((after + 1) * chunks / 2**128)``: a
+    bound rounded down is no key's index times the range (an outside review: for a count
+    not a power of two, the bound after a bound was itself, and a merge looped on it)."""
+    above = 1 if after is None else -((-(uuid.UUID(after).int + 1) * chunks) >> 128)
+    return key_bound(above, chunks) if above < chunks else None
 
 
 class Merge:
@@ -49,7 +52,7 @@ class Merge:
         if self._sweep(conn):
             return Upkeep(more=True)
         run = conn.execute(
-            sa.select(_RUNS.c.run, _RUNS.c.level).where(_RUNS.c.entries.is_(None)).limit(1)
+            sa.select(_RUNS.c.run, _RUNS.c.level).where(_RUNS.c.building).limit(1)
         ).one_or_none() or self._begin(conn)
         if run is None:
             return Upkeep()
@@ -57,14 +60,14 @@ class Merge:
 
     def _begin(self, conn: sa.Connection) -> sa.Row[Any] | None:
         """The oldest ``fanin`` runs of the lowest level that has that many, named as the
-        inputs of a run of the next level, with no count yet: being merged."""
+        inputs of a run of the next level, ``building``: being merged."""
         for level in range(self.top_level):
             runs = conn.execute(
                 sa.select(_RUNS.c.run, _RUNS.c.first_at, _RUNS.c.upto)
                 .where(
                     _RUNS.c.level == level,
                     _RUNS.c.merged_into.is_(None),
-                    _RUNS.c.entries.is_not(None),
+                    ~_RUNS.c.building,
                 )
                 .order_by(_RUNS.c.first_at)
                 .limit(self.fanin)
@@ -74,7 +77,7 @@ class Merge:
             span = {"first_at": min(r.first_at for r in runs), "upto": max(r.upto for r in runs)}
             run = conn.execute(
                 sa.insert(_RUNS)
-                .values(level=level + 1, entries=None, **span)
+                .values(level=level + 1, entries=0, building=True, **span)
                 .returning(_RUNS.c.run, _RUNS.c.level)
             ).one()
             inputs = [r.run for r in runs]
@@ -87,8 +90,9 @@ class Merge:
     def _merge_range(self, conn: sa.Connection, run: int, level: int) -> Upkeep:
         """The inputs' entries of the next range of keys into ``run``: after the greatest
         key it holds, up to the next of ``key_bound``'s bounds (about ``merge_chunk`` of
-        them); past the last, its count, and the inputs replaced. A range with no entries is
-        no step: the next follows in the same transaction."""
+        them), counted into its entries as they are written; past the last, the run done and
+        its inputs replaced. A range with no entries is no step: the next follows in the
+        same transaction."""
         totals = conn.execute(
             sa.select(sa.func.coalesce(sa.func.sum(_RUNS.c.entries), 0)).where(
                 _RUNS.c.merged_into == run
@@ -105,14 +109,18 @@ class Merge:
         low = _Low(after, inclusive=False) if after is not None else None
         while True:
             high = next_bound(low.key if low is not None else None, chunks)
-            if write_blocks(conn, self._inputs(run, low, high), run, self.block) or high is None:
+            written = write_blocks(conn, self._inputs(run, low, high), run, self.block)
+            if written or high is None:
                 break
             low = _Low(high, inclusive=True)
+        count = conn.execute(
+            sa.update(_RUNS)
+            .where(_RUNS.c.run == run)
+            .values(entries=_RUNS.c.entries + written, building=high is not None)
+            .returning(_RUNS.c.entries)
+        ).scalar_one()
         if high is not None:
             return Upkeep(more=True)
-        count = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(greatest), 0)).where(_BLOCKS.c.run == run)
-        ).scalar_one()
         return Upkeep((finished(conn, run, level, int(count)),), more=True)
 
     @staticmethod
@@ -164,7 +172,7 @@ class Merge:
         replaced = (
             sa.select(_RUNS.c.run)
             .join(target, target.c.run == _RUNS.c.merged_into)
-            .where(target.c.entries.is_not(None))
+            .where(~target.c.building)
         )
         runs = conn.execute(replaced).scalars().all()
         if not runs:

@@ -98,7 +98,7 @@ class SentRuns:
 
     A seal and a merge take locks of their own: a merge of the top level takes minutes, a
     range of keys per transaction, and seals go on meanwhile. A merge's state is in its
-    rows (``outbox_sent_runs``: the run it writes has no count of entries yet, and its
+    rows (``outbox_sent_runs``: the run it writes is ``building``, and its
     inputs name it), so that whichever relay takes the lock next goes on with it."""
 
     def __init__(
@@ -210,8 +210,17 @@ def purge_chunk(cutoff: sa.ColumnElement[Any], chunk: int) -> Callable[[sa.Conne
     """One transaction's purge of the runs whose span ended before ``cutoff``: the blocks of
     about ``chunk`` of their entries, then the runs left with none. The entries purged. A
     lookup meanwhile counts none of their entries: the journal's own purge has gone past
-    them."""
-    expired = sa.select(_RUNS.c.run).where(_RUNS.c.upto < cutoff)
+    them. Not a run a merge is writing, nor its inputs, until it is done (an outside review:
+    a purge that deleted a run being written left the blocks the merge wrote next in no run,
+    for ever; one that deleted some of its blocks sent the merge back over keys written).
+    """
+    merging = _RUNS.alias("merging")
+    settled = (
+        _RUNS.c.upto < cutoff,
+        ~_RUNS.c.building,
+        ~sa.exists().where(merging.c.run == _RUNS.c.merged_into, merging.c.building),
+    )
+    expired = sa.select(_RUNS.c.run).where(*settled)
     doomed = (
         sa.select(_BLOCKS.c.run, _BLOCKS.c.first_key)
         .where(_BLOCKS.c.run.in_(expired))
@@ -222,9 +231,7 @@ def purge_chunk(cutoff: sa.ColumnElement[Any], chunk: int) -> Callable[[sa.Conne
         .where(sa.tuple_(_BLOCKS.c.run, _BLOCKS.c.first_key).in_(doomed))
         .returning(sa.func.cardinality(_BLOCKS.c.message_keys))
     )
-    empty = sa.delete(_RUNS).where(
-        _RUNS.c.upto < cutoff, ~sa.exists().where(_BLOCKS.c.run == _RUNS.c.run)
-    )
+    empty = sa.delete(_RUNS).where(*settled, ~sa.exists().where(_BLOCKS.c.run == _RUNS.c.run))
 
     def one_chunk(conn: sa.Connection) -> int:
         purged = sum(conn.execute(gone).scalars())

@@ -97,9 +97,11 @@ outbox_sent_runs = sa.Table(
     sa.Column("level", sa.SmallInteger(), nullable=False),
     sa.Column("first_at", UTCDateTime(), nullable=False),
     sa.Column("upto", UTCDateTime(), nullable=False),
-    # None while a merge writes it, a range of keys per transaction: lookups may read it
-    # meanwhile (it holds a part of what its inputs hold, which stay until it is done).
-    sa.Column("entries", sa.BigInteger()),
+    sa.Column("entries", sa.BigInteger(), nullable=False),
+    # While a merge writes it, a range of keys a transaction (``relay.db.sentmerge``):
+    # lookups may read it meanwhile (it holds a part of what its inputs hold, which stay
+    # until it is done), the purge leaves it and its inputs be.
+    sa.Column("building", sa.Boolean(), nullable=False, server_default=sa.false()),
     # Of a run being merged, or replaced by a merge and not swept yet: the run it goes into.
     sa.Column("merged_into", sa.BigInteger()),
 )

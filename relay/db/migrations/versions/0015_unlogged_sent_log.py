@@ -77,7 +77,8 @@ def upgrade() -> None:
             sa.Column("level", sa.SmallInteger(), nullable=False),
             sa.Column("first_at", UTCDateTime(), nullable=False),
             sa.Column("upto", UTCDateTime(), nullable=False),
-            sa.Column("entries", sa.BigInteger()),
+            sa.Column("entries", sa.BigInteger(), nullable=False),
+            sa.Column("building", sa.Boolean(), nullable=False, server_default=sa.false()),
             sa.Column("merged_into", sa.BigInteger()),
         )
         op.create_table(
