@@ -334,6 +334,29 @@ def test_a_procedure_that_commits(consumer: Consumer, url: str) -> None:
         assert noted(url) == ["a", "proc"]
 
 
+# A database -> the inbox's table named as the lexer once missed it.
+HIDDEN_NAMES = {
+    "sqlite": ["'inbox_received'", "[main].[inbox_received]"],
+    "postgresql": ['U&"inbox\\005freceived"', "U&\"inbox!005freceived\" UESCAPE '!'"],
+}
+
+
+@pytest.mark.databases("sqlite", "postgresql")
+def test_the_inboxs_table_is_refused_however_its_name_is_quoted(
+    consumer: Consumer, url: str
+) -> None:
+    """A handler that deleted a processed message's key had that message run again at its
+    next delivery: a name quoted in a way the guard did not read passed."""
+    assert consumer.process("m-0", [("write", "m-0")]).verdict is Verdict.ACK
+    for n, name in enumerate(HIDDEN_NAMES[consumer.store.engine.dialect.name], 1):
+        forget = [("write", "forgot"), ("sql", f"DELETE FROM {name} WHERE message_id = 'm-0'")]
+        assert consumer.process(f"m-{n}", forget).verdict is Verdict.RETRY
+        assert consumer.process("m-0", [("write", "again")], redelivered=True).verdict is (
+            Verdict.ACK
+        )
+    assert (noted(url), keys(url)) == (["m-0"], ["m-0"])
+
+
 @pytest.mark.databases("mariadb")
 @pytest.mark.parametrize(
     "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]

@@ -94,7 +94,9 @@ class PostgreSQL(Dialect):
     journals_sent_log: ClassVar[bool] = True
     copies_rows: ClassVar[bool] = True
     stage_locks: ClassVar[bool] = True
-    sql_lexicon: ClassVar[Lexicon] = Lexicon(nested_comments=True, dollar_quotes=True)
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(
+        nested_comments=True, dollar_quotes=True, unicode_names=True
+    )
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import sqlite
 
 from relay.constants import SQLITE_BUSY_TIMEOUT_MS
 from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
+from relay.db.sqltext import Lexicon
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,6 +40,7 @@ class SQLite(Dialect):
     one_writer: ClassVar[bool] = True
     lenient_text: ClassVar[bool] = True
     budget_cut_as_read: ClassVar[bool] = True
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(bracket_names=True, string_names=True)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
