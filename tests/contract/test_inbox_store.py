@@ -23,7 +23,8 @@ from devtools.servers import PostgresServer, wait_until
 from relay.db import runlock
 from relay.db.engine import create_engine
 from relay.db.inbox import InboxStore
-from relay.db.inbox_async import AsyncInboxStore
+from relay.db.inbox_async import AsyncInboxStore, AsyncTransaction
+from relay.db.inbox_transaction import TransactionEnded
 from relay.db.roles import CONSUMER, grants
 from relay.db.schema import inbox_attempts, inbox_received
 from relay.errors import StoreError
@@ -670,3 +671,38 @@ def test_a_live_run_is_never_counted_as_one_that_died(
         look.dispose()
     assert noted(url) == ["once"]
     assert [(row[1], row[3]) for row in attempts(url)] == [(0, False)]
+
+
+def test_another_tasks_commit_during_the_inboxs_savepoint_is_refused(url: str) -> None:
+    """An asyncio handler's two tasks on its transaction: while one awaits ``tx.savepoint()``'s
+    SAVEPOINT (the inbox's own, let through), the other's COMMIT was let through with it,
+    committing the key with a part of the work."""
+    consumer = Consumer("asyncio", url)
+    refused: list[TransactionEnded] = []
+
+    async def handler(tx: AsyncTransaction) -> None:
+        await tx.execute(effects.insert(), {"note": "a"})
+
+        async def part() -> None:
+            async with tx.savepoint():
+                await tx.execute(effects.insert(), {"note": "part"})
+
+        async def commit() -> None:
+            try:
+                await tx.execute("COMMIT")
+            except TransactionEnded as exc:
+                refused.append(exc)
+
+        await asyncio.gather(part(), commit(), return_exceptions=True)
+
+    async def process() -> Answer:
+        delivery = Delivery("m-1", b"{}", "x", "k", None, {}, False)
+        async with consumer.store.message(handler) as run:
+            return await drive_async(consumer.flow.process(delivery), run)
+
+    try:
+        answer = consumer.loop.run_until_complete(process())
+    finally:
+        consumer.close()
+    assert (answer.verdict, len(refused)) == (Verdict.RETRY, 1)
+    assert (noted(url), keys(url)) == ([], [])
