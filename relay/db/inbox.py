@@ -7,6 +7,7 @@ to its commit or rollback; its asyncio twin is ``relay.db.inbox_async``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from relay.errors import StoreError
 from relay.redact import redact_url
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class TransactionFailed(StoreError):
@@ -60,6 +62,28 @@ def classified(what: str, where: str, conn: sa.Connection) -> Iterator[None]:
         if cause is not None and not lost(cause, conn):
             raise TransactionFailed(str(exc), summary=exc.summary) from cause
         raise
+
+
+def spoilt(conn: sa.Connection, discard: bool) -> bool:
+    """Whether the message's connection, its run over, is not to be used again: ``discard``
+    (the handler may have changed its session), the driver's autocommit left on, or, once
+    whatever is open is rolled back, its session holding what the handler left in it past
+    the guard (``Dialect.session_left``): the next message on the pooled connection would
+    inherit it, a commit without a flush say, or a read-only session that it would fail on
+    as if the database were away."""
+    database = of(conn)
+    if discard or database.session_changed(conn.connection.driver_connection):
+        return True
+    conn.rollback()
+    left = database.session_left(conn)
+    if left is None:
+        return False
+    log.warning(
+        "a handler left %s in its connection's session: the connection is discarded",
+        left,
+        extra={"action": "inbox_session_discarded"},
+    )
+    return True
 
 
 class InboxStore:
@@ -176,15 +200,13 @@ class MessageRun:
 
     def _release(self, discard: bool) -> None:
         """The message's connection back to the pool, rolled back; discarded instead when its
-        session may have been changed (``discard``, or the driver says autocommit is on).
+        session may have been changed (``spoilt``).
         Never raises: a connection that fails to close is dropped, and the database rolls
         back what it held."""
         conn, self._conn = self._conn, None
         assert conn is not None
         try:
-            if not conn.invalidated and (
-                discard or of(conn).session_changed(conn.connection.driver_connection)
-            ):
+            if not conn.invalidated and spoilt(conn, discard):
                 conn.invalidate()  # rolled back by the server as the connection closes
             conn.close()
         except sa.exc.SQLAlchemyError:

@@ -14,9 +14,8 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import classified, handler_failed, run_lock
+from relay.db.inbox import classified, handler_failed, run_lock, spoilt
 from relay.db.inbox_statements import InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
 from relay.redact import redact_url
@@ -184,11 +183,7 @@ class AsyncMessageRun:
         assert conn is not None
         sync = conn.sync_connection
         try:
-            if (
-                sync is not None
-                and not sync.invalidated
-                and (discard or of(sync).session_changed(sync.connection.driver_connection))
-            ):
+            if sync is not None and not sync.invalidated and await conn.run_sync(spoilt, discard):
                 await conn.invalidate()  # rolled back by the server as the connection closes
             await conn.close()
         except sa.exc.SQLAlchemyError:

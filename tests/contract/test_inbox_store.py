@@ -34,7 +34,7 @@ from relay.inbox.steps import drive, drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from tests.support import inbox_script
-from tests.support.inbox_script import SECRET, Script, effects
+from tests.support.inbox_script import SECRET, Action, Script, effects
 from tests.support.proxy import TcpProxy
 
 KINDS = ("blocking", "asyncio")
@@ -561,6 +561,57 @@ def test_a_setting_that_would_outlive_the_message_is_refused(consumer: Consumer,
     local = [("sql", "SET LOCAL synchronous_commit = off"), ("write", "b")]
     assert consumer.process("m-2", local).verdict is Verdict.ACK
     assert noted(url) == ["b"]
+
+
+SYNCHRONOUS_COMMIT = (
+    "sql",
+    "INSERT INTO effects (note) SELECT current_setting('synchronous_commit')",
+)
+# A session's state a handler can leave on its pooled connection without a statement the
+# guard refuses -> (what the handler runs, what the next message's handler runs, the notes)
+LEFT_IN_THE_SESSION: dict[str, tuple[str, Action, list[str]]] = {
+    "set_config": (
+        "SELECT set_config('lock_timeout', '1s', false)",
+        ("sql", "INSERT INTO effects (note) SELECT current_setting('lock_timeout')"),
+        ["5s"],
+    ),
+    "a DO block's SET": (
+        "DO $$ BEGIN SET synchronous_commit = off; END $$",
+        SYNCHRONOUS_COMMIT,
+        ["on"],
+    ),
+    "read-only transactions": (
+        "SELECT set_config('default_transaction_read_only', 'on', false)",
+        ("write", "next"),
+        ["next"],
+    ),
+    "a temporary table": (
+        "CREATE TEMP TABLE scratch (a int)",
+        ("sql", "CREATE TEMP TABLE scratch (a int)"),
+        [],
+    ),
+    "a prepared statement": (
+        "PREPARE totals AS SELECT 1",
+        ("sql", "PREPARE totals AS SELECT 1"),
+        [],
+    ),
+}
+
+
+@pytest.mark.databases("postgresql")
+@pytest.mark.parametrize("left", LEFT_IN_THE_SESSION)
+def test_a_session_left_changed_is_not_the_next_messages(
+    consumer: Consumer, url: str, left: str
+) -> None:
+    """What a handler's run leaves in its connection's session past the guard (a function
+    or a block that sets a setting for the session, a temporary table, a prepared
+    statement) stays on the pooled connection: the next message ran durable-less, paused for
+    ever on a read-only session as if the database were away, or failed on a name taken."""
+    change, probe, notes = LEFT_IN_THE_SESSION[left]
+    assert consumer.process("m-1", [("sql", change)]).verdict is Verdict.ACK
+    answer = consumer.process("m-2", [probe])
+    assert (answer.verdict, answer.pause) == (Verdict.ACK, False)
+    assert noted(url) == notes
 
 
 @pytest.mark.databases("postgresql", "mariadb")

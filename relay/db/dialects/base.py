@@ -253,6 +253,14 @@ class Dialect(abc.ABC):
         knows without a round trip; a handler can leave it so, past ``Transaction``."""
         return False
 
+    def session_left(self, conn: sa.Connection) -> str | None:
+        """What ``conn``'s session holds, no transaction open, that a transaction's end did not
+        undo and the inbox's sessions never hold of their own (a temporary table, a prepared
+        statement), or None: the next message's run on the pooled connection would inherit
+        it. What can be reset cheaply (a setting made for the session through a function or
+        a block) is reset here instead."""
+        return None
+
     def error_facts(self, error: BaseException) -> list[str] | None:
         """What the driver's ``error`` says that names no value (its SQLSTATE or error number,
         the constraint, table and column it concerns), for a record of a failure that must

@@ -80,6 +80,25 @@ PG_KEEPALIVES = {
     "keepalives_count": DB_KEEPALIVE_COUNT,
     "tcp_user_timeout": DB_TCP_USER_TIMEOUT_S * 1000,
 }
+# What a session holds that outlives its transactions and the inbox's sessions never hold
+# (``PostgreSQL.session_left``): a statement a PREPARE made (SQLAlchemy's and psycopg's are
+# the protocol's), a temporary object, a WITH HOLD cursor, a LISTEN, an advisory lock, a
+# role; then every setting reset to the session's start (the inbox's own are the
+# connection's options, which stay): a setting made for the session through a function or
+# a block. Looking for those costs 0.8 ms of the server's time (pg_settings, for a row in
+# 400), the reset a few microseconds.
+_SESSION_LEFT = """
+SELECT 'the prepared statement ' || name FROM pg_prepared_statements WHERE from_sql
+UNION ALL SELECT 'the temporary ' || relname FROM pg_class
+  WHERE relnamespace = pg_my_temp_schema()
+UNION ALL SELECT 'the cursor ' || name FROM pg_cursors
+UNION ALL SELECT 'a LISTEN' FROM pg_listening_channels()
+UNION ALL SELECT 'an advisory lock' FROM pg_locks
+  WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+UNION ALL SELECT 'the role ' || current_user WHERE current_user <> session_user
+LIMIT 1;
+RESET ALL
+"""
 # The driver SQLAlchemy is told to use.
 DRIVER = "postgresql+psycopg"
 
@@ -186,6 +205,12 @@ class PostgreSQL(Dialect):
 
     def session_changed(self, driver: Any) -> bool:
         return bool(getattr(driver, "autocommit", False))
+
+    def session_left(self, conn: sa.Connection) -> str | None:
+        # In one round trip, the reset committed as it runs (the pool sets the connection's
+        # isolation level back as it takes it in).
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn.exec_driver_sql(_SESSION_LEFT).scalar()
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, psycopg.Error):
