@@ -19,6 +19,7 @@ from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.inbox_statements import Failures, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, Transaction
 from relay.db.runlock import RunLock
+from relay.db.schema import inbox_received
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -84,6 +85,19 @@ def spoilt(conn: sa.Connection, discard: bool) -> bool:
         extra={"action": "inbox_session_discarded"},
     )
     return True
+
+
+# What ``Doer.went_on``'s look from another connection is called in its error.
+LOOKING = "looking at the message's transaction"
+
+
+def went_on_here(conn: sa.Connection, ended: bool) -> bool | None:
+    """``relay.inbox.steps.Doer.went_on`` as ``conn`` tells it (``Dialect.went_on``); None:
+    to be asked from another connection (``Dialect.holds_transaction``)."""
+    seen = of(conn).went_on(conn)
+    if seen is None and ended:
+        return True  # gone from it, and what ran since cannot be told
+    return seen
 
 
 class InboxStore:
@@ -180,6 +194,21 @@ class MessageRun:
             except Exception as exc:
                 return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
+
+    def went_on(self, ended: bool) -> bool:
+        """``relay.inbox.steps.Doer.went_on``: as the database tells (``Dialect.went_on``),
+        or from another connection where it cannot from this one."""
+        conn = self._conn
+        assert conn is not None
+        if conn.closed:  # by the handler (refused, too late): the pool rolled it back
+            return False
+        seen = went_on_here(conn, ended)
+        if seen is not None:
+            return seen
+        database = of(conn)
+        backend = database.backend(conn.connection.driver_connection)
+        held = self.call(LOOKING, database.holds_transaction, backend, inbox_received.name)
+        return not held
 
     def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         assert self._conn is not None

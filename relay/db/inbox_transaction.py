@@ -129,6 +129,15 @@ class Guard:
             words = move.replace("_", " ")
             self._refuse(f"a handler may not end or split the inbox's transaction ({words})")
 
+    def ended(self) -> NoReturn:
+        """A statement about to be sent with the message's transaction over (ended under the
+        handler), where the driver would run it outside any transaction and commit it as it
+        ran (``Dialect.outside_transaction``)."""
+        self._refuse(
+            "the inbox's transaction ended under the handler (a statement that rolled it "
+            "back, the driver's rollback or commit): nothing more is run in the message's run"
+        )
+
     def _refuse(self, why: str) -> NoReturn:
         error = TransactionEnded(why)
         if self.refused is None:
@@ -164,17 +173,21 @@ class Guards:
 
     @contextmanager
     def running(self, conn: sa.Connection) -> Iterator[Guard]:
-        """A handler's run on ``conn``, guarded."""
+        """A handler's run on ``conn``, guarded (and watched: ``Dialect.watched``)."""
         guard = self._running[conn] = Guard(self._database, self._judged)
         try:
-            yield guard
+            with self._database.watched(conn):
+                yield guard
         finally:
             del self._running[conn]
 
     def _statement(self, conn: sa.Connection, _cursor: Any, sql: str, *_: Any) -> None:
         guard = self._running.get(conn)
-        if guard is not None:
-            guard.statement(sql)
+        if guard is None:
+            return
+        if self._database.outside_transaction(conn.connection.driver_connection):
+            guard.ended()  # the inbox's own savepoint's statements too
+        guard.statement(sql)
 
     def _options(self, conn: sa.Connection, options: dict[str, Any]) -> None:
         # An isolation level set on a connection with a transaction open ends it on some

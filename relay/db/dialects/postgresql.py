@@ -99,6 +99,11 @@ UNION ALL SELECT 'the role ' || current_user WHERE current_user <> session_user
 LIMIT 1;
 RESET ALL
 """
+# Whether a session holds a lock on a table (``PostgreSQL.holds_transaction``).
+_HOLDS_TABLE = sa.text(
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = :backend AND locktype = 'relation' "
+    "AND relation = to_regclass(:table))"
+)
 # The driver SQLAlchemy is told to use.
 DRIVER = "postgresql+psycopg"
 
@@ -205,6 +210,31 @@ class PostgreSQL(Dialect):
 
     def session_changed(self, driver: Any) -> bool:
         return bool(getattr(driver, "autocommit", False))
+
+    def outside_transaction(self, driver: Any) -> bool:
+        # psycopg would begin another transaction, which the inbox would commit with the
+        # rest, or the driver commit: a statement after the message's transaction ended is
+        # refused here as on SQLite, so that what went on after is the driver's alone.
+        return bool(driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+
+    def went_on(self, conn: sa.Connection) -> bool | None:
+        # Nothing here traces the session's statements: a transaction ended is taken for one
+        # that went on (through the driver: the guard refuses the rest), but one an error
+        # aborted, which is the message's unless the driver began another (PostgreSQL has
+        # released an aborted transaction's locks: nothing tells the two apart).
+        driver: Any = conn.connection.driver_connection
+        status = driver.info.transaction_status
+        if status == psycopg.pq.TransactionStatus.IDLE:
+            return True
+        return False if status == psycopg.pq.TransactionStatus.INERROR else None
+
+    def holds_transaction(self, conn: sa.Connection, backend: Any, table: str) -> bool:
+        # A table's lock is held to its transaction's end, whatever was rolled back to a
+        # savepoint meanwhile, and seen from any session, an aborted transaction's too.
+        return bool(conn.scalar(_HOLDS_TABLE, {"backend": backend, "table": table}))
+
+    def backend(self, driver: Any) -> Any:
+        return driver.info.backend_pid
 
     def session_left(self, conn: sa.Connection) -> str | None:
         # In one round trip, the reset committed as it runs (the pool sets the connection's
