@@ -7,6 +7,7 @@ to its commit or rollback; its asyncio twin is ``relay.db.inbox_async``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -18,10 +19,12 @@ from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.inbox_statements import Failures, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, Transaction
 from relay.db.runlock import RunLock
+from relay.db.schema import inbox_received
 from relay.errors import StoreError
 from relay.redact import redact_url
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class TransactionFailed(StoreError):
@@ -60,6 +63,41 @@ def classified(what: str, where: str, conn: sa.Connection) -> Iterator[None]:
         if cause is not None and not lost(cause, conn):
             raise TransactionFailed(str(exc), summary=exc.summary) from cause
         raise
+
+
+def spoilt(conn: sa.Connection, discard: bool) -> bool:
+    """Whether the message's connection, its run over, is not to be used again: ``discard``
+    (the handler may have changed its session), the driver's autocommit left on, or, once
+    whatever is open is rolled back, its session holding what the handler left in it past
+    the guard (``Dialect.session_left``): the next message on the pooled connection would
+    inherit it, a commit without a flush say, or a read-only session that it would fail on
+    as if the database were away."""
+    database = of(conn)
+    if discard or database.session_changed(conn.connection.driver_connection):
+        return True
+    conn.rollback()
+    left = database.session_left(conn)
+    if left is None:
+        return False
+    log.warning(
+        "a handler left %s in its connection's session: the connection is discarded",
+        left,
+        extra={"action": "inbox_session_discarded"},
+    )
+    return True
+
+
+# What ``Doer.went_on``'s look from another connection is called in its error.
+LOOKING = "looking at the message's transaction"
+
+
+def went_on_here(conn: sa.Connection, ended: bool) -> bool | None:
+    """``relay.inbox.steps.Doer.went_on`` as ``conn`` tells it (``Dialect.went_on``); None:
+    to be asked from another connection (``Dialect.holds_transaction``)."""
+    seen = of(conn).went_on(conn)
+    if seen is None and ended:
+        return True  # gone from it, and what ran since cannot be told
+    return seen
 
 
 class InboxStore:
@@ -157,6 +195,21 @@ class MessageRun:
                 return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
 
+    def went_on(self, ended: bool) -> bool:
+        """``relay.inbox.steps.Doer.went_on``: as the database tells (``Dialect.went_on``),
+        or from another connection where it cannot from this one."""
+        conn = self._conn
+        assert conn is not None
+        if conn.closed:  # by the handler (refused, too late): the pool rolled it back
+            return False
+        seen = went_on_here(conn, ended)
+        if seen is not None:
+            return seen
+        database = of(conn)
+        backend = database.backend(conn.connection.driver_connection)
+        held = self.call(LOOKING, database.holds_transaction, backend, inbox_received.name)
+        return not held
+
     def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         assert self._conn is not None
         with classified(what, self._store.where, self._conn):
@@ -176,15 +229,13 @@ class MessageRun:
 
     def _release(self, discard: bool) -> None:
         """The message's connection back to the pool, rolled back; discarded instead when its
-        session may have been changed (``discard``, or the driver says autocommit is on).
+        session may have been changed (``spoilt``).
         Never raises: a connection that fails to close is dropped, and the database rolls
         back what it held."""
         conn, self._conn = self._conn, None
         assert conn is not None
         try:
-            if not conn.invalidated and (
-                discard or of(conn).session_changed(conn.connection.driver_connection)
-            ):
+            if not conn.invalidated and spoilt(conn, discard):
                 conn.invalidate()  # rolled back by the server as the connection closes
             conn.close()
         except sa.exc.SQLAlchemyError:

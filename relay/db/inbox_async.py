@@ -16,9 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import classified, handler_failed, run_lock
+from relay.db.inbox import LOOKING, classified, handler_failed, run_lock, spoilt, went_on_here
 from relay.db.inbox_statements import InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
+from relay.db.schema import inbox_received
 from relay.redact import redact_url
 
 T = TypeVar("T")
@@ -154,6 +155,19 @@ class AsyncMessageRun:
                 return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
 
+    async def went_on(self, ended: bool) -> bool:
+        """``relay.db.inbox.MessageRun.went_on``."""
+        conn = self._sync()
+        if conn.closed:  # by the handler (refused, too late): the pool rolled it back
+            return False
+        seen = went_on_here(conn, ended)
+        if seen is not None:
+            return seen
+        database = of(conn)
+        backend = database.backend(conn.connection.driver_connection)
+        held = await self.call(LOOKING, database.holds_transaction, backend, inbox_received.name)
+        return not held
+
     async def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         with classified(what, self._store.where, self._sync()):
             return await self._held().run_sync(statement, *args)
@@ -184,11 +198,7 @@ class AsyncMessageRun:
         assert conn is not None
         sync = conn.sync_connection
         try:
-            if (
-                sync is not None
-                and not sync.invalidated
-                and (discard or of(sync).session_changed(sync.connection.driver_connection))
-            ):
+            if sync is not None and not sync.invalidated and await conn.run_sync(spoilt, discard):
                 await conn.invalidate()  # rolled back by the server as the connection closes
             await conn.close()
         except sa.exc.SQLAlchemyError:

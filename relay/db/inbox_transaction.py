@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -64,6 +65,11 @@ MOVES = (
 # so that what is kept stays a few megabytes at most.
 _JUDGED_KEPT = 1024
 _JUDGED_KEPT_LONGEST = 4096
+# The guard whose own moves (``Guard.own``) the running code is making: a mark of the task's
+# (or thread's) own, not of the guard's. An asyncio handler's other task, sending on the
+# same connection while ``tx.savepoint()`` awaits its SAVEPOINT, is judged; with a mark on
+# the guard its COMMIT went through with the savepoint.
+_OWN: ContextVar[Guard | None] = ContextVar("relay_inbox_own_move", default=None)
 
 
 class TransactionEnded(RelayError):
@@ -93,19 +99,18 @@ class Guard:
     handler that meant to commit a part of its work must not be acked as if it had. The
     inbox's own savepoints (``own``) go through."""
 
-    __slots__ = ("_database", "_judged", "_own", "refused")
+    __slots__ = ("_database", "_judged", "refused")
 
     def __init__(
         self, database: Dialect, judged_texts: dict[str, str | None] | None = None
     ) -> None:
         self._database = database
         self._judged = {} if judged_texts is None else judged_texts
-        self._own = False
         self.refused: TransactionEnded | None = None
 
     def statement(self, sql: str) -> None:
         """A statement's text, as the driver is about to get it."""
-        if self._own:
+        if _OWN.get() is self:
             return
         try:
             why = self._judged[sql]
@@ -120,9 +125,18 @@ class Guard:
 
     def moved(self, move: str) -> None:
         """A move of the transaction's (``MOVES``, or ``isolation_level``), about to be made."""
-        if not self._own:
+        if _OWN.get() is not self:
             words = move.replace("_", " ")
             self._refuse(f"a handler may not end or split the inbox's transaction ({words})")
+
+    def ended(self) -> NoReturn:
+        """A statement about to be sent with the message's transaction over (ended under the
+        handler), where the driver would run it outside any transaction and commit it as it
+        ran (``Dialect.outside_transaction``)."""
+        self._refuse(
+            "the inbox's transaction ended under the handler (a statement that rolled it "
+            "back, the driver's rollback or commit): nothing more is run in the message's run"
+        )
 
     def _refuse(self, why: str) -> NoReturn:
         error = TransactionEnded(why)
@@ -132,12 +146,14 @@ class Guard:
 
     @contextmanager
     def own(self) -> Iterator[None]:
-        """The inbox's own moves (``Transaction.savepoint``'s), let through."""
-        self._own = True
+        """The inbox's own moves (``Transaction.savepoint``'s), let through: those the code
+        inside makes, not another task's or thread's meanwhile (SQLAlchemy's asyncio greenlets
+        run in the awaiting task's context)."""
+        mark = _OWN.set(self)
         try:
             yield
         finally:
-            self._own = False
+            _OWN.reset(mark)
 
 
 class Guards:
@@ -157,17 +173,21 @@ class Guards:
 
     @contextmanager
     def running(self, conn: sa.Connection) -> Iterator[Guard]:
-        """A handler's run on ``conn``, guarded."""
+        """A handler's run on ``conn``, guarded (and watched: ``Dialect.watched``)."""
         guard = self._running[conn] = Guard(self._database, self._judged)
         try:
-            yield guard
+            with self._database.watched(conn):
+                yield guard
         finally:
             del self._running[conn]
 
     def _statement(self, conn: sa.Connection, _cursor: Any, sql: str, *_: Any) -> None:
         guard = self._running.get(conn)
-        if guard is not None:
-            guard.statement(sql)
+        if guard is None:
+            return
+        if self._database.outside_transaction(conn.connection.driver_connection):
+            guard.ended()  # the inbox's own savepoint's statements too
+        guard.statement(sql)
 
     def _options(self, conn: sa.Connection, options: dict[str, Any]) -> None:
         # An isolation level set on a connection with a transaction open ends it on some

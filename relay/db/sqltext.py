@@ -43,6 +43,13 @@ class Lexicon:
     # A backslash escapes the next character in every quoted string (MySQL's default), or only
     # in PostgreSQL's ``E'...'`` strings.
     backslash_escapes: bool = False
+    # SQLite quotes a name in brackets (``[inbox_received]``), and takes a string where a name
+    # goes for that name (``DELETE FROM 'inbox_received'``).
+    bracket_names: bool = False
+    string_names: bool = False
+    # PostgreSQL spells a name's characters as escapes in ``U&"..."`` (``U&"inbox\0072..."``),
+    # with another escape character after ``UESCAPE``.
+    unicode_names: bool = False
 
 
 def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
@@ -75,8 +82,21 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
                 i = _block_comment_end(text, i, lexicon.nested_comments)
         elif c == "'":
             escaped = lexicon.backslash_escapes or _escape_prefix(text, i)
-            i = _quote_end(text, i, c, escaped)
-            words.append(c)  # a string counts as a word, never a keyword
+            end = _quote_end(text, i, c, escaped)
+            # A string counts as a word, never a keyword; where it may be a name, its text
+            # follows the quote (``relay.db.inbox_transaction`` looks for the inbox's tables).
+            named = text[i + 1 : end - 1].replace("''", "'").upper() if lexicon.string_names else ""
+            words.append(c + named)
+            i = end
+        elif c == "[" and lexicon.bracket_names:
+            end = text.find("]", i + 1)
+            end = n if end < 0 else end + 1
+            words.append(text[i + 1 : end - 1].upper())
+            i = end
+        elif lexicon.unicode_names and text.startswith(('U&"', 'u&"'), i):
+            end = _quote_end(text, i + 2, '"', False)
+            name, i = _unicode_name(text, text[i + 3 : end - 1].replace('""', '"'), end)
+            words.append(name.upper())
         elif c in '"`':
             # A quoted identifier (or MySQL's double-quoted string): its name, as a word,
             # for the tables a handler may not name; a backtick escapes nothing.
@@ -97,6 +117,27 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
     if words:
         found.append(tuple(words))
     return found
+
+
+# After a ``U&"..."`` name: its escape character, if not the backslash.
+_UESCAPE = re.compile(r"\s*UESCAPE\s*'(.)'", re.IGNORECASE)
+# An escape in a ``U&"..."`` name (with ``\`` standing for its escape character): four hex
+# digits, or ``+`` and six; the escape character doubled is itself.
+_UNICODE_ESCAPE = r"{0}(?:([0-9A-Fa-f]{{4}})|\+([0-9A-Fa-f]{{6}})|({0}))"
+
+
+def _unicode_name(text: str, quoted: str, after: int) -> tuple[str, int]:
+    """A ``U&"..."`` name's characters (``quoted``: what its quotes hold), and where the text
+    goes on after it and its ``UESCAPE`` clause, if any."""
+    escape, clause = "\\", _UESCAPE.match(text, after)
+    if clause is not None:
+        escape, after = clause.group(1), clause.end()
+
+    def character(found: re.Match[str]) -> str:
+        code = found.group(1) or found.group(2)
+        return found.group(3) if code is None else chr(int(code, 16))
+
+    return re.sub(_UNICODE_ESCAPE.format(re.escape(escape)), character, quoted), after
 
 
 def _dash_comment(text: str, i: int, lexicon: Lexicon) -> bool:
@@ -181,7 +222,8 @@ def _refused(
         return "it ends the transaction (SET AUTOCOMMIT)"
     if changes_session(words):
         return f"it changes the connection's session ({' '.join(words[:2])})"
-    named = next((w for w in words if w.rpartition(".")[2] in tables), None)
+    # A string's word is its quote and, where it may be a name, its text (``string_names``).
+    named = next((n for w in words if (n := w.lstrip("'")).rpartition(".")[2] in tables), None)
     if named is not None:
         return f"it names the inbox's own table {named.lower()}"
     return None

@@ -41,12 +41,35 @@ from relay.inbox.policy import (
     too_many_before,
     window_problem,
 )
-from relay.inbox.steps import COMMIT, HANDLE, Steps, call, in_transaction, open_with, roll_back
+from relay.inbox.steps import (
+    COMMIT,
+    HANDLE,
+    Steps,
+    call,
+    in_transaction,
+    open_with,
+    roll_back,
+)
+from relay.inbox.steps import went_on as went_on_step
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings
 
 log = logging.getLogger(__name__)
+
+
+# Why a run is dead-lettered at once, never run again (``Flow._not_again``).
+COMMITTED_IN_PART = (
+    "the handler committed a part of its work past the inbox's transaction (the message's "
+    "key with it), then failed: dead-lettered, not run again, since that part would be done "
+    "twice"
+)
+WENT_ON = (
+    "the handler's transaction was rolled back under it (past the inbox's transaction, or by "
+    "a statement that rolls back as it fails) and its connection ran on after: what it did "
+    "then may have been committed, so the message is dead-lettered, its key kept, not run "
+    "again"
+)
 
 
 @dataclass(slots=True)
@@ -175,7 +198,7 @@ class Flow:
         # a connection of its own while the message's transaction is still open: only a
         # committed key is seen there, never another consumer's (a second delivery of the
         # message waits on the open key).
-        committed = False
+        committed = ended = False
         if error is None:
             try:
                 if (yield in_transaction("checking the key", self.statements.holds_key, key)):
@@ -189,8 +212,10 @@ class Flow:
                     self.metrics.processed.inc()
                     self._lost_at = None
                     return Answer(Verdict.ACK)
-                # Rolled back past ``Transaction`` (through the driver, a procedure): the
-                # transaction here is another, without the key, and is rolled back too.
+                # Rolled back past ``Transaction`` (through the driver, a procedure, a
+                # statement that rolls back as it fails): the transaction here is another,
+                # without the key, and is rolled back too.
+                ended = True
                 error = TransactionEnded(
                     "the handler ended the inbox's transaction: its key was not in the "
                     "transaction at the end"
@@ -200,26 +225,29 @@ class Flow:
                 committed = yield call("looking for the key", self.statements.key_committed, key)
         else:
             committed = yield call("looking for the key", self.statements.key_committed, key)
+        # Rolled back under the handler, which went on: what it did after ran outside the
+        # message's transaction, and may have been committed (its driver's commit, SQLite's
+        # autocommit of a statement sent with no transaction open).
+        went_on = not committed and (yield went_on_step(ended))
         # A connection whose transaction the handler ended may have had its session changed
         # too: it is not used again.
-        yield roll_back(discard=committed or isinstance(error, TransactionEnded))
+        yield roll_back(discard=committed or went_on or isinstance(error, TransactionEnded))
         if committed:
-            return (yield from self._committed_in_part(key, error))
+            return (yield from self._not_again(key, error, COMMITTED_IN_PART))
+        if went_on:
+            yield call("keeping the key", self.statements.add_key, key)
+            return (yield from self._not_again(key, error, WENT_ON))
         return (yield from self._failed(key, error))
 
-    def _committed_in_part(self, key: str, error: Exception) -> Steps[Answer]:
-        """The handler committed a part of its work past the guard (through its driver's
-        connection, a procedure that commits), the message's key with it, and then failed:
-        run again, it would do that part again. Dead-lettered at once, its attempt counted
-        with why; the key is kept, so that a delivery of the message again is acked as
-        processed, not run (an operator who would have it run again takes it from the dead
-        letters knowing what it did)."""
-        ended = TransactionEnded(
-            "the handler committed a part of its work past the inbox's transaction (the "
-            "message's key with it), then failed: dead-lettered, not run again, since that "
-            "part would be done twice"
-        )
-        why = f"{self.describe(ended)}; it failed with {self.describe(error)}"
+    def _not_again(self, key: str, error: Exception, why_not: str) -> Steps[Answer]:
+        """A part of the handler's work may have been committed past the guard: with the
+        message's key (``COMMITTED_IN_PART``: through its driver's connection, a procedure
+        that commits), or after its transaction ended under it (``WENT_ON``), the key then
+        committed here. Run again, it would do that part again: dead-lettered at once, its
+        attempt counted with why; the key kept, so that a delivery of the message again is
+        acked as processed, not run (an operator who would have it run again takes it from
+        the dead letters knowing what it did)."""
+        why = f"{self.describe(TransactionEnded(why_not))}; it failed with {self.describe(error)}"
         yield call("counting an attempt", self.statements.count_attempt, key, why)
         return (yield from self._dead_letter(key, why))
 

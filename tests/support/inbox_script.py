@@ -42,6 +42,8 @@ effects = sa.Table(
 #             a handler that catches every error would
 #   swallow   a statement that fails (no such table), its error caught: on PostgreSQL the
 #             transaction is aborted under the handler
+#   fails     the argument as SQL text through ``tx.execute``, the database's error it fails
+#             with caught (SQLite's ``INSERT OR ROLLBACK`` rolls back the whole transaction)
 #   duplicate a row whose unique value (``SECRET``) is there already: the database's error,
 #             its message and parameters quoting the value, raised out of the handler
 #   autocommit  autocommit turned on through the driver (PostgreSQL's after a commit: it
@@ -158,6 +160,9 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
             elif what == "swallow":
                 with contextlib.suppress(sa.exc.DBAPIError):
                     tx.execute(sa.text("SELECT * FROM no_such_table"))
+            elif what == "fails":
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    tx.execute(argument)
             elif what == "duplicate":
                 tx.execute(effects.insert(), [{"note": argument, "secret": SECRET}] * 2)
             elif what == "autocommit":
@@ -219,6 +224,9 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
             elif what == "swallow":
                 with contextlib.suppress(sa.exc.DBAPIError):
                     await tx.execute(sa.text("SELECT * FROM no_such_table"))
+            elif what == "fails":
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    await tx.execute(argument)
             elif what == "duplicate":
                 await tx.execute(effects.insert(), [{"note": argument, "secret": SECRET}] * 2)
             elif what == "autocommit":

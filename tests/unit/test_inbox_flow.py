@@ -39,7 +39,13 @@ def failures(attempts: int, error: str = "ValueError") -> Failures:
 # The steps of a first delivery's run that commits.
 RUN = [("open", True), ("handle", None), ("checking the key", True), ("commit", None)]
 # ... and of one whose handler raises, its key not committed, rolled back.
-RAISED = [("open", True), ("handle", BROKE), ("looking for the key", False), ("rollback", None)]
+RAISED = [
+    ("open", True),
+    ("handle", BROKE),
+    ("looking for the key", False),
+    ("went_on", False),
+    ("rollback", None),
+]
 
 # name -> (the delivery, [(the step it asks, its answer or the error it raises)], the verdict,
 # the delay, whether it pauses, the dead letter's attempts (or None))
@@ -184,6 +190,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("handle", None),
             ("checking the key", DEFERRED),
             ("looking for the key", False),
+            ("went_on", False),
             ("rollback", None),
             ("counting an attempt", 1),
         ],
@@ -198,6 +205,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("open", True),
             ("handle", None),
             ("checking the key", False),
+            ("went_on", False),
             ("rollback", None),
             ("counting an attempt", 1),
         ],
@@ -229,6 +237,40 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("checking the key", DEFERRED),
             ("looking for the key", True),
             ("rollback", None),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "rolled back under the handler, which went on: dead-lettered, its key kept": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", None),
+            ("checking the key", False),
+            ("went_on", True),
+            ("rollback", None),
+            ("keeping the key", True),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "rolled back under the handler, which went on and raised: dead-lettered alike": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", BROKE),
+            ("looking for the key", False),
+            ("went_on", True),
+            ("rollback", None),
+            ("keeping the key", True),
             ("counting an attempt", 1),
             ("reading attempts", failures(1, "TransactionEnded: ...")),
         ],
@@ -283,6 +325,9 @@ class Scripted:
     def handle(self) -> Any:
         return self._answer("handle", ())
 
+    def went_on(self, ended: bool) -> Any:
+        return self._answer("went_on", (ended,))
+
     def commit(self) -> Any:
         return self._answer("commit", ())
 
@@ -332,19 +377,27 @@ def test_the_asyncio_driver_takes_the_same_steps(case: str) -> None:
 
 def test_a_handler_that_ended_the_transaction_has_its_connection_discarded() -> None:
     """Its session may have been changed with the transaction (MySQL's autocommit, say)."""
-    for handled, committed in ((TransactionEnded("ended"), False), (BROKE, True)):
+    for handled, committed, went_on in (
+        (TransactionEnded("ended"), False, False),
+        (BROKE, True, None),
+        (BROKE, False, True),
+    ):
+        looked = [] if went_on is None else [("went_on", went_on)]
+        kept = [("keeping the key", True)] if went_on else []
         doer = Scripted(
             [
                 ("open", True),
                 ("handle", handled),
                 ("looking for the key", committed),
+                *looked,
                 ("rollback", None),
+                *kept,
                 ("counting an attempt", 1),
                 ("reading attempts", failures(1)),
             ]
         )
         drive(flow().process(delivery()), doer)
-        assert doer.args[3] == (True,)  # rollback(discard=True)
+        assert doer.args[doer.asked.index("rollback")] == (True,)  # rollback(discard=True)
 
 
 def test_a_part_committed_past_tx_is_dead_lettered_naming_why() -> None:

@@ -7,6 +7,7 @@ never sent."""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -170,6 +171,18 @@ def test_the_inboxs_own_savepoint_goes_through() -> None:
     assert guard.refused is None
     with pytest.raises(TransactionEnded):
         guard.statement("SAVEPOINT s")
+
+
+def test_the_inboxs_own_move_lets_through_its_own_code_alone() -> None:
+    """Another task (its context made before the inbox's move began) or thread sending on
+    the connection meanwhile is judged."""
+    guard = Guard(of("postgresql"))
+    another_task = contextvars.copy_context()
+    with guard.own():
+        guard.statement("SAVEPOINT sa_savepoint_1")
+        with pytest.raises(TransactionEnded):
+            another_task.run(guard.statement, "COMMIT")
+    assert guard.refused is not None
 
 
 def test_a_text_judged_before_is_refused_again_and_a_long_one_is_not_kept() -> None:

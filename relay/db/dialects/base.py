@@ -8,7 +8,8 @@ written once, for all of them.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -252,6 +253,45 @@ class Dialect(abc.ABC):
         cannot work in (autocommit on: each statement its own transaction), as the driver
         knows without a round trip; a handler can leave it so, past ``Transaction``."""
         return False
+
+    def outside_transaction(self, driver: Any) -> bool:
+        """Whether a statement the driver's connection ``driver`` were sent now would run
+        outside any transaction, committed as it runs, rather than begin one (the message's
+        transaction ended under the handler): the guard refuses it. False where the driver
+        begins one, or cannot say without a round trip."""
+        return False
+
+    @contextmanager
+    def watched(self, conn: sa.Connection) -> Iterator[None]:
+        """A handler's run on ``conn``, watched where ``went_on`` needs it."""
+        yield
+
+    def went_on(self, conn: sa.Connection) -> bool | None:
+        """After a handler's run on ``conn`` whose transaction may have ended under it
+        (rolled back past the guard, or by a statement of the handler's own): whether the
+        connection ran anything since it ended (then a part of the handler's work may have
+        been committed past the message's transaction, and a retry would do it again). None
+        where the database cannot tell from here: ``holds_transaction`` is asked from
+        another connection. False where it is not looked for."""
+        return False
+
+    def holds_transaction(self, conn: sa.Connection, backend: Any, table: str) -> bool:
+        """Seen from ``conn``, another connection: whether the session ``backend`` (whose
+        ``went_on`` said None) still holds the message's transaction, the one that wrote its
+        key into ``table`` (none of the handler's writes there: the guard refuses them)."""
+        raise NotImplementedError(self.name)
+
+    def backend(self, driver: Any) -> Any:
+        """The driver's connection's session, as ``holds_transaction`` names it."""
+        raise NotImplementedError(self.name)
+
+    def session_left(self, conn: sa.Connection) -> str | None:
+        """What ``conn``'s session holds, no transaction open, that a transaction's end did not
+        undo and the inbox's sessions never hold of their own (a temporary table, a prepared
+        statement), or None: the next message's run on the pooled connection would inherit
+        it. What can be reset cheaply (a setting made for the session through a function or
+        a block) is reset here instead."""
+        return None
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         """What the driver's ``error`` says that names no value (its SQLSTATE or error number,

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.util.concurrency import await_
 
 from relay.constants import SQLITE_BUSY_TIMEOUT_MS
 from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
+from relay.db.sqltext import Lexicon
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -29,6 +33,8 @@ SQLITE_RELAY_PRAGMAS = ("synchronous=NORMAL",)
 # Every other connection (writers, the inbox): a commit survives a power loss, whatever the
 # build's default.
 SQLITE_DURABLE = ("synchronous=FULL",)
+# Where an inbox connection's pool record keeps its ``TransactionWatch``.
+_WATCH = "relay_inbox_watch"
 # SQLite's strftime has milliseconds (%f is SS.SSS); three zeros make SQLAlchemy's 6 digits.
 _TIME_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
 
@@ -39,6 +45,7 @@ class SQLite(Dialect):
     one_writer: ClassVar[bool] = True
     lenient_text: ClassVar[bool] = True
     budget_cut_as_read: ClassVar[bool] = True
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(bracket_names=True, string_names=True)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -46,6 +53,8 @@ class SQLite(Dialect):
         engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         pragmas = SQLITE_PRAGMAS + (SQLITE_RELAY_PRAGMAS if relay_session else SQLITE_DURABLE)
         sa.event.listen(engine, "connect", functools.partial(_pragmas, pragmas))
+        if inbox_session:
+            sa.event.listen(engine, "connect", _watch)
         return engine
 
     def async_engine(self, url: sa.URL) -> AsyncEngine:
@@ -57,6 +66,7 @@ class SQLite(Dialect):
         )
         pragmas = functools.partial(_pragmas, SQLITE_PRAGMAS + SQLITE_DURABLE)
         sa.event.listen(engine.sync_engine, "connect", pragmas)
+        sa.event.listen(engine.sync_engine, "connect", _watch)
         return engine
 
     def new_message_id(self) -> str:
@@ -139,6 +149,26 @@ class SQLite(Dialect):
         # sqlite3's (and aiosqlite's) autocommit: no transaction begun for a statement.
         return getattr(driver, "isolation_level", "") is None
 
+    def outside_transaction(self, driver: Any) -> bool:
+        # sqlite3 begins a transaction before an INSERT, UPDATE, DELETE or REPLACE only: a
+        # `WITH ... INSERT`, a DDL statement or a SAVEPOINT sent with none open runs on its
+        # own and commits. A statement can end the transaction as it fails (`INSERT OR
+        # ROLLBACK`, a conflict clause's or a trigger's ROLLBACK), and a handler that caught
+        # that error and wrote on had its writes committed once a retry.
+        return not driver.in_transaction
+
+    @contextmanager
+    def watched(self, conn: sa.Connection) -> Iterator[None]:
+        watch: TransactionWatch = conn.connection.info[_WATCH]
+        watch.watching, watch.went_on = True, False
+        try:
+            yield
+        finally:
+            watch.watching = False
+
+    def went_on(self, conn: sa.Connection) -> bool | None:
+        return bool(conn.connection.info[_WATCH].went_on)
+
     def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, sqlite3.Error):
             return None
@@ -198,6 +228,36 @@ def _pragmas(pragmas: tuple[str, ...], dbapi_connection: Any, _record: Any) -> N
     for pragma in pragmas:
         cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
+
+
+class TransactionWatch:
+    """Whether an inbox connection ran a statement outside a transaction while a handler's run
+    was watched (``SQLite.watched``), told of each statement the connection runs, the
+    driver's own and a trigger's too (sqlite3's trace callback). After the message's
+    transaction ended, whatever ran next ran outside it (a BEGIN, or a statement committed as
+    it ran): ``went_on`` says so; a run whose transaction ended with nothing after it has
+    nothing committed past it."""
+
+    __slots__ = ("_driver", "watching", "went_on")
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver  # sqlite3's connection, or aiosqlite's (its in_transaction alike)
+        self.watching = False
+        self.went_on = False
+
+    def traced(self, _statement: str) -> None:
+        if self.watching and not self._driver.in_transaction:
+            self.went_on = True
+
+
+def _watch(dbapi_connection: Any, record: Any) -> None:
+    """An inbox connection's ``TransactionWatch``, kept in its pool record."""
+    driver = getattr(dbapi_connection, "driver_connection", None) or dbapi_connection
+    watch = record.info[_WATCH] = TransactionWatch(driver)
+    if isinstance(driver, sqlite3.Connection):
+        driver.set_trace_callback(watch.traced)
+    else:  # aiosqlite's, whose connection is used on a thread of its own
+        await_(driver.set_trace_callback(watch.traced))
 
 
 def _lenient_text(value: bytes) -> str:
