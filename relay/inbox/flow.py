@@ -2,9 +2,8 @@
 inboxes: a generator that yields what it needs done (``Step``: a statement in a transaction
 of its own, or a move of the message's own transaction: open it with the key, run the
 handler, a statement in it, commit, roll back) and decides from what it is sent back (or
-the error thrown in) what the broker is answered. ``relay.inbox.steps``'s drivers run it
-against a ``Doer`` (``relay.db.inbox.InboxStore`` and its asyncio twin); the decisions
-themselves do no I/O.
+the error thrown in) what the broker is answered, with no I/O of its own (``relay.inbox.steps``
+runs it against ``relay.db.inbox.InboxStore`` and its asyncio twin).
 
 What counts as a failed attempt, and nothing else does:
 - the handler raised (not because the inbox's connection was lost: that is the database
@@ -15,8 +14,7 @@ What counts as a failed attempt, and nothing else does:
   is not in the transaction at the end); one that committed a part of its work past the
   guard with the key and then failed is dead-lettered at once, its key kept: run again, it
   would do that part twice;
-- a run that died inside the handler (its consumer killed): found by the next delivery, as
-  its run's mark still set.
+- a run that died inside the handler (its consumer killed): its mark found still set.
 Never a database error of the inbox's own, a lock wait, or a delivery that came again
 without having reached its handler. A message whose key is there is acked as processed
 before anything is counted, however often it came."""
@@ -34,6 +32,8 @@ from relay.db.inbox_statements import CRASHED, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import (
+    COMMITTED_IN_PART,
+    WENT_ON,
     RetrySchedule,
     dead_letter_headers,
     describe,
@@ -56,20 +56,6 @@ from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings
 
 log = logging.getLogger(__name__)
-
-
-# Why a run is dead-lettered at once, never run again (``Flow._not_again``).
-COMMITTED_IN_PART = (
-    "the handler committed a part of its work past the inbox's transaction (the message's "
-    "key with it), then failed: dead-lettered, not run again, since that part would be done "
-    "twice"
-)
-WENT_ON = (
-    "the handler's transaction was rolled back under it (past the inbox's transaction, or by "
-    "a statement that rolls back as it fails) and its connection ran on after: what it did "
-    "then may have been committed, so the message is dead-lettered, its key kept, not run "
-    "again"
-)
 
 
 @dataclass(slots=True)

@@ -231,6 +231,19 @@ def window_problem(window: float, retention: float) -> str | None:
     return None
 
 
+# Why a run is dead-lettered at once, never run again (``Flow._not_again``).
+COMMITTED_IN_PART = (
+    "the handler committed a part of its work past the inbox's transaction (the message's "
+    "key with it), then failed: dead-lettered, not run again, since that part would be done "
+    "twice"
+)
+WENT_ON = (
+    "the handler's transaction was rolled back under it (past the inbox's transaction, or by "
+    "a statement that rolls back as it fails) and its connection ran on after: what it did "
+    "then may have been committed, so the message is dead-lettered, its key kept, not run "
+    "again"
+)
+
 # Headers on a message the inbox dead-lettered, saying why (``dead_letter_headers``).
 DEAD_ERROR = "x-inbox-error"
 DEAD_ATTEMPTS = "x-inbox-attempts"
