@@ -20,6 +20,9 @@ from devtools.spark_cluster import SparkCluster
 from tests.spark.driver import PARTITIONS
 from tests.support.spark_drivers import DRIVER_TIMEOUT_S, counts, finish, stage_tables, start
 
+# Drivers of their own, each bounded by DRIVER_TIMEOUT_S (tests/support/spark_drivers.py).
+pytestmark = pytest.mark.timeout(900)
+
 ROWS = 1600
 
 

@@ -12,8 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from devtools.outbox import rows as outbox_rows
 from tests.support.spark_drivers import DRIVER_TIMEOUT_S, stage_tables
+
+# Drivers of their own, each bounded by DRIVER_TIMEOUT_S (tests/support/spark_drivers.py).
+pytestmark = pytest.mark.timeout(900)
 
 
 def errors(url: str, kind: str, scratch: Path) -> dict[bool, dict[str, str]]:

@@ -10,6 +10,9 @@ import pytest
 from devtools.servers import RabbitNode
 from examples.demo import run_demo
 
+# A Spark job and a relay of its own, started in the test: as long as a driver may take.
+pytestmark = pytest.mark.timeout(900)
+
 
 def test_the_demo_relays_every_message_its_spark_job_wrote(
     rabbit: RabbitNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -25,6 +25,9 @@ from tests.support.spark_drivers import (
     start,
 )
 
+# Drivers of their own, each bounded by DRIVER_TIMEOUT_S (tests/support/spark_drivers.py).
+pytestmark = pytest.mark.timeout(900)
+
 
 def test_a_file_stream_killed_mid_batch_and_restarted_writes_every_row_once(
     postgresql_url: str, tmp_path: Path
