@@ -848,7 +848,13 @@ def test_19_a_live_stream_rolls_from_the_release_of_0013_to_this_one_without_a_s
         relays.append(first.start())
         wait_until(functools.partial(connected, first), 60, "the first connected")
         wait_until(lambda: not fenced(first) and first.published() > 0, 3 * LEASE, "taken over")
-        assert old.stop(30) == 0
+        stopped = old.stop(30)
+        # Stopped as a rolling update stops it (SIGTERM: drained, 0), or already retiring on
+        # its own: the first relay of this release raised the least protocol, and the old
+        # one gives its buckets up, drains and exits 1; a SIGTERM in that exit, after its
+        # loop had closed, kills it (a CI run under load: -15, its log drained and retired).
+        retired = "this relay's buckets are given up, and it stops" in old.log()
+        assert stopped in ((0, 1, -signal.SIGTERM) if retired else (0,)), old.log()[-3000:]
         relays.append(second.start())
         wait_until(functools.partial(connected, second), 60, "the second connected")
         ended = time.time() + 2 * LEASE
