@@ -116,7 +116,7 @@ class Merge:
         count = conn.execute(
             sa.update(_RUNS)
             .where(_RUNS.c.run == run)
-            .values(entries=_RUNS.c.entries + written, building=high is not None)
+            .values(entries=_RUNS.c.entries + written)
             .returning(_RUNS.c.entries)
         ).scalar_one()
         if high is not None:
