@@ -93,11 +93,21 @@ LOOKING = "looking at the message's transaction"
 
 def went_on_here(conn: sa.Connection, ended: bool) -> bool | None:
     """``relay.inbox.steps.Doer.went_on`` as ``conn`` tells it (``Dialect.went_on``); None:
-    to be asked from another connection (``Dialect.holds_transaction``)."""
+    to be asked from another connection (``holds_inbox``)."""
+    if conn.closed:  # by the handler (refused, too late): the pool rolled it back
+        return False
     seen = of(conn).went_on(conn)
     if seen is None and ended:
         return True  # gone from it, and what ran since cannot be told
     return seen
+
+
+def holds_inbox(conn: sa.Connection) -> tuple[Callable[..., bool], object, str]:
+    """The statement (and its arguments) another connection asks whether ``conn``'s backend
+    still holds its transaction on the inbox's keys (``Dialect.holds_transaction``)."""
+    database = of(conn)
+    backend = database.backend(conn.connection.driver_connection)
+    return database.holds_transaction, backend, inbox_received.name
 
 
 class InboxStore:
@@ -200,15 +210,10 @@ class MessageRun:
         or from another connection where it cannot from this one."""
         conn = self._conn
         assert conn is not None
-        if conn.closed:  # by the handler (refused, too late): the pool rolled it back
-            return False
         seen = went_on_here(conn, ended)
         if seen is not None:
             return seen
-        database = of(conn)
-        backend = database.backend(conn.connection.driver_connection)
-        held = self.call(LOOKING, database.holds_transaction, backend, inbox_received.name)
-        return not held
+        return not self.call(LOOKING, *holds_inbox(conn))
 
     def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         assert self._conn is not None

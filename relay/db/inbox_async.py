@@ -14,12 +14,18 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relay.db.dialects import of
 from relay.db.engine import create_async_engine, db_errors
-from relay.db.inbox import LOOKING, classified, handler_failed, run_lock, spoilt, went_on_here
+from relay.db.inbox import (
+    LOOKING,
+    classified,
+    handler_failed,
+    holds_inbox,
+    run_lock,
+    spoilt,
+    went_on_here,
+)
 from relay.db.inbox_statements import InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
-from relay.db.schema import inbox_received
 from relay.redact import redact_url
 
 T = TypeVar("T")
@@ -158,15 +164,10 @@ class AsyncMessageRun:
     async def went_on(self, ended: bool) -> bool:
         """``relay.db.inbox.MessageRun.went_on``."""
         conn = self._sync()
-        if conn.closed:  # by the handler (refused, too late): the pool rolled it back
-            return False
         seen = went_on_here(conn, ended)
         if seen is not None:
             return seen
-        database = of(conn)
-        backend = database.backend(conn.connection.driver_connection)
-        held = await self.call(LOOKING, database.holds_transaction, backend, inbox_received.name)
-        return not held
+        return not await self.call(LOOKING, *holds_inbox(conn))
 
     async def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         with classified(what, self._store.where, self._sync()):

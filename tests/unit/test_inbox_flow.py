@@ -46,6 +46,15 @@ RAISED = [
     ("went_on", False),
     ("rollback", None),
 ]
+# ... and the end of one whose transaction was rolled back under a handler that went on:
+# dead-lettered at once, its key kept.
+WENT_ON = [
+    ("went_on", True),
+    ("rollback", None),
+    ("keeping the key", True),
+    ("counting an attempt", 1),
+    ("reading attempts", failures(1, "TransactionEnded: ...")),
+]
 
 # name -> (the delivery, [(the step it asks, its answer or the error it raises)], the verdict,
 # the delay, whether it pauses, the dead letter's attempts (or None))
@@ -251,11 +260,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("open", True),
             ("handle", None),
             ("checking the key", False),
-            ("went_on", True),
-            ("rollback", None),
-            ("keeping the key", True),
-            ("counting an attempt", 1),
-            ("reading attempts", failures(1, "TransactionEnded: ...")),
+            *WENT_ON,
         ],
         Verdict.DEAD_LETTER,
         HELD,
@@ -268,11 +273,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("open", True),
             ("handle", BROKE),
             ("looking for the key", False),
-            ("went_on", True),
-            ("rollback", None),
-            ("keeping the key", True),
-            ("counting an attempt", 1),
-            ("reading attempts", failures(1, "TransactionEnded: ...")),
+            *WENT_ON,
         ],
         Verdict.DEAD_LETTER,
         HELD,
