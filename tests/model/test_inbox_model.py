@@ -40,6 +40,7 @@ from tests.support.inbox_model import (
     OUTCOMES,
     PROCESSED,
     RAISE,
+    ROLLBACK_RETURN,
     SQL_COMMIT,
     Fate,
     fates,
@@ -63,10 +64,9 @@ pytestmark = [pytest.mark.databases("postgresql", "sqlite"), pytest.mark.timeout
 Make = Callable[..., contextlib.AbstractContextManager[Inboxes]]
 
 
-def machine(make: Make, aborts: bool, away: bool) -> type[RuleBasedStateMachine]:
-    """The state machine over front ends ``make`` gives afresh for each sequence, on a
-    database that aborts a transaction at an error (PostgreSQL) or not, and that can be cut
-    away (a server) or not (SQLite)."""
+def machine(make: Make, postgresql: bool, away: bool) -> type[RuleBasedStateMachine]:
+    """The state machine over front ends ``make`` gives afresh for each sequence, on
+    PostgreSQL or SQLite (``fates``), a database that can be cut away (a server) or not."""
     outcomes = [o for o in OUTCOMES if away or o != DB_AWAY]
 
     class InboxModel(RuleBasedStateMachine):
@@ -79,7 +79,7 @@ def machine(make: Make, aborts: bool, away: bool) -> type[RuleBasedStateMachine]
         @rule(script=st.lists(st.sampled_from(outcomes), max_size=4))
         def publish(self, script: list[str]) -> None:
             (key,) = self.inboxes.publish(script)
-            self.fates[key] = fates(script, MAX_ATTEMPTS, aborts)
+            self.fates[key] = fates(script, MAX_ATTEMPTS, postgresql)
 
         @rule()
         def restart_the_consumers(self) -> None:
@@ -197,9 +197,9 @@ def front_ends(database_url: str, rabbit: RabbitNode, tmp_path: Path) -> tuple[M
 
 
 def test_every_front_end_keeps_the_models_promises(front_ends: tuple[Make, bool, bool]) -> None:
-    make, aborts, away = front_ends
+    make, postgresql, away = front_ends
     run_state_machine_as_test(
-        machine(make, aborts, away),
+        machine(make, postgresql, away),
         settings=settings(
             max_examples=EXAMPLES,
             stateful_step_count=STEPS,
@@ -214,15 +214,17 @@ def test_every_front_end_keeps_the_models_promises(front_ends: tuple[Make, bool,
 def test_every_front_end_meets_the_doors_fates(front_ends: tuple[Make, bool, bool]) -> None:
     """One sequence of the machine's, always the same: the doors a handler may try (issue
     71's DDL, the connection's commit behind ``tx``, SQL text; the driver's commit, past the
-    guard, then a raise), each message's effects at most once at every front end."""
-    make, aborts, away = front_ends
-    model: Any = machine(make, aborts, away)()  # its rules called as the machine would
+    guard, then a raise; the driver's rollback), each message's effects at most once at every
+    front end."""
+    make, postgresql, away = front_ends
+    model: Any = machine(make, postgresql, away)()  # its rules called as the machine would
     try:
         for script in (
             [COMMIT_RAISE],
             [DDL_COMMIT],
             [DOOR_RETURN, DDL_COMMIT],
             [SQL_COMMIT, RAISE, COMMIT_RAISE],
+            [ROLLBACK_RETURN, DDL_COMMIT],
         ):
             model.publish(script)
         model.settle()
@@ -239,7 +241,7 @@ def test_consumers_killed_anywhere_under_a_stream_dead_letter_nothing(
     deliveries that never reached their handler (prefetched, or held by FastStream) count
     nothing. Nothing dead-lettered, each message processed once. (FastStream dead-lettered
     90 of 600 so, 83 of which had never reached the handler.)"""
-    make, _aborts, _away = front_ends
+    make, _postgresql, _away = front_ends
     chunk = STREAM // (KILLS + 1)
     with make(max_attempts=2) as inboxes:
         keys: list[str] = []

@@ -24,8 +24,11 @@ returns). Each outcome is what a handler or its surroundings do in one run:
     commit_raise    writes a part, commits it through the driver (past the guard), then
                     raises: its part committed with the key, so dead-lettered at once (run
                     again, that part would be written twice), whatever the attempts left
-    rollback_return writes, rolls back through the driver, writes again, returns: a failure,
-                    nothing committed
+    rollback_return writes, rolls back through the driver, writes again (refused: no
+                    transaction is open), returns: a failure, nothing committed; where the
+                    database cannot tell whether the session ran on past its transaction's
+                    end (PostgreSQL: the driver may have written and committed), dead-lettered
+                    at once, its key kept
     swallow_return  writes, swallows a failing statement, returns: processed where the
                     database goes on after an error (SQLite, MariaDB), a failure where it
                     aborts the transaction (PostgreSQL)
@@ -94,29 +97,34 @@ class Fate:
     attempts: int = 0
 
 
-def fates(script: Sequence[str], max_attempts: int, aborts_on_error: bool) -> set[Fate]:
-    """Every fate the inbox may give a message of ``script``: one, unless a run that died
-    may have been on its first delivery (counted or not, as it was or not)."""
-    return _Walk(list(script), max_attempts, aborts_on_error).fates(0, failures=0, parts=0)
+def fates(script: Sequence[str], max_attempts: int, postgresql: bool) -> set[Fate]:
+    """Every fate the inbox may give a message of ``script`` on PostgreSQL or not (SQLite):
+    one, unless a run that died may have been on its first delivery (counted or not, as it
+    was or not)."""
+    return _Walk(list(script), max_attempts, postgresql).fates(0, failures=0, parts=0)
 
 
 @dataclass(frozen=True)
 class _Walk:
     script: list[str]
     max_attempts: int
-    aborts: bool
+    # PostgreSQL aborts a transaction at an error, and cannot tell what a session ran after
+    # its transaction ended under the handler.
+    postgresql: bool
 
     def fates(self, run: int, *, failures: int, parts: int) -> set[Fate]:
         """The fates from the ``run``-th run on, with ``failures`` counted and ``parts``
         committed so far."""
         outcome = self.script[run] if run < len(self.script) else RETURN
         runs = run + 1
-        if outcome in (RETURN, LOST_ACK) or (outcome == SWALLOW_RETURN and not self.aborts):
+        if outcome in (RETURN, LOST_ACK) or (outcome == SWALLOW_RETURN and not self.postgresql):
             return {Fate(PROCESSED, runs, parts)}
         if outcome == DB_AWAY:
             return self.fates(runs, failures=failures, parts=parts)
         if outcome == COMMIT_RAISE:
             return {Fate(DEAD, runs, parts + 1, failures + 1)}
+        if outcome == ROLLBACK_RETURN and self.postgresql:
+            return {Fate(DEAD, runs, parts, failures + 1)}
         if outcome != DIE:
             return self._failed(runs, failures + 1, parts)
         # Counted when the message comes again, before its next run (so it may come again
