@@ -30,13 +30,13 @@ from relay.records import PARKED
 parked_time = outbox.c.next_attempt_at
 
 # A page's walk over the parked rows stops after this long (seconds), between two chunks:
-# at 300,000 parked rows on a busy 2-core machine the whole walk took about 0.6 s
-# (bench.console), so counts stay exact well past the hundreds of thousands, and a page
-# still answers within seconds at tens of millions.
+# the overview's walk of 300,000 parked rows took 1.2 s (median; bench.console on a 2-core
+# machine shared with a test suite), so counts stay exact into the hundreds of thousands,
+# and beyond them a page still answers within a few seconds, with lower bounds.
 COUNT_BUDGET_S = 2.0
-# Parked rows a chunk of the walk reads: one grouped statement of 20,000 rows took about
-# 35 ms on PostgreSQL, short beside the budget, long enough that the statements' overhead
-# is small.
+# Parked rows a chunk of the walk reads: one grouped statement of 20,000 rows took 40 ms on
+# PostgreSQL (EXPLAIN ANALYZE), short beside the budget (the walk stops at most a chunk
+# past it), long enough that each statement's round trip and planning are small.
 COUNT_CHUNK_ROWS = 20_000
 
 
