@@ -4,11 +4,13 @@
                                       [--rounds 3] [--replay 100000] [--writers 4]
 
 Starts a private PostgreSQL with default durability and the project's migrations, then:
-  (reads)   ``--parked`` parked rows (five causes, one of them naming one of 50 exchanges,
-            three exchanges, parked a second apart), analysed; each console read
+  (reads)   ``--parked`` parked rows (five causes, one of them naming one of 600 tenants'
+            exchanges, three exchanges, parked a second apart), analysed; each console read
             ``--repeats`` times, its median and worst wall time: the overview (counts, causes,
             relays), the first page, a page filtered by exchange, by cause, by a part of the
-            reason, and the 200th page (keyset);
+            reason, and the 200th page (keyset); and the overview's counts beside the true
+            ones (a GROUP BY of every parked row): how many causes it shows exact, how many
+            as a lower bound, and the least share of a true count a bound showed;
   (indexes) what the console's indexes (migration 0014) cost the writers' INSERT, measured
             as bench.writers does: ``outbox`` beside ``outbox_copy`` (the outbox's columns,
             defaults and indexes, the console's three left out), ``--rows`` 200-byte rows in
@@ -37,6 +39,7 @@ import psycopg
 
 from bench.writers import bulk, writers
 from devtools.servers import PostgresServer
+from relay.console.causes import cause_of
 from relay.console.records import Actor, ParkedFilter
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
@@ -56,7 +59,7 @@ SELECT 'p-' || g, (ARRAY['orders', 'billing', 'audit'])[g % 3 + 1], 'rk.' || (g 
                   WHEN 1 THEN 'rejected: headers are not a JSON object'
                   WHEN 2 THEN 'nacked'
                   WHEN 3 THEN 'timed_out'
-                  ELSE 'failed: 404 NOT_FOUND - no exchange ''orders-' || (g % 50)
+                  ELSE 'failed: 404 NOT_FOUND - no exchange ''orders-' || (g % 600)
                        || ''' in vhost ''/'''
        END,
        now() - ({n} - g) * interval '1 second', now() - ({n} - g) * interval '1 second'
@@ -77,7 +80,7 @@ def timed(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
 def reads(url: str, repeats: int) -> dict[str, tuple[float, float]]:
     console = ConsoleReads(url)
     try:
-        causes = {c.cause: c.prefixes for c in console.causes()}
+        causes = console.causes().prefixes
         missing = next(c for c in causes if c.startswith("failed"))
         deep = None
         for _ in range(200):
@@ -100,6 +103,41 @@ def reads(url: str, repeats: int) -> dict[str, tuple[float, float]]:
         return found
     finally:
         console.close()
+
+
+def accuracy(url: str, conninfo: str) -> dict[str, Any]:
+    """The overview's count of each cause beside the true count (every parked row read)."""
+    true: dict[str, int] = {}
+    with psycopg.connect(conninfo) as conn:
+        for error, rows in conn.execute(
+            "SELECT substr(last_error, 1, 200), count(*) FROM outbox WHERE status = 'parked' "
+            "GROUP BY 1"
+        ):
+            true[cause_of(error)] = true.get(cause_of(error), 0) + rows
+    console = ConsoleReads(url)
+    try:
+        began = time.perf_counter()
+        causes = console.overview().causes
+        took = (time.perf_counter() - began) * 1000
+    finally:
+        console.close()
+    shown = {g.cause: g.rows for g in causes.listed}
+    bounds = [c.rows / true[name] for name, c in shown.items() if not c.exact]
+    found = {
+        "overview_ms": round(took, 1),
+        "causes": len(true),
+        "listed": len(shown),
+        "other_causes": causes.other_causes,
+        "exact": sum(c.exact and c.rows == true[name] for name, c in shown.items()),
+        "lower_bounds": len(bounds),
+        "wrong": sum(
+            c.rows > true[name] or (c.exact and c.rows != true[name]) for name, c in shown.items()
+        ),
+        "least_bound_share": round(min(bounds), 3) if bounds else None,
+        "parked": str(causes.parked),
+    }
+    print(f"count accuracy: {found}", flush=True)
+    return found
 
 
 def index_cost(pg: PostgresServer, conninfo: str, args: argparse.Namespace) -> dict[str, float]:
@@ -269,6 +307,7 @@ def main() -> int:
             pg.psql(FILL.format(n=args.parked), database="bench")
             pg.psql("VACUUM ANALYZE outbox", database="bench")
             read_ms = reads(url, args.repeats) if "reads" in parts else {}
+            counts = accuracy(url, conninfo) if "reads" in parts else {}
             replay = replay_cost(pg, url, conninfo, args) if "replay" in parts else {}
         finally:
             pg.stop()
@@ -277,6 +316,7 @@ def main() -> int:
         "reads_ms": {
             k: {"median": round(m, 1), "worst": round(w, 1)} for k, (m, w) in read_ms.items()
         },
+        "counts": counts,
         "indexes": costs,
         "replay": {"rows": args.replay, "writers": args.writers, **replay},
     }

@@ -373,9 +373,6 @@ CONSOLE_PAYLOAD_PREVIEW_BYTES = 4096
 # page (the count beyond is said, not listed).
 CONSOLE_PAGE_ROWS = 50
 CONSOLE_HELD_ROWS = 20
-# Distinct last errors read to group parked rows by cause: each is a step of one index; a
-# table whose errors all differ (an id in each) shows this many and says there are more.
-CONSOLE_CAUSE_SCAN = 500
 # A bulk change moves this many rows per transaction: each transaction holds its row locks
 # (of parked rows only, which no writer touches) for milliseconds, and the relays see the
 # first chunks' rows while the rest are still moving.

@@ -17,7 +17,7 @@ from relay.admin.inbox import requeue
 from relay.broker.deadletters import MoveFailed
 from relay.console import forms
 from relay.console.access import Refused, check_csrf, form_of, keep_session, require
-from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, ParkedFilter
+from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
 from relay.console.state import Console
 from relay.constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE, failed
@@ -65,8 +65,7 @@ async def _bounded(console: Console, change: _Change) -> datetime:
 async def _chosen(console: Console, change: _Change) -> ParkedFilter:
     bound = await _bounded(console, change)
     causes = await run_in_threadpool(console.reads.causes)
-    by_cause = {group.cause: group.prefixes for group in causes}
-    return forms.parked_filter(change.fields, by_cause, bound)
+    return forms.parked_filter(change.fields, causes.prefixes, bound)
 
 
 async def confirm(console: Console, request: Request) -> Response:
@@ -75,17 +74,17 @@ async def confirm(console: Console, request: Request) -> Response:
     fields = await form_of(request)
     check_csrf(console, session, fields)
     change = _Change(fields)
-    within = since = 0
+    since = Counted(0)
     if change.action == REQUEUE:
-        within = len(change.letters)
-        if not within:
+        within = Counted(len(change.letters))
+        if not within.rows:
             raise InputError("no dead letters chosen")
     elif change.everything:
         chosen = await _chosen(console, change)
         assert change.bound is not None  # _chosen refuses a change without one
         within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
     else:
-        within = len(forms.ids(change.ids))
+        within = Counted(len(forms.ids(change.ids)))
     response = console.page(
         request,
         "confirm.html",

@@ -54,14 +54,15 @@ async def overview(console: Console, _request: Request, _session: Session) -> di
 async def rows(console: Console, request: Request, _session: Session) -> dict[str, Any]:
     fields = dict(request.query_params)
     causes = await run_in_threadpool(console.reads.causes)
-    by_cause = {group.cause: group.prefixes for group in causes}
     drawn_at = await run_in_threadpool(console.reads.now)
-    chosen = forms.parked_filter(fields, by_cause, drawn_at)
+    chosen = forms.parked_filter(fields, causes.prefixes, drawn_at)
     after = forms.cursor(fields)
     found, following = await run_in_threadpool(
         console.reads.page, chosen, after, console.config.console_page_rows
     )
-    shown = {name: fields.get(name, "") for name in (*forms.FILTER_FIELDS, "parked_for")}
+    shown = {
+        name: fields.get(name, "") for name in (*forms.FILTER_FIELDS, "parked_for", "parked_before")
+    }
     return {
         "rows": found,
         "following": following,

@@ -25,6 +25,25 @@ class Actor:
 
 
 @dataclass(frozen=True, slots=True)
+class Counted:
+    """How many rows: exactly ``rows`` when ``exact``; else ``rows`` were counted before a
+    count's budget ran out, and more are known to exist (``more``: "more than") or may
+    (a cause's rows among those not read: "at least"). Never an estimate."""
+
+    rows: int
+    exact: bool = True
+    more: bool = False
+
+    def __add__(self, other: Counted) -> Counted:
+        return Counted(self.rows + other.rows, self.exact and other.exact, self.more or other.more)
+
+    def __str__(self) -> str:
+        if self.exact:
+            return str(self.rows)
+        return f"{'more than' if self.more else 'at least'} {self.rows}"
+
+
+@dataclass(frozen=True, slots=True)
 class ParkedFilter:
     """Which parked rows a list, a count or a bulk action covers (empty fields match all).
     ``causes``: the reason prefixes of the chosen cause (``relay.console.causes``)."""
@@ -82,9 +101,19 @@ class RowDetail:
     payload: bytes  # at most the preview's size
     payload_size: int
     held: list[RowSummary] = field(default_factory=list)  # its key's pending rows behind it
-    held_more: int = 0  # how many more than those listed
+    held_more: Counted = Counted(0)  # how many more than those listed
     edited_from: int | None = None
     edited_into: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Parked rows of one key (a reason's prefix) that a count read: how many, and when the
+    first and the last of them were parked."""
+
+    rows: int
+    first: datetime | None
+    last: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +122,24 @@ class CauseGroup:
 
     cause: str
     prefixes: tuple[str, ...]
-    rows: int
-    estimated: bool  # beyond the exact count: the planner's estimate
+    rows: Counted
     first_parked: datetime | None
     last_parked: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Causes:
+    """Parked rows by cause (``relay.console.causes.grouped``): the biggest causes listed,
+    the rest summed on one line; every cause's prefixes, so that a link to any finds its
+    rows; and, when the count's budget ran out, the time at or before which parked rows were
+    not read."""
+
+    listed: list[CauseGroup]
+    other_rows: Counted
+    other_causes: int
+    parked: Counted
+    unread_before: datetime | None
+    prefixes: dict[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +153,14 @@ class RelayPresence:
 @dataclass(frozen=True, slots=True)
 class Overview:
     database: str
-    pending: int
-    due: int
+    pending: Counted
+    due: Counted
     oldest_due_age: float
-    parked: int
-    sent_last_minute: int
-    causes: list[CauseGroup]
-    causes_cut: bool  # more distinct reasons than were read
+    sent_last_minute: Counted
+    causes: Causes  # and the parked rows' count
     relays: list[RelayPresence]
     least_protocol: int
-    archived: int
+    archived: Counted
     drawn_at: datetime  # the database's time when it was read: the bound of its actions
 
 

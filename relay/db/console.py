@@ -1,27 +1,26 @@
 """The operator console's reads (``relay.console``): the overview, parked rows by cause, a
 page of them, one row, the archive and the audit log.
 
-Every read is an index walk bounded by the page or by a count's cap, so that a page costs
-milliseconds whatever the outbox holds (``bench.console``): parked rows are read through the
-partial indexes of migration 0014, most recently parked first (a parked row's
-``next_attempt_at`` is when it was parked), and counts stop at a cap, beyond which the
-planner estimates. Times are the database's: ``Overview.drawn_at`` is the bound a page's
-actions are pinned to.
+A page is an index walk bounded by the page: parked rows are read through the partial
+indexes of migration 0014, most recently parked first (a parked row's ``next_attempt_at`` is
+when it was parked). Counts are exact or a lower bound counted within a budget, never an
+estimate (``relay.db.console_counts``). Times are the database's: ``Overview.drawn_at`` is
+the bound a page's actions are pinned to.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from relay.buckets import fence
-from relay.console.causes import cause_of
+from relay.console.causes import grouped
 from relay.console.records import (
     AuditEntry,
-    CauseGroup,
+    Causes,
+    Counted,
     Cursor,
     Overview,
     ParkedFilter,
@@ -31,16 +30,16 @@ from relay.console.records import (
 )
 from relay.constants import (
     BACKLOG_EXACT_ROWS,
-    CONSOLE_CAUSE_SCAN,
     CONSOLE_SETTLE_HORIZON_S,
     PROTOCOL_BEFORE_FENCES,
 )
 from relay.db import console_rows
 from relay.db.clock import database_time
-from relay.db.console_rows import SUMMARY_COLUMNS, parked_time, summary
+from relay.db.console_counts import Budget, capped, parked_time, walk
+from relay.db.console_rows import SUMMARY_COLUMNS, summary
 from relay.db.decode import readable_text
 from relay.db.dialects import of
-from relay.db.due import due_backlog
+from relay.db.due import due_now, oldest_due_age
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import (
     console_sessions_ended,
@@ -52,14 +51,9 @@ from relay.db.schema import (
     reason_prefix,
 )
 from relay.db.sentlog import entries
-from relay.db.statements import bounded_count
 from relay.records import PARKED, PENDING
 from relay.redact import redact_url
 
-# A reason's rows are counted exactly up to this many, and estimated by the planner beyond:
-# each counted row is an index entry and its heap tuple (an expression index is never read
-# alone), and a million parked rows may hold dozens of reasons (bench.console).
-CAUSE_EXACT_ROWS = 100
 reason_key = reason_prefix(outbox.c.last_error)
 
 
@@ -94,34 +88,34 @@ def settled(bound: datetime) -> datetime:
 class ConsoleReads:
     """What the console shows of one outbox database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, budget: Budget | None = None) -> None:
         self.engine = create_engine(url)
         of(self.engine).short_reads(self.engine)
         self.where = redact_url(url)
+        self.budget = budget or Budget()
 
     def now(self) -> Any:
         with db_errors("console", self.where), self.engine.connect() as conn:
             return conn.execute(sa.select(database_time())).scalar_one()
 
     def overview(self) -> Overview:
+        """The figures, each exact or a lower bound (pending, due, sent in the last minute
+        and archived rows up to ``BACKLOG_EXACT_ROWS``, from their indexes), and the parked
+        rows by cause."""
         pending = sa.select(outbox.c.id).where(outbox.c.status == PENDING)
-        parked = sa.select(outbox.c.id).where(outbox.c.status == PARKED)
+        due = sa.select(outbox.c.id).where(due_now())
         archived = sa.select(outbox_archive.c.id)
         logged = entries(of(self.engine).journals_sent_log)
         recent = sa.select(logged.c.key).where(logged.c.sent_at > database_time(-60))
         with db_errors("console overview", self.where), self.engine.connect() as conn:
             drawn_at = conn.execute(sa.select(database_time())).scalar_one()
-            backlog = due_backlog(conn, BACKLOG_EXACT_ROWS)
-            causes, cut = self._causes(conn)
             return Overview(
                 database=self.where,
-                pending=bounded_count(conn, pending, BACKLOG_EXACT_ROWS),
-                due=backlog.due,
-                oldest_due_age=backlog.oldest_due_age,
-                parked=bounded_count(conn, parked, BACKLOG_EXACT_ROWS),
-                sent_last_minute=bounded_count(conn, recent, BACKLOG_EXACT_ROWS),
-                causes=causes,
-                causes_cut=cut,
+                pending=capped(conn, pending, BACKLOG_EXACT_ROWS),
+                due=capped(conn, due, BACKLOG_EXACT_ROWS),
+                oldest_due_age=oldest_due_age(conn),
+                sent_last_minute=capped(conn, recent, BACKLOG_EXACT_ROWS),
+                causes=self._causes(conn),
                 relays=self._relays(conn),
                 least_protocol=int(
                     conn.execute(
@@ -129,78 +123,20 @@ class ConsoleReads:
                     ).scalar_one_or_none()
                     or PROTOCOL_BEFORE_FENCES
                 ),
-                archived=bounded_count(conn, archived, BACKLOG_EXACT_ROWS),
+                archived=capped(conn, archived, BACKLOG_EXACT_ROWS),
                 drawn_at=drawn_at,
             )
 
-    def causes(self) -> list[CauseGroup]:
+    def causes(self) -> Causes:
         with db_errors("console causes", self.where), self.engine.connect() as conn:
-            return self._causes(conn)[0]
+            return self._causes(conn)
 
-    def _causes(self, conn: sa.Connection) -> tuple[list[CauseGroup], bool]:
-        """Parked rows by cause, in one statement: the distinct reason prefixes, one index
-        step each (a recursive query: a skip scan), and for each its first and last parking
-        time (an index probe each) and its rows counted up to ``CAUSE_EXACT_ROWS`` (an index
-        walk that stops there); beyond it, the planner's estimate. Prefixes of one cause
-        merged."""
-        parked = outbox.c.status == PARKED
-        first = sa.select(sa.func.min(reason_key).label("p")).where(parked)
-        steps = first.cte("prefixes", recursive=True)
-        following = (
-            sa.select(sa.func.min(reason_key)).where(parked, reason_key > steps.c.p)
-        ).scalar_subquery()
-        steps = steps.union_all(sa.select(following).where(steps.c.p.is_not(None)))
-        mine = (parked, reason_key == steps.c.p)
-        # The limits as literals: bound, PostgreSQL's planner cannot see how little the
-        # statement reads, and its estimate brought JIT compilation (1.2 s at 1M rows).
-        beyond = (
-            sa.select(outbox.c.id)
-            .where(*mine)
-            .limit(sa.literal_column("1"))
-            .offset(sa.literal_column(str(CAUSE_EXACT_ROWS)))
-            .scalar_subquery()
-        )
-        counted = sa.select(sa.func.count()).where(*mine).scalar_subquery()
-        statement = (
-            sa.select(
-                steps.c.p,
-                sa.select(sa.func.min(parked_time)).where(*mine).scalar_subquery(),
-                sa.select(sa.func.max(parked_time)).where(*mine).scalar_subquery(),
-                sa.case((beyond.is_(None), counted), else_=sa.null()),
-            )
-            .where(steps.c.p.is_not(None))
-            .limit(sa.literal_column(str(CONSOLE_CAUSE_SCAN + 1)))
-        )
-        found = conn.execute(statement).all()
-        cut = len(found) > CONSOLE_CAUSE_SCAN
-        groups: dict[str, list[tuple[str, int, bool, Any, Any]]] = defaultdict(list)
-        for prefix, first_at, last_at, within in found[:CONSOLE_CAUSE_SCAN]:
-            rows = sa.select(outbox.c.id).where(parked, reason_key == prefix)
-            exact = within
-            estimate = None if exact is not None else of(conn).planner_estimate(conn, rows)
-            if exact is None and estimate is None:  # no planner to ask (SQLite): counted
-                counting = sa.select(sa.func.count()).select_from(rows.subquery())
-                exact = conn.execute(counting).scalar_one()
-            if exact is None:
-                count, estimated = max(CAUSE_EXACT_ROWS + 1, estimate or 0), True
-            else:
-                count, estimated = int(exact), False
-            groups[cause_of(readable_text(prefix))].append(
-                (prefix, count, estimated, first_at, last_at)
-            )
-        causes = [
-            CauseGroup(
-                cause=cause,
-                prefixes=tuple(p for p, *_ in parts),
-                rows=sum(n for _, n, *_ in parts),
-                estimated=any(e for _, _, e, *_ in parts),
-                first_parked=min((f for *_, f, _ in parts if f is not None), default=None),
-                last_parked=max((last for *_, last in parts if last is not None), default=None),
-            )
-            for cause, parts in groups.items()
-        ]
-        causes.sort(key=lambda g: (-g.rows, g.cause))
-        return causes, cut
+    def _causes(self, conn: sa.Connection) -> Causes:
+        """Parked rows by cause: every parked row's reason prefix counted by one walk
+        (``relay.db.console_counts``), the prefixes grouped into causes here. Every distinct
+        reason the walk read is in a cause, however many there are."""
+        walked = walk(conn, reason_key, [], self.budget)
+        return grouped(walked.tallies, walked.exact, walked.unread_before, readable_text)
 
     def _relays(self, conn: sa.Connection) -> list[RelayPresence]:
         live = conn.execute(
@@ -261,17 +197,21 @@ class ConsoleReads:
         rows = rows[:limit]
         return rows, Cursor(rows[-1].parked_at, rows[-1].id) if more and rows else None
 
-    def count(self, chosen: ParkedFilter, bound: datetime) -> tuple[int, int]:
+    def count(self, chosen: ParkedFilter, bound: datetime) -> tuple[Counted, Counted]:
         """How many parked rows ``chosen`` selects that were parked by ``settled(bound)``
-        (what a bulk action would change), and how many later (what it leaves): exact, as
-        an operator confirms them."""
-        where = parked_where(chosen)
-        total = sa.select(sa.func.count()).where(*where)
+        (what a bulk action would change), and how many later (what it leaves): exact,
+        unless counting them all would pass the budget (then a lower bound counted: the
+        action itself still changes every one)."""
         last = settled(bound)
+        key = sa.case((parked_time <= last, sa.literal_column("1")), else_=sa.literal_column("0"))
         with db_errors("console count", self.where), self.engine.connect() as conn:
-            within = conn.execute(total.where(parked_time <= last)).scalar_one()
-            since = conn.execute(total.where(parked_time > last)).scalar_one()
-        return int(within), int(since)
+            walked = walk(conn, key, parked_where(chosen), self.budget)
+        counts = {int(value): tally.rows for value, tally in walked.tallies.items()}
+        # The walk reads the most recently parked first: stopped before the bound, it has
+        # read every row parked after it.
+        unread = walked.unread_before
+        since_exact = walked.exact or (unread is not None and unread <= last)
+        return Counted(counts.get(1, 0), walked.exact), Counted(counts.get(0, 0), since_exact)
 
     def row(self, row_id: int, preview: int) -> RowDetail | None:
         with db_errors("console row", self.where), self.engine.connect() as conn:

@@ -26,7 +26,7 @@ from relay.console.records import ActionResult, Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
 from relay.db.console import parked_where, settled
-from relay.db.console_rows import parked_time
+from relay.db.console_counts import parked_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import (

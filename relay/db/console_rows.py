@@ -8,16 +8,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console.records import AuditEntry, RowDetail, RowSummary
+from relay.console.records import AuditEntry, Counted, RowDetail, RowSummary
 from relay.constants import BACKLOG_EXACT_ROWS, CONSOLE_HELD_ROWS
+from relay.db.console_counts import capped, parked_time
 from relay.db.decode import readable_text
 from relay.db.dialects import of
 from relay.db.schema import console_audit, outbox, outbox_archive, outbox_edits
-from relay.db.statements import bounded_count
 from relay.records import PARKED, PENDING
 
-# A parked row's ``next_attempt_at`` is when it was parked (``relay.settle``).
-parked_time = outbox.c.next_attempt_at
 SUMMARY_COLUMNS = (
     outbox.c.id,
     outbox.c.message_id,
@@ -79,7 +77,7 @@ def row_detail(conn: sa.Connection, row_id: int, preview: int) -> RowDetail | No
         .order_by(outbox_edits.c.copy_id)
     )
     held: list[RowSummary] = []
-    held_more = 0
+    held_more = Counted(0)
     if ordering_key is not None and detail.status == PARKED:
         behind = (
             outbox.c.status == PENDING,
@@ -89,8 +87,8 @@ def row_detail(conn: sa.Connection, row_id: int, preview: int) -> RowDetail | No
         first = sa.select(*SUMMARY_COLUMNS).where(*behind).order_by(outbox.c.id)
         held = [summary(r) for r in conn.execute(first.limit(CONSOLE_HELD_ROWS))]
         if len(held) == CONSOLE_HELD_ROWS:
-            ids = sa.select(outbox.c.id).where(*behind)
-            held_more = bounded_count(conn, ids, BACKLOG_EXACT_ROWS) - len(held)
+            ids = sa.select(outbox.c.id).where(*behind, outbox.c.id > held[-1].id)
+            held_more = capped(conn, ids, BACKLOG_EXACT_ROWS)
     return RowDetail(
         summary=detail.summary,
         status=detail.status,

@@ -53,10 +53,14 @@ def due_backlog(conn: sa.Connection, exact_upto: int) -> BacklogStats:
     every stats interval cost about 11 us per row relayed at 5,000 rows/s. The oldest due
     row's age is one probe of the due index."""
     due_ids = sa.select(outbox.c.id).where(due_now())
-    oldest = sa.select(seconds_since(sa.func.min(outbox.c.next_attempt_at))).where(due_now())
     count = bounded_count(conn, due_ids, exact_upto)
-    age = conn.execute(oldest).scalar_one()
-    return BacklogStats(due=count, oldest_due_age=max(0.0, age or 0.0))
+    return BacklogStats(due=count, oldest_due_age=oldest_due_age(conn))
+
+
+def oldest_due_age(conn: sa.Connection) -> float:
+    """The oldest due row's age in seconds (0 when none is due): one probe of the due index."""
+    oldest = sa.select(seconds_since(sa.func.min(outbox.c.next_attempt_at))).where(due_now())
+    return max(0.0, conn.execute(oldest).scalar_one() or 0.0)
 
 
 def _read_columns(dialect: sa.Dialect) -> list[sa.Label[Any]]:

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
-from relay.console.records import Actor, ParkedFilter
+from relay.console.records import Actor, Counted, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
@@ -48,16 +48,19 @@ def test_parked_rows_group_by_cause_whatever_their_messages_name(database_url: s
         )
     reads = ConsoleReads(database_url)
     try:
-        causes = {c.cause: c for c in reads.causes()}
+        causes = {c.cause: c for c in reads.causes().listed}
         overview = reads.overview()
     finally:
         reads.close()
     missing = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
-    assert {name: c.rows for name, c in causes.items()} == {NO_ROUTE: 3, missing: 4}
-    assert len(causes[missing].prefixes) == 2 and not causes[missing].estimated
+    assert {name: c.rows for name, c in causes.items()} == {
+        NO_ROUTE: Counted(3),
+        missing: Counted(4),
+    }
+    assert len(causes[missing].prefixes) == 2
     first, last = causes[missing].first_parked, causes[missing].last_parked
     assert first is not None and last is not None and first <= last
-    assert overview.parked == 7 and overview.pending == 0
+    assert overview.causes.parked == Counted(7) and overview.pending == Counted(0)
 
 
 def test_pages_walk_every_parked_row_once_most_recently_parked_first(database_url: str) -> None:
@@ -104,7 +107,7 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
     try:
         bound = reads.now()
         late = park(database_url, [{"message_id": "late", "exchange": "x"}], NO_ROUTE)
-        assert reads.count(ParkedFilter(exchange="x"), bound) == (5, 1)
+        assert reads.count(ParkedFilter(exchange="x"), bound) == (Counted(5), Counted(1))
         result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
     finally:
         reads.close()
@@ -142,7 +145,7 @@ def test_a_row_parked_before_the_bound_but_committed_after_it_is_left(database_u
             bound = reads.now()
             relay.commit()
         assert [r.id for r in page] == [seen]
-        assert reads.count(ParkedFilter(exchange="x"), bound) == (1, 1)
+        assert reads.count(ParkedFilter(exchange="x"), bound) == (Counted(1), Counted(1))
         result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
     finally:
         reads.close()
@@ -337,7 +340,7 @@ def test_the_console_role_has_what_the_console_does_and_no_more(
     )
     reads, actions = ConsoleReads(console_url), ConsoleActions(console_url)
     try:
-        assert reads.overview().parked == 3
+        assert reads.overview().causes.parked == Counted(3)
         assert reads.row(ids[0], 10) is not None
         actions.replay(OTTO, ids[:1], None, reads.now())
         actions.discard(OTTO, None, ParkedFilter(), reads.now())

@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.console.causes import cause_of
+from relay.console.causes import cause_of, grouped
 from relay.console.forms import cursor, edited, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import party_problem
 from relay.console.passwords import hash_password, hash_problem, verify_password
-from relay.console.records import Actor
+from relay.console.records import Actor, Counted, Tally
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
 from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
@@ -40,10 +40,86 @@ SECRET = "Xq3vT8mZ1pLk9RwB2nYc7HdF4sJg6AeU0oQi5Vt"
         ("  spaces   inside  ", "spaces inside"),
         ("", "(no error)"),
         ("<script>alert(1)</script>", "<script>alert(#)</script>"),
+        ("rejected: payload of 512 bytes", "rejected: payload of # bytes"),
+        (
+            "failed: 406 PRECONDITION_FAILED - inequivalent arg",
+            "failed: 406 PRECONDITION_FAILED - inequivalent arg",
+        ),
+        ("nacked: 312 times", "nacked: # times"),
     ],
 )
 def test_a_cause_is_the_class_and_the_stable_part_of_the_message(error: str, cause: str) -> None:
     assert cause_of(error) == cause
+
+
+@pytest.mark.parametrize(
+    "counted, shown",
+    [
+        (Counted(70008), "70008"),
+        (Counted(10000, exact=False, more=True), "more than 10000"),
+        (Counted(12, exact=False), "at least 12"),
+        (Counted(2) + Counted(3), "5"),
+        (Counted(2) + Counted(3, exact=False), "at least 5"),
+        (Counted(2, exact=False) + Counted(3, exact=False, more=True), "more than 5"),
+    ],
+)
+def test_a_count_says_exactly_what_was_counted(counted: Counted, shown: str) -> None:
+    assert str(counted) == shown
+
+
+AT = datetime(2026, 11, 29, tzinfo=UTC)
+
+
+def tenants(n: int, rows: int) -> dict[str, Tally]:
+    """``n`` tenants' exchanges missing, ``rows`` parked rows each: n texts, one cause."""
+    text = "failed: 404 NOT_FOUND - no exchange 'tenant-{}' in vhost '/'"
+    return {text.format(i): Tally(rows, AT, AT + timedelta(seconds=i)) for i in range(n)}
+
+
+MISSING = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
+
+
+@pytest.mark.parametrize(
+    "tallies, listed, shown, other",
+    [
+        ({}, 50, [], (0, 0)),
+        (tenants(600, 2), 50, [(MISSING, 1200)], (0, 0)),
+        (
+            {**tenants(600, 2), "returned: 312 NO_ROUTE": Tally(5, AT, AT)},
+            1,
+            [(MISSING, 1200)],
+            (5, 1),
+        ),
+        (
+            {f"KeyError: {i}y{i}": Tally(1, AT, AT) for i in range(10_000)} | tenants(3, 1),
+            1,
+            [("KeyError: #y#", 10_000)],
+            (3, 1),
+        ),
+        (
+            {f"Err{i}: no": Tally(i + 1, AT, AT) for i in range(10_000)},
+            2,
+            [("Err9999: no", 10_000), ("Err9998: no", 9_999)],
+            (sum(range(1, 9_999)), 9_998),
+        ),
+    ],
+)
+def test_every_reason_is_in_a_cause_listed_or_counted_on_the_other_line(
+    tallies: dict[str, Tally], listed: int, shown: list[tuple[str, int]], other: tuple[int, int]
+) -> None:
+    causes = grouped(tallies, True, None, listed=listed)
+    assert [(g.cause, g.rows.rows) for g in causes.listed] == shown
+    assert (causes.other_rows.rows, causes.other_causes) == other
+    assert causes.parked == Counted(sum(t.rows for t in tallies.values()))
+    assert sorted(p for ps in causes.prefixes.values() for p in ps) == sorted(tallies)
+
+
+def test_a_cause_counted_by_a_walk_that_stopped_is_at_least_what_it_read() -> None:
+    causes = grouped(tenants(3, 2), False, AT)
+    (group,) = causes.listed
+    assert str(group.rows) == "at least 6" and str(causes.parked) == "more than 6"
+    assert (group.first_parked, group.last_parked) == (AT, AT + timedelta(seconds=2))
+    assert causes.unread_before == AT
 
 
 def test_a_password_hash_is_salted_and_verifies_only_its_password() -> None:

@@ -1,0 +1,162 @@
+"""The console's counts and causes (``relay.db.console_counts``, ``relay.console.causes``):
+exact, or a lower bound that was counted, never an estimate; every parked row's cause on the
+overview or counted on its "other causes" line, however many distinct errors there are; and
+the overview, the rows page's list and the confirm page's count agreeing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import sqlalchemy as sa
+
+from relay.console.causes import cause_of
+from relay.console.forms import parked_filter
+from relay.console.records import Causes, Counted, ParkedFilter
+from relay.db.console import ConsoleReads
+from relay.db.console_counts import Budget
+from relay.db.schema import outbox
+from relay.records import PARKED
+from tests.support.console import SETTLED, park
+
+NO_ROUTE = "returned: 312 NO_ROUTE"
+MISSING = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
+# A walk with all the time it needs: every count exact, whatever the machine's load.
+UNHURRIED = Budget(seconds=3600)
+# A walk that stops after its first chunk of this many rows.
+HURRIED = Budget(seconds=0, chunk=1000)
+# The PostgreSQL outbox at scale: 600 tenants' exchanges missing (600 texts, one cause),
+# 1,000 errors of classes of their own (1,000 causes) and 1,000 timeouts naming their node
+# (1,000 texts, one cause): 2,600 distinct texts.
+FILL = """
+INSERT INTO outbox (message_id, exchange, routing_key, payload, status, attempts, last_error,
+                    next_attempt_at)
+SELECT 'p-' || g, 'tenant-' || (g % 600), '', '\\x78', 'parked', 10,
+       CASE WHEN g <= 70008
+              THEN 'failed: 404 NOT_FOUND - no exchange ''tenant-' || (g % 600)
+                   || '.orders'' in vhost ''/'''
+            WHEN g <= 110009 THEN 'returned: 312 NO_ROUTE'
+            WHEN g <= 113009 THEN 'Refused' || (g % 1000) || 'Error: no'
+            ELSE 'timeout: no confirm in 5000 ms from node ''rabbit-' || (g % 1000) || ''''
+       END,
+       now() - interval '1 hour' + g * interval '1 millisecond'
+FROM generate_series(1, 118009) g
+"""
+
+
+def truth(url: str) -> Counter[str]:
+    """Every parked row's cause, counted by reading them all."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            errors = conn.execute(
+                sa.select(outbox.c.last_error, sa.func.count())
+                .where(outbox.c.status == PARKED)
+                .group_by(outbox.c.last_error)
+            ).all()
+    finally:
+        engine.dispose()
+    found: Counter[str] = Counter()
+    for error, rows in errors:
+        found[cause_of(error[:200])] += rows
+    return found
+
+
+def accounted(causes: Causes, true: Counter[str]) -> None:
+    """Every cause of ``true`` listed or on the other line, each count exact or at most the
+    true one, and the total what the causes add up to."""
+    listed = {g.cause: g.rows for g in causes.listed}
+    assert set(causes.prefixes) <= set(true)
+    for cause, rows in listed.items():
+        assert rows.rows == true[cause] if rows.exact else rows.rows <= true[cause]
+    total = sum(listed.values(), Counted(0)) + causes.other_rows
+    assert total.rows == causes.parked.rows
+    assert total.rows == true.total() if causes.parked.exact else total.rows < true.total()
+    if causes.parked.exact:
+        assert len(listed) + causes.other_causes == len(true)
+
+
+def test_more_than_500_distinct_errors_lose_no_cause(database_url: str) -> None:
+    """600 tenants' exchanges come first in the reasons' order; the causes after them were
+    dropped when 500 distinct reasons had been read."""
+    park(
+        database_url,
+        [{"message_id": f"t{i}"} for i in range(600)],
+        "failed: 404 NOT_FOUND - no exchange 'tenant-{}' in vhost '/'",
+    )
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:  # a text of its own per tenant
+        conn.execute(
+            sa.update(outbox).values(
+                last_error=sa.func.replace(outbox.c.last_error, "{}", outbox.c.message_id)
+            )
+        )
+    engine.dispose()
+    park(database_url, [{"message_id": f"z{i}"} for i in range(3)], "zz: last in order")
+    reads = ConsoleReads(database_url, UNHURRIED)
+    try:
+        causes = reads.causes()
+        page, _ = reads.page(
+            parked_filter({"cause": "zz: last in order"}, causes.prefixes, reads.now()), None, 10
+        )
+    finally:
+        reads.close()
+    assert [(g.cause, g.rows) for g in causes.listed] == [
+        (MISSING, Counted(600)),
+        ("zz: last in order", Counted(3)),
+    ]
+    assert len(causes.prefixes[MISSING]) == 600 and len(page) == 3
+
+
+def test_a_count_out_of_time_says_at_least_what_it_counted(database_url: str) -> None:
+    ids = park(database_url, [{"message_id": f"n{i}"} for i in range(8)], NO_ROUTE, ago=SETTLED)
+    ids += park(database_url, [{"message_id": f"m{i}"} for i in range(4)], "nacked", ago=SETTLED)
+    hurried = ConsoleReads(database_url, Budget(seconds=0, chunk=5))
+    try:
+        causes = hurried.causes()
+        within, since = hurried.count(ParkedFilter(), hurried.now())
+    finally:
+        hurried.close()
+    # The most recently parked first: the walk read the 4 nacked rows and one other.
+    assert str(causes.parked) == "more than 5" and causes.unread_before is not None
+    assert {g.cause: str(g.rows) for g in causes.listed} == {
+        "nacked": "at least 4",
+        NO_ROUTE: "at least 1",
+    }
+    assert (str(within), since) == ("at least 5", Counted(0))
+    accounted(causes, truth(database_url))
+
+
+def test_at_scale_every_cause_is_counted_and_the_pages_agree(postgresql_url: str) -> None:
+    engine = sa.create_engine(postgresql_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(FILL))
+    engine.dispose()
+    true = truth(postgresql_url)
+    assert true[MISSING] == 70008 and true[NO_ROUTE] == 40001 and len(true) == 1003
+    reads, hurried = ConsoleReads(postgresql_url, UNHURRIED), ConsoleReads(postgresql_url, HURRIED)
+    try:
+        overview, listed = reads.overview(), reads.causes()  # the rows page's list
+        bound = reads.now()
+        confirmed = {
+            g.cause: reads.count(ParkedFilter(causes=g.prefixes), bound)[0]
+            for g in listed.listed[:3]
+        }
+        hurried_causes = hurried.causes()
+        rare = next(c for c in listed.prefixes if c not in {g.cause for g in listed.listed})
+        rare_rows, _ = reads.page(parked_filter({"cause": rare}, listed.prefixes, bound), None, 10)
+    finally:
+        reads.close()
+        hurried.close()
+    causes = overview.causes
+    accounted(causes, true)
+    accounted(hurried_causes, true)
+    assert causes.parked == Counted(118009) and causes.other_causes == 1003 - 50
+    assert [(g.cause, g.rows) for g in causes.listed[:3]] == [
+        (MISSING, Counted(70008)),
+        (NO_ROUTE, Counted(40001)),
+        ("timeout: no confirm in # ms from node '…'", Counted(5000)),
+    ]
+    assert [(g.cause, g.rows) for g in listed.listed] == [(g.cause, g.rows) for g in causes.listed]
+    assert confirmed == {g.cause: g.rows for g in causes.listed[:3]}
+    assert str(hurried_causes.parked) == "more than 1000"
+    assert [cause_of(r.last_error) for r in rare_rows] == [rare] * 3
