@@ -39,8 +39,8 @@ import psycopg
 
 from bench.writers import bulk, writers
 from devtools.servers import PostgresServer
-from relay.console.causes import cause_of
-from relay.console.records import Actor, ParkedFilter
+from relay.causes import cause_of
+from relay.console_records import Actor, ParkedFilter
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.db.migrate import migrate

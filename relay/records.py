@@ -1,4 +1,6 @@
-"""The values that travel along the data path: claimed rows, confirm outcomes, row changes."""
+"""The values that travel along the data path: claimed rows, confirm outcomes, row changes;
+a consumer's deliveries and answers, and the headers the inbox puts on the messages it
+retries and dead-letters, which the broker's layer reads."""
 
 from __future__ import annotations
 
@@ -208,6 +210,24 @@ class Verdict(enum.Enum):
 
 # The header on a message the inbox put in a retry queue: how many times it did.
 RETRY_HEADER = "x-inbox-retries"
+
+# Headers on a message the inbox dead-lettered, saying why: written by the inbox
+# (``relay.inbox.policy.dead_letter_headers``), read by the broker's dead-letter listing
+# (``relay.broker.deadletters``), so here, below both.
+DEAD_ERROR = "x-inbox-error"
+DEAD_ATTEMPTS = "x-inbox-attempts"
+DEAD_CONSUMER = "x-inbox-consumer"
+DEAD_QUEUE = "x-inbox-queue"
+DEAD_FIRST_FAILURE = "x-inbox-first-failure"
+DEAD_LAST_FAILURE = "x-inbox-last-failure"
+DEAD_HEADERS = (
+    DEAD_ERROR,
+    DEAD_ATTEMPTS,
+    DEAD_CONSUMER,
+    DEAD_QUEUE,
+    DEAD_FIRST_FAILURE,
+    DEAD_LAST_FAILURE,
+)
 
 
 class Answer(NamedTuple):

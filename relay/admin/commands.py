@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 
-from relay.admin.records import Selection
+from relay.admin_records import Selection
 from relay.broker.destinations import display
 from relay.constants import OUTBOX_BUCKETS, PURGE_CHUNK, RECENT_SENT_S, SPARK_STAGE_ABANDONED_S
 from relay.db.outbox import OutboxAdmin

@@ -26,15 +26,16 @@ from pika.adapters.blocking_connection import BlockingChannel
 from relay.broker.connection import connection_parameters
 from relay.broker.queue_kind import unreadable
 from relay.errors import BrokerError, InputError
-from relay.inbox.policy import (
+from relay.records import (
     DEAD_ATTEMPTS,
     DEAD_CONSUMER,
     DEAD_ERROR,
     DEAD_HEADERS,
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
+    RETRY_HEADER,
+    key_of,
 )
-from relay.records import RETRY_HEADER, key_of
 from relay.settings import TlsOptions
 
 # The header a quorum queue counts a message's deliveries in.

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relay.console.identity import from_proxy, groups_of, role_of
-from relay.console.records import Actor
 from relay.console.sessions import Session
 from relay.console.state import COOKIE, Console
+from relay.console_records import Actor
 
 
 class Refused(Exception):

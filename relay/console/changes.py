@@ -17,8 +17,8 @@ from relay.admin.inbox import requeue
 from relay.broker.deadletters import MoveFailed
 from relay.console import forms
 from relay.console.access import Refused, check_csrf, form_of, keep_session, require
-from relay.console.records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
 from relay.console.state import Console
+from relay.console_records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
 from relay.constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE, failed
 from relay.errors import InputError

@@ -13,7 +13,7 @@ import string
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from relay.console.records import Cursor, ParkedFilter
+from relay.console_records import Cursor, ParkedFilter
 from relay.errors import InputError
 
 MAX_FIELD = 1000

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-from relay.console.records import ADMIN, OPERATOR, VIEWER
+from relay.console_records import ADMIN, OPERATOR, VIEWER
 from relay.settings.console import ConsoleSettings
 
 

@@ -15,9 +15,9 @@ from starlette.responses import Response
 from relay.broker.deadletters import Listing, listing
 from relay.console import forms
 from relay.console.access import Refused, keep_session, require
-from relay.console.records import VIEWER
 from relay.console.sessions import Session
 from relay.console.state import Console
+from relay.console_records import VIEWER
 from relay.inbox.policy import dead_letter_queue
 
 # What a page shows: its template's values, read for a viewer's session.

@@ -15,9 +15,9 @@ from starlette.responses import HTMLResponse, Response
 
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
-from relay.console.records import Actor
 from relay.console.sessions import Session, Sessions, Signer
 from relay.console.users_file import UsersFile
+from relay.console_records import Actor
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.metrics import ConsoleMetrics

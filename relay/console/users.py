@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 
 from relay.console.passwords import hash_problem
-from relay.console.records import ROLES
+from relay.console_records import ROLES
 from relay.errors import ConfigError
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.buckets import fence
-from relay.console.causes import grouped
-from relay.console.records import (
+from relay.causes import grouped
+from relay.console_records import (
     AuditEntry,
     Causes,
     Counted,

@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console.records import ActionResult, Actor, ParkedFilter
+from relay.console_records import ActionResult, Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
 from relay.db.console import parked_where, settled

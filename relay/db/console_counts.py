@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console.records import Counted, Tally
+from relay.console_records import Counted, Tally
 from relay.db.schema import outbox
 from relay.records import PARKED
 

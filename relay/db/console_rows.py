@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console.records import AuditEntry, Counted, RowDetail, RowSummary
+from relay.console_records import AuditEntry, Counted, RowDetail, RowSummary
 from relay.constants import BACKLOG_EXACT_ROWS, CONSOLE_HELD_ROWS
 from relay.db.console_counts import capped, parked_time
 from relay.db.decode import readable_text

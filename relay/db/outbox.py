@@ -19,7 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.admin.records import OutboxStatus, RecentSent, Selection
+from relay.admin_records import OutboxStatus, RecentSent, Selection
 from relay.constants import BACKLOG_EXACT_ROWS, IDS_PER_STATEMENT, PURGE_CHUNK, RECENT_SENT_S
 from relay.db.clock import database_time, seconds_between
 from relay.db.decode import readable_text

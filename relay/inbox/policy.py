@@ -13,7 +13,17 @@ from types import TracebackType
 
 from relay.constants import LAST_ERROR_MAX_CHARS
 from relay.errors import RelayError, StoreError
-from relay.records import Answer, Delivery, Verdict
+from relay.records import (
+    DEAD_ATTEMPTS,
+    DEAD_CONSUMER,
+    DEAD_ERROR,
+    DEAD_FIRST_FAILURE,
+    DEAD_LAST_FAILURE,
+    DEAD_QUEUE,
+    Answer,
+    Delivery,
+    Verdict,
+)
 from relay.settings import InboxSettings
 
 # The inbox keeps ids as AMQP short strings (``relay.db.schema.inbox_received``).
@@ -242,22 +252,6 @@ WENT_ON = (
     "a statement that rolls back as it fails) and its connection ran on after: what it did "
     "then may have been committed, so the message is dead-lettered, its key kept, not run "
     "again"
-)
-
-# Headers on a message the inbox dead-lettered, saying why (``dead_letter_headers``).
-DEAD_ERROR = "x-inbox-error"
-DEAD_ATTEMPTS = "x-inbox-attempts"
-DEAD_CONSUMER = "x-inbox-consumer"
-DEAD_QUEUE = "x-inbox-queue"
-DEAD_FIRST_FAILURE = "x-inbox-first-failure"
-DEAD_LAST_FAILURE = "x-inbox-last-failure"
-DEAD_HEADERS = (
-    DEAD_ERROR,
-    DEAD_ATTEMPTS,
-    DEAD_CONSUMER,
-    DEAD_QUEUE,
-    DEAD_FIRST_FAILURE,
-    DEAD_LAST_FAILURE,
 )
 
 

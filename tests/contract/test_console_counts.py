@@ -1,4 +1,4 @@
-"""The console's counts and causes (``relay.db.console_counts``, ``relay.console.causes``):
+"""The console's counts and causes (``relay.db.console_counts``, ``relay.causes``):
 exact, or a lower bound that was counted, never an estimate; every parked row's cause on the
 overview or counted on its "other causes" line, however many distinct errors there are; and
 the overview, the rows page's list and the confirm page's count agreeing."""
@@ -9,9 +9,9 @@ from collections import Counter
 
 import sqlalchemy as sa
 
-from relay.console.causes import cause_of
+from relay.causes import cause_of
 from relay.console.forms import parked_filter
-from relay.console.records import Causes, Counted, ParkedFilter
+from relay.console_records import Causes, Counted, ParkedFilter
 from relay.db.console import ConsoleReads
 from relay.db.console_counts import Budget
 from relay.db.schema import outbox

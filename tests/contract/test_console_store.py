@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
-from relay.console.records import Actor, Counted, ParkedFilter
+from relay.console_records import Actor, Counted, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads

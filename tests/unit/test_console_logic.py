@@ -8,15 +8,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.console.causes import cause_of, grouped
+from relay.causes import cause_of, grouped
 from relay.console.forms import cursor, edited, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import party_problem
 from relay.console.passwords import hash_password, hash_problem, verify_password
-from relay.console.records import Actor, Counted, Tally
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
+from relay.console_records import Actor, Counted, Tally
 from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings

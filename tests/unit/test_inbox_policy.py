@@ -14,7 +14,6 @@ from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox import Inbox, InboxSettings, Settings
 from relay.inbox.policy import (
-    DEAD_HEADERS,
     RetrySchedule,
     dead_letter_headers,
     dead_letter_queue,
@@ -23,7 +22,7 @@ from relay.inbox.policy import (
     too_many_before,
     window_problem,
 )
-from relay.records import Answer, Delivery, Verdict
+from relay.records import DEAD_HEADERS, Answer, Delivery, Verdict
 
 
 def delivery(message_id: str | bytes | None = None, **headers: Any) -> Delivery:

@@ -1,5 +1,7 @@
 """The values the console's pages and actions pass between the web layer and the database
-(``relay.db.console``, ``relay.db.console_actions``): no I/O, no web framework."""
+(``relay.db.console``, ``relay.db.console_actions``): no I/O, no web framework. Here, beside
+``relay.records`` and below both layers, not in ``relay.console``: the database builds and
+reads them, and imports nothing of the console (``tests/unit/test_layers.py``)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class Counted:
 @dataclass(frozen=True, slots=True)
 class ParkedFilter:
     """Which parked rows a list, a count or a bulk action covers (empty fields match all).
-    ``causes``: the reason prefixes of the chosen cause (``relay.console.causes``)."""
+    ``causes``: the reason prefixes of the chosen cause (``relay.causes``)."""
 
     reason: str = ""  # a part of the last error
     causes: tuple[str, ...] = ()
@@ -129,7 +131,7 @@ class CauseGroup:
 
 @dataclass(frozen=True, slots=True)
 class Causes:
-    """Parked rows by cause (``relay.console.causes.grouped``): the biggest causes listed,
+    """Parked rows by cause (``relay.causes.grouped``): the biggest causes listed,
     the rest summed on one line; every cause's prefixes, so that a link to any finds its
     rows; and, when the count's budget ran out, the time at or before which parked rows were
     not read."""

@@ -1,5 +1,7 @@
 """What the admin commands read and select (``relay status``, ``relay replay``): records of
-the admin store (``relay.db.outbox.OutboxAdmin``), beside the commands that use them."""
+the admin store (``relay.db.outbox.OutboxAdmin``). Here, beside ``relay.records`` and below
+both, not in ``relay.admin``: the database fills and reads them, and imports nothing of the
+admin commands (``tests/unit/test_layers.py``)."""
 
 from __future__ import annotations
 

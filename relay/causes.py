@@ -12,7 +12,9 @@ codes, which are the reason itself: three digits before the code's name (``312 N
 
 ``grouped`` makes causes of the reasons a count read (``relay.db.console_counts``): every
 reason is in a cause, however many distinct texts there are (600 tenants' exchanges are 600
-texts and one cause), and the causes beyond the biggest are summed on one line.
+texts and one cause), and the causes beyond the biggest are summed on one line. Here, below
+both the console and the database, not in ``relay.console``: the database's reads group
+what they counted, and import nothing of the console (``tests/unit/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from relay.console.records import CauseGroup, Causes, Counted, Tally
+from relay.console_records import CauseGroup, Causes, Counted, Tally
 
 # The causes the overview lists, the biggest first; the rest are one line with their rows
 # and their number: thousands of causes (errors naming ids unquoted) must not make a page of
