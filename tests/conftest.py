@@ -27,7 +27,9 @@ Each test's layer is its folder's (``LAYERS``), so that every layer runs alone
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -217,11 +219,25 @@ def mariadb_url(mariadb: MariaDBServer) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated once per process, for ``sqlite_url`` to copy."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "outbox.db"
+    migrate(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'outbox.db'}"
-    migrate(url)
-    return url
+def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
+    """A fresh, migrated database per test: a copy of the migrated template, by SQLite's
+    backup (whatever its WAL holds), in 10 ms; migrating took 0.2 s, some 300 tests."""
+    path = tmp_path / "outbox.db"
+    with (
+        contextlib.closing(sqlite3.connect(sqlite_template)) as template,
+        contextlib.closing(sqlite3.connect(path)) as copy,
+    ):
+        template.backup(copy)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
