@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from devtools.servers import MariaDBServer, PostgresServer, RabbitNode
 from relay.db.migrate import migrate
@@ -208,15 +209,52 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]
     server.stop()
 
 
-@pytest.fixture
-def mariadb_url(mariadb: MariaDBServer) -> str:
-    """A fresh, migrated database per test (MariaDB has no template databases; migrating
-    takes a fifth of a second)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+@pytest.fixture(scope="session")
+def mariadb_template(mariadb: MariaDBServer) -> tuple[str, dict[str, int]]:
+    """A database migrated once per process, for ``mariadb_url`` to copy: its name, and its
+    tables with the rows each holds. Copied table by table, which holds while the schema has
+    no foreign keys, triggers or views on MariaDB (which CREATE TABLE ... LIKE would leave
+    out): said here if one comes."""
+    name = "outbox_template"
     mariadb.create_database(name)
-    url = mariadb.url(name)
-    migrate(url)
-    return url
+    migrate(mariadb.url(name))
+    engine = sa.create_engine(mariadb.url(name))
+    try:
+        with engine.connect() as conn:
+            left_out = conn.exec_driver_sql(
+                "SELECT (SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE "
+                "TRIGGER_SCHEMA = DATABASE()) + (SELECT COUNT(*) FROM information_schema.VIEWS "
+                "WHERE TABLE_SCHEMA = DATABASE()) + (SELECT COUNT(*) FROM "
+                "information_schema.REFERENTIAL_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = DATABASE())"
+            ).scalar_one()
+            assert left_out == 0, "mariadb_url's copy leaves out triggers, views or foreign keys"
+            tables = conn.exec_driver_sql("SHOW FULL TABLES WHERE Table_type = 'BASE TABLE'")
+            names = [row[0] for row in tables]
+            rows = {
+                t: conn.exec_driver_sql(f"SELECT COUNT(*) FROM `{t}`").scalar_one() for t in names
+            }
+    finally:
+        engine.dispose()
+    return name, rows
+
+
+@pytest.fixture
+def mariadb_url(mariadb: MariaDBServer, mariadb_template: tuple[str, dict[str, int]]) -> str:
+    """A fresh, migrated database per test: the template's tables made alike and their rows
+    copied, in a tenth of a second (migrating took 0.4 s, some 250 tests)."""
+    template, rows = mariadb_template
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(mariadb.url(template))
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+            for table, count in rows.items():
+                conn.exec_driver_sql(f"CREATE TABLE {name}.`{table}` LIKE `{table}`")
+                if count:
+                    conn.exec_driver_sql(f"INSERT INTO {name}.`{table}` SELECT * FROM `{table}`")
+    finally:
+        engine.dispose()
+    return mariadb.url(name)
 
 
 @pytest.fixture(scope="session")
