@@ -48,9 +48,12 @@ class Counted:
 @dataclass(frozen=True, slots=True)
 class ParkedFilter:
     """Which parked rows a list, a count or a bulk action covers (empty fields match all).
-    ``causes``: the reason prefixes of the chosen cause (``relay.causes``)."""
+    ``cause``: the chosen cause (``relay.causes``), which a count and a change decide of
+    each row they read; ``causes``: its reason prefixes that the overview's walk read, by
+    which a page of rows finds them in the cause index (a page must not read without end)."""
 
     reason: str = ""  # a part of the last error
+    cause: str = ""
     causes: tuple[str, ...] = ()
     exchange: str = ""
     routing_key: str = ""
@@ -62,7 +65,7 @@ class ParkedFilter:
         """The fields set, as text (the audit log's target, a page's summary)."""
         shown = {
             "reason": self.reason,
-            "causes": " | ".join(self.causes),
+            "cause": self.cause,
             "exchange": self.exchange,
             "routing_key": self.routing_key,
             "ordering_key": self.ordering_key,
@@ -180,10 +183,21 @@ class AuditEntry:
 
 @dataclass(frozen=True, slots=True)
 class ActionResult:
-    """What a change did: rows changed, and the rows named or matched that it left (no
-    longer parked, or parked after the bound)."""
+    """What a change did: rows changed; the rows named or matched that it left because
+    they were no longer as the page showed them when their chunk came (another change took
+    them meanwhile); and the rows its filter matches that were parked after its bound."""
 
     changed: int
     left: int = 0
     parked_since: int = 0
     new_ids: tuple[int, ...] = ()
+
+    def audited(self) -> str:
+        """The change's result as its audit entry ends with it: ``done``, and what it left
+        and why."""
+        why = []
+        if self.left:
+            why.append(f"left {self.left} no longer as the page showed them")
+        if self.parked_since:
+            why.append(f"left {self.parked_since} parked after the bound")
+        return "; ".join(["done", *why])

@@ -63,9 +63,10 @@ async def _bounded(console: Console, change: _Change) -> datetime:
 
 
 async def _chosen(console: Console, change: _Change) -> ParkedFilter:
+    """The filter of a change: its cause is decided of each row the count or the change
+    reads, not resolved to the reasons a walk read (which may have stopped short)."""
     bound = await _bounded(console, change)
-    causes = await run_in_threadpool(console.reads.causes)
-    return forms.parked_filter(change.fields, causes.prefixes, bound)
+    return forms.parked_filter(change.fields, None, bound)
 
 
 async def confirm(console: Console, request: Request) -> Response:

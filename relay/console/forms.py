@@ -62,12 +62,14 @@ def instant(fields: Mapping[str, str], name: str) -> datetime | None:
 
 
 def parked_filter(
-    fields: Mapping[str, str], causes: Mapping[str, tuple[str, ...]], now: datetime
+    fields: Mapping[str, str], causes: Mapping[str, tuple[str, ...]] | None, now: datetime
 ) -> ParkedFilter:
-    """The filter the fields ask for; ``cause`` named by its text, resolved to its reason
-    prefixes (``causes``); an age counted back from ``now`` (the database's time)."""
+    """The filter the fields ask for; ``cause`` named by its text and, for a page of rows,
+    resolved to its reason prefixes (``causes``: None for a count or a change, which decide
+    each row's cause as they read it); an age counted back from ``now`` (the database's
+    time)."""
     cause = text(fields, "cause")
-    if cause and cause not in causes:
+    if cause and causes is not None and cause not in causes:
         raise InputError("cause: no parked row has this cause (any more)")
     since = age(fields)
     before = instant(fields, "parked_before")
@@ -75,7 +77,8 @@ def parked_filter(
         before = now - since
     return ParkedFilter(
         reason=text(fields, "reason"),
-        causes=causes.get(cause, ()) if cause else (),
+        cause=cause,
+        causes=causes.get(cause, ()) if cause and causes is not None else (),
         exchange=text(fields, "exchange"),
         routing_key=text(fields, "routing_key"),
         ordering_key=text(fields, "ordering_key"),

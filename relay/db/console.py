@@ -10,13 +10,15 @@ the bound a page's actions are pinned to.
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from relay.buckets import fence
-from relay.causes import grouped
+from relay.causes import cause_of, grouped
 from relay.console_records import (
     AuditEntry,
     Causes,
@@ -55,14 +57,22 @@ from relay.records import PARKED, PENDING
 from relay.redact import redact_url
 
 reason_key = reason_prefix(outbox.c.last_error)
+# Distinct reasons whose cause is kept: a change by cause reads a million parked rows, most
+# of a few reasons, and their regular expressions need not run a million times.
+CAUSES_REMEMBERED = 4096
+
+
+@functools.lru_cache(maxsize=CAUSES_REMEMBERED)
+def reason_cause(prefix: str | None) -> str:
+    """The cause of a reason's prefix (``reason_key``), as the overview groups it."""
+    return cause_of(readable_text(prefix or ""))
 
 
 def parked_where(chosen: ParkedFilter) -> list[sa.ColumnElement[bool]]:
-    """The conditions of ``chosen`` on the outbox's parked rows, every value bound (never
-    spliced into the SQL: a filter may hold any text)."""
+    """The conditions of ``chosen`` on the outbox's parked rows, but its cause (a page finds
+    it by its prefixes, a count or a change decides it of each row: ``reason_cause``), every
+    value bound (never spliced into the SQL: a filter may hold any text)."""
     where: list[sa.ColumnElement[bool]] = [outbox.c.status == PARKED]
-    if chosen.causes:
-        where.append(reason_key.in_(chosen.causes))
     if chosen.reason:
         where.append(outbox.c.last_error.contains(chosen.reason, autoescape=True))
     for column, value in (
@@ -135,8 +145,9 @@ class ConsoleReads:
         """Parked rows by cause: every parked row's reason prefix counted by one walk
         (``relay.db.console_counts``), the prefixes grouped into causes here. Every distinct
         reason the walk read is in a cause, however many there are."""
-        walked = walk(conn, reason_key, [], self.budget)
-        return grouped(walked.tallies, walked.exact, walked.unread_before, readable_text)
+        walked = walk(conn, [reason_key], [], self.budget)
+        tallies = {prefix: tally for (prefix,), tally in walked.tallies.items()}
+        return grouped(tallies, walked.exact, walked.unread_before, readable_text)
 
     def _relays(self, conn: sa.Connection) -> list[RelayPresence]:
         live = conn.execute(
@@ -178,6 +189,8 @@ class ConsoleReads:
         ``after`` (keyset pagination: the page's cost does not grow with its depth); and the
         cursor of the next page, if there is one."""
         where = parked_where(chosen)
+        if chosen.cause:
+            where.append(reason_key.in_(chosen.causes))
         if after is not None:
             where.append(
                 sa.or_(
@@ -201,12 +214,19 @@ class ConsoleReads:
         """How many parked rows ``chosen`` selects that were parked by ``settled(bound)``
         (what a bulk action would change), and how many later (what it leaves): exact,
         unless counting them all would pass the budget (then a lower bound counted: the
-        action itself still changes every one)."""
+        action itself still changes every one). A cause is decided of each row counted, by
+        its reason (whatever reasons the overview's walk read)."""
         last = settled(bound)
-        key = sa.case((parked_time <= last, sa.literal_column("1")), else_=sa.literal_column("0"))
+        within = sa.case(
+            (parked_time <= last, sa.literal_column("1")), else_=sa.literal_column("0")
+        )
+        keys = [within, reason_key] if chosen.cause else [within]
         with db_errors("console count", self.where), self.engine.connect() as conn:
-            walked = walk(conn, key, parked_where(chosen), self.budget)
-        counts = {int(value): tally.rows for value, tally in walked.tallies.items()}
+            walked = walk(conn, keys, parked_where(chosen), self.budget)
+        counts: Counter[int] = Counter()
+        for (value, *reason), tally in walked.tallies.items():
+            if not chosen.cause or reason_cause(reason[0]) == chosen.cause:
+                counts[int(value)] += tally.rows
         # The walk reads the most recently parked first: stopped before the bound, it has
         # read every row parked after it.
         unread = walked.unread_before

@@ -4,10 +4,11 @@ change (``console_audit``).
 
 Pinned to what the operator saw: a change names the ids, or a filter and the bound (the
 database's time when the page was drawn); a row parked after the bound is reported, never
-changed. A bulk change goes in chunks of ``CONSOLE_CHUNK_ROWS``, each its own short
-transaction, which locks parked rows only (no writer touches those) and updates its audit
-entry's count (an entry says what committed, even of a change cut short), then a pause as
-long as the chunk took (``CONSOLE_CHUNK_PAUSE_SHARE``).
+changed; a cause is decided of each row the change reads (``relay.db.console_matching``).
+A bulk change goes in chunks of ``CONSOLE_CHUNK_ROWS``, each its own short transaction,
+which locks parked rows only (no writer touches those) and updates its audit entry's count
+(an entry says what committed, even of a change cut short), then a pause as long as the
+chunk took (``CONSOLE_CHUNK_PAUSE_SHARE``). Its entry ends saying what it left and why.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import sqlalchemy as sa
 from relay.console_records import ActionResult, Actor, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
-from relay.db.console import parked_where, settled
+from relay.db.console import settled
 from relay.db.console_counts import parked_time
+from relay.db.console_matching import matching, parked_since
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import (
@@ -146,8 +148,7 @@ class ConsoleActions:
             conn.execute(sa.delete(outbox_archive).where(of(conn).id_in(a.id)), {"ids": movable})
             return len(movable)
 
-        changed = self._chunks(actor, RESTORE, target_of(ids, None, None), _batches(ids), chunk)
-        return ActionResult(changed, left=len(set(ids)) - changed)
+        return self._chunks(actor, RESTORE, target_of(ids, None, None), _batches(ids), chunk)
 
     def edit(self, actor: Actor, row_id: int, changes: dict[str, Any]) -> ActionResult:
         """A copy of a parked or archived row with ``changes`` (exchange, routing_key,
@@ -221,54 +222,39 @@ class ConsoleActions:
     ) -> ActionResult:
         target = target_of(ids, chosen, bound)
         if ids is not None:
-            changed = self._chunks(actor, action, target, _batches(ids), chunk)
-            return ActionResult(changed, left=len(set(ids)) - changed)
+            return self._chunks(actor, action, target, _batches(ids), chunk)
         if chosen is None:
             raise InputError("name the rows, or a filter")
-        changed = self._chunks(actor, action, target, self._matching(chosen, bound), chunk)
-        since = sa.select(sa.func.count()).where(*parked_where(chosen), parked_time > bound)
-        with transaction(self.engine, "console count", self.where) as conn:
-            parked_since = int(conn.execute(since).scalar_one())
-        return ActionResult(changed, parked_since=parked_since)
-
-    def _matching(self, chosen: ParkedFilter, bound: Any) -> Iterator[list[int]]:
-        """The ids of the parked rows ``chosen`` selects that were parked by ``bound``, a
-        chunk at a time, each chunk read after the one before was changed (keyset on the
-        parking time, so that no row is read twice and none is missed)."""
-        after: tuple[Any, int] | None = None
-        while True:
-            where = [*parked_where(chosen), parked_time <= bound]
-            if after is not None:
-                where.append(
-                    sa.or_(
-                        parked_time > after[0],
-                        sa.and_(parked_time == after[0], outbox.c.id > after[1]),
-                    )
-                )
-            statement = (
-                sa.select(outbox.c.id, parked_time)
-                .where(*where)
-                .order_by(parked_time, outbox.c.id)
-                .limit(CONSOLE_CHUNK_ROWS)
-            )
-            with transaction(self.engine, "console select", self.where) as conn:
-                rows = conn.execute(statement).all()
-            if not rows:
-                return
-            yield [int(r.id) for r in rows]
-            after = (rows[-1].next_attempt_at, int(rows[-1].id))
+        return self._chunks(
+            actor,
+            action,
+            target,
+            matching(self.engine, self.where, chosen, bound),
+            chunk,
+            since=lambda: parked_since(self.engine, self.where, chosen, bound),
+        )
 
     def _chunks(
-        self, actor: Actor, action: str, target: str, batches: Iterator[list[int]], chunk: Chunk
-    ) -> int:
+        self,
+        actor: Actor,
+        action: str,
+        target: str,
+        batches: Iterator[list[int]],
+        chunk: Chunk,
+        *,
+        since: Callable[[], int] = lambda: 0,
+    ) -> ActionResult:
         """The chunks run, the audit entry (written with the first) counting each; it ends
-        with the change's result: ``done``, or ``failed`` with the rows changed so far and
-        the error's class, written even when the change fails."""
-        changed = 0
+        with the change's result (``ActionResult.audited``: what it left and why, the rows a
+        chunk was given that it did not change, and ``since``, the rows parked after the
+        bound), or ``failed`` with the rows changed so far and the error's class, written
+        even when the change fails."""
+        changed = chosen = 0
         audit_id: int | None = None
         try:
             for batch in batches:
                 began = time.monotonic()
+                chosen += len(batch)
                 with transaction(self.engine, f"console {action}", self.where) as conn:
                     changed += chunk(conn, batch)
                     if audit_id is None:
@@ -283,11 +269,12 @@ class ConsoleActions:
                         )
                 # Paced: the database's time between chunks is the writers'.
                 time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
+            result = ActionResult(changed, left=chosen - changed, parked_since=since())
         except Exception as exc:
             self._ended(actor, action, target, audit_id, rows=changed, result=failed(changed, exc))
             raise
-        self._ended(actor, action, target, audit_id, rows=changed, result="done")
-        return changed
+        self._ended(actor, action, target, audit_id, rows=changed, result=result.audited())
+        return result
 
     def _ended(
         self,

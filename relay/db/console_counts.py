@@ -5,7 +5,7 @@ trigger, no counter table).
 
 Parked rows are counted by a walk, most recently parked first, a chunk of
 ``COUNT_CHUNK_ROWS`` at a time: each chunk's end is found in the index of parked rows by
-time alone, then its rows are counted by a key (a reason's prefix, or whether a row falls
+time alone, then its rows are counted by keys (a reason's prefix, whether a row falls
 within a change's bound) in one grouped statement over that range of the index. Each
 statement reads at most a chunk, whatever the outbox holds; the walk stops when it has read
 every parked row (every count exact) or when ``COUNT_BUDGET_S`` has passed (what it read is
@@ -15,7 +15,7 @@ counted, and it says where it stopped). Other figures are counted up to a cap, f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,10 +42,10 @@ COUNT_CHUNK_ROWS = 20_000
 
 @dataclass(frozen=True, slots=True)
 class Walked:
-    """What a walk counted: each key's rows; whether it read every parked row, and if not,
-    the time at or before which it read none."""
+    """What a walk counted: each key's rows (by the keys' values, in their order); whether
+    it read every parked row, and if not, the time at or before which it read none."""
 
-    tallies: dict[Any, Tally]
+    tallies: dict[tuple[Any, ...], Tally]
     exact: bool
     unread_before: datetime | None
 
@@ -82,15 +82,20 @@ def _merged(was: Tally | None, rows: int, first: datetime, last: datetime) -> Ta
 
 def walk(
     conn: sa.Connection,
-    key: sa.ColumnElement[Any],
+    keys: Sequence[sa.ColumnElement[Any]],
     where: list[sa.ColumnElement[bool]],
     budget: Budget,
 ) -> Walked:
-    """The parked rows ``where`` selects, counted by ``key`` within ``budget``."""
+    """The parked rows ``where`` selects, counted by ``keys`` within ``budget``."""
     deadline = budget.clock() + budget.seconds
     parked = outbox.c.status == PARKED
-    key = key.label("key")
-    tallies: dict[Any, Tally] = {}
+    labelled = [key.label(f"key{i}") for i, key in enumerate(keys)]
+    # By position: a key with bound values (a change's bound) is one expression, not two
+    # that the database would have to find equal.
+    positions: list[sa.ColumnElement[Any]] = [
+        sa.literal_column(str(i + 1)) for i in range(len(keys))
+    ]
+    tallies: dict[tuple[Any, ...], Tally] = {}
     start: tuple[datetime, int] | None = None  # the newest row not yet read
     while True:
         read_from = [] if start is None else [_at_or_before(start)]
@@ -105,13 +110,14 @@ def walk(
         past = None if found is None else (found[0], int(found[1]))
         read_to = [] if past is None else [_after(past)]
         counted = (
-            sa.select(key, sa.func.count(), sa.func.min(parked_time), sa.func.max(parked_time))
+            sa.select(
+                *labelled, sa.func.count(), sa.func.min(parked_time), sa.func.max(parked_time)
+            )
             .where(parked, *where, *read_from, *read_to)
-            # By position: a key with bound values (a change's bound) is one expression,
-            # not two that the database would have to find equal.
-            .group_by(sa.literal_column("1"))
+            .group_by(*positions)
         )
-        for value, rows, first, last in conn.execute(counted):
+        for *values, rows, first, last in conn.execute(counted):
+            value = tuple(values)
             tallies[value] = _merged(tallies.get(value), int(rows), first, last)
         if past is None:
             return Walked(tallies, exact=True, unread_before=None)

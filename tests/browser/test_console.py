@@ -142,7 +142,7 @@ def test_an_operator_replays_what_they_saw_through_the_relay_and_the_audit_says_
         "operator",
         "replay",
         3,
-        "done",
+        "done; left 1 parked after the bound",
     )
     target = json.loads(entry.target)
     assert target["filter"] == {"exchange": exchange} and target["bound"]

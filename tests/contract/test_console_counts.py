@@ -11,12 +11,13 @@ import sqlalchemy as sa
 
 from relay.causes import cause_of
 from relay.console.forms import parked_filter
-from relay.console_records import Causes, Counted, ParkedFilter
+from relay.console_records import Actor, Causes, Counted, ParkedFilter
 from relay.db.console import ConsoleReads
+from relay.db.console_actions import ConsoleActions
 from relay.db.console_counts import Budget
-from relay.db.schema import outbox
+from relay.db.schema import console_audit, outbox
 from relay.records import PARKED
-from tests.support.console import SETTLED, park
+from tests.support.console import SETTLED, park, statuses_of
 
 NO_ROUTE = "returned: 312 NO_ROUTE"
 MISSING = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
@@ -138,8 +139,7 @@ def test_at_scale_every_cause_is_counted_and_the_pages_agree(postgresql_url: str
         overview, listed = reads.overview(), reads.causes()  # the rows page's list
         bound = reads.now()
         confirmed = {
-            g.cause: reads.count(ParkedFilter(causes=g.prefixes), bound)[0]
-            for g in listed.listed[:3]
+            g.cause: reads.count(ParkedFilter(cause=g.cause), bound)[0] for g in listed.listed[:3]
         }
         hurried_causes = hurried.causes()
         rare = next(c for c in listed.prefixes if c not in {g.cause for g in listed.listed})
@@ -160,3 +160,60 @@ def test_at_scale_every_cause_is_counted_and_the_pages_agree(postgresql_url: str
     assert confirmed == {g.cause: g.rows for g in causes.listed[:3]}
     assert str(hurried_causes.parked) == "more than 1000"
     assert [cause_of(r.last_error) for r in rare_rows] == [rare] * 3
+
+
+def test_a_change_by_cause_takes_every_row_of_it_past_the_counts_budget(
+    database_url: str,
+) -> None:
+    """The overview's walk stops before the oldest rows of a cause, whose errors name other
+    exchanges (other reasons): a replay by that cause still takes each of them, and none of
+    another cause; the confirmation says at least what it counted, the audit what it did."""
+    old = [
+        *park(
+            database_url,
+            [{"message_id": f"o{i}", "exchange": f"tenant-{i}"} for i in range(6)],
+            "failed: 404 NOT_FOUND - no exchange '{}' in vhost '/'",
+            ago=3 * SETTLED,
+        )
+    ]
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:  # an error text of its own per row
+        conn.execute(
+            sa.update(outbox)
+            .where(outbox.c.id.in_(old))
+            .values(last_error=sa.func.replace(outbox.c.last_error, "{}", outbox.c.exchange))
+        )
+    other = park(database_url, [{"message_id": f"n{i}"} for i in range(4)], NO_ROUTE, ago=SETTLED)
+    recent = park(
+        database_url,
+        [{"message_id": f"r{i}"} for i in range(3)],
+        "failed: 404 NOT_FOUND - no exchange 'orders' in vhost '/'",
+        ago=SETTLED,
+    )
+    hurried = ConsoleReads(database_url, Budget(seconds=0, chunk=5))
+    actions = ConsoleActions(database_url)
+    try:
+        causes = hurried.causes()
+        bound = hurried.now()
+        late = park(
+            database_url,
+            [{"message_id": "late"}],
+            "failed: 404 NOT_FOUND - no exchange 'late' in vhost '/'",
+        )
+        within, since = hurried.count(ParkedFilter(cause=MISSING), bound)
+        result = actions.replay(Actor("otto", "operator"), None, ParkedFilter(cause=MISSING), bound)
+        with engine.connect() as conn:
+            (entry,) = conn.execute(sa.select(console_audit)).all()
+    finally:
+        hurried.close()
+        actions.close()
+        engine.dispose()
+    # The walk read none of the old rows' reasons: a change by them would have left all 6.
+    assert not causes.parked.exact and len(causes.prefixes[MISSING]) == 1
+    assert not within.exact and within.rows < len(old + recent) and since == Counted(1)
+    assert (result.changed, result.left, result.parked_since) == (9, 0, 1)
+    assert statuses_of(database_url, old + recent + other + late) == {
+        **dict.fromkeys(old + recent, "pending"),
+        **dict.fromkeys(other + late, "parked"),
+    }
+    assert (entry.rows, entry.result) == (9, "done; left 1 parked after the bound")

@@ -118,7 +118,12 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
         late[0]: "parked",
     }
     (entry,) = audit(database_url)
-    assert (entry.actor, entry.action, entry.rows, entry.result) == ("otto", "replay", 5, "done")
+    assert (entry.actor, entry.action, entry.rows, entry.result) == (
+        "otto",
+        "replay",
+        5,
+        "done; left 1 parked after the bound",
+    )
     assert json.loads(entry.target)["filter"] == {"exchange": "x"}
 
 

@@ -16,7 +16,7 @@ from relay.console.oidc import party_problem
 from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
-from relay.console_records import Actor, Counted, Tally
+from relay.console_records import ActionResult, Actor, Counted, ParkedFilter, Tally
 from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
@@ -257,6 +257,8 @@ def test_form_fields_are_checked() -> None:
     chosen = parked_filter({"exchange": "' OR 1=1 --", "parked_for": "2h"}, {}, now)
     assert chosen.exchange == "' OR 1=1 --" and chosen.parked_before == now - timedelta(hours=2)
     assert parked_filter({"cause": "c"}, {"c": ("p1", "p2")}, now).causes == ("p1", "p2")
+    # A change's filter: its cause decided of each row, whatever a walk read.
+    assert parked_filter({"cause": "gone"}, None, now) == ParkedFilter(cause="gone")
     for bad in (
         {"message_id": "a\x00b"},
         {"parked_for": "soon"},
@@ -369,3 +371,22 @@ def test_a_bad_console_setting_names_itself() -> None:
         ConsoleSettings.load({"RELAY_CONSOLE_AUTH": "none"})
     with pytest.raises(ConfigError, match="RELAY_CONSOLE_PROXY_ADDRESSES"):
         ConsoleSettings.load({"RELAY_CONSOLE_PROXY_ADDRESSES": "proxy.local"})
+
+
+@pytest.mark.parametrize(
+    "result, audited",
+    [
+        (ActionResult(5), "done"),
+        (ActionResult(0), "done"),
+        (ActionResult(3, left=2), "done; left 2 no longer as the page showed them"),
+        (ActionResult(3, parked_since=1), "done; left 1 parked after the bound"),
+        (
+            ActionResult(3, left=2, parked_since=1),
+            "done; left 2 no longer as the page showed them; left 1 parked after the bound",
+        ),
+    ],
+)
+def test_a_changes_audited_result_names_what_it_left_and_why(
+    result: ActionResult, audited: str
+) -> None:
+    assert result.audited() == audited
