@@ -2,7 +2,8 @@
 parsed again whenever it changes (its size, time or inode), so that a user removed from it
 is logged out and a role changed in it applies at the user's next request. A file that can
 no longer be read or parsed admits nobody until it is fixed (closed, never the last good
-copy), and says why in the log."""
+copy), and says why in the log. A file that lists nobody is refused at the start, and said in
+the log when an edit empties it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from relay.console.users import User, parse_users
 from relay.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def _empty(path: Path) -> str:
+    return (
+        f"RELAY_CONSOLE_USERS_FILE={path}: lists no user, so nobody could log in "
+        "(a line name:role:hash each; `relay console hash-password` makes the hash)"
+    )
 
 
 class UsersFile:
@@ -47,6 +55,12 @@ class UsersFile:
                 )
             self._seen, self._users = None, {}
             return
+        if not users:
+            # Not closed: nobody is let in either way, but said, at the start as an error.
+            if strict:
+                raise ConfigError(_empty(self.path))
+            if self._users:
+                log.error("console: %s", _empty(self.path), extra={"action": "console_users_file"})
         self._seen, self._users = seen, users
 
     def current(self) -> dict[str, User]:

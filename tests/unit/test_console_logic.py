@@ -5,6 +5,7 @@ file and the settings' refusals."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from relay.console.oidc import party_problem
 from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
+from relay.console.users_file import UsersFile
 from relay.console_records import ActionResult, Actor, Counted, ParkedFilter, Tally
 from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.errors import ConfigError, InputError
@@ -390,3 +392,20 @@ def test_a_changes_audited_result_names_what_it_left_and_why(
     result: ActionResult, audited: str
 ) -> None:
     assert result.audited() == audited
+
+
+def test_a_users_file_that_lists_nobody_is_refused_at_the_start_and_said_when_emptied(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "users"
+    for text in ("", "# nobody yet\n\n"):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="lists no user, so nobody could log in"):
+            UsersFile(path)
+    path.write_text(f"ada:admin:{hash_password('pw')}\n")
+    users = UsersFile(path)
+    assert list(users.current()) == ["ada"]
+    path.write_text("# ada left\n")
+    assert users.current() == {}
+    said = [r for r in caplog.records if getattr(r, "action", None) == "console_users_file"]
+    assert len(said) == 1 and "lists no user" in said[0].getMessage()
