@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ from prometheus_client import start_http_server
 from relay.console.passwords import hash_password
 from relay.errors import ConfigError, InputError
 from relay.settings import ENV_FILE_VAR, ConsoleSettings, Settings, describe
+
+log = logging.getLogger(__name__)
 
 # The relay's settings the console reads: its database, and the broker for the dead letters.
 RELAY_SETTINGS = (
@@ -86,6 +89,13 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         start_http_server(
             config.console_metrics_port, config.console_host, registry=console.metrics.registry
         )
+    log.info(
+        "console serving on %s:%d (login: %s)",
+        config.console_host,
+        config.console_port,
+        config.console_auth,
+        extra={"action": "console_started", "auth": config.console_auth},
+    )
     uvicorn.run(
         standalone_app(console),
         host=config.console_host,

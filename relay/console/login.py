@@ -4,6 +4,7 @@ headers say who it is (``relay.console.access``)."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import UTC, datetime
 
@@ -25,6 +26,31 @@ from relay.constants import (
     CONSOLE_PASSWORD_MAX,
 )
 from relay.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def _failed(console: Console, reason: str, address: str, name: str | None) -> None:
+    """A login refused, counted and logged: the name only where the users file lists it (a
+    password typed into the name field is never logged)."""
+    console.metrics.login_failures.labels(reason).inc()
+    log.warning(
+        "console login refused (%s) for %s from %s",
+        reason,
+        name or "a name nobody has",
+        address,
+        extra={"action": "console_login_failed", "reason": reason, "address": address},
+    )
+
+
+def _logged_in(name: str, role: str, address: str) -> None:
+    log.info(
+        "console login: %s (%s) from %s",
+        name,
+        role,
+        address,
+        extra={"action": "console_login", "user": name, "role": role, "address": address},
+    )
 
 
 def _root(request: Request) -> str:
@@ -82,22 +108,23 @@ async def login_form(console: Console, request: Request) -> Response:
     password = forms.text(fields, "password", CONSOLE_PASSWORD_MAX)
     address = request.client.host if request.client else "unknown"
     # The gate first: a login turned away busy has spent none of its attempts.
+    assert console.users is not None  # the users mode has its file
+    known = name if name in console.users.current() else None
     if not console.hashing.enter():
-        console.metrics.login_failures.labels("busy").inc()
+        _failed(console, "busy", address, known)
         raise Refused(503, "too many logins at once: try again in a moment")
     try:
         attempt = console.limiter.reserve(name, address, now)
         if attempt is None:
-            console.metrics.login_failures.labels("limited").inc()
+            _failed(console, "limited", address, known)
             raise Refused(429, "too many failed logins: wait a few minutes")
-        assert console.users is not None  # the users mode has its file
         user = console.users.current().get(name)
         stored = user.password_hash if user else _NOBODY
         ok = await run_in_threadpool(verify_password, password, stored)
     finally:
         console.hashing.leave()
     if user is None or not ok:
-        console.metrics.login_failures.labels("password").inc()
+        _failed(console, "password", address, known)
         return console.page(
             request,
             "login.html",
@@ -107,6 +134,7 @@ async def login_form(console: Console, request: Request) -> Response:
             error="wrong name or password",
         )
     console.limiter.succeeded(attempt)
+    _logged_in(user.name, user.role, address)
     issued = console.sessions.issue(user.name, user.role, now, entry=user.entry)
     session = console.sessions.read(issued, now)
     assert session is not None
@@ -127,16 +155,18 @@ async def callback(console: Console, request: Request) -> Response:
     if state is None:
         raise Refused(400, "no login under way (or it took too long): log in again")
     login = Login(str(state.get("s")), str(state.get("n")), str(state.get("v")))
+    address = request.client.host if request.client else "unknown"
     try:
         claims = await run_in_threadpool(console.oidc.finish, str(request.url), login)
     except InputError as exc:
-        console.metrics.login_failures.labels("provider").inc()
+        _failed(console, "provider", address, None)
         raise Refused(401, str(exc)) from None
     name, groups = console.oidc.user(claims)
     role = role_of(groups, console.config)
     if role is None:
-        console.metrics.login_failures.labels("no_role").inc()
+        _failed(console, "no_role", address, name)
         raise Refused(403, f"{name} is in none of the console's groups")
+    _logged_in(name, role, address)
     session = console.sessions.read(console.sessions.issue(name, role, now), now)
     assert session is not None
     response = RedirectResponse(_root(request) + "/", 303)

@@ -200,6 +200,21 @@ def test_failed_logins_are_limited(sqlite_url: str, tmp_path: Path) -> None:
             assert page.inner_text("#login-error") == "wrong name or password"
         log_in(page, console.url, "otto")  # the right password, too late
         assert "too many failed logins" in page.inner_text("#refusal")
+        log_in(page, console.url, "nobody-but-a-password", "wrong")
+        log_in(page, console.url, "ada")  # another name keeps its attempts
+    # The start, each refusal with its reason and the login logged; the name only if the file
+    # has it, never a password.
+    said = (tmp_path / "console.log").read_text()
+    assert "[console_started] console serving on 127.0.0.1" in said
+    refused = [line for line in said.splitlines() if "[console_login_failed]" in line]
+    assert [line.split("refused (")[1].split(")")[0] for line in refused] == [
+        *["password"] * 3,
+        "limited",
+        "password",
+    ], refused
+    assert "for otto from 127.0.0.1" in refused[0] and "for a name nobody has" in refused[-1]
+    assert "wrong" not in said and "nobody-but-a-password" not in said
+    assert "[console_login] console login: ada (admin) from 127.0.0.1" in said
 
 
 def test_logins_sent_at_once_are_limited_and_oversized_ones_refused_unread(
