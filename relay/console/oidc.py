@@ -126,12 +126,17 @@ class OidcClient:
         return dict(token.claims)
 
     def user(self, claims: dict[str, Any]) -> tuple[str, list[str]]:
-        """The user's name (their preferred username, email or subject) and groups."""
-        name = claims.get("preferred_username") or claims.get("email") or claims["sub"]
+        """The user's name and groups. The name, which the audit keeps as the actor, holds
+        the provider's subject (``sub``), the one claim the user cannot edit and the provider
+        never gives to another user (OpenID Connect Core 5.7): ``preferred_username`` or
+        ``email`` beside it only to be read, as users may change either to anything."""
+        subject = str(claims["sub"])
+        shown = claims.get("preferred_username") or claims.get("email")
+        name = subject if not shown or str(shown) == subject else f"{shown} ({subject})"
         groups = claims.get(self.groups_claim) or []
         if isinstance(groups, str):
             groups = [groups]
-        return str(name), [str(g) for g in groups if isinstance(g, str | int)]
+        return name, [str(g) for g in groups if isinstance(g, str | int)]
 
 
 def party_problem(claims: dict[str, Any], client_id: str) -> str | None:

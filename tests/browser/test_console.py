@@ -417,7 +417,8 @@ def test_openid_connect_logs_in_with_the_providers_groups(
             if role is None:
                 assert "in none of the console's groups" in page.inner_text("#refusal")
             else:
-                assert page.inner_text("form.who span") == f"irene ({role})"
+                # The provider's subject, which the user cannot edit, beside their name.
+                assert page.inner_text("form.who span") == f"irene (sub-irene) ({role})"
             assert chromium.dialogs == []
 
 
