@@ -142,7 +142,9 @@ def _forget_attempts(settings: Settings, moving: list[DeadLetter]) -> None:
     again, on its old count)."""
     consumers: dict[str, list[str]] = collections.defaultdict(list)
     for letter in moving:
-        if letter.consumer and letter.key:
+        # A key holding a NUL was never one the inbox kept (``key_problem``): it has no
+        # attempts to forget, and PostgreSQL would refuse to be asked for it.
+        if letter.consumer and letter.key and "\x00" not in letter.key:
             consumers[letter.consumer].append(letter.key)
     for consumer, keys in consumers.items():
         store = InboxStore(settings.database_url, consumer)

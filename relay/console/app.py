@@ -29,7 +29,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from relay.console import changes, login, pages
+from relay.console import changes, forms, login, pages
 from relay.console.access import Refused, check_csrf, form_of, session_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
@@ -77,6 +77,7 @@ def load_console(
         autoescape=True,
         undefined=StrictUndefined,
     )
+    templates.filters["letter_token"] = forms.letter_token
     secret = config.console_session_secret
     return Console(
         settings=settings,

@@ -150,7 +150,7 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
     queue = change.fields.get("queue", "")
     if queue not in console.config.console_inbox_queues:
         raise InputError("queue: not one of the console's inbox queues")
-    wanted = set(change.letters)
+    wanted = forms.letter_keys(change.letters)
     target = json.dumps({"queue": queue, "message_ids": sorted(wanted)})
     try:
         with console.dead_letter_lock(queue):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from relay.console_records import Cursor, ParkedFilter
@@ -32,6 +32,21 @@ def text(fields: Mapping[str, str], name: str, longest: int = MAX_FIELD) -> str:
     if "\x00" in value:
         raise InputError(f"{name}: holds a NUL character, which no row can")
     return value
+
+
+def letter_token(key: str) -> str:
+    """A dead letter's key as a page's form carries it: its UTF-8 in hex. A key is any text
+    the broker carried (a NUL among it), which HTML cannot carry back as it is: a browser
+    reads a NUL in a value as U+FFFD, and the letter could never be chosen."""
+    return key.encode("utf-8", "surrogatepass").hex()
+
+
+def letter_keys(tokens: Iterable[str]) -> set[str]:
+    """The keys of the dead letters a form chose (``letter_token``)."""
+    try:
+        return {bytes.fromhex(token).decode("utf-8", "surrogatepass") for token in tokens}
+    except ValueError:  # UnicodeDecodeError among them
+        raise InputError("letter: not a dead letter's key as the page gave it") from None
 
 
 def age(fields: Mapping[str, str]) -> timedelta | None:

@@ -16,13 +16,19 @@ import sqlalchemy as sa
 
 from devtools.broker import drain, fresh_queue
 from devtools.servers import RabbitNode, free_port
+from relay.console.forms import letter_token
 from relay.db.schema import console_audit, inbox_attempts
 from relay.inbox.policy import dead_letter_queue
 from tests.support.console import SCRIPT, follow, signed_in
 
+NUL_KEY = "order-\x004"
+
 
 def dead_letter(
-    channel: pika.adapters.blocking_connection.BlockingChannel, queue: str, n: int
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    queue: str,
+    n: int,
+    key: str | None = None,
 ) -> None:
     headers = {
         "x-inbox-error": f"ValueError: bad order {n} {SCRIPT}",
@@ -33,7 +39,8 @@ def dead_letter(
         "x-inbox-last-failure": "2026-11-27T10:01:00Z",
         "tenant": "a",
     }
-    properties = pika.BasicProperties(message_id=f"order-{n}", headers=headers, delivery_mode=2)
+    message_id = key or f"order-{n}"
+    properties = pika.BasicProperties(message_id=message_id, headers=headers, delivery_mode=2)
     channel.basic_publish("", dead_letter_queue(queue), f"body {n}".encode(), properties)
 
 
@@ -47,6 +54,8 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
     channel = connection.channel()
     for n in range(4):
         dead_letter(channel, queue, n)
+    # A key HTML cannot carry back as it is (a browser reads a NUL in a value as U+FFFD).
+    dead_letter(channel, queue, 4, NUL_KEY)
     connection.close()
     metrics = free_port()
     with signed_in(
@@ -60,17 +69,17 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
         for _ in range(2):  # read twice: nothing taken, nothing reordered
             page.goto(f"{console.url}/inbox/{queue}")
             rows = page.locator("#letters tbody tr").all()
-            assert [r.locator("td").nth(1).inner_text() for r in rows] == [
-                f"order-{n}" for n in range(4)
-            ]
+            shown = [r.locator("td").nth(1).inner_text() for r in rows]
+            assert shown[:4] == [f"order-{n}" for n in range(4)] and len(shown) == 5
         first = rows[0].inner_text()
         assert f"ValueError: bad order 0 {SCRIPT}" in first and "billing" in first
         assert "\t5\t" in first and "2026-11-27T10:01:00Z" in first
-        page.check("input[name=letter][value=order-2]")
+        for key in ("order-2", NUL_KEY):
+            page.check(f"input[name=letter][value='{letter_token(key)}']")
         follow(page, "button[value=requeue_dead_letters]")
-        assert page.inner_text("#confirm-count") == "1 dead letters will go back to their queue."
+        assert page.inner_text("#confirm-count") == "2 dead letters will go back to their queue."
         follow(page, "#confirm")
-        assert page.inner_text("#changed") == "1 changed."
+        assert page.inner_text("#changed") == "2 changed."
         page.goto(f"{console.url}/inbox/{queue}")
         left = [
             r.locator("td").nth(1).inner_text() for r in page.locator("#letters tbody tr").all()
@@ -82,10 +91,11 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as answer:
             exported = answer.read().decode()
         assert 'console_actions_total{action="requeue_dead_letters",result="done"} 1.0' in exported
-        assert 'console_rows_changed_total{action="requeue_dead_letters"} 1.0' in exported
-    (requeued,) = drain(rabbit.url, queue, expect=1)
+        assert 'console_rows_changed_total{action="requeue_dead_letters"} 2.0' in exported
+    requeued, nul = drain(rabbit.url, queue, expect=2)
     assert requeued.message_id == "order-2" and requeued.body == b"body 2"
     assert requeued.headers == {"tenant": "a"}  # the reason headers taken off
+    assert nul.message_id == NUL_KEY and nul.body == b"body 4"
 
 
 def test_a_dead_letter_queue_a_read_would_drop_or_reorder_is_counted_not_read(

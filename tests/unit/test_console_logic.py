@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from relay.causes import cause_of, grouped
+from relay.console import forms
 from relay.console.forms import cursor, edited, ids, parked_filter, preview
 from relay.console.identity import from_proxy, groups_of, role_of
 from relay.console.limiter import HashGate, LoginLimiter
@@ -409,3 +410,16 @@ def test_a_users_file_that_lists_nobody_is_refused_at_the_start_and_said_when_em
     assert users.current() == {}
     said = [r for r in caplog.records if getattr(r, "action", None) == "console_users_file"]
     assert len(said) == 1 and "lists no user" in said[0].getMessage()
+
+
+@pytest.mark.parametrize("key", ["order-1", "order-\x004", "naïve \u2028 ✓", "\udcff", ""])
+def test_a_dead_letters_key_goes_through_a_form_and_back_whole(key: str) -> None:
+    token = forms.letter_token(key)
+    assert token.isalnum() or token == ""
+    assert forms.letter_keys([token]) == {key}
+
+
+@pytest.mark.parametrize("token", ["zz", "6", "ff"])
+def test_a_letter_token_no_page_gave_is_bad_input(token: str) -> None:
+    with pytest.raises(InputError, match="letter: not a dead letter's key"):
+        forms.letter_keys([token])
