@@ -197,8 +197,8 @@ def test_a_letter_whose_queue_is_gone_stays_with_its_attempts_and_the_audit_says
         RELAY_CONSOLE_INBOX_QUEUES=queue,
     ) as (console, chromium, page):
         page.goto(f"{console.url}/inbox/{queue}")
-        page.check("input[name=letter][value=order-0]")
-        page.check("input[name=letter][value=order-1]")
+        page.check(f"input[name=letter][value='{letter_token('order-0')}']")
+        page.check(f"input[name=letter][value='{letter_token('order-1')}']")
         follow(page, "button[value=requeue_dead_letters]")
         follow(page, "#confirm")
         assert page.inner_text("#changed") == "1 changed."
