@@ -67,7 +67,7 @@ def _at_or_before(at: tuple[datetime, int]) -> sa.ColumnElement[bool]:
     return sa.and_(parked_time <= parked_at, sa.or_(parked_time < parked_at, outbox.c.id <= row_id))
 
 
-def _after(at: tuple[datetime, int]) -> sa.ColumnElement[bool]:
+def parked_after(at: tuple[datetime, int]) -> sa.ColumnElement[bool]:
     """Parked after the row ``at``, in the walk's order (as ``_at_or_before``)."""
     parked_at, row_id = at
     return sa.and_(parked_time >= parked_at, sa.or_(parked_time > parked_at, outbox.c.id > row_id))
@@ -108,7 +108,7 @@ def walk(
             .offset(budget.chunk)
         ).first()
         past = None if found is None else (found[0], int(found[1]))
-        read_to = [] if past is None else [_after(past)]
+        read_to = [] if past is None else [parked_after(past)]
         counted = (
             sa.select(
                 *labelled, sa.func.count(), sa.func.min(parked_time), sa.func.max(parked_time)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from relay.console_records import ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS
 from relay.db.console import parked_where, reason_cause, reason_key
-from relay.db.console_counts import parked_time
+from relay.db.console_counts import parked_after, parked_time
 from relay.db.engine import transaction
 from relay.db.schema import outbox
 
@@ -38,12 +38,7 @@ def matching(
     while True:
         conditions = [*parked_where(chosen), parked_time <= bound]
         if after is not None:
-            conditions.append(
-                sa.or_(
-                    parked_time > after[0],
-                    sa.and_(parked_time == after[0], outbox.c.id > after[1]),
-                )
-            )
+            conditions.append(parked_after(after))
         statement = (
             sa.select(*read)
             .where(*conditions)
