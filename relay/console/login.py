@@ -107,9 +107,10 @@ async def login_form(console: Console, request: Request) -> Response:
     name = forms.text(fields, "name", CONSOLE_NAME_MAX)
     password = forms.text(fields, "password", CONSOLE_PASSWORD_MAX)
     address = request.client.host if request.client else "unknown"
-    # The gate first: a login turned away busy has spent none of its attempts.
     assert console.users is not None  # the users mode has its file
-    known = name if name in console.users.current() else None
+    user = console.users.current().get(name)
+    known = user.name if user else None
+    # The gate first: a login turned away busy has spent none of its attempts.
     if not console.hashing.enter():
         _failed(console, "busy", address, known)
         raise Refused(503, "too many logins at once: try again in a moment")
@@ -118,7 +119,6 @@ async def login_form(console: Console, request: Request) -> Response:
         if attempt is None:
             _failed(console, "limited", address, known)
             raise Refused(429, "too many failed logins: wait a few minutes")
-        user = console.users.current().get(name)
         stored = user.password_hash if user else _NOBODY
         ok = await run_in_threadpool(verify_password, password, stored)
     finally:
