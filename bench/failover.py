@@ -15,8 +15,10 @@ For each ``--entries N``, on a private PostgreSQL and RabbitMQ:
   a row at 200-byte payloads, ``bench.soak``).
 - **the crash**: this release's sent log aged by SQL to N entries over six days, sealed into
   runs as the relays' upkeep does (its seconds, its steps, and the longest step: a seal's
-  transaction and a merge's at most), a relay publishing a writer's ``--rate``
-  rows a second; PostgreSQL stopped ``-m immediate`` and started. The pause: from the
+  transaction and a merge's at most) up to just before their next seal is due, its last 15
+  minutes left unsealed and as dense as ``--tail-rate`` acks a second make them (the most a
+  crash copies back before claims go on), a relay publishing a writer's ``--rate`` rows a
+  second; PostgreSQL stopped ``-m immediate`` and started. The pause: from the
   server accepting connections again to the delivery of a row written then; and how long
   the whole journal took to be copied back (claims go on meanwhile).
 
@@ -42,11 +44,15 @@ from devtools.broker import simple_topology, write_topology
 from devtools.outbox import age_sent_log, fates, insert
 from devtools.relayproc import RELAY, RelayProcess, relay_env
 from devtools.servers import PostgresServer, RabbitNode, free_port, wait_until
+from relay.constants import SENT_RUN_MARGIN_S, SENT_RUN_SEAL_S
 from relay.db.migrate import migrate
 from relay.db.sentlog import SentLogRebuild
-from relay.db.sentruns import SentRuns
+from relay.db.sentruns import SEAL_LOCK, SentRuns
 
 EXCHANGE, QUEUE = "bench.failover", "bench.failover.all"
+# The journal's tail a crash finds unsealed at worst: a seal is due once the tail reaches
+# back the margin and the seal interval, and leaves the margin unsealed.
+TAIL_S = SENT_RUN_MARGIN_S + SENT_RUN_SEAL_S
 
 
 def migration_seconds(pg: PostgresServer, entries: int) -> float:
@@ -134,16 +140,41 @@ class Writer:
         self.engine.dispose()
 
 
+def _tail_entries(url: str) -> int:
+    """The journal's entries no run holds: what a crash now copies back first."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT coalesce(sum(cardinality(message_keys)), 0) "
+                        "FROM outbox_sent_journal "
+                        "WHERE sent_at >= (SELECT max(upto) FROM outbox_sent_runs)"
+                    )
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
 def crash(
-    pg: PostgresServer, rabbit: RabbitNode, base: Path, entries: int, rate: float
+    pg: PostgresServer,
+    rabbit: RabbitNode,
+    base: Path,
+    entries: int,
+    rates: tuple[float, float],
 ) -> dict[str, float]:
+    rate, tail_rate = rates
     pg.create_database("crash")
     url = pg.url("crash")
     migrate(url)
     began = time.monotonic()
     age_sent_log(url, entries)
     aged = time.monotonic() - began
-    keeper = SentRuns(url)
+    # Sealed as the relays leave it just before their next seal is due: the journal's last
+    # margin and seal interval unsealed, the most a crash copies back before claims go on.
+    keeper = SentRuns(url, margin_s=TAIL_S)
     steps: list[float] = []
     try:
         while True:  # as the relays' upkeep takes them: each step a transaction
@@ -154,6 +185,10 @@ def crash(
                 break
     finally:
         keeper.close()
+    # That tail as ``tail_rate`` acks a second would have left it (a relay's seal held off
+    # until the crash, so that the crash finds it whole).
+    age_sent_log(url, round(tail_rate * TAIL_S), days=TAIL_S / 86400, first=entries)
+    tail = _tail_entries(url)
     topology = write_topology(base / "topology.toml", simple_topology(EXCHANGE, QUEUE))
     env = relay_env(
         RELAY_DATABASE_URL=url,
@@ -162,11 +197,17 @@ def crash(
         RELAY_METRICS_PORT=str(free_port()),
         RELAY_METRICS_HOST="127.0.0.1",
     )
+    sealer = sa.create_engine(url, poolclass=sa.NullPool)
+    holder = sealer.connect()
+    holder.execute(sa.select(sa.func.pg_advisory_lock(SEAL_LOCK)))
     with RelayProcess(env, base / f"relay-{entries}.log"), Writer(url, rate):
         insert(url, [{"message_id": "before", "exchange": EXCHANGE, "payload": b"x"}])
         wait_until(lambda: fates(url, ["before"]) == {"before": "sent"}, 120, "relaying")
         pg.psql("CHECKPOINT")
         pg.stop("immediate")
+        with contextlib.suppress(sa.exc.DBAPIError):
+            holder.close()
+        sealer.dispose()
         pg.start()
         accepting = time.monotonic()
         insert(url, [{"message_id": "after", "exchange": EXCHANGE, "payload": b"x"}])
@@ -183,6 +224,7 @@ def crash(
         "sealed_s": round(sum(steps), 1),
         "upkeep_steps": len(steps),
         "longest_step_s": round(max(steps), 2),
+        "tail_entries": tail,
         "pause_s": round(pause, 2),
         "whole_log_back_s": round(whole, 1),
     }
@@ -192,6 +234,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, action="append")
     parser.add_argument("--rate", type=float, default=100.0, help="rows a second written")
+    parser.add_argument(
+        "--tail-rate",
+        type=float,
+        default=2000.0,
+        help="acks a second the journal's unsealed tail holds at the crash",
+    )
     parser.add_argument("--base", type=Path, help="where the servers live (a temporary directory)")
     parser.add_argument("--upkeep-entries", type=int, default=500_000)
     args = parser.parse_args()
@@ -217,14 +265,15 @@ def main() -> int:
                         "entries": entries,
                         "migration_s": round(migration_seconds(pg, entries), 2),
                     }
-                    result |= crash(pg, rabbit, base, entries, args.rate)
+                    result |= crash(pg, rabbit, base, entries, (args.rate, args.tail_rate))
                 finally:
                     pg.stop("immediate")
                 print(json.dumps(result), flush=True)
                 results.append(result)
         finally:
             rabbit.stop()
-    print("# FAILOVER " + json.dumps({"rate": args.rate, **upkeep, "sizes": results}))
+    summary = {"rate": args.rate, "tail_rate": args.tail_rate, **upkeep, "sizes": results}
+    print("# FAILOVER " + json.dumps(summary))
     return 0
 
 

@@ -178,18 +178,18 @@ def insert(target: str | sa.Engine, rows: list[dict[str, Any]]) -> None:
 _AGED_ROW_ENTRIES = 1000
 
 
-def age_sent_log(target: str | sa.Engine, entries: int, days: float = 6.0) -> None:
+def age_sent_log(target: str | sa.Engine, entries: int, days: float = 6.0, first: int = 0) -> None:
     """A PostgreSQL sent log aged by plain SQL: ``entries`` acks of messages ``aged-N``
-    spread evenly over the last ``days``, as the relays would have left them, in the
-    journal (a row per thousand entries) and in the log."""
+    (``N`` from ``first``) spread evenly over the last ``days``, as the relays would have
+    left them, in the journal (a row per thousand entries) and in the log."""
     rows = -(-entries // _AGED_ROW_ENTRIES)
     journal = sa.text(
         "INSERT INTO outbox_sent_journal (sent_at, id, message_keys, ids, created_at) "
         "SELECT now() - make_interval(secs => :span * (1 - r / CAST(:rows AS float))), "
-        "1000000000 + r * :per, "
-        "array(SELECT CAST(md5('aged-' || (r * :per + k)) AS uuid) "
+        "1000000000 + :first + r * :per, "
+        "array(SELECT CAST(md5('aged-' || (:first + r * :per + k)) AS uuid) "
         "      FROM generate_series(0, :per - 1) k), "
-        "array(SELECT 1000000000 + r * :per + k FROM generate_series(0, :per - 1) k), "
+        "array(SELECT 1000000000 + :first + r * :per + k FROM generate_series(0, :per - 1) k), "
         "array_fill(now() - make_interval(secs => :span), ARRAY[:per]) "
         "FROM generate_series(0, :rows - 1) r"
     )
@@ -197,9 +197,9 @@ def age_sent_log(target: str | sa.Engine, entries: int, days: float = 6.0) -> No
         "INSERT INTO outbox_sent_log (key, id, created_at, sent_at) "
         "SELECT e.key, e.id, e.created_at, j.sent_at FROM outbox_sent_journal j, "
         "unnest(j.message_keys, j.ids, j.created_at) AS e(key, id, created_at) "
-        "ON CONFLICT DO NOTHING"
+        "WHERE j.id >= 1000000000 + :first ON CONFLICT DO NOTHING"
     )
-    values = {"rows": rows, "per": _AGED_ROW_ENTRIES, "span": days * 86400}
+    values = {"rows": rows, "per": _AGED_ROW_ENTRIES, "span": days * 86400, "first": first}
     with _connection(target) as conn, conn.begin():
         conn.execute(journal, values)
-        conn.execute(log)
+        conn.execute(log, {"first": first})
