@@ -98,7 +98,7 @@ def upkeep_wal(pg: PostgresServer, entries: int) -> dict[str, float]:
         age_sent_log(url, entries, days=1.0)
         aged = wal()
         for hours in range(23, 0, -1):  # an hour later each time
-            keeper = SentRuns(url, seal_s=3600, margin_s=hours * 3600, fanin=4)
+            keeper = SentRuns(url, settle_s=0.0, seal_s=3600, margin_s=hours * 3600, fanin=4)
             try:
                 keeper.maintain()
             finally:
@@ -174,7 +174,7 @@ def crash(
     aged = time.monotonic() - began
     # Sealed as the relays leave it just before their next seal is due: the journal's last
     # margin and seal interval unsealed, the most a crash copies back before claims go on.
-    keeper = SentRuns(url, margin_s=TAIL_S)
+    keeper = SentRuns(url, settle_s=0.0, margin_s=TAIL_S)
     steps: list[float] = []
     try:
         while True:  # as the relays' upkeep takes them: each step a transaction

@@ -129,7 +129,8 @@ SENT_LOG_REBUILD_CLIENT_CHECK_MS = 1000
 SENT_RUN_SEAL_S = 600.0
 # ... up to this many seconds ago: every ack that sent them has committed or failed by then
 # (its statements are bounded by DB_STATEMENT_TIMEOUT_MS, its idle time by
-# DB_IDLE_IN_TRANSACTION_S), so that no entry of a sealed span comes after its seal.
+# DB_IDLE_IN_TRANSACTION_S), so that no entry of a sealed span comes after its seal; by the
+# database's clock and by the relay's monotonic one (``relay.sealing``: the database's may step).
 SENT_RUN_MARGIN_S = 300.0
 # Runs of one level merged into one of the next, once there are this many: a week's log is
 # then at most about 15 runs of each level below the top (10 minutes, 2.7 hours) and a few

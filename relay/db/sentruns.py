@@ -16,11 +16,12 @@ whole log is copied back.
 Sealing takes one relay at a time, and merging one (transaction-scoped advisory locks of
 their own): every ``SENT_RUN_SEAL_S`` the journal's entries sent up to
 ``SENT_RUN_MARGIN_S`` ago (every ack that sent them has committed or failed by then: its
-statements are bounded) become a run of level 0; ``SENT_RUN_FANIN`` runs of one level
-become one of the next, up to ``SENT_RUN_TOP_LEVEL``, so that a week's log is a few dozen
-runs and each entry is written about three times more, a few dozen bytes each. A merge
-writes ``SENT_RUN_MERGE_CHUNK`` entries a transaction, a range of keys at a time, and seals
-go on between (a merge of the top level at 2,000 acks a second is 300 million entries).
+statements are bounded; ago by the relay's monotonic clock too, ``relay.sealing``) become
+a run of level 0; ``SENT_RUN_FANIN`` runs of one level become one of the next, up to
+``SENT_RUN_TOP_LEVEL``, so that a week's log is a few dozen runs and each entry is written
+about three times more, a few dozen bytes each. A merge writes ``SENT_RUN_MERGE_CHUNK``
+entries a transaction, a range of keys at a time, and seals go on between (a merge of the
+top level at 2,000 acks a second is 300 million entries).
 
 A run's entries keep their sent times: a lookup counts only those the journal still holds
 (sent at or after its oldest row), so that a run whose span straddles the horizon remembers
@@ -29,6 +30,7 @@ nothing the purge forgot.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -51,6 +53,7 @@ from relay.db.sentblocks import Made, Upkeep, finished, write_blocks
 from relay.db.sentlog import first_unsealed, unnested
 from relay.db.sentmerge import Merge
 from relay.redact import redact_url
+from relay.sealing import SealBound
 
 _RUNS = outbox_sent_runs
 _BLOCKS = outbox_sent_blocks
@@ -107,6 +110,7 @@ class SentRuns:
         *,
         seal_s: float = SENT_RUN_SEAL_S,
         margin_s: float = SENT_RUN_MARGIN_S,
+        settle_s: float = SENT_RUN_MARGIN_S,
         fanin: int = SENT_RUN_FANIN,
         top_level: int = SENT_RUN_TOP_LEVEL,
         block: int = SENT_RUN_BLOCK,
@@ -115,7 +119,8 @@ class SentRuns:
         self.engine = create_engine(url, relay_session=True)
         self._where = redact_url(url)
         self._journaled = of(self.engine).journals_sent_log
-        self.seal_s, self.margin_s, self.fanin, self.top_level = seal_s, margin_s, fanin, top_level
+        self.seal_s, self.fanin, self.top_level = seal_s, fanin, top_level
+        self._bound = SealBound(margin_s, settle_s)
         self.block = block
         self._merge = Merge(fanin=fanin, top_level=top_level, block=block, chunk=merge_chunk)
 
@@ -162,19 +167,14 @@ class SentRuns:
             return work(conn)
 
     def _seal(self, conn: sa.Connection) -> Upkeep:
-        """The journal's entries sent from the tail's start to ``margin_s`` ago as a run, once
-        that span is ``seal_s`` long: of level 0, or, where its entries span a level-1 run's
-        length or more (the first seal after the relays were away for hours), as a run of
-        level 1 that ends at the first entry past that length, the rest left to the next."""
-        start = _tail_start()
-        first_at, upto, due = conn.execute(
-            sa.select(
-                start.label("first_at"),
-                database_time(-self.margin_s).label("upto"),
-                (start <= database_time(-self.margin_s - self.seal_s)).label("due"),
-            )
-        ).one()
-        if first_at is None or not due:
+        """The journal's entries sent from the tail's start to ``margin_s`` ago (by both
+        clocks: ``relay.sealing``) as a run, once that span is ``seal_s`` long: of level 0,
+        or, where its entries span a level-1 run's length or more (the first seal after the
+        relays were away for hours), as a run of level 1 that ends at the first entry past
+        that length, the rest left to the next."""
+        first_at, now = conn.execute(sa.select(_tail_start(), database_time())).one()
+        upto = self._bound.read(time.monotonic(), now)
+        if first_at is None or upto is None or first_at > upto - timedelta(seconds=self.seal_s):
             return Upkeep()
         level, end = 0, upto
         first_entry = self._first_sent(conn, first_at, upto)

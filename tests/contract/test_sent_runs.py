@@ -5,6 +5,8 @@ the horizon, is dropped; one the purge forgot, or never sent, is claimed."""
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
 
 from devtools.outbox import log_acked
@@ -61,7 +63,9 @@ def test_the_journal_is_sealed_into_runs_merged_and_read_back_after_a_crash(
         acked_ago(box, "now", 0, 5000)
         made = []
         for hours in range(8, 0, -1):  # an hour later each time (the margin one less)
-            keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=hours * HOUR, fanin=2, block=4)
+            keeper = SentRuns(
+                postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=hours * HOUR, fanin=2, block=4
+            )
             try:
                 made += keeper.maintain()
             finally:
@@ -102,7 +106,9 @@ def test_a_first_seal_of_a_journal_days_old_is_sealed_a_level_1_span_at_a_time(
     its own and ending at the first entry past a level-1 span (4 hours here): an entry 3
     days ago and one 5 hours ago make two runs, not 17 of nothing between them."""
     box = Outbox(postgresql_url)
-    keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=4, top_level=2)
+    keeper = SentRuns(
+        postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=HOUR, fanin=4, top_level=2
+    )
     try:
         acked_ago(box, "a", 3 * 24, 1)
         acked_ago(box, "b", 5, 2)
@@ -130,7 +136,9 @@ def test_a_merge_goes_a_range_of_keys_at_a_time_beside_seals_and_lookups(
         for n, name in enumerate(acked):
             acked_ago(box, name, 9 - n / 30, 1000 + n)
         for hours in range(8, 0, -1):
-            sealer = SentRuns(postgresql_url, seal_s=HOUR, margin_s=hours * HOUR, top_level=0)
+            sealer = SentRuns(
+                postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=hours * HOUR, top_level=0
+            )
             try:
                 assert len(sealer.maintain()) == 1
             finally:
@@ -138,10 +146,18 @@ def test_a_merge_goes_a_range_of_keys_at_a_time_beside_seals_and_lookups(
         assert [level for level, _ in runs(box)] == [0] * 8
         # 120 entries a merge, 13 a range: 10 ranges (a count not a power of two: an outside
         # review found a merge looped on its second range then).
-        first = SentRuns(postgresql_url, seal_s=HOUR, fanin=4, top_level=1, merge_chunk=13)
+        first = SentRuns(
+            postgresql_url, settle_s=0.0, seal_s=HOUR, fanin=4, top_level=1, merge_chunk=13
+        )
         # Sealing every half hour, up to now: the entry acked half an hour ago is due.
         second = SentRuns(
-            postgresql_url, seal_s=HOUR / 2, margin_s=0, fanin=4, top_level=1, merge_chunk=13
+            postgresql_url,
+            settle_s=0.0,
+            seal_s=HOUR / 2,
+            margin_s=0,
+            fanin=4,
+            top_level=1,
+            merge_chunk=13,
         )
         try:
             begun = first.step()
@@ -198,13 +214,21 @@ def test_the_purge_leaves_a_merge_and_its_inputs_be_until_it_is_done(
             acked_ago(box, f"old-{n}", 9 * 24 - n / 5, 1 + n)
         for quarter in (3, 2, 1, 0):  # six hours at a time
             margin = 8 * DAY + quarter * 6 * HOUR
-            sealer = SentRuns(postgresql_url, seal_s=HOUR, margin_s=margin, top_level=0)
+            sealer = SentRuns(
+                postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=margin, top_level=0
+            )
             try:
                 assert len(sealer.maintain()) == 1
             finally:
                 sealer.close()
         merger = SentRuns(
-            postgresql_url, seal_s=HOUR, margin_s=8 * DAY, fanin=4, top_level=1, merge_chunk=13
+            postgresql_url,
+            settle_s=0.0,
+            seal_s=HOUR,
+            margin_s=8 * DAY,
+            fanin=4,
+            top_level=1,
+            merge_chunk=13,
         )
         try:
             assert merger.step().more
@@ -240,7 +264,7 @@ def test_a_run_remembers_nothing_the_journals_purge_forgot(postgresql_url: str) 
     inside the horizon). After a crash, while the runs answer, the older id written again
     is new, as it is once the log is whole; the younger is dropped."""
     box = Outbox(postgresql_url)
-    keeper = SentRuns(postgresql_url, seal_s=DAY, margin_s=HOUR, fanin=16)
+    keeper = SentRuns(postgresql_url, settle_s=0.0, seal_s=DAY, margin_s=HOUR, fanin=16)
     try:
         acked_ago(box, "eight-days", 8 * 24, 1)
         acked_ago(box, "six-days", 6 * 24, 2)
@@ -270,7 +294,7 @@ def test_the_purge_deletes_runs_whose_span_ended_past_the_horizon(postgresql_url
             acked_ago(box, f"m-{n}", 9 * 24 - n, n + 1)
         acked_ago(box, "young", 2, 10)
         for margin in (8 * DAY, HOUR):  # eight days ago, then an hour ago
-            keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=margin, fanin=16)
+            keeper = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=margin, fanin=16)
             try:
                 assert len(keeper.maintain()) == 1
             finally:
@@ -291,8 +315,8 @@ def test_one_relay_keeps_the_runs_at_a_time(postgresql_url: str) -> None:
     """Two relays' upkeep at once: the one that holds the lock seals; the other does
     nothing (no run made twice)."""
     box = Outbox(postgresql_url)
-    first = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
-    second = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    first = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    second = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=HOUR, fanin=16)
     try:
         acked_ago(box, "m", 5, 1)
         with first.engine.begin() as holder:
@@ -310,7 +334,7 @@ def test_claims_on_a_store_that_never_recovered_take_nothing(postgresql_url: str
     """The runs answer only while the state row says so: a lost log with runs and no
     recovery claims nothing (the runs alone do not hold the tail)."""
     box = Outbox(postgresql_url)
-    keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    keeper = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=HOUR, fanin=16)
     try:
         acked_ago(box, "m", 5, 1)
         keeper.maintain()
@@ -336,7 +360,9 @@ def test_an_ack_after_the_clock_went_back_is_in_the_tail_copied_back(
     and dropped when written again (an outside review: journaled at the clock's time, it
     was in no run and no tail, and published again)."""
     box = Outbox(postgresql_url)
-    ahead = SentRuns(postgresql_url, seal_s=1.0, margin_s=-600.0)  # sealed 10 minutes ahead
+    ahead = SentRuns(
+        postgresql_url, settle_s=0.0, seal_s=1.0, margin_s=-600.0
+    )  # sealed 10 minutes ahead
     try:
         acked_ago(box, "old", 5, 1)
         assert [m.entries for m in ahead.maintain()] == [1]
@@ -355,11 +381,47 @@ def test_an_ack_after_the_clock_went_back_is_in_the_tail_copied_back(
         box.close()
 
 
+def test_an_ack_in_flight_as_the_clock_steps_past_the_margin_is_sealed_by_a_later_seal(
+    postgresql_url: str,
+) -> None:
+    """The database's clock stepped forward past the margin while an ack was in flight (here:
+    a margin of 0, the ack's transaction open across the seal's look). A seal goes only as
+    far as a time the database read a settle time before by the relay's monotonic clock, so
+    the entry, committed since, is in the next seal's run, and after a crash its id is
+    dropped when written again (sealed up to the database's time less the margin, the
+    entry was in no run and in no tail, and published again)."""
+    settle = 1.0
+    box = Outbox(postgresql_url)
+    # A seal of a minute's span or more, all of it one run of level 0.
+    keeper = SentRuns(postgresql_url, settle_s=settle, seal_s=60.0, margin_s=0.0, fanin=10**6)
+    try:
+        acked_ago(box, "old", 2 / 60, 1)
+        with box.writer.engine.connect() as conn:
+            ack = conn.begin()
+            sent_at = conn.execute(sa.select(database_time())).scalar_one()
+            log_acked(conn, "in-flight", 2, sent_at, sent_at)
+            assert keeper.maintain() == [], "no time read a settle time ago"
+            ack.commit()
+        time.sleep(settle)
+        assert [m.entries for m in keeper.maintain()] == [2]
+        lose_the_log(postgresql_url)
+        rebuilder = SentLogRebuild(postgresql_url)
+        try:
+            rebuilder.recover()
+        finally:
+            rebuilder.close()
+        box.writer.enqueue([message("in-flight"), message("old"), message("fresh")])
+        assert claimable(box.store) == ["fresh"]
+    finally:
+        keeper.close()
+        box.close()
+
+
 def test_the_unsealed_part_of_the_journal_is_told_in_seconds(postgresql_url: str) -> None:
     """What ``relay_sent_log_unsealed_seconds`` says: back to the journal's oldest entry
     before any seal, back to the latest run's end after one."""
     box = Outbox(postgresql_url)
-    keeper = SentRuns(postgresql_url, seal_s=HOUR, margin_s=HOUR, fanin=16)
+    keeper = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=HOUR, fanin=16)
     try:
         assert keeper.unsealed_seconds() == 0.0
         acked_ago(box, "m", 5, 1)

@@ -908,7 +908,7 @@ def test_20_a_crash_under_a_live_stream_pauses_delivery_seconds_whatever_the_log
     database = sa.make_url(postgresql_url).database or ""
     postgres.psql(f"ALTER DATABASE {database} SET synchronous_commit = on")  # as test 6
     age_sent_log(postgresql_url, AGED_ENTRIES)
-    keeper = SentRuns(postgresql_url)
+    keeper = SentRuns(postgresql_url, settle_s=0.0)
     try:
         keeper.maintain()
     finally:
