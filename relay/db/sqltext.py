@@ -50,6 +50,9 @@ class Lexicon:
     # PostgreSQL spells a name's characters as escapes in ``U&"..."`` (``U&"inbox\0072..."``),
     # with another escape character after ``UESCAPE``.
     unicode_names: bool = False
+    # SQLite's ``CREATE TRIGGER ... BEGIN ...; ...; END`` is one statement: its body's ``;``
+    # ends none (split there, its ``END`` read as a COMMIT refused the trigger).
+    trigger_bodies: bool = False
 
 
 def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
@@ -58,13 +61,15 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
     keyword), ``;`` ends a statement, and a statement without words is none."""
     found: list[tuple[str, ...]] = []
     words: list[str] = []
+    body = _TriggerBody()
     i, n = 0, len(text)
     while i < n:
         c = text[i]
         if c == ";":
-            if words:
-                found.append(tuple(words))
-            words = []
+            if not body.open:
+                if words:
+                    found.append(tuple(words))
+                words, body = [], _TriggerBody()
             i += 1
         elif _dash_comment(text, i, lexicon) or (c == "#" and lexicon.hash_comments):
             end = text.find("\n", i)
@@ -109,6 +114,8 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
             words.append("$")
         elif (word := _WORD.match(text, i)) is not None:
             words.append(word.group(0).upper())
+            if lexicon.trigger_bodies:
+                body.read(words)
             i = word.end()
         else:
             if not c.isspace():
@@ -118,6 +125,42 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
         found.append(tuple(words))
     return found
 
+
+class _TriggerBody:
+    """Where a statement is in a trigger's body, told of each keyword (a bare word: a quoted
+    name is never one) as it comes: the body opens at the ``BEGIN`` of a statement that
+    begins ``CREATE [TEMP] TRIGGER`` and closes at the ``END`` that closes no ``CASE``."""
+
+    def __init__(self) -> None:
+        self.trigger: bool | None = None  # decided by the statement's first keywords
+        self.open = False
+        self.cases = 0
+        self.keywords: list[str] = []
+
+    def read(self, words: list[str]) -> None:
+        word = words[-1]
+        if self.trigger is None:
+            self.keywords.append(word)
+            opening = self.keywords if words[: len(self.keywords)] == self.keywords else []
+            if opening in (["CREATE", "TRIGGER"], *_TEMP_TRIGGER):
+                self.trigger = True
+            elif opening not in (["CREATE"], ["CREATE", "TEMP"], ["CREATE", "TEMPORARY"]):
+                self.trigger = False
+            return
+        if not self.trigger:
+            return
+        if word == "BEGIN" and not self.open:
+            self.open = True
+        elif self.open and word == "CASE":
+            self.cases += 1
+        elif self.open and word == "END":
+            if self.cases:
+                self.cases -= 1
+            else:
+                self.open = False
+
+
+_TEMP_TRIGGER = (["CREATE", "TEMP", "TRIGGER"], ["CREATE", "TEMPORARY", "TRIGGER"])
 
 # After a ``U&"..."`` name: its escape character, if not the backslash.
 _UESCAPE = re.compile(r"\s*UESCAPE\s*'(.)'", re.IGNORECASE)

@@ -447,6 +447,20 @@ def test_the_inboxs_table_is_refused_however_its_name_is_quoted(
     assert (noted(url), keys(url)) == (["m-0"], ["m-0"])
 
 
+@pytest.mark.databases("sqlite")
+def test_a_handler_may_create_a_trigger_in_its_transaction(consumer: Consumer, url: str) -> None:
+    """SQLite's trigger is one statement: its body's ``END`` was read as a COMMIT, and a
+    handler creating one was refused at every delivery."""
+    trigger = (
+        "CREATE TRIGGER copied AFTER INSERT ON effects BEGIN "
+        "INSERT INTO effects (note) SELECT new.note || '-copy' "
+        "WHERE new.note NOT LIKE '%-copy'; END"
+    )
+    steps = [("sql", trigger), ("write", "m-1")]
+    assert consumer.process("m-1", steps).verdict is Verdict.ACK
+    assert noted(url) == ["m-1", "m-1-copy"]
+
+
 @pytest.mark.databases("mariadb")
 @pytest.mark.parametrize(
     "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]

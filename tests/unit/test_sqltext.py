@@ -105,6 +105,25 @@ CASES: list[tuple[str, tuple[Dialect, ...], str | None]] = [
     ("LOCK TABLE t IN ACCESS EXCLUSIVE MODE", (POSTGRESQL,), None),
     ("", EVERY, None),
     (";;", EVERY, None),
+    # SQLite's trigger is one statement, its body's ``;`` and ``END`` included; a statement
+    # after it is judged.
+    ("CREATE TRIGGER t AFTER INSERT ON e BEGIN INSERT INTO l VALUES (1); END", (SQLITE,), None),
+    ('CREATE TEMP TRIGGER "t" AFTER INSERT ON e BEGIN SELECT 1; END;', (SQLITE,), None),
+    (
+        "CREATE TRIGGER t AFTER INSERT ON e BEGIN "
+        "UPDATE l SET a = CASE a WHEN 1 THEN 2 END; SELECT CASE WHEN 1 THEN 2 END; END",
+        (SQLITE,),
+        None,
+    ),
+    ("CREATE TRIGGER t AFTER INSERT ON e BEGIN SELECT 1; END; COMMIT", (SQLITE,), "COMMIT"),
+    (
+        "CREATE TRIGGER t AFTER INSERT ON e BEGIN DELETE FROM inbox_received; END",
+        (SQLITE,),
+        "inbox_received",
+    ),
+    # A quoted word is never a keyword: no trigger, no body.
+    ('CREATE TABLE "trigger" (begin int); COMMIT', (SQLITE,), "COMMIT"),
+    ('CREATE "TRIGGER" t BEGIN SELECT 1; COMMIT', (SQLITE,), "COMMIT"),
 ]
 
 

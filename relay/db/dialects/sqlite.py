@@ -45,7 +45,9 @@ class SQLite(Dialect):
     one_writer: ClassVar[bool] = True
     lenient_text: ClassVar[bool] = True
     budget_cut_as_read: ClassVar[bool] = True
-    sql_lexicon: ClassVar[Lexicon] = Lexicon(bracket_names=True, string_names=True)
+    sql_lexicon: ClassVar[Lexicon] = Lexicon(
+        bracket_names=True, string_names=True, trigger_bodies=True
+    )
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
