@@ -124,18 +124,20 @@ SENT_LOG_REBUILD_WORK_MEM = "64MB"
 SENT_LOG_REBUILD_CLIENT_CHECK_MS = 1000
 
 # The sent log's runs (``relay.db.sentruns``): the journal's entries sealed into a run every
-# this many seconds (after a crash, claims wait for the copy of at most about this much of
-# the journal: 1.2 million entries at 2,000 acks a second, about 3 s), ...
-SENT_RUN_SEAL_S = 600.0
+# this many seconds (after a crash, claims wait for the copy of the journal's unsealed tail:
+# at most the margin, this and a check, 8 minutes, 960,000 entries at 2,000 acks a second,
+# about 2.5 s at 400,000 a second; with 10 minutes here, 1.8 million took 43 s beside a
+# load of 12, bench.failover), ...
+SENT_RUN_SEAL_S = 120.0
 # ... up to this many seconds ago: every ack that sent them has committed or failed by then
 # (its statements are bounded by DB_STATEMENT_TIMEOUT_MS, its idle time by
 # DB_IDLE_IN_TRANSACTION_S), so that no entry of a sealed span comes after its seal; by the
 # database's clock and by the relay's monotonic one (``relay.sealing``: the database's may step).
 SENT_RUN_MARGIN_S = 300.0
 # Runs of one level merged into one of the next, once there are this many: a week's log is
-# then at most about 15 runs of each level below the top (10 minutes, 2.7 hours) and a few
-# at the top (43 hours), which a claim looks a key up in while the log is rebuilt; each
-# entry is written once per level, about 25 bytes of WAL each.
+# then at most about 15 runs of each level below the top (2 minutes, 32 minutes) and 20 at
+# the top (8.5 hours), which a claim looks a key up in while the log is rebuilt; each entry
+# is written once per level, about 25 bytes of WAL each.
 SENT_RUN_FANIN = 16
 SENT_RUN_TOP_LEVEL = 2
 # Entries a merge writes a transaction, a range of keys at a time (``relay.db.sentmerge``).

@@ -108,7 +108,7 @@ class Metrics:
         self.sent_log_unsealed = Gauge(
             "relay_sent_log_unsealed_seconds",
             "How far back the sent log's journal is not sealed into runs (PostgreSQL): what a "
-            "crash would have to copy back before claims go on; about 5 to 15 minutes while "
+            "crash would have to copy back before claims go on; about 5 to 8 minutes while "
             "the runs' upkeep works. 0 elsewhere.",
             registry=r,
         )

@@ -1,5 +1,5 @@
 """A merge of the sent log's runs (``relay.db.sentruns``): ``fanin`` runs of a level into one
-of the next, a range of keys a transaction, so that a merge of the top level (300 million
+of the next, a range of keys a transaction, so that a merge of the top level (61 million
 entries at 2,000 acks a second) neither holds back the database's vacuum for its length
 nor sorts it at once. Its state is in its rows: the run it writes is ``building``, and its
 inputs name it (``merged_into``), so that whichever relay takes the merge's lock next goes

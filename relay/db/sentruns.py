@@ -21,7 +21,7 @@ a run of level 0; ``SENT_RUN_FANIN`` runs of one level become one of the next, u
 ``SENT_RUN_TOP_LEVEL``, so that a week's log is a few dozen runs and each entry is written
 about three times more, a few dozen bytes each. A merge writes ``SENT_RUN_MERGE_CHUNK``
 entries a transaction, a range of keys at a time, and seals go on between (a merge of the
-top level at 2,000 acks a second is 300 million entries).
+top level at 2,000 acks a second is 61 million entries).
 
 A run's entries keep their sent times: a lookup counts only those the journal still holds
 (sent at or after its oldest row), so that a run whose span straddles the horizon remembers
