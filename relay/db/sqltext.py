@@ -21,8 +21,10 @@ from dataclasses import dataclass
 # A word that may begin a statement: letters, digits, underscores (``SET @@autocommit`` keeps
 # its ``@@``, so that the variable's spellings are one word each).
 _WORD = re.compile(r"@{0,2}[A-Za-z_][A-Za-z_0-9.$@]*")
-# PostgreSQL's dollar quote: $$ ... $$ or $tag$ ... $tag$.
-_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
+# PostgreSQL's dollar quote: $$ ... $$ or $tag$ ... $tag$, a tag's letters any non-ASCII
+# character too (an outside review: ``$é$`` was no quote to the guard, and a COMMIT after it
+# went through).
+_DOLLAR = re.compile(r"\$([A-Za-z_\u0080-\U0010ffff][A-Za-z_0-9\u0080-\U0010ffff]*)?\$")
 # The longest statement opening a guard names (``SET SESSION CHARACTERISTICS``).
 _OPENING_WORDS = 3
 
@@ -62,27 +64,34 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
     found: list[tuple[str, ...]] = []
     words: list[str] = []
     body = _TriggerBody()
+    executable = 0  # MySQL's executable comments open here
     i, n = 0, len(text)
     while i < n:
         c = text[i]
-        if c == ";":
+        if executable and text.startswith("*/", i):
+            executable -= 1
+            i += 2
+        elif c == ";":
             if not body.open:
                 if words:
                     found.append(tuple(words))
                 words, body = [], _TriggerBody()
             i += 1
         elif _dash_comment(text, i, lexicon) or (c == "#" and lexicon.hash_comments):
-            end = text.find("\n", i)
-            i = n if end < 0 else end + 1
+            # To the line's end: PostgreSQL's ends at a carriage return too (an outside
+            # review: ``--\rCOMMIT`` was a comment to the guard only); read so everywhere,
+            # a comment the guard ends early only has more words judged.
+            i = next((j + 1 for j in range(i, n) if text[j] in "\r\n"), n)
         elif text.startswith("/*", i):
             if lexicon.executable_comments and text.startswith(("/*!", "/*M!"), i):
                 # MySQL (``/*!``) and MariaDB (``/*M!``) run what is inside, after an
-                # optional version number: as code, its closing ``*/`` dropped where met.
+                # optional version number: read as code, comments inside it as comments,
+                # to its own ``*/`` (an outside review: the first ``*/`` was taken for its
+                # end, a comment's inside it, and what followed hidden).
                 i += 4 if text.startswith("/*M!", i) else 3
                 while i < n and text[i].isdigit():
                     i += 1
-                text = text[:i] + text[i:].replace("*/", " ", 1)
-                n = len(text)
+                executable += 1
             else:
                 i = _block_comment_end(text, i, lexicon.nested_comments)
         elif c == "'":

@@ -105,6 +105,15 @@ CASES: list[tuple[str, tuple[Dialect, ...], str | None]] = [
     ("LOCK TABLE t IN ACCESS EXCLUSIVE MODE", (POSTGRESQL,), None),
     ("", EVERY, None),
     (";;", EVERY, None),
+    # An outside review's: read otherwise than the server reads them, these hid a COMMIT.
+    ("SELECT $é$ ' $é$; COMMIT; SELECT ' '", (POSTGRESQL,), "COMMIT"),
+    ("SELECT $ф_1$ ; $ф_1$", (POSTGRESQL,), None),
+    ("SELECT 1; --\rCOMMIT", EVERY, "COMMIT"),
+    ("/*! /* a comment */ COMMIT */", (MYSQL,), "COMMIT"),
+    ("/*M!100000 /* a comment */ CREATE TABLE t (a int) */", (MYSQL,), "CREATE"),
+    ("/*! SELECT '*/' */; COMMIT", (MYSQL,), "COMMIT"),
+    ("/*! */ COMMIT", (MYSQL,), "COMMIT"),
+    ("/*!50000 SELECT 1 */; SELECT 2", (MYSQL,), None),
     # SQLite's trigger is one statement, its body's ``;`` and ``END`` included; a statement
     # after it is judged.
     ("CREATE TRIGGER t AFTER INSERT ON e BEGIN INSERT INTO l VALUES (1); END", (SQLITE,), None),
