@@ -408,5 +408,5 @@ CONSOLE_DEAD_LETTERS_READ_MAX = 50_000
 CONSOLE_DEAD_LETTERS_BUDGET_S = 5.0
 CONSOLE_DEAD_LETTERS_IDLE_S = 0.5
 # How long a read waits, once it put its letters back, for the queue to count them ready
-# again (the broker returns them after the channel's close is answered).
+# again (``relay.broker.deadletters.put_back``: the next read must find them there).
 CONSOLE_DEAD_LETTERS_RETURN_S = 1.0
