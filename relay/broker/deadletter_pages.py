@@ -22,6 +22,7 @@ from relay.broker.deadletters import (
     connected,
     depth_of,
     describe,
+    digest,
     look,
     put_back,
 )
@@ -118,21 +119,22 @@ def letter_page(
         # Closed at once when the page is full: its consumer cancelled before the look below.
         delivered = iter(reader)
         for index, (_tag, properties, body) in enumerate(delivered):
-            letter = describe(properties, body)
+            # Described only when shown: most letters a deep page reads are passed over.
+            mark = digest(properties, body)
             if found and len(shown) == bounds.size:
-                following = letter.digest
+                following = mark
                 break
             if found:
-                shown.append((index, letter))
-            elif letter.digest == position.after:
+                shown.append((index, describe(properties, body)))
+            elif mark == position.after:
                 found = True
-            elif position.then and letter.digest == position.then:
+            elif position.then and mark == position.then:
                 # The letter it followed has left; the one after it has not.
                 found = lost = True
-                shown.append((index, letter))
+                shown.append((index, describe(properties, body)))
             elif index > position.at:
                 if len(instead) < bounds.size:
-                    instead.append((index, letter))
+                    instead.append((index, describe(properties, body)))
                 else:
                     more_instead = True
         delivered.close()
@@ -177,9 +179,8 @@ def find_letter(
         reader = Reader(channel, dead_queue, depth, bounds.limit, bounds.budget_s)
         hit = None
         for _tag, properties, body in reader:
-            letter = describe(properties, body)
-            if letter.digest == wanted:
-                hit = (letter, properties, body)
+            if digest(properties, body) == wanted:
+                hit = (describe(properties, body), properties, body)
                 break
         put_back(connection, channel, dead_queue, depth)
         return hit

@@ -261,8 +261,8 @@ def put_back(
     the letters ready then: once ``ready`` are, or after CONSOLE_DEAD_LETTERS_RETURN_S. Put
     back by ``basic.nack`` they were returned after the broker went on answering: a count
     taken at once after 5,000 were nacked said 0, and a view read at once after another
-    listed 3,317 to 4,372 of 5,007 letters. After a close, the count was whole at once in
-    every try: the wait is for a broker that is slower to return them."""
+    listed 3,317 to 4,372 of 5,007 letters. After a close too, 10,000 letters were counted
+    back only 0.3 to 0.5 s later."""
     channel.close()
     waited_until = time.monotonic() + CONSOLE_DEAD_LETTERS_RETURN_S
     while (count := depth_of(connection, dead_queue)) < ready and time.monotonic() < waited_until:
@@ -318,7 +318,8 @@ def describe(properties: pika.BasicProperties, body: bytes) -> DeadLetter:
 def digest(properties: pika.BasicProperties, body: bytes) -> str:
     """A letter's mark: a hash of its properties as decoded (the same bytes on the wire
     decode to the same values, in their order) and its payload. Two letters alike in both
-    are one to a page, and either serves."""
-    mark = hashlib.sha256(repr(properties).encode("utf-8", "backslashreplace"))
+    are one to a page, and either serves. Their values' repr, not the object's: pika's
+    took 128 us a letter, over a second for the 10,000 a deep page reads past."""
+    mark = hashlib.sha256(repr(vars(properties)).encode("utf-8", "backslashreplace"))
     mark.update(body)
     return mark.hexdigest()[:32]
