@@ -84,6 +84,10 @@ def test_many_dead_letters_are_paged_counted_said_partial_and_requeued_by_reason
         answer = page.goto(f"{console.url}/inbox/{queue}")
         assert answer is not None and len(answer.body()) < 200_000  # one view was 1.8 MB
         assert page.inner_text("#count strong") == str(LETTERS)
+        # The first page read its letters and one more, not the queue.
+        assert page.inner_text("#read").startswith(
+            "Read from the queue's head without taking them (101 read, at most 50000 and 5.0 s"
+        )
         assert (
             page.inner_text("#range") == f"Letters 1 to {CONSOLE_DEAD_LETTERS_PAGE} of the queue."
         )
