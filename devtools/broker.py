@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -121,3 +123,17 @@ def drain(url: str, queue: str, expect: int, timeout: float = 30.0) -> list[Deli
                 )
             )
     return out
+
+
+@contextlib.contextmanager
+def holding(url: str, queue: str, letters: int) -> Iterator[None]:
+    """A consumer of ``queue`` holding its first ``letters`` messages unacknowledged (as
+    another reader does) until the block ends, when they go back."""
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=letters)
+        held: list[int] = []
+        channel.basic_consume(queue, lambda _c, m, _p, _b: held.append(m.delivery_tag))
+        while len(held) < letters:
+            connection.process_data_events(0.1)
+        yield

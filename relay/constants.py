@@ -397,3 +397,21 @@ CONSOLE_SETTLE_HORIZON_S = DB_STATEMENT_TIMEOUT_MS / 1000 + DB_IDLE_IN_TRANSACTI
 # Text the list and the causes show of a last error: the index on parked rows' errors holds
 # this prefix (an entry of a B-tree must stay under a third of a page).
 CONSOLE_REASON_PREFIX = 200
+# An inbox queue's dead letters on the console: a page lists at most CONSOLE_DEAD_LETTERS_PAGE
+# (one view listed 5,007 letters, 1.8 MB). A page is read from the queue's head (a queue has
+# no other way in): the letters before it are read and put back too, at most
+# CONSOLE_DEAD_LETTERS_READ_MAX of them (under AMQP's 16-bit prefetch count, which must cover
+# every letter held) and for at most CONSOLE_DEAD_LETTERS_BUDGET_S (a consumer with that
+# prefetch read 10,000 letters in 1.1 s on loopback; basic.get, a round trip each, took 13
+# s), so that no view reads a queue unbounded; a page past either says so. A read waits
+# CONSOLE_DEAD_LETTERS_IDLE_S for a letter before taking the queue's end as reached (letters
+# another reader holds are not delivered).
+CONSOLE_DEAD_LETTERS_PAGE = 100
+CONSOLE_DEAD_LETTERS_READ_MAX = 50_000
+CONSOLE_DEAD_LETTERS_BUDGET_S = 5.0
+CONSOLE_DEAD_LETTERS_IDLE_S = 0.5
+# How long a read waits, once it put its letters back, for the queue to count them ready
+# again (``relay.broker.deadletters.put_back``: the next read must find them there). 10,000
+# letters of 2 KB were counted back 0.3 to 0.5 s after their channel's close; 4,500 of
+# them, read to reach a page, were not all back after 1 s in 3 of 50 reads.
+CONSOLE_DEAD_LETTERS_RETURN_S = 5.0

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 
-from relay.broker.deadletters import DeadLetter, dead_letters
+from relay.broker.deadletters import DeadLetter, Moved, dead_letters, move_letters
 from relay.db.inbox import InboxStore
 from relay.errors import InputError
 from relay.inbox.policy import dead_letter_queue
@@ -99,13 +99,15 @@ def requeue_command(settings: Settings, args: argparse.Namespace) -> int:
         return not wanted or letter.key in wanted
 
     if args.dry_run:
-        moved = [letter for letter in _letters(settings, args.queue) if chosen(letter)]
+        done = Moved([letter for letter in _letters(settings, args.queue) if chosen(letter)])
     else:
-        moved = requeue(settings, args.queue, chosen)
+        done = requeue(settings, args.queue, chosen)
     verb = "would move" if args.dry_run else "moved"
-    print(f"{verb} {len(moved)} dead letters back to their queue")
-    for letter in moved[:_SHOWN]:
+    print(f"{verb} {len(done.moved)} dead letters back to their queue")
+    for letter in done.moved[:_SHOWN]:
         print(f"  {letter.key}  ({letter.attempts} attempts: {letter.error})")
+    for letter, why in done.left[:_SHOWN]:
+        print(f"  left {letter.key}: {why}")
     return 0
 
 
@@ -115,16 +117,17 @@ def requeue(
     chosen: Callable[[DeadLetter], bool],
     *,
     readable_only: bool = False,
-) -> list[DeadLetter]:
+) -> Moved:
     """The dead letters of the inbox of ``queue`` that ``chosen`` picks, back to their queue,
     their failed attempts forgotten first (``relay inbox requeue``, the console's, which
-    passes ``readable_only``: a queue a read could drop or reorder letters of is refused)."""
-    return dead_letters(
+    passes ``readable_only``: a queue a read could drop or reorder letters of is refused);
+    those moved, and those chosen but left, and why."""
+    return move_letters(
         settings.amqp_urls,
         settings.name,
         settings.amqp_tls,
         dead_letter_queue(queue),
-        move=chosen,
+        chosen,
         before_moving=lambda letters: _forget_attempts(settings, letters),
         readable_only=readable_only,
     )

@@ -29,7 +29,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from relay.console import changes, forms, login, pages
+from relay.console import changes, letters, login, pages
 from relay.console.access import Refused, check_csrf, form_of, session_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
@@ -77,7 +77,6 @@ def load_console(
         autoescape=True,
         undefined=StrictUndefined,
     )
-    templates.filters["letter_token"] = forms.letter_token
     secret = config.console_session_secret
     return Console(
         settings=settings,
@@ -135,7 +134,9 @@ def standalone_app(console: Console) -> Starlette:
         route("/rows/{row_id:int}/edit", changes.edit, ["POST"], "edit"),
         route("/archive", pages.archive, ["GET"], "archive"),
         route("/audit", pages.audit, ["GET"], "audit"),
-        route("/inbox/{queue:path}", pages.inbox, ["GET"], "inbox"),
+        route("/inbox/{queue:path}", letters.inbox, ["GET"], "inbox"),
+        route("/dead-letter", letters.letter, ["GET"], "dead_letter"),
+        route("/dead-letter/payload", letters.payload, ["GET"], "dead_letter_payload"),
         route("/confirm", changes.confirm, ["POST"], "confirm"),
         route("/act", changes.act, ["POST"], "act"),
         route("/login", login.login_page, ["GET"], "login"),

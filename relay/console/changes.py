@@ -1,7 +1,8 @@
 """The console's changes (POST), each behind its role and its form's CSRF token: a change is
 first shown with what it will change (``confirm``: the exact count, pinned to the ids or to
 the filter and the bound the page was drawn at) and made once confirmed (``act``); an admin's
-edited copy (``edit``). Every change is audited (``relay.db.console_actions``)."""
+edited copy (``edit``). Every change is audited (``relay.db.console_actions``). Dead letters'
+changes are ``relay.console.letter_changes``'."""
 
 from __future__ import annotations
 
@@ -13,17 +14,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from relay.admin.inbox import requeue
-from relay.broker.deadletters import MoveFailed
-from relay.console import forms
+from relay.console import forms, letter_changes
 from relay.console.access import Refused, check_csrf, form_of, keep_session, require
+from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
 from relay.constants import CONSOLE_SETTLE_HORIZON_S
-from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE, failed
+from relay.db.console_actions import DISCARD, REPLAY, RESTORE
 from relay.errors import InputError
 
-ACTIONS = (REPLAY, DISCARD, RESTORE, REQUEUE)
+ACTIONS = (REPLAY, DISCARD, RESTORE, *letter_changes.LETTER_ACTIONS)
 
 
 def _root(request: Request) -> str:
@@ -75,12 +75,16 @@ async def confirm(console: Console, request: Request) -> Response:
     fields = await form_of(request)
     check_csrf(console, session, fields)
     change = _Change(fields)
+    if change.action in letter_changes.LETTER_ACTIONS:
+        letters = letter_changes.LetterChange(console, change.fields, change.letters)
+        letters.allowed(Actor(session.user, session.role))
+        values = await run_in_threadpool(letter_changes.confirming, console, letters)
+        response = console.page(
+            request, "letters_confirm.html", session, hidden=change.hidden(), **values
+        )
+        return keep_session(console, response, session, _root(request))
     since = Counted(0)
-    if change.action == REQUEUE:
-        within = Counted(len(change.letters))
-        if not within.rows:
-            raise InputError("no dead letters chosen")
-    elif change.everything:
+    if change.everything:
         chosen = await _chosen(console, change)
         assert change.bound is not None  # _chosen refuses a change without one
         within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
@@ -112,6 +116,8 @@ async def act(console: Console, request: Request) -> Response:
         raise
     change = _Change(fields)
     actor = Actor(session.user, session.role)
+    if change.action in letter_changes.LETTER_ACTIONS:
+        return await _act_on_letters(console, request, session, change, actor)
     try:
         result = await _act(console, change, actor)
     except Exception:
@@ -132,8 +138,6 @@ async def act(console: Console, request: Request) -> Response:
 
 async def _act(console: Console, change: _Change, actor: Actor) -> ActionResult:
     actions = console.actions
-    if change.action == REQUEUE:
-        return await run_in_threadpool(_requeue, console, change, actor)
     if change.action == RESTORE:
         return await run_in_threadpool(actions.restore, actor, forms.ids(change.ids))
     do = actions.replay if change.action == REPLAY else actions.discard
@@ -144,31 +148,21 @@ async def _act(console: Console, change: _Change, actor: Actor) -> ActionResult:
     return await run_in_threadpool(do, actor, forms.ids(change.ids), None, bound)
 
 
-def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
-    """The chosen dead letters back to their queue (as ``relay inbox requeue``), their failed
-    attempts forgotten, then audited."""
-    queue = change.fields.get("queue", "")
-    if queue not in console.config.console_inbox_queues:
-        raise InputError("queue: not one of the console's inbox queues")
-    wanted = forms.letter_keys(change.letters)
-    target = json.dumps({"queue": queue, "message_ids": sorted(wanted)})
+async def _act_on_letters(
+    console: Console, request: Request, session: Session, change: _Change, actor: Actor
+) -> Response:
+    """A requeue or purge of dead letters, made and audited; its done page."""
+    letters = letter_changes.LetterChange(console, change.fields, change.letters)
+    letters.allowed(actor)
     try:
-        with console.dead_letter_lock(queue):
-            moved = requeue(
-                console.settings, queue, lambda letter: letter.key in wanted, readable_only=True
-            )
-    except MoveFailed as exc:
-        result = (
-            f"failed after moving {len(exc.moved)} of {len(wanted)}: {type(exc.cause).__name__}"
-        )
-        console.actions.record(actor, REQUEUE, target, len(exc.moved), result)
-        raise Refused(502, f"the broker refused a letter: {len(exc.moved)} moved first") from exc
-    except Exception as exc:
-        console.actions.record(actor, REQUEUE, target, 0, failed(0, exc))
+        values = await run_in_threadpool(letter_changes.acting, console, letters, actor)
+    except Exception:
+        console.metrics.actions.labels(change.action, "failed").inc()
         raise
-    result = f"moved {len(moved)} of {len(wanted)}"
-    console.actions.record(actor, REQUEUE, target, len(moved), result)
-    return ActionResult(len(moved), left=len(wanted) - len(moved))
+    console.metrics.actions.labels(change.action, "done").inc()
+    console.metrics.rows_changed.labels(change.action).inc(len(values["done"].moved))
+    response = console.page(request, "letters_done.html", session, **values)
+    return keep_session(console, response, session, _root(request))
 
 
 async def edit(console: Console, request: Request) -> Response:

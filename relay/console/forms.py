@@ -1,5 +1,6 @@
 """Pure: what a request asks of the console, read from its query or form fields and checked:
-a filter, a page's cursor, the bound a page was drawn at, ids; and a payload's preview.
+a filter, a page's cursor, the bound a page was drawn at, ids, a dead letter and a page's
+position among them; and a payload's preview, a letter's properties as text.
 
 Any text is accepted as a filter value and bound as a parameter (never spliced into SQL);
 what no database can hold (a NUL, text over ``MAX_FIELD`` characters) is refused with the
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
+from relay.broker.deadletter_pages import Position
 from relay.console_records import Cursor, ParkedFilter
 from relay.errors import InputError
 
@@ -23,6 +26,25 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The greatest row id: the id column's 64 bits, signed.
 ROW_ID_MAX = 2**63 - 1
 _PRINTABLE = set(string.printable) - set("\x0b\x0c")
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+# A queue position: far past any queue's length, short enough to refuse a 10,000-digit one
+# before it is read as a number.
+_POSITION_DIGITS = 12
+# A message's AMQP properties, in their order (its headers aside).
+_PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+)
 
 
 def text(fields: Mapping[str, str], name: str, longest: int = MAX_FIELD) -> str:
@@ -34,19 +56,43 @@ def text(fields: Mapping[str, str], name: str, longest: int = MAX_FIELD) -> str:
     return value
 
 
-def letter_token(key: str) -> str:
-    """A dead letter's key as a page's form carries it: its UTF-8 in hex. A key is any text
-    the broker carried (a NUL among it), which HTML cannot carry back as it is: a browser
-    reads a NUL in a value as U+FFFD, and the letter could never be chosen."""
-    return key.encode("utf-8", "surrogatepass").hex()
+def letter_digest(value: str) -> str:
+    """A dead letter as a page names it: its digest (``relay.broker.deadletters.digest``),
+    whatever its key (a NUL, bytes that are not UTF-8, none at all)."""
+    if not _DIGEST.fullmatch(value):
+        raise InputError("letter: not a dead letter as the page named it")
+    return value
 
 
-def letter_keys(tokens: Iterable[str]) -> set[str]:
-    """The keys of the dead letters a form chose (``letter_token``)."""
-    try:
-        return {bytes.fromhex(token).decode("utf-8", "surrogatepass") for token in tokens}
-    except ValueError:  # UnicodeDecodeError among them
-        raise InputError("letter: not a dead letter's key as the page gave it") from None
+def letter_position(fields: Mapping[str, str]) -> Position:
+    """Where a page of dead letters starts: after the letter ``after`` names, which was at
+    ``at``, or at ``then`` (the letter that followed it); the queue's head without them."""
+    after = fields.get("after", "")
+    if not after:
+        return Position()
+    at = fields.get("at", "")
+    if not (at.isascii() and at.isdigit()) or len(at) > _POSITION_DIGITS:
+        raise InputError("at: not a position in a queue")
+    then = fields.get("then", "")
+    return Position(letter_digest(after), int(at), letter_digest(then) if then else "")
+
+
+def letter_properties(properties: Any) -> list[tuple[str, str]]:
+    """A letter's AMQP properties and headers as text to show (bytes that are not UTF-8 as
+    U+FFFD), those it has, in AMQP's order; headers last, each as ``header name``."""
+    shown = [
+        (name, _shown(value))
+        for name in _PROPERTIES
+        if (value := getattr(properties, name, None)) is not None
+    ]
+    headers = getattr(properties, "headers", None) or {}
+    return shown + [(f"header {name}", _shown(value)) for name, value in headers.items()]
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
 
 
 def age(fields: Mapping[str, str]) -> timedelta | None:

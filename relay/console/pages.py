@@ -1,6 +1,7 @@
-"""The console's pages (GET): the overview, parked rows by filter, one row, the archive, the
-audit log and an inbox queue's dead letters. Each reads through ``relay.db.console`` in the
-thread pool; every value reaches the browser escaped by the templates."""
+"""The console's pages (GET): the overview, parked rows by filter, one row, the archive and
+the audit log (an inbox queue's dead letters: ``relay.console.letters``). Each reads through
+``relay.db.console`` in the thread pool; every value reaches the browser escaped by the
+templates."""
 
 from __future__ import annotations
 
@@ -12,13 +13,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relay.broker.deadletters import Listing, listing
 from relay.console import forms
 from relay.console.access import Refused, keep_session, require
 from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_records import VIEWER
-from relay.inbox.policy import dead_letter_queue
 
 # What a page shows: its template's values, read for a viewer's session.
 Reads = Callable[[Console, Request, Session], Awaitable[dict[str, Any]]]
@@ -112,23 +111,3 @@ async def audit(console: Console, request: Request, _session: Session) -> dict[s
         console.config.console_page_rows,
     )
     return {"entries": entries}
-
-
-@page("inbox.html")
-async def inbox(console: Console, request: Request, _session: Session) -> dict[str, Any]:
-    """An inbox queue's dead letters, every one read and put back in its order
-    (``relay.broker.deadletters``), when its queue is one where reading loses and reorders
-    none (a classic queue without a delivery limit); else its depth, and why not."""
-    queue = request.path_params["queue"]
-    if queue not in console.config.console_inbox_queues:
-        raise Refused(404, "not one of the console's inbox queues")
-    s = console.settings
-
-    def read() -> Listing:
-        # One reader at a time per queue in this process: two views reading at once would
-        # each see only the letters the other did not hold.
-        with console.dead_letter_lock(queue):
-            return listing(s.amqp_urls, s.name, s.amqp_tls, dead_letter_queue(queue))
-
-    found = await run_in_threadpool(read)
-    return {"queue": queue, "listing": found}

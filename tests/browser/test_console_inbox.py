@@ -16,7 +16,6 @@ import sqlalchemy as sa
 
 from devtools.broker import drain, fresh_queue
 from devtools.servers import RabbitNode, free_port
-from relay.console.forms import letter_token
 from relay.db.schema import console_audit, inbox_attempts
 from relay.inbox.policy import dead_letter_queue
 from tests.support.console import SCRIPT, follow, signed_in
@@ -69,20 +68,22 @@ def test_dead_letters_are_shown_in_order_and_requeued_by_an_operator(
         for _ in range(2):  # read twice: nothing taken, nothing reordered
             page.goto(f"{console.url}/inbox/{queue}")
             rows = page.locator("#letters tbody tr").all()
-            shown = [r.locator("td").nth(1).inner_text() for r in rows]
+            shown = [r.locator("td").nth(2).inner_text() for r in rows]
             assert shown[:4] == [f"order-{n}" for n in range(4)] and len(shown) == 5
         first = rows[0].inner_text()
         assert f"ValueError: bad order 0 {SCRIPT}" in first and "billing" in first
         assert "\t5\t" in first and "2026-11-27T10:01:00Z" in first
-        for key in ("order-2", NUL_KEY):
-            page.check(f"input[name=letter][value='{letter_token(key)}']")
-        follow(page, "button[value=requeue_dead_letters]")
-        assert page.inner_text("#confirm-count") == "2 dead letters will go back to their queue."
+        for n in (2, 4):  # order-2, and the NUL key's letter
+            page.check(f"#letters tbody tr >> nth={n} >> input[name=letter]")
+        follow(page, "#requeue-selected")
+        assert page.inner_text("#confirm-count").startswith(
+            "2 dead letters chosen will go back to their queue."
+        )
         follow(page, "#confirm")
-        assert page.inner_text("#changed") == "2 changed."
+        assert page.inner_text("#changed") == "2 moved back to their queue, of the 5 letters read."
         page.goto(f"{console.url}/inbox/{queue}")
         left = [
-            r.locator("td").nth(1).inner_text() for r in page.locator("#letters tbody tr").all()
+            r.locator("td").nth(2).inner_text() for r in page.locator("#letters tbody tr").all()
         ]
         assert left == ["order-0", "order-1", "order-3"]
         page.goto(f"{console.url}/audit")
@@ -163,9 +164,7 @@ def test_views_of_a_dead_letter_queue_at_once_each_show_every_letter(
         with ThreadPoolExecutor(4) as pool:
             pages = list(pool.map(view, range(4)))
         for shown in pages:
-            assert re.findall(r'<td class="text">(order-\d+)</td>', shown) == [
-                f"order-{n}" for n in range(40)
-            ]
+            assert re.findall(r">(order-\d+)</a></td>", shown) == [f"order-{n}" for n in range(40)]
             assert 'id="partial"' not in shown
 
 
@@ -197,18 +196,25 @@ def test_a_letter_whose_queue_is_gone_stays_with_its_attempts_and_the_audit_says
         RELAY_CONSOLE_INBOX_QUEUES=queue,
     ) as (console, chromium, page):
         page.goto(f"{console.url}/inbox/{queue}")
-        page.check(f"input[name=letter][value='{letter_token('order-0')}']")
-        page.check(f"input[name=letter][value='{letter_token('order-1')}']")
-        follow(page, "button[value=requeue_dead_letters]")
+        page.check("#letters tbody tr >> nth=0 >> input[name=letter]")
+        page.check("#letters tbody tr >> nth=1 >> input[name=letter]")
+        gone = page.input_value("#letters tbody tr >> nth=1 >> input[name=letter]")
+        follow(page, "#requeue-selected")
         follow(page, "#confirm")
-        assert page.inner_text("#changed") == "1 changed."
+        assert page.inner_text("#changed") == "1 moved back to their queue, of the 2 letters read."
+        assert page.inner_text("#left-letters tbody") == (
+            f"order-1\tits queue is not there ({queue}.gone)"
+        )
         assert chromium.dialogs == [] and chromium.errors == []
     with engine.connect() as conn:
         kept = conn.execute(sa.select(inbox_attempts.c.message_id)).scalars().all()
         (entry,) = conn.execute(sa.select(console_audit)).all()
     engine.dispose()
     assert kept == ["order-1"]  # forgotten only for the letter that moved
-    assert (entry.action, entry.rows, entry.result) == ("requeue_dead_letters", 1, "moved 1 of 2")
+    assert (entry.action, entry.rows) == ("requeue_dead_letters", 1)
+    assert entry.result == (
+        f"done: 1 of the 2 letters read; left 1 (its queue is not there ({queue}.gone)): {gone}"
+    )
     (moved,) = drain(rabbit.url, queue, expect=1)
     (stayed,) = drain(rabbit.url, dead_letter_queue(queue), expect=1)
     assert (moved.message_id, stayed.message_id) == ("order-0", "order-1")

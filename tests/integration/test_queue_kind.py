@@ -11,7 +11,7 @@ import pika
 import pytest
 
 from devtools.servers import RabbitNode
-from relay.broker.deadletters import listing
+from relay.broker.deadletter_pages import Bounds, Position, letter_page
 from relay.broker.queue_kind import unreadable
 
 
@@ -63,7 +63,9 @@ def test_a_quorum_dead_letter_queue_is_counted_never_read(rabbit: RabbitNode) ->
         for n in range(5):
             channel.basic_publish("", queue, str(n).encode())
         for _ in range(3):  # each read would have spent a delivery: at the limit, dropped
-            found = listing([rabbit.url], "test", None, queue)
+            found = letter_page(
+                [rabbit.url], "test", None, queue, position=Position(), bounds=Bounds(10, 10, 5)
+            )
             assert found.letters == [] and found.depth == 5
             assert found.unreadable == "it is a quorum queue"
         assert channel.queue_declare(queue, passive=True).method.message_count == 5

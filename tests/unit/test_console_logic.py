@@ -7,8 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pika
 import pytest
 
+from relay.broker.deadletter_pages import Position
 from relay.causes import cause_of, grouped
 from relay.console import forms
 from relay.console.forms import cursor, edited, ids, parked_filter, preview
@@ -412,14 +414,34 @@ def test_a_users_file_that_lists_nobody_is_refused_at_the_start_and_said_when_em
     assert len(said) == 1 and "lists no user" in said[0].getMessage()
 
 
-@pytest.mark.parametrize("key", ["order-1", "order-\x004", "naïve \u2028 ✓", "\udcff", ""])
-def test_a_dead_letters_key_goes_through_a_form_and_back_whole(key: str) -> None:
-    token = forms.letter_token(key)
-    assert token.isalnum() or token == ""
-    assert forms.letter_keys([token]) == {key}
+@pytest.mark.parametrize("value", ["", "zz", "6" * 31, "A" * 32, "0" * 33, "../" + "0" * 29])
+def test_a_letter_no_page_named_is_bad_input(value: str) -> None:
+    with pytest.raises(InputError, match="letter: not a dead letter as the page named it"):
+        forms.letter_digest(value)
 
 
-@pytest.mark.parametrize("token", ["zz", "6", "ff"])
-def test_a_letter_token_no_page_gave_is_bad_input(token: str) -> None:
-    with pytest.raises(InputError, match="letter: not a dead letter's key"):
-        forms.letter_keys([token])
+@pytest.mark.parametrize("at", ["", "-1", "1e3", "\u0663", "9" * 13])
+def test_a_page_position_that_is_no_position_is_bad_input(at: str) -> None:
+    with pytest.raises(InputError, match="at: not a position"):
+        forms.letter_position({"after": "0" * 32, "at": at})
+
+
+def test_a_page_position_names_the_letter_it_follows_and_where_it_was() -> None:
+    assert forms.letter_position({}) == Position()
+    assert forms.letter_position({"after": "ab" * 16, "at": "99"}) == Position("ab" * 16, 99)
+
+
+def test_a_letters_properties_are_shown_as_text_whatever_their_bytes() -> None:
+    properties = pika.BasicProperties(
+        content_type="application/json",
+        message_id="order-\x004",
+        delivery_mode=2,
+        headers={"x-inbox-error": b"bad \xff", "tenant": "a"},
+    )
+    assert forms.letter_properties(properties) == [
+        ("content_type", "application/json"),
+        ("delivery_mode", "2"),
+        ("message_id", "order-\x004"),
+        ("header x-inbox-error", "bad \ufffd"),
+        ("header tenant", "a"),
+    ]

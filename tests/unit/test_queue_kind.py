@@ -1,11 +1,11 @@
 """What a refused declare says of a queue (``relay.broker.queue_kind.refusal``), and when a
-dead-letter listing says it is partial."""
+page of dead letters says it may be partial."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.broker.deadletters import DeadLetter, Listing
+from relay.broker.deadletter_pages import LetterPage
 from relay.broker.queue_kind import Refusal, refusal
 
 _AT = "PRECONDITION_FAILED - inequivalent arg '{}' for queue 'q' in vhost '/': "
@@ -59,16 +59,12 @@ def test_a_refused_declare_names_what_differs(reply: str, said: Refusal) -> None
     assert refusal(reply) == said
 
 
-def _letters(n: int) -> list[DeadLetter]:
-    return [DeadLetter(str(i), str(i), "e", 1, "c", "q", "") for i in range(n)]
-
-
 @pytest.mark.parametrize(
-    "read, depth, after, partial",
-    [(4, 4, 4, False), (2, 4, 2, True), (2, 2, 4, True), (0, 0, 0, False), (3, 3, 0, False)],
+    "missed, depth, after, partial",
+    [(0, 4, 4, False), (2, 4, 2, True), (0, 2, 4, True), (0, 0, 0, False), (0, 3, 0, False)],
 )
-def test_a_listing_is_partial_when_fewer_letters_were_read_than_the_queue_held(
-    read: int, depth: int, after: int, partial: bool
+def test_a_page_is_partial_when_its_read_missed_letters_or_more_came_back(
+    missed: int, depth: int, after: int, partial: bool
 ) -> None:
-    assert Listing(_letters(read), depth, depth_after=after).partial is partial
-    assert not Listing([], depth, unreadable="it is a quorum queue").partial
+    assert LetterPage([], depth, missed=missed, depth_after=after).partial is partial
+    assert not LetterPage([], depth, unreadable="it is a quorum queue").partial
