@@ -5,8 +5,11 @@ reads them, and imports nothing of the console (``tests/unit/test_layers.py``)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from relay.constants import CONSOLE_NAMED_IDS
 
 VIEWER = "viewer"
 OPERATOR = "operator"
@@ -181,23 +184,41 @@ class AuditEntry:
     result: str
 
 
+def named(ids: Sequence[int], total: int) -> str:
+    """Rows a change left, as its done page and its audit entry name them: the first ids
+    (at most ``CONSOLE_NAMED_IDS``), and how many more of the ``total``."""
+    shown = ", ".join(str(i) for i in ids[:CONSOLE_NAMED_IDS])
+    rest = total - min(len(ids), CONSOLE_NAMED_IDS)
+    return f"ids {shown}{f' and {rest} more' if rest > 0 else ''}" if shown else ""
+
+
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     """What a change did: rows changed; the rows named or matched that it left because
     they were no longer as the page showed them when their chunk came (another change took
-    them meanwhile); and the rows its filter matches that were parked after its bound."""
+    them meanwhile); and the rows its filter matches that were parked after its bound. Of
+    each kind left, the first ids (``left_ids``, ``since_ids``: at most
+    ``CONSOLE_NAMED_IDS``), so that the operator can look at them."""
 
     changed: int
     left: int = 0
     parked_since: int = 0
     new_ids: tuple[int, ...] = ()
+    left_ids: tuple[int, ...] = ()
+    since_ids: tuple[int, ...] = ()
 
     def audited(self) -> str:
-        """The change's result as its audit entry ends with it: ``done``, and what it left
-        and why."""
+        """The change's result as its audit entry ends with it: ``done``, and what it left,
+        named, and why."""
         why = []
         if self.left:
-            why.append(f"left {self.left} no longer as the page showed them")
+            why.append(
+                f"left {self.left} no longer as the page showed them"
+                + (f": {named(self.left_ids, self.left)}" if self.left_ids else "")
+            )
         if self.parked_since:
-            why.append(f"left {self.parked_since} parked after the bound")
+            why.append(
+                f"left {self.parked_since} parked after the bound"
+                + (f": {named(self.since_ids, self.parked_since)}" if self.since_ids else "")
+            )
         return "; ".join(["done", *why])

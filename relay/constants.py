@@ -373,6 +373,10 @@ CONSOLE_PAYLOAD_PREVIEW_BYTES = 4096
 # page (the count beyond is said, not listed).
 CONSOLE_PAGE_ROWS = 50
 CONSOLE_HELD_ROWS = 20
+# The rows a bulk change left are named by id, this many of each reason, on the done page
+# and in the audit entry, and the rest counted: an entry of a change that left 100,000 rows
+# stays a line an operator reads.
+CONSOLE_NAMED_IDS = 20
 # A bulk change moves this many rows per transaction: each transaction holds its row locks
 # (of parked rows only, which no writer touches) for milliseconds, and the relays see the
 # first chunks' rows while the rest are still moving.

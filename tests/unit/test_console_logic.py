@@ -387,6 +387,11 @@ def test_a_bad_console_setting_names_itself() -> None:
             ActionResult(3, left=2, parked_since=1),
             "done; left 2 no longer as the page showed them; left 1 parked after the bound",
         ),
+        (
+            ActionResult(3, left=2, parked_since=30, left_ids=(7, 9), since_ids=tuple(range(20))),
+            "done; left 2 no longer as the page showed them: ids 7, 9; left 30 parked after"
+            f" the bound: ids {', '.join(map(str, range(20)))} and 10 more",
+        ),
     ],
 )
 def test_a_changes_audited_result_names_what_it_left_and_why(
