@@ -173,6 +173,20 @@ class Overview:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Which audit entries a page lists (empty fields match all). ``actor``: the user as
+    the entry names them, or an OpenID Connect user's subject alone (the entry names them
+    ``preferred_username (sub)``, and the username is theirs to edit: the subject finds
+    every entry of theirs, whatever it was). ``since``/``until``: the entry's time, both
+    included."""
+
+    actor: str = ""
+    action: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AuditEntry:
     id: int
     at: datetime
@@ -184,7 +198,7 @@ class AuditEntry:
     result: str
 
 
-def named(ids: Sequence[int], total: int) -> str:
+def named(ids: Sequence[int | str], total: int) -> str:
     """Rows a change left, as its done page and its audit entry name them: the first ids
     (at most ``CONSOLE_NAMED_IDS``), and how many more of the ``total``."""
     shown = ", ".join(str(i) for i in ids[:CONSOLE_NAMED_IDS])

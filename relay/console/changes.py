@@ -6,7 +6,9 @@ edited copy (``edit``). Every change is audited (``relay.db.console_actions``)."
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+from collections.abc import Callable
 from datetime import datetime
 
 from starlette.concurrency import run_in_threadpool
@@ -16,11 +18,12 @@ from starlette.responses import RedirectResponse, Response
 from relay.admin.inbox import requeue
 from relay.broker.deadletters import MoveFailed
 from relay.console import forms
-from relay.console.access import Refused, check_csrf, form_of, keep_session, require
+from relay.console.access import Refused, keep_session
+from relay.console.refusals import audited, checked
 from relay.console.state import Console
 from relay.console_records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
 from relay.constants import CONSOLE_SETTLE_HORIZON_S
-from relay.db.console_actions import DISCARD, REPLAY, REQUEUE, RESTORE, failed
+from relay.db.console_actions import DISCARD, EDIT, REPLAY, REQUEUE, RESTORE, failed
 from relay.errors import InputError
 
 ACTIONS = (REPLAY, DISCARD, RESTORE, REQUEUE)
@@ -70,22 +73,20 @@ async def _chosen(console: Console, change: _Change) -> ParkedFilter:
 
 
 async def confirm(console: Console, request: Request) -> Response:
-    session = await require(console, request, OPERATOR)
-    assert not isinstance(session, Response)  # a POST is refused, never redirected
-    fields = await form_of(request)
-    check_csrf(console, session, fields)
-    change = _Change(fields)
-    since = Counted(0)
-    if change.action == REQUEUE:
-        within = Counted(len(change.letters))
-        if not within.rows:
-            raise InputError("no dead letters chosen")
-    elif change.everything:
-        chosen = await _chosen(console, change)
-        assert change.bound is not None  # _chosen refuses a change without one
-        within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
-    else:
-        within = Counted(len(forms.ids(change.ids)))
+    session, fields = await checked(console, request, OPERATOR, "confirm", ACTIONS)
+    async with audited(console, session, "confirm", fields, ACTIONS):
+        change = _Change(fields)
+        since = Counted(0)
+        if change.action == REQUEUE:
+            within = Counted(len(change.letters))
+            if not within.rows:
+                raise InputError("no dead letters chosen")
+        elif change.everything:
+            chosen = await _chosen(console, change)
+            assert change.bound is not None  # _chosen refuses a change without one
+            within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
+        else:
+            within = Counted(len(forms.ids(change.ids)))
     response = console.page(
         request,
         "confirm.html",
@@ -102,18 +103,13 @@ async def confirm(console: Console, request: Request) -> Response:
 
 
 async def act(console: Console, request: Request) -> Response:
-    session = await require(console, request, OPERATOR)
-    assert not isinstance(session, Response)
-    fields = await form_of(request)
-    try:
-        check_csrf(console, session, fields)
-    except Refused:
-        console.metrics.actions.labels(dict(fields).get("action", ""), "refused").inc()
-        raise
-    change = _Change(fields)
+    session, fields = await checked(console, request, OPERATOR, "act", ACTIONS)
     actor = Actor(session.user, session.role)
+    async with audited(console, session, "act", fields, ACTIONS):
+        change = _Change(fields)
+        change_it = await _prepared(console, change, actor)
     try:
-        result = await _act(console, change, actor)
+        result = await run_in_threadpool(change_it)
     except Exception:
         console.metrics.actions.labels(change.action, "failed").inc()
         raise
@@ -130,18 +126,20 @@ async def act(console: Console, request: Request) -> Response:
     return keep_session(console, response, session, _root(request))
 
 
-async def _act(console: Console, change: _Change, actor: Actor) -> ActionResult:
+async def _prepared(console: Console, change: _Change, actor: Actor) -> Callable[[], ActionResult]:
+    """The change its form asks for, checked (ids, the bound), to be made in the thread
+    pool: what is refused here was never begun (``act`` audits it as a refusal)."""
     actions = console.actions
     if change.action == REQUEUE:
-        return await run_in_threadpool(_requeue, console, change, actor)
+        return functools.partial(_requeue, console, change, actor)
     if change.action == RESTORE:
-        return await run_in_threadpool(actions.restore, actor, forms.ids(change.ids))
+        return functools.partial(actions.restore, actor, forms.ids(change.ids))
     do = actions.replay if change.action == REPLAY else actions.discard
     if change.everything:
         chosen = await _chosen(console, change)
-        return await run_in_threadpool(do, actor, None, chosen, change.bound)
+        return functools.partial(do, actor, None, chosen, change.bound)
     bound = await _bounded(console, change)
-    return await run_in_threadpool(do, actor, forms.ids(change.ids), None, bound)
+    return functools.partial(do, actor, forms.ids(change.ids), None, bound)
 
 
 def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
@@ -173,21 +171,19 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
 
 async def edit(console: Console, request: Request) -> Response:
     """An admin's edited copy of a parked or discarded row, replayed as a new row."""
-    session = await require(console, request, ADMIN)
-    assert not isinstance(session, Response)
-    fields = await form_of(request)
-    check_csrf(console, session, fields)
+    session, fields = await checked(console, request, ADMIN, "edit", (EDIT,))
     given = dict(fields)
-    row_id = forms.row_id(request.path_params["row_id"])
-    changes = await _edits(console, row_id, given)
+    async with audited(console, session, "edit", fields, (EDIT,)):
+        row_id = forms.row_id(request.path_params["row_id"])
+        changes = await _edits(console, row_id, given)
     actor = Actor(session.user, session.role)
     try:
         result = await run_in_threadpool(console.actions.edit, actor, row_id, changes)
     except Exception:
-        console.metrics.actions.labels("edit_and_replay", "failed").inc()
+        console.metrics.actions.labels(EDIT, "failed").inc()
         raise
-    console.metrics.actions.labels("edit_and_replay", "done").inc()
-    console.metrics.rows_changed.labels("edit_and_replay").inc()
+    console.metrics.actions.labels(EDIT, "done").inc()
+    console.metrics.rows_changed.labels(EDIT).inc()
     response = RedirectResponse(f"{_root(request)}/rows/{result.new_ids[0]}", 303)
     return keep_session(console, response, session, _root(request))
 

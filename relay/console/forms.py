@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from relay.console_records import Cursor, ParkedFilter
+from relay.console_records import AuditFilter, Cursor, ParkedFilter
 from relay.errors import InputError
 
 MAX_FIELD = 1000
@@ -74,6 +74,32 @@ def instant(fields: Mapping[str, str], name: str) -> datetime | None:
     if value is None or value.tzinfo is None:
         raise InputError(f"{name}: not a time with its offset")
     return value
+
+
+def audit_filter(fields: Mapping[str, str]) -> AuditFilter:
+    """The audit page's filter: a user (as entries name them, or an OpenID Connect
+    subject), an action, and a time range. A time without an offset (a browser's
+    ``datetime-local`` field) is UTC, as the page says."""
+    since, until = (_utc(fields, name) for name in ("since", "until"))
+    if since is not None and until is not None and since > until:
+        raise InputError("since: later than until")
+    return AuditFilter(
+        actor=text(fields, "user").strip(),
+        action=text(fields, "action").strip(),
+        since=since,
+        until=until,
+    )
+
+
+def _utc(fields: Mapping[str, str], name: str) -> datetime | None:
+    given = text(fields, name).strip()
+    if not given:
+        return None
+    try:
+        value = datetime.fromisoformat(given)
+    except ValueError:
+        raise InputError(f"{name}: not a time such as 2026-11-29T14:05 (UTC)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 def parked_filter(

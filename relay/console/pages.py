@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -15,9 +16,11 @@ from starlette.responses import Response
 from relay.broker.deadletters import Listing, listing
 from relay.console import forms
 from relay.console.access import Refused, keep_session, require
+from relay.console.audit_view import target_text
 from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_records import VIEWER
+from relay.db.console_actions import AUDITED
 from relay.inbox.policy import dead_letter_queue
 
 # What a page shows: its template's values, read for a viewer's session.
@@ -105,13 +108,25 @@ async def archive(console: Console, request: Request, _session: Session) -> dict
 
 @page("audit.html")
 async def audit(console: Console, request: Request, _session: Session) -> dict[str, Any]:
-    after = request.query_params.get("after", "")
+    """The audit log filtered by user, action and time, a page at a time (keyset on the
+    entry's id), each target in words."""
+    fields = dict(request.query_params)
+    chosen = forms.audit_filter(fields)
+    after = fields.get("after", "")
+    limit = console.config.console_page_rows
     entries = await run_in_threadpool(
-        console.reads.audit,
-        forms.row_id(after, "after") if after else None,
-        console.config.console_page_rows,
+        console.reads.audit, chosen, forms.row_id(after, "after") if after else None, limit + 1
     )
-    return {"entries": entries}
+    shown = {name: fields.get(name, "") for name in ("user", "action", "since", "until")}
+    return {
+        "entries": entries[:limit],
+        "targets": [target_text(e.target) for e in entries[:limit]],
+        "older": urlencode({**shown, "after": entries[limit - 1].id})
+        if len(entries) > limit
+        else "",
+        "filters": shown,
+        "actions": AUDITED,
+    }
 
 
 @page("inbox.html")

@@ -21,6 +21,7 @@ from relay.buckets import fence
 from relay.causes import cause_of, grouped
 from relay.console_records import (
     AuditEntry,
+    AuditFilter,
     Causes,
     Counted,
     Cursor,
@@ -241,9 +242,9 @@ class ConsoleReads:
         with db_errors("console archive", self.where), self.engine.connect() as conn:
             return console_rows.archived(conn, after, limit)
 
-    def audit(self, after: int | None, limit: int) -> list[AuditEntry]:
+    def audit(self, chosen: AuditFilter, after: int | None, limit: int) -> list[AuditEntry]:
         with db_errors("console audit", self.where), self.engine.connect() as conn:
-            return console_rows.audit(conn, after, limit)
+            return console_rows.audit(conn, chosen, after, limit)
 
     def session_ended(self, session_id: str) -> bool:
         """Whether the session ``session_id`` was ended (logged out) before its time."""

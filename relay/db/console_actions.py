@@ -50,6 +50,10 @@ DISCARD = "discard"
 RESTORE = "restore"
 EDIT = "edit_and_replay"
 REQUEUE = "requeue_dead_letters"
+# A refused attempt's action when the form posted none of the console's.
+UNKNOWN = "unknown"
+# The actions an audit entry may name, for the audit page's filter.
+AUDITED = (REPLAY, DISCARD, RESTORE, EDIT, REQUEUE, UNKNOWN)
 _ARCHIVED = ("id", *WRITTEN_COLUMNS, "created_at", "attempts", "last_error")
 # What a chunk does to the ids it is given, on a connection in its transaction: the ids it
 # changed (the rest it left, and names).

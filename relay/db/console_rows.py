@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console_records import AuditEntry, Counted, RowDetail, RowSummary
+from relay.console_records import AuditEntry, AuditFilter, Counted, RowDetail, RowSummary
 from relay.constants import BACKLOG_EXACT_ROWS, CONSOLE_HELD_ROWS
 from relay.db.console_counts import capped, parked_time
 from relay.db.decode import readable_text
@@ -143,10 +143,25 @@ def archived(conn: sa.Connection, after: int | None, limit: int) -> list[RowSumm
     return [summary(r) for r in conn.execute(statement)]
 
 
-def audit(conn: sa.Connection, after: int | None, limit: int) -> list[AuditEntry]:
-    """The audit log, the newest entry first, after the id ``after``."""
+def audit(
+    conn: sa.Connection, chosen: AuditFilter, after: int | None, limit: int
+) -> list[AuditEntry]:
+    """The audit entries ``chosen`` selects, the newest first, after the id ``after``
+    (keyset: a page's cost does not grow with its depth, by the primary key). The log holds
+    a line per change or refused attempt, people's work: a filter walks it newest first,
+    without an index of its own."""
     c = console_audit.c
     statement = sa.select(console_audit)
+    if chosen.actor:
+        statement = statement.where(
+            sa.or_(c.actor == chosen.actor, c.actor.endswith(f" ({chosen.actor})", autoescape=True))
+        )
+    if chosen.action:
+        statement = statement.where(c.action == chosen.action)
+    if chosen.since is not None:
+        statement = statement.where(c.at >= chosen.since)
+    if chosen.until is not None:
+        statement = statement.where(c.at <= chosen.until)
     if after is not None:
         statement = statement.where(c.id < after)
     statement = statement.order_by(c.id.desc()).limit(limit)

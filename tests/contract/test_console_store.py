@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
-from relay.console_records import Actor, Counted, ParkedFilter
+from relay.console_records import Actor, AuditFilter, Counted, ParkedFilter
 from relay.constants import CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
@@ -376,7 +376,7 @@ def test_the_console_role_has_what_the_console_does_and_no_more(
         actions.restore(OTTO, ids[1:2])
         actions.edit(ADA, ids[1], {"routing_key": "fixed"})
         actions.record(OTTO, "requeue_dead_letters", "{}", 0, "moved 0 of 0")
-        assert len(reads.audit(None, 10)) == 5
+        assert len(reads.audit(AuditFilter(), None, 10)) == 5
         actions.end_session("a" * 64, reads.now() + timedelta(hours=1))
         assert reads.session_ended("a" * 64) and not reads.session_ended("b" * 64)
     finally:
