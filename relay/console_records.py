@@ -62,6 +62,7 @@ class ParkedFilter:
     routing_key: str = ""
     ordering_key: str = ""
     message_id: str = ""
+    message_prefix: str = ""  # the message id starts with it (byte by byte)
     parked_before: datetime | None = None  # parked at or before this time (an age)
 
     def described(self) -> dict[str, str]:
@@ -73,6 +74,7 @@ class ParkedFilter:
             "routing_key": self.routing_key,
             "ordering_key": self.ordering_key,
             "message_id": self.message_id,
+            "message_prefix": self.message_prefix,
             "parked_before": self.parked_before.isoformat() if self.parked_before else "",
         }
         return {name: value for name, value in shown.items() if value}
