@@ -29,7 +29,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from relay.console import changes, forms, login, pages
+from relay.console import changes, forms, login, pages, times
 from relay.console.access import Refused, check_csrf, form_of, session_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
@@ -78,6 +78,7 @@ def load_console(
         undefined=StrictUndefined,
     )
     templates.filters["letter_token"] = forms.letter_token
+    templates.filters["when"] = times.when
     secret = config.console_session_secret
     return Console(
         settings=settings,
@@ -133,6 +134,7 @@ def standalone_app(console: Console) -> Starlette:
         route("/rows", pages.rows, ["GET"], "rows"),
         route("/rows/{row_id:int}", pages.row, ["GET"], "row"),
         route("/rows/{row_id:int}/edit", changes.edit, ["POST"], "edit"),
+        route("/rows/{row_id:int}/payload", pages.payload, ["GET"], "payload"),
         route("/archive", pages.archive, ["GET"], "archive"),
         route("/audit", pages.audit, ["GET"], "audit"),
         route("/inbox/{queue:path}", pages.inbox, ["GET"], "inbox"),

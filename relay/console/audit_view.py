@@ -20,6 +20,7 @@ LABELS = {
     "routing_key": "routing key",
     "ordering_key": "ordering key",
     "message_id": "message id",
+    "message_prefix": "message id starts with",
     "parked_before": "parked by",
     "parked_for": "parked at least",
 }

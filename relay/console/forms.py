@@ -17,7 +17,15 @@ from relay.console_records import AuditFilter, Cursor, ParkedFilter
 from relay.errors import InputError
 
 MAX_FIELD = 1000
-FILTER_FIELDS = ("reason", "cause", "exchange", "routing_key", "ordering_key", "message_id")
+FILTER_FIELDS = (
+    "reason",
+    "cause",
+    "exchange",
+    "routing_key",
+    "ordering_key",
+    "message_id",
+    "message_prefix",
+)
 _AGE = re.compile(r"\s*(\d+)\s*([smhd])\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The greatest row id: the id column's 64 bits, signed.
@@ -124,6 +132,7 @@ def parked_filter(
         routing_key=text(fields, "routing_key"),
         ordering_key=text(fields, "ordering_key"),
         message_id=text(fields, "message_id"),
+        message_prefix=text(fields, "message_prefix"),
         parked_before=before,
     )
 

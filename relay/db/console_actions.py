@@ -269,20 +269,12 @@ class ConsoleActions:
                             .where(console_audit.c.id == audit_id)
                             .values(rows=changed)
                         )
-                if len(left_ids) < CONSOLE_NAMED_IDS:
-                    left_ids += [i for i in batch if i not in done][
-                        : CONSOLE_NAMED_IDS - len(left_ids)
-                    ]
+                left_ids = [*left_ids, *(i for i in batch if i not in done)][:CONSOLE_NAMED_IDS]
                 # Paced: the database's time between chunks is the writers'.
                 time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
-            later = since()
-            result = ActionResult(
-                changed,
-                left=chosen - changed,
-                parked_since=later.rows,
-                left_ids=tuple(left_ids),
-                since_ids=later.ids,
-            )
+            later, named = since(), tuple(left_ids)
+            left = chosen - changed
+            result = ActionResult(changed, left, later.rows, left_ids=named, since_ids=later.ids)
         except Exception as exc:
             self._ended(actor, action, target, audit_id, rows=changed, result=failed(changed, exc))
             raise

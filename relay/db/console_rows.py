@@ -134,6 +134,18 @@ def _row(
     return detail, row.ordering_key if table is outbox else None
 
 
+def payload(conn: sa.Connection, row_id: int) -> tuple[str, bytes] | None:
+    """A row's content type and whole payload, from the outbox or the archive (a download:
+    its bytes as they are, never a preview)."""
+    for table in (outbox, outbox_archive):
+        found = conn.execute(
+            sa.select(table.c.content_type, table.c.payload).where(table.c.id == row_id)
+        ).one_or_none()
+        if found is not None:
+            return readable_text(found.content_type), bytes(found.payload)
+    return None
+
+
 def archived(conn: sa.Connection, after: int | None, limit: int) -> list[RowSummary]:
     """Discarded rows, the last discarded first, after the id ``after``."""
     statement = sa.select(*_ARCHIVED_SUMMARY)
