@@ -171,7 +171,8 @@ def _requeue(console: Console, change: _Change, actor: Actor) -> ActionResult:
 
 async def edit(console: Console, request: Request) -> Response:
     """An admin's edited copy of a parked or discarded row, replayed as a new row."""
-    session, fields = await checked(console, request, ADMIN, "edit", (EDIT,))
+    path_id = ("id", str(request.path_params["row_id"]))
+    session, fields = await checked(console, request, ADMIN, "edit", (EDIT,), named=(path_id,))
     given = dict(fields)
     async with audited(console, session, "edit", fields, (EDIT,)):
         row_id = forms.row_id(request.path_params["row_id"])

@@ -80,10 +80,17 @@ async def audited(
 
 
 async def checked(
-    console: Console, request: Request, role: str, step: str, actions: tuple[str, ...]
+    console: Console,
+    request: Request,
+    role: str,
+    step: str,
+    actions: tuple[str, ...],
+    *,
+    named: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Session, list[tuple[str, str]]]:
-    """A change's session and form, its role and CSRF token checked, a refusal audited
-    (``audited``); without a session, refused (401) and logged only."""
+    """A change's session and form (after ``named``: what its path names, an edit's row
+    id), its role and CSRF token checked, a refusal audited (``audited``); without a
+    session, refused (401) and logged only."""
     session = await session_of(console, request)
     if session is None:
         client = request.client.host if request.client else "?"
@@ -94,7 +101,7 @@ async def checked(
             extra={"action": "console_change_refused", "address": client},
         )
         raise Refused(401, "log in first")
-    fields: list[tuple[str, str]] = []
+    fields = list(named)
     async with audited(console, session, step, fields, actions):
         fields += await form_of(request)
         check_role(session, role)

@@ -59,3 +59,8 @@ def test_the_audit_filter_reads_a_browsers_times_as_utc() -> None:
         audit_filter({"since": "yesterday"})
     with pytest.raises(InputError, match="later than until"):
         audit_filter({"since": "2026-11-29T12:05", "until": "2026-11-29T12:00"})
+
+
+def test_a_refused_edit_names_its_row_and_never_its_values() -> None:
+    posted = [("id", "42"), ("csrf", "t"), ("exchange", "secret-x"), ("payload", "{}")]
+    assert json.loads(attempted(posted)) == {"ids": ["42"], "ids_posted": 1}
