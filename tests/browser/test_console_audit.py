@@ -75,7 +75,7 @@ def test_the_audit_names_what_a_change_left_and_whom_it_refused_filtered_by_user
         assert viewer.inner_text("#audit tbody") == "No entry matches this filter."
 
         # An edit refused names its row, never the values posted.
-        edit = {"csrf": token, "exchange": "secret-exchange"}
+        edit: dict[str, str | float | bool] = {"csrf": token, "exchange": "secret-exchange"}
         assert viewer.request.post(f"{console.url}/rows/{late}/edit", form=edit).status == 403
         viewer.goto(f"{console.url}/audit?action=edit_and_replay")
         entry = viewer.inner_text("#audit tbody tr")
