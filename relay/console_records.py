@@ -5,8 +5,11 @@ reads them, and imports nothing of the console (``tests/unit/test_layers.py``)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from relay.console_constants import CONSOLE_NAMED_IDS
 
 VIEWER = "viewer"
 OPERATOR = "operator"
@@ -59,6 +62,7 @@ class ParkedFilter:
     routing_key: str = ""
     ordering_key: str = ""
     message_id: str = ""
+    message_prefix: str = ""  # the message id starts with it (byte by byte)
     parked_before: datetime | None = None  # parked at or before this time (an age)
 
     def described(self) -> dict[str, str]:
@@ -70,6 +74,7 @@ class ParkedFilter:
             "routing_key": self.routing_key,
             "ordering_key": self.ordering_key,
             "message_id": self.message_id,
+            "message_prefix": self.message_prefix,
             "parked_before": self.parked_before.isoformat() if self.parked_before else "",
         }
         return {name: value for name, value in shown.items() if value}
@@ -170,6 +175,20 @@ class Overview:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Which audit entries a page lists (empty fields match all). ``actor``: the user as
+    the entry names them, or an OpenID Connect user's subject alone (the entry names them
+    ``preferred_username (sub)``, and the username is theirs to edit: the subject finds
+    every entry of theirs, whatever it was). ``since``/``until``: the entry's time, both
+    included."""
+
+    actor: str = ""
+    action: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AuditEntry:
     id: int
     at: datetime
@@ -181,23 +200,41 @@ class AuditEntry:
     result: str
 
 
+def named(ids: Sequence[int | str], total: int) -> str:
+    """Rows a change left, as its done page and its audit entry name them: the first ids
+    (at most ``CONSOLE_NAMED_IDS``), and how many more of the ``total``."""
+    shown = ", ".join(str(i) for i in ids[:CONSOLE_NAMED_IDS])
+    rest = total - min(len(ids), CONSOLE_NAMED_IDS)
+    return f"ids {shown}{f' and {rest} more' if rest > 0 else ''}" if shown else ""
+
+
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     """What a change did: rows changed; the rows named or matched that it left because
     they were no longer as the page showed them when their chunk came (another change took
-    them meanwhile); and the rows its filter matches that were parked after its bound."""
+    them meanwhile); and the rows its filter matches that were parked after its bound. Of
+    each kind left, the first ids (``left_ids``, ``since_ids``: at most
+    ``CONSOLE_NAMED_IDS``), so that the operator can look at them."""
 
     changed: int
     left: int = 0
     parked_since: int = 0
     new_ids: tuple[int, ...] = ()
+    left_ids: tuple[int, ...] = ()
+    since_ids: tuple[int, ...] = ()
 
     def audited(self) -> str:
-        """The change's result as its audit entry ends with it: ``done``, and what it left
-        and why."""
+        """The change's result as its audit entry ends with it: ``done``, and what it left,
+        named, and why."""
         why = []
         if self.left:
-            why.append(f"left {self.left} no longer as the page showed them")
+            why.append(
+                f"left {self.left} no longer as the page showed them"
+                + (f": {named(self.left_ids, self.left)}" if self.left_ids else "")
+            )
         if self.parked_since:
-            why.append(f"left {self.parked_since} parked after the bound")
+            why.append(
+                f"left {self.parked_since} parked after the bound"
+                + (f": {named(self.since_ids, self.parked_since)}" if self.since_ids else "")
+            )
         return "; ".join(["done", *why])

@@ -28,7 +28,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from relay.broker.connection import connection_parameters
 from relay.broker.queue_kind import unreadable
-from relay.constants import CONSOLE_DEAD_LETTERS_IDLE_S, CONSOLE_DEAD_LETTERS_RETURN_S
+from relay.console_constants import CONSOLE_DEAD_LETTERS_IDLE_S, CONSOLE_DEAD_LETTERS_RETURN_S
 from relay.errors import BrokerError, InputError
 from relay.records import (
     DEAD_ATTEMPTS,

@@ -83,9 +83,14 @@ async def require(console: Console, request: Request, role: str) -> Session | Re
         if request.method == "GET":
             return RedirectResponse(request.scope.get("root_path", "") + "/login", 303)
         raise Refused(401, "log in first")
+    check_role(session, role)
+    return session
+
+
+def check_role(session: Session, role: str) -> None:
+    """Refused (403) unless the session's role is ``role`` or above."""
     if not Actor(session.user, session.role).may(role):
         raise Refused(403, f"this needs the {role} role; {session.user} is a {session.role}")
-    return session
 
 
 async def form_of(request: Request, limit: int | None = None) -> list[tuple[str, str]]:

@@ -29,14 +29,14 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from relay.console import changes, letters, login, pages
+from relay.console import changes, letters, login, pages, times
 from relay.console.access import Refused, check_csrf, form_of, session_of
 from relay.console.limiter import HashGate, LoginLimiter
 from relay.console.oidc import OidcClient
 from relay.console.sessions import Sessions, Signer
 from relay.console.state import Console
 from relay.console.users_file import UsersFile
-from relay.constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
+from relay.console_constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.errors import BrokerError, ConfigError, InputError, StoreError
@@ -77,6 +77,7 @@ def load_console(
         autoescape=True,
         undefined=StrictUndefined,
     )
+    templates.filters["when"] = times.when
     secret = config.console_session_secret
     return Console(
         settings=settings,
@@ -132,6 +133,7 @@ def standalone_app(console: Console) -> Starlette:
         route("/rows", pages.rows, ["GET"], "rows"),
         route("/rows/{row_id:int}", pages.row, ["GET"], "row"),
         route("/rows/{row_id:int}/edit", changes.edit, ["POST"], "edit"),
+        route("/rows/{row_id:int}/payload", pages.payload, ["GET"], "payload"),
         route("/archive", pages.archive, ["GET"], "archive"),
         route("/audit", pages.audit, ["GET"], "audit"),
         route("/inbox/{queue:path}", letters.inbox, ["GET"], "inbox"),

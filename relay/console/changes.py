@@ -7,7 +7,9 @@ changes are ``relay.console.letter_changes``'."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+from collections.abc import Callable
 from datetime import datetime
 
 from starlette.concurrency import run_in_threadpool
@@ -15,12 +17,13 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relay.console import forms, letter_changes
-from relay.console.access import Refused, check_csrf, form_of, keep_session, require
+from relay.console.access import Refused, keep_session
+from relay.console.refusals import audited, checked
 from relay.console.sessions import Session
 from relay.console.state import Console
+from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
 from relay.console_records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
-from relay.constants import CONSOLE_SETTLE_HORIZON_S
-from relay.db.console_actions import DISCARD, REPLAY, RESTORE
+from relay.db.console_actions import DISCARD, EDIT, REPLAY, RESTORE
 from relay.errors import InputError
 
 ACTIONS = (REPLAY, DISCARD, RESTORE, *letter_changes.LETTER_ACTIONS)
@@ -70,26 +73,24 @@ async def _chosen(console: Console, change: _Change) -> ParkedFilter:
 
 
 async def confirm(console: Console, request: Request) -> Response:
-    session = await require(console, request, OPERATOR)
-    assert not isinstance(session, Response)  # a POST is refused, never redirected
-    fields = await form_of(request)
-    check_csrf(console, session, fields)
-    change = _Change(fields)
-    if change.action in letter_changes.LETTER_ACTIONS:
-        letters = letter_changes.LetterChange(console, change.fields, change.letters)
-        letters.allowed(Actor(session.user, session.role))
-        values = await run_in_threadpool(letter_changes.confirming, console, letters)
-        response = console.page(
-            request, "letters_confirm.html", session, hidden=change.hidden(), **values
-        )
-        return keep_session(console, response, session, _root(request))
-    since = Counted(0)
-    if change.everything:
-        chosen = await _chosen(console, change)
-        assert change.bound is not None  # _chosen refuses a change without one
-        within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
-    else:
-        within = Counted(len(forms.ids(change.ids)))
+    session, fields = await checked(console, request, OPERATOR, "confirm", ACTIONS)
+    async with audited(console, session, "confirm", fields, ACTIONS):
+        change = _Change(fields)
+        if change.action in letter_changes.LETTER_ACTIONS:
+            letters = letter_changes.LetterChange(console, change.fields, change.letters)
+            letters.allowed(Actor(session.user, session.role))
+            values = await run_in_threadpool(letter_changes.confirming, console, letters)
+            response = console.page(
+                request, "letters_confirm.html", session, hidden=change.hidden(), **values
+            )
+            return keep_session(console, response, session, _root(request))
+        since = Counted(0)
+        if change.everything:
+            chosen = await _chosen(console, change)
+            assert change.bound is not None  # _chosen refuses a change without one
+            within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
+        else:
+            within = Counted(len(forms.ids(change.ids)))
     response = console.page(
         request,
         "confirm.html",
@@ -106,20 +107,20 @@ async def confirm(console: Console, request: Request) -> Response:
 
 
 async def act(console: Console, request: Request) -> Response:
-    session = await require(console, request, OPERATOR)
-    assert not isinstance(session, Response)
-    fields = await form_of(request)
-    try:
-        check_csrf(console, session, fields)
-    except Refused:
-        console.metrics.actions.labels(dict(fields).get("action", ""), "refused").inc()
-        raise
-    change = _Change(fields)
+    session, fields = await checked(console, request, OPERATOR, "act", ACTIONS)
     actor = Actor(session.user, session.role)
+    async with audited(console, session, "act", fields, ACTIONS):
+        change = _Change(fields)
+        if change.action in letter_changes.LETTER_ACTIONS:
+            letters = letter_changes.LetterChange(console, change.fields, change.letters)
+            letters.allowed(actor)
+        else:
+            change_it = await _prepared(console, change, actor)
+    # Begun, a change is audited by its own entry, not as a refusal.
     if change.action in letter_changes.LETTER_ACTIONS:
-        return await _act_on_letters(console, request, session, change, actor)
+        return await _act_on_letters(console, request, session, letters, actor)
     try:
-        result = await _act(console, change, actor)
+        result = await run_in_threadpool(change_it)
     except Exception:
         console.metrics.actions.labels(change.action, "failed").inc()
         raise
@@ -136,52 +137,55 @@ async def act(console: Console, request: Request) -> Response:
     return keep_session(console, response, session, _root(request))
 
 
-async def _act(console: Console, change: _Change, actor: Actor) -> ActionResult:
+async def _prepared(console: Console, change: _Change, actor: Actor) -> Callable[[], ActionResult]:
+    """The change its form asks for, checked (ids, the bound), to be made in the thread
+    pool: what is refused here was never begun (``act`` audits it as a refusal)."""
     actions = console.actions
     if change.action == RESTORE:
-        return await run_in_threadpool(actions.restore, actor, forms.ids(change.ids))
+        return functools.partial(actions.restore, actor, forms.ids(change.ids))
     do = actions.replay if change.action == REPLAY else actions.discard
     if change.everything:
         chosen = await _chosen(console, change)
-        return await run_in_threadpool(do, actor, None, chosen, change.bound)
+        return functools.partial(do, actor, None, chosen, change.bound)
     bound = await _bounded(console, change)
-    return await run_in_threadpool(do, actor, forms.ids(change.ids), None, bound)
+    return functools.partial(do, actor, forms.ids(change.ids), None, bound)
 
 
 async def _act_on_letters(
-    console: Console, request: Request, session: Session, change: _Change, actor: Actor
+    console: Console,
+    request: Request,
+    session: Session,
+    letters: letter_changes.LetterChange,
+    actor: Actor,
 ) -> Response:
     """A requeue or purge of dead letters, made and audited; its done page."""
-    letters = letter_changes.LetterChange(console, change.fields, change.letters)
-    letters.allowed(actor)
     try:
         values = await run_in_threadpool(letter_changes.acting, console, letters, actor)
     except Exception:
-        console.metrics.actions.labels(change.action, "failed").inc()
+        console.metrics.actions.labels(letters.action, "failed").inc()
         raise
-    console.metrics.actions.labels(change.action, "done").inc()
-    console.metrics.rows_changed.labels(change.action).inc(len(values["done"].moved))
+    console.metrics.actions.labels(letters.action, "done").inc()
+    console.metrics.rows_changed.labels(letters.action).inc(len(values["done"].moved))
     response = console.page(request, "letters_done.html", session, **values)
     return keep_session(console, response, session, _root(request))
 
 
 async def edit(console: Console, request: Request) -> Response:
     """An admin's edited copy of a parked or discarded row, replayed as a new row."""
-    session = await require(console, request, ADMIN)
-    assert not isinstance(session, Response)
-    fields = await form_of(request)
-    check_csrf(console, session, fields)
+    path_id = ("id", str(request.path_params["row_id"]))
+    session, fields = await checked(console, request, ADMIN, "edit", (EDIT,), named=(path_id,))
     given = dict(fields)
-    row_id = forms.row_id(request.path_params["row_id"])
-    changes = await _edits(console, row_id, given)
+    async with audited(console, session, "edit", fields, (EDIT,)):
+        row_id = forms.row_id(request.path_params["row_id"])
+        changes = await _edits(console, row_id, given)
     actor = Actor(session.user, session.role)
     try:
         result = await run_in_threadpool(console.actions.edit, actor, row_id, changes)
     except Exception:
-        console.metrics.actions.labels("edit_and_replay", "failed").inc()
+        console.metrics.actions.labels(EDIT, "failed").inc()
         raise
-    console.metrics.actions.labels("edit_and_replay", "done").inc()
-    console.metrics.rows_changed.labels("edit_and_replay").inc()
+    console.metrics.actions.labels(EDIT, "done").inc()
+    console.metrics.rows_changed.labels(EDIT).inc()
     response = RedirectResponse(f"{_root(request)}/rows/{result.new_ids[0]}", 303)
     return keep_session(console, response, session, _root(request))
 

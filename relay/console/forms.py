@@ -12,15 +12,23 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relay.broker.deadletter_pages import Position
-from relay.console_records import Cursor, ParkedFilter
+from relay.console_records import AuditFilter, Cursor, ParkedFilter
 from relay.errors import InputError
 
 MAX_FIELD = 1000
-FILTER_FIELDS = ("reason", "cause", "exchange", "routing_key", "ordering_key", "message_id")
+FILTER_FIELDS = (
+    "reason",
+    "cause",
+    "exchange",
+    "routing_key",
+    "ordering_key",
+    "message_id",
+    "message_prefix",
+)
 _AGE = re.compile(r"\s*(\d+)\s*([smhd])\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The greatest row id: the id column's 64 bits, signed.
@@ -122,6 +130,32 @@ def instant(fields: Mapping[str, str], name: str) -> datetime | None:
     return value
 
 
+def audit_filter(fields: Mapping[str, str]) -> AuditFilter:
+    """The audit page's filter: a user (as entries name them, or an OpenID Connect
+    subject), an action, and a time range. A time without an offset (a browser's
+    ``datetime-local`` field) is UTC, as the page says."""
+    since, until = (_utc(fields, name) for name in ("since", "until"))
+    if since is not None and until is not None and since > until:
+        raise InputError("since: later than until")
+    return AuditFilter(
+        actor=text(fields, "user").strip(),
+        action=text(fields, "action").strip(),
+        since=since,
+        until=until,
+    )
+
+
+def _utc(fields: Mapping[str, str], name: str) -> datetime | None:
+    given = text(fields, name).strip()
+    if not given:
+        return None
+    try:
+        value = datetime.fromisoformat(given)
+    except ValueError:
+        raise InputError(f"{name}: not a time such as 2026-11-29T14:05 (UTC)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
 def parked_filter(
     fields: Mapping[str, str], causes: Mapping[str, tuple[str, ...]] | None, now: datetime
 ) -> ParkedFilter:
@@ -144,6 +178,7 @@ def parked_filter(
         routing_key=text(fields, "routing_key"),
         ordering_key=text(fields, "ordering_key"),
         message_id=text(fields, "message_id"),
+        message_prefix=text(fields, "message_prefix"),
         parked_before=before,
     )
 

@@ -20,12 +20,12 @@ from relay.console.access import Refused, keep_session, require
 from relay.console.pages import page
 from relay.console.sessions import Session
 from relay.console.state import Console
-from relay.console_records import VIEWER
-from relay.constants import (
+from relay.console_constants import (
     CONSOLE_DEAD_LETTERS_BUDGET_S,
     CONSOLE_DEAD_LETTERS_PAGE,
     CONSOLE_DEAD_LETTERS_READ_MAX,
 )
+from relay.console_records import VIEWER
 from relay.inbox.policy import dead_letter_queue
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE, CONSOLE_LOGIN_KEYS_KEPT
+from relay.console_constants import CONSOLE_LOGIN_ADDRESS_SHARE, CONSOLE_LOGIN_KEYS_KEPT
 
 Key = tuple[str, ...]
 

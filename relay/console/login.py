@@ -19,7 +19,7 @@ from relay.console.oidc import Login
 from relay.console.passwords import verify_password
 from relay.console.sessions import Session
 from relay.console.state import COOKIE, LOGIN_COOKIE, Console
-from relay.constants import (
+from relay.console_constants import (
     CONSOLE_LOGIN_BODY_MAX,
     CONSOLE_LOGIN_STATE_S,
     CONSOLE_NAME_MAX,

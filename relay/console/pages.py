@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -15,9 +16,13 @@ from starlette.responses import Response
 
 from relay.console import forms
 from relay.console.access import Refused, keep_session, require
+from relay.console.audit_view import target_text
+from relay.console.payloads import download_type, file_name, pretty_json
 from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_records import VIEWER
+from relay.db.console_actions import AUDITED
+from relay.errors import InputError
 
 # What a page shows: its template's values, read for a viewer's session.
 Reads = Callable[[Console, Request, Session], Awaitable[dict[str, Any]]]
@@ -46,7 +51,11 @@ def page(template: str) -> Callable[[Reads], Callable[[Console, Request], Awaita
 @page("overview.html")
 async def overview(console: Console, _request: Request, _session: Session) -> dict[str, Any]:
     found = await run_in_threadpool(console.reads.overview)
-    return {"overview": found, "queues": console.config.console_inbox_queues}
+    return {
+        "overview": found,
+        "queues": console.config.console_inbox_queues,
+        "drawn_at": found.drawn_at,
+    }
 
 
 @page("rows.html")
@@ -64,11 +73,22 @@ async def rows(console: Console, request: Request, _session: Session) -> dict[st
     }
     return {
         "rows": found,
+        "row_of_id": _row_id_or_none(chosen.message_prefix),
         "following": following,
         "filters": shown,
         "causes": causes,
         "drawn_at": drawn_at,
     }
+
+
+def _row_id_or_none(given: str) -> int | None:
+    """The row id a search's text is, if it is one: ids are numbers, and a number's prefix
+    is no set an operator means (12 would be 12, 120-129, 1200-1299... one row in nine), so
+    only the whole id finds its row."""
+    try:
+        return forms.row_id(given) if given else None
+    except InputError:
+        return None
 
 
 @page("row.html")
@@ -79,16 +99,46 @@ async def row(console: Console, request: Request, session: Session) -> dict[str,
     )
     if found is None:
         raise Refused(404, f"no row {row_id} in the outbox or its archive")
-    may_see = session.role != VIEWER or console.config.console_viewers_see_payloads
+    may_see = _may_see_payloads(console, session)
     kind, shown = forms.preview(found.payload, found.payload_size) if may_see else ("", "")
+    whole = len(found.payload) == found.payload_size
+    pretty = pretty_json(found.payload, whole, found.content_type) if may_see else None
     drawn_at = await run_in_threadpool(console.reads.now)
     return {
         "row": found,
-        "payload_kind": kind,
-        "payload": shown,
+        "payload_kind": "json" if pretty is not None else kind,
+        "payload": shown,  # as stored: the edit form's, which is compared with the row's
+        "payload_shown": shown if pretty is None else pretty,
         "payload_hidden": not may_see,
         "drawn_at": drawn_at,
     }
+
+
+def _may_see_payloads(console: Console, session: Session) -> bool:
+    return session.role != VIEWER or console.config.console_viewers_see_payloads
+
+
+async def payload(console: Console, request: Request) -> Response:
+    """A row's payload as a file: its bytes whole, an attachment (never drawn as a page), its
+    content type but for markup a browser would run (``relay.console.payloads``)."""
+    session = await require(console, request, VIEWER)
+    if isinstance(session, Response):
+        return session
+    if not _may_see_payloads(console, session):
+        raise Refused(403, "payloads are not shown to viewers here")
+    row_id = forms.row_id(request.path_params["row_id"])
+    found = await run_in_threadpool(console.reads.payload, row_id)
+    if found is None:
+        raise Refused(404, f"no row {row_id} in the outbox or its archive")
+    content_type, body = found
+    served_as = download_type(content_type)
+    name = file_name(row_id, served_as)
+    response = Response(
+        body,
+        media_type=served_as,
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
+    return keep_session(console, response, session, str(request.scope.get("root_path", "")))
 
 
 @page("archive.html")
@@ -99,15 +149,28 @@ async def archive(console: Console, request: Request, _session: Session) -> dict
         forms.row_id(after, "after") if after else None,
         console.config.console_page_rows,
     )
-    return {"rows": listed}
+    return {"rows": listed, "drawn_at": await run_in_threadpool(console.reads.now)}
 
 
 @page("audit.html")
 async def audit(console: Console, request: Request, _session: Session) -> dict[str, Any]:
-    after = request.query_params.get("after", "")
+    """The audit log filtered by user, action and time, a page at a time (keyset on the
+    entry's id), each target in words."""
+    fields = dict(request.query_params)
+    chosen = forms.audit_filter(fields)
+    after = fields.get("after", "")
+    limit = console.config.console_page_rows
     entries = await run_in_threadpool(
-        console.reads.audit,
-        forms.row_id(after, "after") if after else None,
-        console.config.console_page_rows,
+        console.reads.audit, chosen, forms.row_id(after, "after") if after else None, limit + 1
     )
-    return {"entries": entries}
+    shown = {name: fields.get(name, "") for name in ("user", "action", "since", "until")}
+    return {
+        "entries": entries[:limit],
+        "targets": [target_text(e.target) for e in entries[:limit]],
+        "older": urlencode({**shown, "after": entries[limit - 1].id})
+        if len(entries) > limit
+        else "",
+        "filters": shown,
+        "actions": AUDITED,
+        "drawn_at": await run_in_threadpool(console.reads.now),
+    }

@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import secrets
 
-from relay.constants import CONSOLE_SCRYPT_N, CONSOLE_SCRYPT_P, CONSOLE_SCRYPT_R
+from relay.console_constants import CONSOLE_SCRYPT_N, CONSOLE_SCRYPT_P, CONSOLE_SCRYPT_R
 
 SCHEME = "scrypt"
 _SALT_BYTES = 16

@@ -98,6 +98,22 @@ def _stored_now(element: Any, compiler: Any, **kw: Any) -> str:
     return of(compiler.dialect).stored_now(str(compiler.process(sa.func.now(), **kw)))
 
 
+class starts_with(FunctionElement[bool]):
+    """``starts_with(column, prefix, end)``: the column's text starts with ``prefix``, as one
+    range of an index, byte by byte, up to before ``end`` (the first text after every text
+    with the prefix; None: none), in each database's own terms (``Dialect.prefixed``)."""
+
+    type = sa.Boolean()
+    inherit_cache = True
+
+
+@compiles(starts_with)
+def _starts_with(element: Any, compiler: Any, **kw: Any) -> str:
+    column, start, *end = element.clauses
+    conditions = of(compiler.dialect).prefixed(column, start, end[0] if end else None)
+    return str(compiler.process(sa.and_(*conditions), **kw))
+
+
 class sent_key(FunctionElement[str]):
     """A message id's key in the sent log: on PostgreSQL its MD5 as a 16-byte uuid (a message
     id is often 70 characters; the key is written once to the heap and once to the index

@@ -11,6 +11,7 @@ the bound a page's actions are pinned to.
 from __future__ import annotations
 
 import functools
+import sys
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,8 +20,10 @@ import sqlalchemy as sa
 
 from relay.buckets import fence
 from relay.causes import cause_of, grouped
+from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
 from relay.console_records import (
     AuditEntry,
+    AuditFilter,
     Causes,
     Counted,
     Cursor,
@@ -30,13 +33,10 @@ from relay.console_records import (
     RowDetail,
     RowSummary,
 )
-from relay.constants import (
-    BACKLOG_EXACT_ROWS,
-    CONSOLE_SETTLE_HORIZON_S,
-    PROTOCOL_BEFORE_FENCES,
-)
+from relay.constants import BACKLOG_EXACT_ROWS, PROTOCOL_BEFORE_FENCES
 from relay.db import console_rows
 from relay.db.clock import database_time
+from relay.db.columns import starts_with
 from relay.db.console_counts import Budget, capped, parked_time, walk
 from relay.db.console_rows import SUMMARY_COLUMNS, summary
 from relay.db.decode import readable_text
@@ -83,9 +83,27 @@ def parked_where(chosen: ParkedFilter) -> list[sa.ColumnElement[bool]]:
     ):
         if value:
             where.append(column == value)
+    if chosen.message_prefix:
+        # One range of the index of parked rows by message id (migration 0016).
+        end = prefix_end(chosen.message_prefix)
+        bounds = (chosen.message_prefix, *([] if end is None else [end]))
+        where.append(starts_with(outbox.c.message_id, *bounds))
     if chosen.parked_before is not None:
         where.append(parked_time <= chosen.parked_before)
     return where
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The first text, in code point order, after every text that starts with ``prefix``:
+    its last character the next one (surrogates are no characters), a last U+10FFFF dropped
+    first; None when there is none (every text from ``prefix`` on starts with it)."""
+    kept = prefix.rstrip(chr(sys.maxunicode))
+    if not kept:
+        return None
+    following = ord(kept[-1]) + 1
+    if 0xD800 <= following <= 0xDFFF:
+        following = 0xE000
+    return kept[:-1] + chr(following)
 
 
 def settled(bound: datetime) -> datetime:
@@ -237,13 +255,17 @@ class ConsoleReads:
         with db_errors("console row", self.where), self.engine.connect() as conn:
             return console_rows.row_detail(conn, row_id, preview)
 
+    def payload(self, row_id: int) -> tuple[str, bytes] | None:
+        with db_errors("console payload", self.where), self.engine.connect() as conn:
+            return console_rows.payload(conn, row_id)
+
     def archived(self, after: int | None, limit: int) -> list[RowSummary]:
         with db_errors("console archive", self.where), self.engine.connect() as conn:
             return console_rows.archived(conn, after, limit)
 
-    def audit(self, after: int | None, limit: int) -> list[AuditEntry]:
+    def audit(self, chosen: AuditFilter, after: int | None, limit: int) -> list[AuditEntry]:
         with db_errors("console audit", self.where), self.engine.connect() as conn:
-            return console_rows.audit(conn, after, limit)
+            return console_rows.audit(conn, chosen, after, limit)
 
     def session_ended(self, session_id: str) -> bool:
         """Whether the session ``session_id`` was ended (logged out) before its time."""

@@ -23,12 +23,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from relay.console_constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
 from relay.console_records import ActionResult, Actor, ParkedFilter
-from relay.constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS
 from relay.db.clock import database_time
 from relay.db.console import settled
 from relay.db.console_counts import parked_time
-from relay.db.console_matching import matching, parked_since
+from relay.db.console_matching import Parked, matching, parked_since
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import (
@@ -50,10 +50,14 @@ DISCARD = "discard"
 RESTORE = "restore"
 EDIT = "edit_and_replay"
 REQUEUE = "requeue_dead_letters"
+# A refused attempt's action when the form posted none of the console's.
+UNKNOWN = "unknown"
+# The actions an audit entry may name, for the audit page's filter.
+AUDITED = (REPLAY, DISCARD, RESTORE, EDIT, REQUEUE, UNKNOWN)
 _ARCHIVED = ("id", *WRITTEN_COLUMNS, "created_at", "attempts", "last_error")
-# What a chunk does to the ids it is given, on a connection in its transaction: how many
-# it changed.
-Chunk = Callable[[sa.Connection, list[int]], int]
+# What a chunk does to the ids it is given, on a connection in its transaction: the ids it
+# changed (the rest it left, and names).
+Chunk = Callable[[sa.Connection, list[int]], list[int]]
 
 
 def target_of(ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any) -> str:
@@ -80,13 +84,17 @@ class ConsoleActions:
         bound = _pinned(chosen, bound)
         back = (
             sa.update(outbox)
-            .where(of(self.engine).id_in(outbox.c.id), outbox.c.status == PARKED)
-            .where(parked_time <= bound)
+            .where(of(self.engine).id_in(outbox.c.id))
             .values(status=PENDING, attempts=0, next_attempt_at=database_time(), suspect=False)
         )
 
-        def chunk(conn: sa.Connection, batch: list[int]) -> int:
-            return int(conn.execute(back, {"ids": batch}).rowcount)
+        def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:
+            # The rows locked first, then changed: which of the batch it left is named
+            # (an UPDATE's row count would not say which; MariaDB's UPDATE returns none).
+            locked = _parked_by(conn, batch, bound)
+            if locked:
+                conn.execute(back, {"ids": locked})
+            return locked
 
         return self._parked_change(actor, REPLAY, chunk, ids=ids, chosen=chosen, bound=bound)
 
@@ -97,18 +105,10 @@ class ConsoleActions:
         bound = _pinned(chosen, bound)
         columns = [outbox.c[name] for name in _ARCHIVED]
 
-        def chunk(conn: sa.Connection, batch: list[int]) -> int:
-            locked = list(
-                conn.scalars(
-                    sa.select(outbox.c.id)
-                    .where(of(conn).id_in(outbox.c.id), outbox.c.status == PARKED)
-                    .where(parked_time <= bound)
-                    .with_for_update(),
-                    {"ids": batch},
-                )
-            )
+        def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:
+            locked = _parked_by(conn, batch, bound)
             if not locked:
-                return 0
+                return []
             rows = sa.select(*columns, sa.literal(actor.name).label("archived_by")).where(
                 of(conn).id_in(outbox.c.id)
             )
@@ -117,7 +117,7 @@ class ConsoleActions:
                 {"ids": locked},
             )
             conn.execute(sa.delete(outbox).where(of(conn).id_in(outbox.c.id)), {"ids": locked})
-            return len(locked)
+            return locked
 
         return self._parked_change(actor, DISCARD, chunk, ids=ids, chosen=chosen, bound=bound)
 
@@ -127,7 +127,7 @@ class ConsoleActions:
         a = outbox_archive.c
         free = ~sa.exists().where(outbox.c.message_id == a.message_id)
 
-        def chunk(conn: sa.Connection, batch: list[int]) -> int:
+        def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:
             movable = list(
                 conn.scalars(
                     sa.select(a.id).where(of(conn).id_in(a.id), free).with_for_update(),
@@ -135,7 +135,7 @@ class ConsoleActions:
                 )
             )
             if not movable:
-                return 0
+                return []
             rows = sa.select(
                 *[a[name] for name in _ARCHIVED],
                 sa.literal(PARKED).label("status"),
@@ -146,7 +146,7 @@ class ConsoleActions:
                 {"ids": movable},
             )
             conn.execute(sa.delete(outbox_archive).where(of(conn).id_in(a.id)), {"ids": movable})
-            return len(movable)
+            return [int(i) for i in movable]
 
         return self._chunks(actor, RESTORE, target_of(ids, None, None), _batches(ids), chunk)
 
@@ -242,21 +242,23 @@ class ConsoleActions:
         batches: Iterator[list[int]],
         chunk: Chunk,
         *,
-        since: Callable[[], int] = lambda: 0,
+        since: Callable[[], Parked] = lambda: Parked(0, ()),
     ) -> ActionResult:
         """The chunks run, the audit entry (written with the first) counting each; it ends
-        with the change's result (``ActionResult.audited``: what it left and why, the rows a
-        chunk was given that it did not change, and ``since``, the rows parked after the
-        bound), or ``failed`` with the rows changed so far and the error's class, written
+        with the change's result (``ActionResult.audited``: what it left, named, and why: the
+        rows a chunk was given that it did not change, and ``since``, the rows parked after
+        the bound), or ``failed`` with the rows changed so far and the error's class, written
         even when the change fails."""
         changed = chosen = 0
+        left_ids: list[int] = []
         audit_id: int | None = None
         try:
             for batch in batches:
                 began = time.monotonic()
                 chosen += len(batch)
                 with transaction(self.engine, f"console {action}", self.where) as conn:
-                    changed += chunk(conn, batch)
+                    done = set(chunk(conn, batch))
+                    changed += len(done)
                     if audit_id is None:
                         audit_id = self._audit(
                             conn, actor, action, target=target, rows=changed, result="running"
@@ -267,9 +269,12 @@ class ConsoleActions:
                             .where(console_audit.c.id == audit_id)
                             .values(rows=changed)
                         )
+                left_ids = [*left_ids, *(i for i in batch if i not in done)][:CONSOLE_NAMED_IDS]
                 # Paced: the database's time between chunks is the writers'.
                 time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
-            result = ActionResult(changed, left=chosen - changed, parked_since=since())
+            later, named = since(), tuple(left_ids)
+            left = chosen - changed
+            result = ActionResult(changed, left, later.rows, left_ids=named, since_ids=later.ids)
         except Exception as exc:
             self._ended(actor, action, target, audit_id, rows=changed, result=failed(changed, exc))
             raise
@@ -347,6 +352,21 @@ def _batches(ids: Sequence[int]) -> Iterator[list[int]]:
     unique = sorted(set(ids))
     for start in range(0, len(unique), CONSOLE_CHUNK_ROWS):
         yield unique[start : start + CONSOLE_CHUNK_ROWS]
+
+
+def _parked_by(conn: sa.Connection, batch: list[int], bound: Any) -> list[int]:
+    """Of ``batch``, the ids of rows still parked by ``bound`` (as the page showed them),
+    locked for the chunk's change."""
+    return [
+        int(i)
+        for i in conn.scalars(
+            sa.select(outbox.c.id)
+            .where(of(conn).id_in(outbox.c.id), outbox.c.status == PARKED)
+            .where(parked_time <= bound)
+            .with_for_update(),
+            {"ids": batch},
+        )
+    ]
 
 
 def _in(engine: sa.Engine, table: sa.Table, row_id: int) -> bool:

@@ -13,12 +13,13 @@ changes those of its cause.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
+from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
 from relay.console_records import ParkedFilter
-from relay.constants import CONSOLE_CHUNK_ROWS
 from relay.db.console import parked_where, reason_cause, reason_key
 from relay.db.console_counts import parked_after, parked_time
 from relay.db.engine import transaction
@@ -55,17 +56,35 @@ def matching(
         after = (rows[-1].next_attempt_at, int(rows[-1].id))
 
 
-def parked_since(engine: sa.Engine, where: str, chosen: ParkedFilter, bound: Any) -> int:
-    """How many parked rows ``chosen`` selects were parked after ``bound`` (a change leaves
-    them): few, those of the last seconds, counted by reason when a cause is chosen."""
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """Rows parked after a change's bound: how many, and the first ids (at most
+    ``CONSOLE_NAMED_IDS``), which the change names as left."""
+
+    rows: int
+    ids: tuple[int, ...]
+
+
+def parked_since(engine: sa.Engine, where: str, chosen: ParkedFilter, bound: Any) -> Parked:
+    """The parked rows ``chosen`` selects that were parked after ``bound`` (a change leaves
+    them): few, those of the last seconds, counted by reason when a cause is chosen, and
+    the first named."""
     after = [*parked_where(chosen), parked_time > bound]
+    first = sa.select(outbox.c.id).where(*after).order_by(outbox.c.id)
     with transaction(engine, "console count", where) as conn:
         if not chosen.cause:
-            return int(conn.execute(sa.select(sa.func.count()).where(*after)).scalar_one())
+            rows = int(conn.execute(sa.select(sa.func.count()).where(*after)).scalar_one())
+            named = conn.execute(first.limit(CONSOLE_NAMED_IDS)).all()
+            return Parked(rows, tuple(int(r.id) for r in named))
         reasons = conn.execute(
             sa.select(reason_key, sa.func.count()).where(*after).group_by(reason_key)
         ).all()
-    return sum(int(rows) for reason, rows in reasons if _of(chosen, reason))
+        ours = {reason: int(n) for reason, n in reasons if _of(chosen, reason)}
+        if not ours:
+            return Parked(0, ())
+        # Only the reasons of the cause: no row of another is read again.
+        named = conn.execute(first.where(reason_key.in_(ours)).limit(CONSOLE_NAMED_IDS)).all()
+    return Parked(sum(ours.values()), tuple(int(r.id) for r in named))
 
 
 def _of(chosen: ParkedFilter, reason: str | None) -> bool:

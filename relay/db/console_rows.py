@@ -8,8 +8,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console_records import AuditEntry, Counted, RowDetail, RowSummary
-from relay.constants import BACKLOG_EXACT_ROWS, CONSOLE_HELD_ROWS
+from relay.console_constants import CONSOLE_HELD_ROWS
+from relay.console_records import AuditEntry, AuditFilter, Counted, RowDetail, RowSummary
+from relay.constants import BACKLOG_EXACT_ROWS
 from relay.db.console_counts import capped, parked_time
 from relay.db.decode import readable_text
 from relay.db.dialects import of
@@ -134,6 +135,18 @@ def _row(
     return detail, row.ordering_key if table is outbox else None
 
 
+def payload(conn: sa.Connection, row_id: int) -> tuple[str, bytes] | None:
+    """A row's content type and whole payload, from the outbox or the archive (a download:
+    its bytes as they are, never a preview)."""
+    for table in (outbox, outbox_archive):
+        found = conn.execute(
+            sa.select(table.c.content_type, table.c.payload).where(table.c.id == row_id)
+        ).one_or_none()
+        if found is not None:
+            return readable_text(found.content_type), bytes(found.payload)
+    return None
+
+
 def archived(conn: sa.Connection, after: int | None, limit: int) -> list[RowSummary]:
     """Discarded rows, the last discarded first, after the id ``after``."""
     statement = sa.select(*_ARCHIVED_SUMMARY)
@@ -143,10 +156,25 @@ def archived(conn: sa.Connection, after: int | None, limit: int) -> list[RowSumm
     return [summary(r) for r in conn.execute(statement)]
 
 
-def audit(conn: sa.Connection, after: int | None, limit: int) -> list[AuditEntry]:
-    """The audit log, the newest entry first, after the id ``after``."""
+def audit(
+    conn: sa.Connection, chosen: AuditFilter, after: int | None, limit: int
+) -> list[AuditEntry]:
+    """The audit entries ``chosen`` selects, the newest first, after the id ``after``
+    (keyset: a page's cost does not grow with its depth, by the primary key). The log holds
+    a line per change or refused attempt, people's work: a filter walks it newest first,
+    without an index of its own."""
     c = console_audit.c
     statement = sa.select(console_audit)
+    if chosen.actor:
+        statement = statement.where(
+            sa.or_(c.actor == chosen.actor, c.actor.endswith(f" ({chosen.actor})", autoescape=True))
+        )
+    if chosen.action:
+        statement = statement.where(c.action == chosen.action)
+    if chosen.since is not None:
+        statement = statement.where(c.at >= chosen.since)
+    if chosen.until is not None:
+        statement = statement.where(c.at <= chosen.until)
     if after is not None:
         statement = statement.where(c.id < after)
     statement = statement.order_by(c.id.desc()).limit(limit)

@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.constants import (
+from relay.console_constants import (
     CONSOLE_LOGIN_ADDRESS_SHARE,
     CONSOLE_LOGIN_ATTEMPTS,
     CONSOLE_LOGIN_WINDOW_S,

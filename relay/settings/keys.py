@@ -17,7 +17,7 @@ import math
 import string
 from collections.abc import Sequence
 
-from relay.constants import CONSOLE_SESSION_SECRET_BITS, CONSOLE_SESSION_SECRET_MIN
+from relay.console_constants import CONSOLE_SESSION_SECRET_BITS, CONSOLE_SESSION_SECRET_MIN
 
 # Words of the placeholders examples publish, this project's among them (``change-me``).
 PLACEHOLDER_WORDS = ("change", "replace", "example", "placeholder", "secret", "password")

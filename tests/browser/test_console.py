@@ -142,7 +142,7 @@ def test_an_operator_replays_what_they_saw_through_the_relay_and_the_audit_says_
         "operator",
         "replay",
         3,
-        "done; left 1 parked after the bound",
+        f"done; left 1 parked after the bound: ids {late[0]}",
     )
     target = json.loads(entry.target)
     assert target["filter"] == {"exchange": exchange} and target["bound"]
@@ -183,7 +183,30 @@ def test_a_viewers_replay_and_a_form_without_its_token_are_refused(
         assert future.status == 400 and "later than the database" in future.text()
         assert chromium.dialogs == []
     assert statuses_of(sqlite_url, ids) == {ids[0]: "parked"}
-    assert audit_rows(sqlite_url) == []
+    # Each attempt audited, with who and why (none changed a row).
+    assert [(e.actor, e.action, e.rows, e.result) for e in audit_rows(sqlite_url)] == [
+        (
+            "vera",
+            "replay",
+            0,
+            "refused at act (403): this needs the operator role; vera is a viewer",
+        ),
+        *[
+            (
+                "otto",
+                "replay",
+                0,
+                "refused at act (403): the form's CSRF token is missing or not this session's",
+            )
+        ]
+        * 2,
+        (
+            "otto",
+            "replay",
+            0,
+            "refused at act (400): bound: later than the database's time; draw the page again",
+        ),
+    ]
 
 
 def test_failed_logins_are_limited(sqlite_url: str, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from devtools.broker import drain, fresh_queue, holding
 from devtools.servers import RabbitNode
-from relay.constants import CONSOLE_DEAD_LETTERS_PAGE
+from relay.console_constants import CONSOLE_DEAD_LETTERS_PAGE
 from relay.db.schema import console_audit, inbox_attempts
 from relay.inbox.policy import dead_letter_queue
 from tests.support.console import SCRIPT, follow, log_in, signed_in

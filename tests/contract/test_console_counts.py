@@ -216,4 +216,4 @@ def test_a_change_by_cause_takes_every_row_of_it_past_the_counts_budget(
         **dict.fromkeys(old + recent, "pending"),
         **dict.fromkeys(other + late, "parked"),
     }
-    assert (entry.rows, entry.result) == (9, "done; left 1 parked after the bound")
+    assert (entry.rows, entry.result) == (9, f"done; left 1 parked after the bound: ids {late[0]}")

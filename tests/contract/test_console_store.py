@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
-from relay.console_records import Actor, Counted, ParkedFilter
-from relay.constants import CONSOLE_CHUNK_ROWS
+from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
+from relay.console_records import Actor, AuditFilter, Counted, ParkedFilter
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
@@ -112,7 +112,7 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
     finally:
         reads.close()
         actions.close()
-    assert (result.changed, result.parked_since) == (5, 1)
+    assert (result.changed, result.parked_since, result.since_ids) == (5, 1, (late[0],))
     assert statuses_of(database_url, seen + late) == {
         **dict.fromkeys(seen, "pending"),
         late[0]: "parked",
@@ -122,7 +122,7 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
         "otto",
         "replay",
         5,
-        "done; left 1 parked after the bound",
+        f"done; left 1 parked after the bound: ids {late[0]}",
     )
     assert json.loads(entry.target)["filter"] == {"exchange": "x"}
 
@@ -248,7 +248,31 @@ def test_chosen_ids_that_changed_since_the_page_are_left_and_reported(database_u
     finally:
         reads.close()
         actions.close()
-    assert (result.changed, result.left) == (2, 1)
+    assert (result.changed, result.left, result.left_ids) == (2, 1, (ids[0],))
+    *_, entry = audit(database_url)
+    assert entry.result == f"done; left 1 no longer as the page showed them: ids {ids[0]}"
+
+
+def test_a_partial_change_names_the_first_rows_it_left_and_counts_the_rest(
+    database_url: str,
+) -> None:
+    """A change of a cause by filter, rows of it parked after the bound: the entry names
+    CONSOLE_NAMED_IDS of them, the lowest ids, and counts the rest."""
+    park(database_url, [{"message_id": "old"}], NO_ROUTE, ago=SETTLED)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    try:
+        bound = reads.now()
+        late = park(database_url, [{"message_id": f"n{i}"} for i in range(25)], NO_ROUTE)
+        park(database_url, [{"message_id": "other"}], "nacked")  # another cause: not named
+        result = actions.replay(OTTO, None, ParkedFilter(cause=NO_ROUTE), bound)
+    finally:
+        reads.close()
+        actions.close()
+    assert (result.changed, result.parked_since) == (1, 25)
+    assert result.since_ids == tuple(late[:CONSOLE_NAMED_IDS])
+    (entry,) = audit(database_url)
+    shown = ", ".join(map(str, late[:CONSOLE_NAMED_IDS]))
+    assert entry.result == f"done; left 25 parked after the bound: ids {shown} and 5 more"
 
 
 def test_discarded_rows_are_restored_as_they_were(database_url: str) -> None:
@@ -352,7 +376,7 @@ def test_the_console_role_has_what_the_console_does_and_no_more(
         actions.restore(OTTO, ids[1:2])
         actions.edit(ADA, ids[1], {"routing_key": "fixed"})
         actions.record(OTTO, "requeue_dead_letters", "{}", 0, "moved 0 of 0")
-        assert len(reads.audit(None, 10)) == 5
+        assert len(reads.audit(AuditFilter(), None, 10)) == 5
         actions.end_session("a" * 64, reads.now() + timedelta(hours=1))
         assert reads.session_ended("a" * 64) and not reads.session_ended("b" * 64)
     finally:

@@ -24,7 +24,7 @@ from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
 from devtools.relayproc import no_leaks, relay_env, with_warnings
 from devtools.servers import free_port, port_open, wait_until
 from relay.console.passwords import hash_password
-from relay.constants import CONSOLE_SETTLE_HORIZON_S
+from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.clock import database_time
 from relay.db.schema import outbox
 from relay.records import PARKED

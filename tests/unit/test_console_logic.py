@@ -21,8 +21,8 @@ from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
 from relay.console.users_file import UsersFile
+from relay.console_constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.console_records import ActionResult, Actor, Counted, ParkedFilter, Tally
-from relay.constants import CONSOLE_LOGIN_ADDRESS_SHARE
 from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
 from relay.settings.console import networks
@@ -388,6 +388,11 @@ def test_a_bad_console_setting_names_itself() -> None:
         (
             ActionResult(3, left=2, parked_since=1),
             "done; left 2 no longer as the page showed them; left 1 parked after the bound",
+        ),
+        (
+            ActionResult(3, left=2, parked_since=30, left_ids=(7, 9), since_ids=tuple(range(20))),
+            "done; left 2 no longer as the page showed them: ids 7, 9; left 30 parked after"
+            f" the bound: ids {', '.join(map(str, range(20)))} and 10 more",
         ),
     ],
 )

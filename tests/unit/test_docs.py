@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devtools.docs_hooks import README_MARKER, on_page_markdown
+import pytest
+
+from devtools.docs_hooks import CONSOLE_MARKER, README_MARKER, on_page_markdown, with_tables
 from relay.db.roles import PRIVILEGES, grants
 from relay.metrics import Metrics
 from relay.settings import Settings, describe, known_env_names
@@ -24,6 +26,19 @@ def test_the_configuration_page_documents_every_setting() -> None:
     for _name, env, _default, text, _see in describe(Settings):
         assert f"| `{env}` |" in page
         assert text.replace("|", "&#124;") in page
+
+
+def test_the_configuration_pages_tables_are_written_in_it_as_declared() -> None:
+    """In the checkout too, not only on the built site: each table between its markers is
+    what the declarations give (``python -m devtools.docs_hooks`` writes them), the
+    console's among them."""
+    page = (DOCS / "configuration.md").read_text()
+    assert with_tables(page) == page
+    console = page.split(CONSOLE_MARKER)[1]
+    assert "| `RELAY_CONSOLE_AUTH` |" in console
+    stale = page.replace("| `RELAY_CONSOLE_AUTH` |", "| `RELAY_CONSOLE_AUTHS` |")
+    with pytest.raises(ValueError, match=r"python -m devtools\.docs_hooks"):
+        on_page_markdown(stale, None, None, None)
 
 
 def test_the_operations_page_documents_every_metric() -> None:

@@ -58,6 +58,9 @@ class Dialect(abc.ABC):
     journals_sent_log: ClassVar[bool] = False
     # Partial indexes (``relay.db.schema``).
     partial_indexes: ClassVar[bool] = True
+    # Text compared byte by byte (``prefixed``): the columns' own collation is so on SQLite
+    # (BINARY) and MySQL (the NO PAD binary ones).
+    prefix_operators: ClassVar[tuple[str, str]] = (">=", "<")
     # Times bound with their zone (else as naive UTC).
     aware_times: ClassVar[bool] = False
     # The Spark writer (``relay.db.sink``): rows COPY-ed in, stages unlogged and a merge tried
@@ -109,6 +112,18 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def new_message_id(self) -> str:
         """SQL of a random message id, as a column default."""
+
+    def prefixed(
+        self,
+        column: sa.ColumnElement[str],
+        start: sa.ColumnElement[str],
+        end: sa.ColumnElement[str] | None,
+    ) -> list[sa.ColumnElement[bool]]:
+        """``column`` starts with a prefix: from ``start`` (the prefix) to before ``end``
+        (``relay.db.console.prefix_end``; None: no end), byte by byte
+        (``prefix_operators``), as one range of an index."""
+        at_least, below = (column.op(o, is_comparison=True) for o in self.prefix_operators)
+        return [at_least(start), *([] if end is None else [below(end)])]
 
     def stored_now(self, now: str) -> str:
         """SQL of the current time as a column default (``now``: SQLAlchemy's ``now()``)."""

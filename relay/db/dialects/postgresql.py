@@ -113,6 +113,11 @@ class PostgreSQL(Dialect):
     url_backends: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     epoch: ClassVar[str] = "'epoch'::timestamptz"
     aware_times: ClassVar[bool] = True
+    # The byte-wise comparisons of text_pattern_ops (the console's message index, migration
+    # 0016): in a database's language collation ``ab-c`` sorts among ``abc…``, so ``>=`` and
+    # ``<`` there make no prefix's range (and a bound LIKE pattern no index range in a
+    # generic plan).
+    prefix_operators: ClassVar[tuple[str, str]] = ("~>=~", "~<~")
     # Its key index's page images made an ack cost nine times the INSERT's WAL once the log
     # was a few days old (``relay.db.schema.outbox_sent_journal``).
     journals_sent_log: ClassVar[bool] = True

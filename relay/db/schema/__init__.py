@@ -19,6 +19,7 @@ from relay.db.schema.inbox import (
 from relay.db.schema.metadata import metadata
 from relay.db.schema.outbox import (
     CONSOLE_INDEXES,
+    CONSOLE_MESSAGE_INDEX,
     MYSQL_SKIPPED_INDEXES,
     ROW_COLUMNS,
     WRITER_COLUMNS,
@@ -49,6 +50,7 @@ from relay.db.schema.sentlog import (
 
 __all__ = [
     "CONSOLE_INDEXES",
+    "CONSOLE_MESSAGE_INDEX",
     "COUNTERS",
     "DUPLICATES",
     "INBOX_KEY_TEXT",
