@@ -22,7 +22,9 @@ For each ``--entries N``, on a private PostgreSQL and RabbitMQ:
   server accepting connections again to the delivery of a row written then; and how long
   the whole journal took to be copied back (claims go on meanwhile).
 
-One JSON line per size, then a summary line starting ``# FAILOVER ``. By hand only: the
+A JSON line of the pause as soon as it is measured, one per size once the whole log is back,
+then a summary line starting ``# FAILOVER ``. The aged log is journaled only (not copied
+into the log beforehand: the crash empties it). By hand only: the
 machine is shared and noisy; a size of 60 million entries needs about 15 GB of disk and
 half an hour here.
 """
@@ -170,7 +172,8 @@ def crash(
     url = pg.url("crash")
     migrate(url)
     began = time.monotonic()
-    age_sent_log(url, entries)
+    # The journal only: the crash empties the log, and no id of the writer's is one of these.
+    age_sent_log(url, entries, logged=False)
     aged = time.monotonic() - began
     # Sealed as the relays leave it just before their next seal is due: the journal's last
     # margin and seal interval unsealed, the most a crash copies back before claims go on.
@@ -187,7 +190,7 @@ def crash(
         keeper.close()
     # That tail as ``tail_rate`` acks a second would have left it (a relay's seal held off
     # until the crash, so that the crash finds it whole).
-    age_sent_log(url, round(tail_rate * TAIL_S), days=TAIL_S / 86400, first=entries)
+    age_sent_log(url, round(tail_rate * TAIL_S), days=TAIL_S / 86400, first=entries, logged=False)
     tail = _tail_entries(url)
     topology = write_topology(base / "topology.toml", simple_topology(EXCHANGE, QUEUE))
     env = relay_env(
@@ -213,6 +216,7 @@ def crash(
         insert(url, [{"message_id": "after", "exchange": EXCHANGE, "payload": b"x"}])
         wait_until(lambda: fates(url, ["after"]) == {"after": "sent"}, 3600, "delivered")
         pause = time.monotonic() - accepting
+        print(json.dumps({"entries": entries, "pause_s": round(pause, 2)}), flush=True)
         rebuild = SentLogRebuild(url)
         try:
             wait_until(rebuild.complete, 7200, "the whole journal copied back")
@@ -242,6 +246,9 @@ def main() -> int:
     )
     parser.add_argument("--base", type=Path, help="where the servers live (a temporary directory)")
     parser.add_argument("--upkeep-entries", type=int, default=500_000)
+    parser.add_argument(
+        "--no-migration", action="store_true", help="leave out the migration's time"
+    )
     args = parser.parse_args()
     sizes = args.entries or [12_000_000, 60_000_000]
     results = []
@@ -261,10 +268,9 @@ def main() -> int:
                 pg = PostgresServer(base / f"pg-{entries}")
                 pg.start()
                 try:
-                    result = {
-                        "entries": entries,
-                        "migration_s": round(migration_seconds(pg, entries), 2),
-                    }
+                    result: dict[str, float] = {"entries": entries}
+                    if not args.no_migration:
+                        result["migration_s"] = round(migration_seconds(pg, entries), 2)
                     result |= crash(pg, rabbit, base, entries, (args.rate, args.tail_rate))
                 finally:
                     pg.stop("immediate")

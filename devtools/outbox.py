@@ -178,10 +178,13 @@ def insert(target: str | sa.Engine, rows: list[dict[str, Any]]) -> None:
 _AGED_ROW_ENTRIES = 1000
 
 
-def age_sent_log(target: str | sa.Engine, entries: int, days: float = 6.0, first: int = 0) -> None:
+def age_sent_log(
+    target: str | sa.Engine, entries: int, days: float = 6.0, first: int = 0, logged: bool = True
+) -> None:
     """A PostgreSQL sent log aged by plain SQL: ``entries`` acks of messages ``aged-N``
     (``N`` from ``first``) spread evenly over the last ``days``, as the relays would have
-    left them, in the journal (a row per thousand entries) and in the log."""
+    left them, in the journal (a row per thousand entries) and, unless not ``logged`` (what
+    a crash leaves of it), in the log."""
     rows = -(-entries // _AGED_ROW_ENTRIES)
     journal = sa.text(
         "INSERT INTO outbox_sent_journal (sent_at, id, message_keys, ids, created_at) "
@@ -202,4 +205,5 @@ def age_sent_log(target: str | sa.Engine, entries: int, days: float = 6.0, first
     values = {"rows": rows, "per": _AGED_ROW_ENTRIES, "span": days * 86400, "first": first}
     with _connection(target) as conn, conn.begin():
         conn.execute(journal, values)
-        conn.execute(log, {"first": first})
+        if logged:
+            conn.execute(log, {"first": first})
