@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 # A claimed row's columns (``relay.db.due.claim_statement``): those ``decode_row`` reads (the
 # row's, whether it was sent before, its size if oversized), then its due time.
 _DECODED = len(ROW_COLUMNS) + 2
+_MESSAGE_ID = [c.name for c in ROW_COLUMNS].index("message_id")
 _ID = operator.attrgetter("id")
 
 
@@ -127,6 +128,7 @@ class ClaimStore:
         # With ordering, a claim reading on would pass the rows of keys with an earlier row
         # pending, which lie behind it once that row is settled (``relay.held``).
         self.held = HeldRows(read_on=not ordered)
+        self._message_ids: dict[int, Any] = {}  # each held row's, as claimed
         self._from_start_at = time.monotonic()
         # The claims and the settles of one statement each keep a connection of their own
         # (``_Lane``); turns, hastes and the rest take one from the pool.
@@ -250,6 +252,8 @@ class ClaimStore:
         rows = [
             decode_row(r[:due], self.max_message_size, unchecked) for r in found if r[0] in taken
         ]
+        # As claimed, for the settle to find the very rows (``relay.db.settles``).
+        self._message_ids.update((r[0], r[_MESSAGE_ID]) for r in found if r[0] in taken)
         rows.sort(key=_ID)
         return rows
 
@@ -262,9 +266,12 @@ class ClaimStore:
         statements = self._settles.statements(batch)
         lane = self._settling if statements == 1 else None
         with self._session("settle", statements=statements, lane=lane) as conn:
-            self._settles.write(conn, batch)
+            self._settles.write(conn, batch, self._message_ids)
         # Only once committed: a claim that left these rows out saw them still held.
-        self.held.settled((*batch.sent, *(c.id for c in batch.changes), *batch.duplicates))
+        settled = (*batch.sent, *(c.id for c in batch.changes), *batch.duplicates)
+        self.held.settled(settled)
+        for row_id in settled:
+            self._message_ids.pop(row_id, None)
 
     def hasten(self, exchanges: Sequence[str]) -> int:
         """Only rows settled with a back-off move: rows a relay holds were due when claimed,

@@ -2,9 +2,18 @@
 
 One ``Settles`` per relay builds its statements once (for its database, its name and what it
 keeps of an acked row) and writes a ``SettleBatch`` with them in one transaction.
+
+A row is found by its id and, where a database can hand an id out again, its message id: after
+a failover to an asynchronous standby or a restore to a point in time, the database has lost
+the last rows written and the sequence's advance with them, and hands their ids to new rows;
+a relay that held an ack of a lost row, retried across the failover, deleted the new row as
+sent, and it was never published (an outside review: 140 to 361 rows a failover).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -33,7 +42,9 @@ class Settles:
         self._dialect = of(dialect)
         # The rows bound as ``ids`` that are still pending: what an ack and a duplicate's drop
         # may change.
-        self._pending_ids = sa.and_(self._dialect.id_in(outbox.c.id), _STILL_PENDING)
+        self._pending_ids = sa.and_(
+            self._dialect.id_in(outbox.c.id), self._same_messages(), _STILL_PENDING
+        )
         self._acked = self._ack_statements(keep_sent)
         self._drop = sa.delete(outbox).where(self._pending_ids)
         self._count_dropped = (
@@ -51,6 +62,7 @@ class Settles:
             sa.update(outbox)
             .where(
                 outbox.c.id == change.c.id,
+                self._same_messages(),
                 _STILL_PENDING,
                 self._dialect.in_once(bucket_column(outbox.c.id), owned_by(owner)),
             )
@@ -69,16 +81,30 @@ class Settles:
         drops = -(-len(batch.duplicates) // IDS_PER_STATEMENT)
         return acks + bool(batch.changes) + (drops + 1 if batch.duplicates else 0)
 
-    def write(self, conn: sa.Connection, batch: SettleBatch) -> None:
-        """Write ``batch`` on ``conn`` (in one transaction, the caller's)."""
+    def _same_messages(self) -> sa.ColumnElement[bool]:
+        """The rows whose message id is one bound as ``message_ids`` (the rows claimed), where
+        the database may hand a row's id to another (``Dialect.reuses_ids``)."""
+        if not self._dialect.reuses_ids:
+            return sa.true()
+        return self._dialect.in_list(outbox.c.message_id, "message_ids", outbox.c.message_id.type)
+
+    def write(
+        self, conn: sa.Connection, batch: SettleBatch, message_ids: Mapping[int, Any]
+    ) -> None:
+        """Write ``batch`` on ``conn`` (in one transaction, the caller's); ``message_ids``: the
+        message id each of its rows had when claimed."""
+
+        def bound(ids: list[int]) -> dict[str, list[Any]]:
+            return {"ids": ids, "message_ids": [message_ids.get(i) for i in ids]}
+
         for ids in _chunks(batch.sent):
             for statement in self._acked:
-                conn.execute(statement, {"ids": ids})
+                conn.execute(statement, bound(ids))
         # A duplicate leaves whoever holds it: its message was delivered (the sent log says
         # so), and its first entry there stays. Counted as dropped, for ``relay status``,
         # only where this statement deleted it (two relays, one count).
         dropped = sum(
-            conn.execute(self._drop, {"ids": ids}).rowcount for ids in _chunks(batch.duplicates)
+            conn.execute(self._drop, bound(ids)).rowcount for ids in _chunks(batch.duplicates)
         )
         if dropped:
             conn.execute(self._count_dropped, {"dropped": dropped})
@@ -94,7 +120,9 @@ class Settles:
                 )
                 for c in batch.changes
             ]
-            conn.execute(self._changed, self._dialect.changes_parameters(changes))
+            parameters = dict(self._dialect.changes_parameters(changes))
+            parameters["message_ids"] = [message_ids.get(c.id) for c in batch.changes]
+            conn.execute(self._changed, parameters)
 
     def _ack_statements(self, keep_sent: str) -> list[sa.Executable]:
         """What an ack writes, for the ids bound as ``ids``, in order.

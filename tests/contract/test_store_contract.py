@@ -25,6 +25,7 @@ from relay.constants import (
 from relay.db.buckets import refresh
 from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
+from relay.db.dialects import of
 from relay.db.outbox import OutboxWriter
 from relay.db.schema import outbox, outbox_buckets, outbox_protocol, outbox_relays, outbox_sent
 from relay.errors import RetiredError
@@ -498,17 +499,44 @@ def test_acked_rows_become_sent_and_are_never_claimed_again(make_store: StoreFac
     assert [r.id for r in other.claim(10, NO_BYTE_LIMIT)] == [rows[1].id]
 
 
+def test_a_settle_held_across_a_failover_that_lost_its_rows_leaves_the_rows_given_their_ids(
+    make_store: StoreFactory,
+) -> None:
+    """A failover to an asynchronous standby (or a restore to a point in time) lost rows the
+    relay had claimed, and the sequence's advance with them: new rows took their ids. The
+    relay's settle of the lost rows, retried across the failover, leaves the new rows as
+    they were (an ack deleted one as sent, never published; a drop deleted one; a failure
+    parked one), and they are claimed."""
+    store = make_store("a")
+    if isinstance(store, InMemoryStore) or not of(store.engine).reuses_ids:
+        pytest.skip("a database that hands no id out again")
+    store.enqueue(msgs(3))
+    lost = [r.id for r in store.claim(10, NO_BYTE_LIMIT)]
+    with store.writer.engine.begin() as conn:
+        conn.execute(sa.delete(outbox).where(outbox.c.id.in_(lost)))
+        conn.execute(
+            sa.insert(outbox),
+            [{"id": i, "message_id": f"new-{i}", "exchange": "ex", "payload": b"x"} for i in lost],
+        )
+    change = RowChange(lost[2], PARKED, 1, 0.0, "nacked: x")
+    store.settle(SettleBatch(sent=(lost[0],), duplicates=(lost[1],), changes=(change,)))
+    assert [state(store, i) for i in lost] == [(PENDING, 0, None)] * 3
+    advance(store, 3600)
+    claimed = make_store("b").claim(10, NO_BYTE_LIMIT)
+    assert sorted(r.message_id for r in claimed) == [f"new-{i}" for i in lost]
+
+
 def test_changes_apply_only_while_the_bucket_is_ours(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
-    a.enqueue(msgs(1))
-    (row,) = a.claim(10, NO_BYTE_LIMIT)
+    a.enqueue(msgs(2))
+    failed, acked = a.claim(10, NO_BYTE_LIMIT)
     advance(a, LEASE)
     b.turn()
-    assert [r.id for r in b.claim(10, NO_BYTE_LIMIT)] == [row.id]
-    a.settle(SettleBatch(changes=(RowChange(row.id, PARKED, 1, 0.0, "nacked: x"),)))
-    assert state(a, row.id) == (PENDING, 0, None), "a stale failure overwrote b's lease"
-    a.settle(SettleBatch(sent=(row.id,)))
-    assert state(a, row.id)[0] == SENT, "an ack proves delivery whoever holds the row"
+    assert [r.id for r in b.claim(10, NO_BYTE_LIMIT)] == [failed.id, acked.id]
+    a.settle(SettleBatch(changes=(RowChange(failed.id, PARKED, 1, 0.0, "nacked: x"),)))
+    assert state(a, failed.id) == (PENDING, 0, None), "a stale failure overwrote b's lease"
+    a.settle(SettleBatch(sent=(acked.id,)))
+    assert state(a, acked.id)[0] == SENT, "an ack proves delivery whoever holds the row"
 
 
 def test_changes_apply_after_a_lease_ran_out_while_no_one_took_the_bucket(

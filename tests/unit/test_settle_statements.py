@@ -54,5 +54,5 @@ def test_write_runs_as_many_statements_as_it_says(
 ) -> None:
     settles = Settles(DIALECTS[database], "relay-a", keep_sent)
     conn = Recorder()
-    settles.write(conn, BATCHES[batch])  # type: ignore[arg-type]
+    settles.write(conn, BATCHES[batch], {})  # type: ignore[arg-type]
     assert len(conn.executed) == settles.statements(BATCHES[batch])

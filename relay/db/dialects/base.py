@@ -56,6 +56,10 @@ class Dialect(abc.ABC):
     # ``relay.db.sentlog``); an ack deletes its rows, logs their keys and journals them in one
     # statement (``relay.db.settles``). Elsewhere an ack is two statements of a transaction.
     journals_sent_log: ClassVar[bool] = False
+    # Whether the database may hand a row's id out again while a relay holds the row: a
+    # failover to an asynchronous replica, a restore to a point in time (``relay.db.settles``
+    # then finds a settle's rows by their message ids too). Not SQLite's one file.
+    reuses_ids: ClassVar[bool] = True
     # Partial indexes (``relay.db.schema``).
     partial_indexes: ClassVar[bool] = True
     # Text compared byte by byte (``prefixed``): the columns' own collation is so on SQLite

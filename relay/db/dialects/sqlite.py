@@ -45,6 +45,9 @@ class SQLite(Dialect):
     one_writer: ClassVar[bool] = True
     lenient_text: ClassVar[bool] = True
     budget_cut_as_read: ClassVar[bool] = True
+    # One file, no replica to fail over to; and a text read leniently (a lone surrogate)
+    # could not be bound back to find its row.
+    reuses_ids: ClassVar[bool] = False
     sql_lexicon: ClassVar[Lexicon] = Lexicon(
         bracket_names=True, string_names=True, trigger_bodies=True
     )
