@@ -190,7 +190,13 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
             _backlog_gauges(store, metrics, settings.stats_interval), name="backlog gauges"
         ),
         asyncio.create_task(
-            whole_sent_log(settings.database_url, parts.sent_log, clock, parts.sent_log_wanted),
+            whole_sent_log(
+                settings.database_url,
+                parts.sent_log,
+                clock,
+                parts.sent_log_wanted,
+                relay.store.reached,
+            ),
             name="sent log",
         ),
     ]

@@ -20,7 +20,11 @@ log = logging.getLogger(__name__)
 
 
 async def whole_sent_log(
-    url: str, watch: SentLogWatch, clock: Callable[[], float], woken: Wakeup
+    url: str,
+    watch: SentLogWatch,
+    clock: Callable[[], float],
+    woken: Wakeup,
+    reached: Callable[[], None],
 ) -> None:
     """Look every ``SENT_LOG_CHECK_S`` at the sent log's state, and at once when ``woken``
     (another database call of the relay failed: a crash is first seen so, and the look
@@ -30,7 +34,9 @@ async def whole_sent_log(
     in the runs (``relay.db.sentruns``); recovering: copy the whole journal back, unless
     another relay is. ``watch`` keeps what the looks found (``relay.sentlog``: the gauges,
     readiness); a failed look is tried again at once (its pooled connection may be one the
-    crash closed), then every ``SENT_LOG_RETRY_S``. A stop cancels a copy under way."""
+    crash closed), then every ``SENT_LOG_RETRY_S``; a look that worked tells ``reached`` (the
+    relay's calls waiting to try the database again try at once). A stop cancels a copy
+    under way."""
     rebuild = SentLogRebuild(url)
     warned = False  # once per emptied log, not at each look while another relay copies it
     failures = 0  # looks failed in a row
@@ -49,6 +55,7 @@ async def whole_sent_log(
             try:
                 found = await in_thread(rebuild.state)
                 watch.looked(found, began, clock())
+                reached()
                 if found is not SentLogState.COMPLETE and not warned:
                     log.warning(
                         "the sent log is not complete (a crash or a failover emptied it, or "
