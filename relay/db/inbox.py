@@ -41,10 +41,24 @@ def lost(exc: BaseException, conn: sa.Connection) -> bool:
     return conn.invalidated or (isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated)
 
 
-def handler_failed(exc: Exception, conn: sa.Connection, where: str, guard: Guard) -> Exception:
-    """What a handler's exception makes of its run: the guard's refusal if it refused a
-    statement (the handler may have caught it), else the exception; the database away
-    (``lost``) is no failure of the message's, raised as ``StoreError``."""
+class Interrupted(Exception):
+    """A handler cut off by what is not an error (``KeyboardInterrupt``, ``SystemExit``,
+    ``asyncio.CancelledError``): its run is looked at as a failed one's is (a part committed
+    past the guard is dead-lettered, not done again at the next delivery), then
+    ``interruption`` goes on, never swallowed (``relay.inbox.flow``)."""
+
+    def __init__(self, interruption: BaseException) -> None:
+        super().__init__(type(interruption).__name__)
+        self.interruption = interruption
+
+
+def handler_failed(exc: BaseException, conn: sa.Connection, where: str, guard: Guard) -> Exception:
+    """What a handler's exception makes of its run: ``Interrupted`` for what is not an
+    error, the guard's refusal if it refused a statement (the handler may have caught it),
+    else the exception; the database away (``lost``) is no failure of the message's, raised
+    as ``StoreError``."""
+    if not isinstance(exc, Exception):
+        return Interrupted(exc)
     if lost(exc, conn):
         summary = f"the handler's connection to {where} was lost"
         raise StoreError(summary, summary=summary) from exc
@@ -201,7 +215,7 @@ class MessageRun:
         with self._store.guards.running(conn) as guard:
             try:
                 self._handler(Transaction(conn, guard))
-            except Exception as exc:
+            except BaseException as exc:  # an interruption's end-of-run checks too
                 return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
 

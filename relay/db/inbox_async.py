@@ -157,7 +157,7 @@ class AsyncMessageRun:
         with self._store.guards.running(conn) as guard:
             try:
                 await self._handler(AsyncTransaction(self._held(), guard))
-            except Exception as exc:
+            except BaseException as exc:  # an interruption's end-of-run checks too
                 return handler_failed(exc, conn, self._store.where, guard)
         return guard.refused
 

@@ -359,6 +359,65 @@ def test_a_handler_that_goes_on_after_its_transaction_ended_never_does_it_twice(
     assert [row[1] for row in attempts(url)] == ([] if counted is None else [counted])
 
 
+# A handler cut off by what is not an error, after a part of its work committed past ``tx``
+# -> (its script, the databases that see that part, the note committed).
+CUT_OFF: dict[str, tuple[Script, tuple[str, ...], str]] = {
+    "the driver's commit": (
+        [("write", "a"), ("driver", "commit")],
+        ("sqlite", "postgresql", "mysql"),  # MariaDB's dialect is named mysql
+        "a",
+    ),
+    "the driver's rollback, then a write and a commit through the driver": (
+        [
+            ("driver", "rollback"),
+            ("cursor", "INSERT INTO effects (note) VALUES ('b')"),
+            ("driver", "commit"),
+        ],
+        ("sqlite", "postgresql"),
+        "b",
+    ),
+}
+
+
+@pytest.mark.parametrize("interruption", inbox_script.INTERRUPTIONS)
+@pytest.mark.parametrize("door", CUT_OFF, ids=list(CUT_OFF))
+def test_a_handler_cut_off_after_committing_a_part_is_dead_lettered_then_cut_off(
+    consumer: Consumer, url: str, door: str, interruption: str
+) -> None:
+    """A ``KeyboardInterrupt``, a ``SystemExit`` or a cancellation out of a handler that
+    committed a part of its work past ``tx``: looked at as a failure is, dead-lettered at
+    once (its key kept), and the interruption handed on, raised by the consumer once the
+    broker is answered. It went out of the inbox unlooked at: the redelivery was acked as a
+    duplicate with that part alone done, or ran that part again."""
+    script, databases, note = CUT_OFF[door]
+    if consumer.store.engine.dialect.name not in databases:
+        pytest.skip("not looked for there (docs/inbox.md)")
+    try:
+        answer = consumer.process("m-1", [*script, ("cut", interruption)])
+    except BaseException as escaped:  # not pytest's to take for the run's own Ctrl-C
+        pytest.fail(f"{escaped!r} went out of the inbox unanswered")
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert type(answer.interrupted) is inbox_script.INTERRUPTIONS[interruption]
+    assert answer.reason is not None
+    assert str(answer.reason["x-inbox-error"]).startswith("TransactionEnded:")
+    assert interruption in str(answer.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == ([note], ["m-1"])
+
+
+@pytest.mark.parametrize("interruption", inbox_script.INTERRUPTIONS)
+def test_a_handler_cut_off_is_rolled_back_uncounted_and_the_interruption_goes_on(
+    consumer: Consumer, url: str, interruption: str
+) -> None:
+    """Nothing committed past ``tx``: its run rolled back, nothing counted (as a consumer
+    that died in its handler), and the interruption raised out of the inbox at once."""
+    with pytest.raises(inbox_script.INTERRUPTIONS[interruption]):
+        consumer.process("m-1", [("write", "a"), ("cut", interruption)])
+    assert (noted(url), keys(url), attempts(url)) == ([], [], [])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["done"]
+
+
 @pytest.mark.parametrize("door", DOORS, ids=list(DOORS))
 def test_a_handler_cannot_end_the_transaction_without_its_retry_running(
     consumer: Consumer, url: str, door: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sqlite3
+from asyncio import CancelledError
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ effects = sa.Table(
 #             takes none with a transaction open), as a handler past ``tx`` could
 #   touch     the file the argument names made (a proxy watching it cuts its connections)
 #   call      the function registered in ``CALLS`` under the argument (a test's own hold)
+#   cut       the ``INTERRUPTIONS`` of the argument's name raised: the handler cut off by
+#             what is not an error (Ctrl-C, ``sys.exit``, its task cancelled)
 #   raise     a ValueError whose message quotes ``SECRET``
 Action = tuple[str, str]
 Script = Sequence[Action]
@@ -130,6 +133,13 @@ async def through_async(conn: AsyncConnection, door: str) -> None:
         await getattr(conn, method)()
 
 
+# What a script's ``cut`` raises, by name.
+INTERRUPTIONS: dict[str, type[BaseException]] = {
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "SystemExit": SystemExit,
+    "CancelledError": CancelledError,
+}
+
 # Functions a script's ``call`` runs, by name: a test registers them.
 CALLS: dict[str, Callable[[], None]] = {}
 
@@ -171,6 +181,8 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 Path(argument).touch()
             elif what == "call":
                 CALLS[argument]()
+            elif what == "cut":
+                raise INTERRUPTIONS[argument]
             else:
                 raise Failed(f"cannot charge card {SECRET}")
 
@@ -236,6 +248,8 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
                 Path(argument).touch()
             elif what == "call":
                 CALLS[argument]()  # blocks this consumer's loop alone: its own thread's
+            elif what == "cut":
+                raise INTERRUPTIONS[argument]
             else:
                 raise Failed(f"cannot charge card {SECRET}")
 
