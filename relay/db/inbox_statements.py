@@ -58,7 +58,8 @@ class InboxStatements:
         self._mark_run = self.database.insert_or_ignore(inbox_attempts).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
         )
-        self._key_there: sa.Select[Any] = sa.select(sa.literal_column("1")).where(
+        look: sa.ColumnClause[Any] = sa.literal_column(self.database.key_look)
+        self._key_there: sa.Select[Any] = sa.select(look).where(
             inbox_received.c.consumer == sa.bindparam("consumer"),
             inbox_received.c.message_id == sa.bindparam("message_id"),
         )
@@ -101,7 +102,8 @@ class InboxStatements:
         inserted there, or committed (by a handler that committed its work through a door of
         its own: nothing is lost). Not there: the transaction that held it was rolled back
         past ``Transaction``, and this one is another. Straight through psycopg, as
-        ``add_key``: a look per delivery."""
+        ``add_key``: a look per delivery. On PostgreSQL it sets the transaction's commit
+        durable again (``Dialect.key_look``)."""
         key = self.key_row(message_id)
         found = _row_through_psycopg(conn, self.key_there_sql, key)
         if found is not None:

@@ -702,6 +702,41 @@ def test_the_inboxs_sessions_are_durable_and_bounded_whatever_the_servers_defaul
     assert noted(url) == ["30s", "5s", "on"]
 
 
+# A handler's ways to have its transaction's commit not durable on PostgreSQL, none refused.
+NOT_DURABLE = (
+    "SET LOCAL synchronous_commit = off",
+    "SELECT set_config('synchronous_commit', 'off', true)",
+    "DO $$ BEGIN SET LOCAL synchronous_commit = off; END $$",
+)
+
+
+@pytest.mark.databases("postgresql")
+@pytest.mark.parametrize("spelling", NOT_DURABLE)
+def test_a_handler_cannot_make_its_messages_commit_not_durable(
+    consumer: Consumer, url: str, spelling: str
+) -> None:
+    """A handler set ``synchronous_commit`` off for its transaction: the message was acked
+    after a commit that a crash of the server right after undid, key and effect. The inbox
+    sets it on again in its last look before the commit; a deferred trigger, run at the
+    commit, notes the setting the commit was made with."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION note_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO effects (note) VALUES (current_setting('synchronous_commit')); "
+            "RETURN NULL; END $$"
+        )
+        conn.exec_driver_sql(
+            "CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON effects "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.note = 'committed with') "
+            "EXECUTE FUNCTION note_commit()"
+        )
+    engine.dispose()
+    script = [("sql", spelling), ("write", "committed with")]
+    assert consumer.process("m-1", script).verdict is Verdict.ACK
+    assert noted(url) == ["committed with", "on"]
+
+
 def test_a_connection_left_in_autocommit_is_not_used_again(consumer: Consumer, url: str) -> None:
     """A handler turned autocommit on through the driver and went on (its work committed
     with its key): the connection is discarded, and the next message, on the pool's next
