@@ -7,6 +7,7 @@ part of its work done twice; only real failures are counted; nothing recorded qu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import threading
 import uuid
@@ -700,6 +701,101 @@ def test_the_inboxs_sessions_are_durable_and_bounded_whatever_the_servers_defaul
     finally:
         fresh.close()
     assert noted(url) == ["30s", "5s", "on"]
+
+
+# What a thread or a task a handler left running sends through ``tx`` once it returned.
+LATE = {
+    "a failing statement": "SELECT * FROM no_such_table",
+    "a rollback": "ROLLBACK",
+    "a write": "INSERT INTO effects (note) VALUES ('late')",
+}
+
+
+@pytest.fixture
+def late() -> Iterator[list[Exception | None]]:
+    inbox_script.LATE.clear()
+    yield inbox_script.LATE
+    inbox_script.CALLS.pop("later", None)
+    inbox_script.LATE.clear()
+
+
+@pytest.mark.parametrize("sql", LATE.values(), ids=list(LATE))
+def test_tx_used_after_the_handler_returned_is_refused_and_the_message_commits(
+    consumer: Consumer,
+    url: str,
+    sql: str,
+    late: list[Exception | None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread or a task the handler left running sends through ``tx`` between the inbox's
+    look at its key and its commit (a task at the inbox's first await; a thread held until
+    the look is done): refused, nothing sent, and the message commits with all the handler
+    did in its run. Sent, a failing statement aborted PostgreSQL's transaction (its COMMIT
+    a rollback) and a ROLLBACK ended it: acked with nothing committed."""
+    if consumer.kind == "blocking":
+        checked = threading.Event()
+
+        def hold() -> None:  # the thread's statement once the inbox looked at its key
+            checked.wait(HANG_S)
+
+        inbox_script.CALLS["later"] = hold
+        look = consumer.store.statements.holds_key
+
+        def holds_key(conn: sa.Connection, message_id: str) -> bool:
+            held = bool(look(conn, message_id))
+            checked.set()
+            wait_until(lambda: bool(late), HANG_S, "the thread's statement")
+            return held
+
+        monkeypatch.setattr(consumer.store.statements, "holds_key", holds_key)
+    answer = consumer.process("m-1", [("write", "a"), ("later", sql)])
+    if consumer.kind == "asyncio":
+        consumer.loop.run_until_complete(asyncio.sleep(0))
+    assert answer.verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["a"], ["m-1"])
+    ((refused,),) = [late]
+    assert isinstance(refused, TransactionEnded)
+    assert "the handler's run is over" in str(refused)
+
+
+def test_tx_used_after_the_run_ended_says_so(consumer: Consumer, url: str) -> None:
+    """``tx`` kept past the run (its connection the pool's, another message's): a clear
+    error, nothing sent."""
+    inbox_script.KEPT.clear()
+    assert consumer.process("m-1", [("write", "a"), ("keep", "")]).verdict is Verdict.ACK
+    (tx,) = inbox_script.KEPT
+    inbox_script.KEPT.clear()
+    with pytest.raises(TransactionEnded, match="the handler's run is over"):
+        if consumer.kind == "blocking":
+            tx.execute(effects.insert(), {"note": "b"})
+        else:
+            consumer.loop.run_until_complete(tx.execute(effects.insert(), {"note": "b"}))
+    assert noted(url) == ["a"]
+
+
+@pytest.mark.databases("postgresql")
+def test_a_commit_that_rolled_back_is_a_failure_not_an_ack(
+    consumer: Consumer, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement through the driver's own cursor, past the guard, that fails after the
+    inbox's look at its key (a thread the handler left, say): PostgreSQL answers the COMMIT
+    of the transaction it aborted with ROLLBACK and raises nothing. The COMMIT's status is
+    read: the message's failure, counted, retried, not an ack with nothing committed."""
+    look = consumer.store.statements.holds_key
+
+    def holds_key(conn: sa.Connection, message_id: str) -> bool:
+        held = bool(look(conn, message_id))
+        with contextlib.suppress(sa.exc.DBAPIError):
+            conn.exec_driver_sql("SELECT * FROM no_such_table")
+        return held
+
+    monkeypatch.setattr(consumer.store.statements, "holds_key", holds_key)
+    assert consumer.process("m-1", [("write", "a")]).verdict is Verdict.RETRY
+    ((_key, counted, error, _running),) = attempts(url)
+    assert (counted, error.startswith("TransactionFailed")) == (1, True)
+    monkeypatch.undo()
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["done"], ["m-1"])
 
 
 # A handler's ways to have its transaction's commit not durable on PostgreSQL, none refused.
