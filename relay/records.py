@@ -236,9 +236,12 @@ class Answer(NamedTuple):
     away: each delivery would fail the same way); for ``DEAD_LETTER``, the headers that say
     why, put on the dead letter, and as ``delay`` the seconds it waits in a retry queue
     instead when the dead letters' queue refuses it (full, say), to be dead-lettered when it
-    comes back (the messages behind it go on meanwhile)."""
+    comes back (the messages behind it go on meanwhile). ``interrupted``: what cut the
+    handler off (a ``KeyboardInterrupt``, a ``SystemExit``, an ``asyncio.CancelledError``),
+    raised by the consumer once the broker is answered, never swallowed."""
 
     verdict: Verdict
     delay: float = 0.0
     pause: bool = False
     reason: Mapping[str, object] | None = None
+    interrupted: BaseException | None = None

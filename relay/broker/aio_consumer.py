@@ -207,6 +207,9 @@ class AsyncConsumer:
                 except Exception as exc:  # a copy refused, or an answer that failed otherwise
                     await message.reject(requeue=True)
                     return self._refusals.refused(self._queue, exc)
+                finally:
+                    if verdict.interrupted is not None:  # the handler's cancellation, say
+                        raise verdict.interrupted
                 if verdict.pause:
                     return 0.0
             return None

@@ -160,6 +160,9 @@ class Consumer:
                     channel.basic_reject(tag, requeue=True)
                     channel.cancel()
                     return self._refusals.refused(self._queue, exc)
+                finally:
+                    if answer.interrupted is not None:  # the handler's Ctrl-C, say: goes on
+                        raise answer.interrupted
                 if answer.pause:
                     channel.cancel()  # its unacked deliveries go back now
                     return 0.0

@@ -33,6 +33,10 @@ class TransactionFailed(StoreError):
     message's failure, counted, not the database away."""
 
 
+# Why a COMMIT that rolled back (``InboxStatements.commit``) failed its message.
+ROLLED_BACK = "the message's transaction was rolled back at its commit: an error aborted it"
+
+
 def lost(exc: BaseException, conn: sa.Connection) -> bool:
     """Whether the message's connection was lost (SQLAlchemy found the driver's error a
     disconnect, and invalidated it): the database is away, and nothing of the message's
@@ -41,10 +45,24 @@ def lost(exc: BaseException, conn: sa.Connection) -> bool:
     return conn.invalidated or (isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated)
 
 
-def handler_failed(exc: Exception, conn: sa.Connection, where: str, guard: Guard) -> Exception:
-    """What a handler's exception makes of its run: the guard's refusal if it refused a
-    statement (the handler may have caught it), else the exception; the database away
-    (``lost``) is no failure of the message's, raised as ``StoreError``."""
+class Interrupted(Exception):
+    """A handler cut off by what is not an error (``KeyboardInterrupt``, ``SystemExit``,
+    ``asyncio.CancelledError``): its run is looked at as a failed one's is (a part committed
+    past the guard is dead-lettered, not done again at the next delivery), then
+    ``interruption`` goes on, never swallowed (``relay.inbox.flow``)."""
+
+    def __init__(self, interruption: BaseException) -> None:
+        super().__init__(type(interruption).__name__)
+        self.interruption = interruption
+
+
+def handler_failed(exc: BaseException, conn: sa.Connection, where: str, guard: Guard) -> Exception:
+    """What a handler's exception makes of its run: ``Interrupted`` for what is not an
+    error, the guard's refusal if it refused a statement (the handler may have caught it),
+    else the exception; the database away (``lost``) is no failure of the message's, raised
+    as ``StoreError``."""
+    if not isinstance(exc, Exception):
+        return Interrupted(exc)
     if lost(exc, conn):
         summary = f"the handler's connection to {where} was lost"
         raise StoreError(summary, summary=summary) from exc
@@ -85,6 +103,12 @@ def spoilt(conn: sa.Connection, discard: bool) -> bool:
         extra={"action": "inbox_session_discarded"},
     )
     return True
+
+
+def own(guard: Guard | None) -> contextlib.AbstractContextManager[None]:
+    """The inbox's own statements and moves on the message's connection after its handler
+    (``Guard.returned``), let through; none to let through before the handler ran."""
+    return contextlib.nullcontext() if guard is None else guard.own()
 
 
 # What ``Doer.went_on``'s look from another connection is called in its error.
@@ -184,6 +208,9 @@ class MessageRun:
         self._store = store
         self._handler = handler
         self._conn: sa.Connection | None = None
+        # The handler's guard, from its run to the connection's release (``Guard.returned``).
+        self._guarding = contextlib.ExitStack()
+        self._guard: Guard | None = None
         self.call = store.call
 
     def open(self, key: str) -> bool:
@@ -198,11 +225,14 @@ class MessageRun:
         it (``Guard``)."""
         conn = self._conn
         assert conn is not None
-        with self._store.guards.running(conn) as guard:
-            try:
+        guard = self._guard = self._guarding.enter_context(self._store.guards.running(conn))
+        try:
+            with self._store.statements.database.watched(conn):  # its run alone
                 self._handler(Transaction(conn, guard))
-            except Exception as exc:
-                return handler_failed(exc, conn, self._store.where, guard)
+        except BaseException as exc:  # an interruption's end-of-run checks too
+            return handler_failed(exc, conn, self._store.where, guard)
+        finally:
+            guard.returned = True
         return guard.refused
 
     def went_on(self, ended: bool) -> bool:
@@ -217,14 +247,16 @@ class MessageRun:
 
     def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
         assert self._conn is not None
-        with classified(what, self._store.where, self._conn):
+        with classified(what, self._store.where, self._conn), own(self._guard):
             return statement(self._conn, *args)
 
     def commit(self) -> None:
-        assert self._conn is not None
+        conn = self._conn
+        assert conn is not None
         try:
-            with classified("the inbox's commit", self._store.where, self._conn):
-                self._conn.commit()
+            with classified("the inbox's commit", self._store.where, conn), own(self._guard):
+                if not self._store.statements.commit(conn):
+                    raise TransactionFailed(ROLLED_BACK, summary=ROLLED_BACK)
         finally:
             self._release(discard=False)
 
@@ -240,9 +272,13 @@ class MessageRun:
         conn, self._conn = self._conn, None
         assert conn is not None
         try:
-            if not conn.invalidated and spoilt(conn, discard):
-                conn.invalidate()  # rolled back by the server as the connection closes
-            conn.close()
+            with own(self._guard):
+                if not conn.invalidated and spoilt(conn, discard):
+                    conn.invalidate()  # rolled back by the server as the connection closes
+                conn.close()
         except sa.exc.SQLAlchemyError:
             with contextlib.suppress(sa.exc.SQLAlchemyError):
                 conn.invalidate()
+        finally:
+            self._guard = None
+            self._guarding.close()  # the guard's last: the connection is the pool's now

@@ -17,14 +17,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relay.db.engine import create_async_engine, db_errors
 from relay.db.inbox import (
     LOOKING,
+    ROLLED_BACK,
+    TransactionFailed,
     classified,
     handler_failed,
     holds_inbox,
+    own,
     run_lock,
     spoilt,
     went_on_here,
 )
-from relay.db.inbox_statements import InboxStatements
+from relay.db.inbox_statements import COMMIT, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
 from relay.redact import redact_url
 
@@ -48,6 +51,7 @@ class AsyncTransaction:
     async def execute(
         self, statement: Any, parameters: Any = None, **options: Any
     ) -> sa.CursorResult[Any]:
+        self._guard.still_running()
         result: sa.CursorResult[Any] = await self._conn.execute(
             executable(statement), parameters, execution_options=options
         )
@@ -62,6 +66,7 @@ class AsyncTransaction:
     @asynccontextmanager
     async def savepoint(self) -> AsyncIterator[AsyncTransaction]:
         """A part of the handler's work that an exception inside rolls back alone."""
+        self._guard.still_running()
         nested = self._conn.begin_nested()
         with self._guard.own():
             await nested.start()
@@ -126,6 +131,8 @@ class AsyncMessageRun:
         self._store = store
         self._handler = handler
         self._conn: AsyncConnection | None = None
+        self._guarding = contextlib.ExitStack()  # ``relay.db.inbox.MessageRun``'s
+        self._guard: Guard | None = None
         self.call = store.call
 
     async def open(self, key: str) -> bool:
@@ -154,11 +161,14 @@ class AsyncMessageRun:
     async def handle(self) -> Exception | None:
         """``relay.db.inbox.MessageRun.handle``."""
         conn = self._sync()
-        with self._store.guards.running(conn) as guard:
-            try:
+        guard = self._guard = self._guarding.enter_context(self._store.guards.running(conn))
+        try:
+            with self._store.statements.database.watched(conn):  # its run alone
                 await self._handler(AsyncTransaction(self._held(), guard))
-            except Exception as exc:
-                return handler_failed(exc, conn, self._store.where, guard)
+        except BaseException as exc:  # an interruption's end-of-run checks too
+            return handler_failed(exc, conn, self._store.where, guard)
+        finally:
+            guard.returned = True
         return guard.refused
 
     async def went_on(self, ended: bool) -> bool:
@@ -170,15 +180,33 @@ class AsyncMessageRun:
         return not await self.call(LOOKING, *holds_inbox(conn))
 
     async def execute(self, what: str, statement: Callable[..., T], *args: Any) -> T:
-        with classified(what, self._store.where, self._sync()):
+        with classified(what, self._store.where, self._sync()), own(self._guard):
             return await self._held().run_sync(statement, *args)
 
     async def commit(self) -> None:
+        """``relay.db.inbox.MessageRun.commit``; on psycopg's asyncio connection its COMMIT
+        awaited on the driver, its status read (``InboxStatements.commit``)."""
+        conn = self._held()
         try:
             with classified("the inbox's commit", self._store.where, self._sync()):
-                await self._held().commit()
+                with own(self._guard):
+                    committed = await self._commit(conn)
+                if not committed:
+                    raise TransactionFailed(ROLLED_BACK, summary=ROLLED_BACK)
         finally:
             await self._release(discard=False)
+
+    async def _commit(self, conn: AsyncConnection) -> bool:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        if not isinstance(driver, psycopg.AsyncConnection):
+            return await conn.run_sync(self._store.statements.commit)
+        try:
+            status = (await driver.execute(COMMIT)).statusmessage
+        except psycopg.Error as exc:
+            raise sa.exc.DBAPIError.instance(COMMIT, None, exc, psycopg.Error) from exc
+        await conn.commit()  # SQLAlchemy's: psycopg sends nothing, its transaction over
+        return status == COMMIT
 
     async def rollback(self, discard: bool) -> None:
         if self._conn is not None:
@@ -199,9 +227,14 @@ class AsyncMessageRun:
         assert conn is not None
         sync = conn.sync_connection
         try:
-            if sync is not None and not sync.invalidated and await conn.run_sync(spoilt, discard):
-                await conn.invalidate()  # rolled back by the server as the connection closes
-            await conn.close()
+            with own(self._guard):
+                alive = sync is not None and not sync.invalidated
+                if alive and await conn.run_sync(spoilt, discard):
+                    await conn.invalidate()  # rolled back by the server as it closes
+                await conn.close()
         except sa.exc.SQLAlchemyError:
             with contextlib.suppress(sa.exc.SQLAlchemyError):
                 await conn.invalidate()
+        finally:
+            self._guard = None
+            self._guarding.close()  # the guard's last: the connection is the pool's now

@@ -27,6 +27,8 @@ from relay.db.statements import run_delete
 
 # The reason counted for a run that died inside its handler.
 CRASHED = "the consumer stopped inside the handler"
+# The message's commit, and PostgreSQL's status for one that committed.
+COMMIT = "COMMIT"
 
 
 class Failures(NamedTuple):
@@ -58,7 +60,8 @@ class InboxStatements:
         self._mark_run = self.database.insert_or_ignore(inbox_attempts).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
         )
-        self._key_there: sa.Select[Any] = sa.select(sa.literal_column("1")).where(
+        look: sa.ColumnClause[Any] = sa.literal_column(self.database.key_look)
+        self._key_there: sa.Select[Any] = sa.select(look).where(
             inbox_received.c.consumer == sa.bindparam("consumer"),
             inbox_received.c.message_id == sa.bindparam("message_id"),
         )
@@ -101,12 +104,23 @@ class InboxStatements:
         inserted there, or committed (by a handler that committed its work through a door of
         its own: nothing is lost). Not there: the transaction that held it was rolled back
         past ``Transaction``, and this one is another. Straight through psycopg, as
-        ``add_key``: a look per delivery."""
+        ``add_key``: a look per delivery. On PostgreSQL it sets the transaction's commit
+        durable again (``Dialect.key_look``)."""
         key = self.key_row(message_id)
         found = _row_through_psycopg(conn, self.key_there_sql, key)
         if found is not None:
             return found
         return conn.execute(self._key_there, key).first() is not None
+
+    def commit(self, conn: sa.Connection) -> bool:
+        """Commit the message's transaction: whether it committed, not rolled back instead
+        (PostgreSQL answers ROLLBACK to the COMMIT of a transaction a statement's error
+        aborted, raising nothing: the message, acked, would be lost). Its status read
+        straight through psycopg; SQLAlchemy's transaction closed after (psycopg sends
+        nothing more, its transaction over)."""
+        cursor = _through_psycopg(conn, COMMIT, None)
+        conn.commit()
+        return cursor is None or cursor.statusmessage == COMMIT
 
     def key_committed(self, conn: sa.Connection, message_id: str) -> bool:
         """Whether the message's key is committed, seen from a transaction of its own."""
@@ -208,13 +222,22 @@ class InboxStatements:
 
 def _row_through_psycopg(conn: sa.Connection, sql: str, parameters: dict[str, str]) -> bool | None:
     """Whether ``sql`` (compiled for psycopg) returns a row, run straight through psycopg's
-    blocking connection under ``conn``; None on another driver. Its error as SQLAlchemy's
-    would be, the connection invalidated when the error says it was lost (``lost``)."""
+    blocking connection under ``conn``; None on another driver."""
+    cursor = _through_psycopg(conn, sql, parameters)
+    return None if cursor is None else cursor.fetchone() is not None
+
+
+def _through_psycopg(
+    conn: sa.Connection, sql: str, parameters: dict[str, str] | None
+) -> psycopg.Cursor[Any] | None:
+    """``sql`` run straight through psycopg's blocking connection under ``conn``: its cursor;
+    None on another driver. Its error as SQLAlchemy's would be, the connection invalidated
+    when the error says it was lost (``lost``)."""
     driver = conn.connection.driver_connection
     if not isinstance(driver, psycopg.Connection):
         return None
     try:
-        return driver.execute(sql, parameters).fetchone() is not None
+        return driver.execute(sql, parameters)
     except psycopg.Error as exc:
         error: Any = exc  # psycopg's, which SQLAlchemy's dialect knows by its own name
         gone = conn.dialect.is_disconnect(error, conn.connection.dbapi_connection, None)

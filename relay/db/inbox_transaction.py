@@ -97,9 +97,13 @@ class Guard:
     (raises ``TransactionEnded``) what would end the transaction, and remembers the first
     refusal (``refused``): the run fails with it even if the handler caught it, since a
     handler that meant to commit a part of its work must not be acked as if it had. The
-    inbox's own savepoints (``own``) go through."""
+    inbox's own savepoints (``own``) go through. Once the handler ``returned``, the guard
+    stays until the inbox lets the connection go, and nothing but the inbox's own goes out:
+    a task or thread the handler left behind, sending through ``tx`` between the inbox's look
+    at its key and its commit, had the commit undone (a failing statement aborts a
+    PostgreSQL transaction, whose COMMIT is then a rollback) and the message acked."""
 
-    __slots__ = ("_database", "_judged", "refused")
+    __slots__ = ("_database", "_judged", "refused", "returned")
 
     def __init__(
         self, database: Dialect, judged_texts: dict[str, str | None] | None = None
@@ -107,6 +111,7 @@ class Guard:
         self._database = database
         self._judged = {} if judged_texts is None else judged_texts
         self.refused: TransactionEnded | None = None
+        self.returned = False
 
     def statement(self, sql: str) -> None:
         """A statement's text, as the driver is about to get it."""
@@ -126,6 +131,7 @@ class Guard:
     def moved(self, move: str) -> None:
         """A move of the transaction's (``MOVES``, or ``isolation_level``), about to be made."""
         if _OWN.get() is not self:
+            self.still_running()
             words = move.replace("_", " ")
             self._refuse(f"a handler may not end or split the inbox's transaction ({words})")
 
@@ -137,6 +143,16 @@ class Guard:
             "the inbox's transaction ended under the handler (a statement that rolled it "
             "back, the driver's rollback or commit): nothing more is run in the message's run"
         )
+
+    def still_running(self) -> None:
+        """Raises ``TransactionEnded`` once the handler returned: ``tx`` is its own while it
+        runs, not a task's or a thread's it left behind. Not the run's refusal: the run was
+        over, all the handler did in it committed or not with its key."""
+        if self.returned and _OWN.get() is not self:
+            raise TransactionEnded(
+                "the handler's run is over: the inbox's transaction is the handler's while it "
+                "runs, not a task's or a thread's it left behind (nothing was sent)"
+            )
 
     def _refuse(self, why: str) -> NoReturn:
         error = TransactionEnded(why)
@@ -173,17 +189,20 @@ class Guards:
 
     @contextmanager
     def running(self, conn: sa.Connection) -> Iterator[Guard]:
-        """A handler's run on ``conn``, guarded (and watched: ``Dialect.watched``)."""
+        """A handler's run on ``conn``, guarded, and after it until the inbox lets ``conn``
+        go (``Guard.returned``)."""
         guard = self._running[conn] = Guard(self._database, self._judged)
         try:
-            with self._database.watched(conn):
-                yield guard
+            yield guard
         finally:
             del self._running[conn]
 
     def _statement(self, conn: sa.Connection, _cursor: Any, sql: str, *_: Any) -> None:
         guard = self._running.get(conn)
         if guard is None:
+            return
+        guard.still_running()  # the inbox's own statements after the handler go through
+        if guard.returned:
             return
         if self._database.outside_transaction(conn.connection.driver_connection):
             guard.ended()  # the inbox's own savepoint's statements too
@@ -228,6 +247,7 @@ class Transaction:
     ) -> sa.CursorResult[Any]:
         """``sa.Connection.execute``: a statement (or SQL text as a string), its parameters (a
         dict, or a list of them for many rows), execution options as keywords."""
+        self._guard.still_running()
         return self._conn.execute(executable(statement), parameters, execution_options=options)
 
     def scalar(self, statement: Any, parameters: Any = None) -> Any:
@@ -240,6 +260,7 @@ class Transaction:
     def savepoint(self) -> Iterator[Transaction]:
         """A part of the handler's work that an exception inside rolls back alone (and goes
         on out of the block)."""
+        self._guard.still_running()
         with self._guard.own():
             nested = self._conn.begin_nested()
         try:

@@ -113,6 +113,8 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
             finally:
                 if self.holding:
                     one_at_a_time.release()
+                if self.verdict is not None and self.verdict.interrupted is not None:
+                    raise self.verdict.interrupted  # cut the handler off: goes on, answered
 
         async def _answer(self, exc_val: BaseException | None) -> bool | None:
             raw = self.raw

@@ -24,11 +24,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
 
 from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
-from relay.db.inbox import TransactionFailed
-from relay.db.inbox_statements import CRASHED, InboxStatements
+from relay.db.inbox import Interrupted, TransactionFailed
+from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import (
@@ -60,11 +59,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Run:
-    """A delivery's run: its key, whether it came again, whether its run is marked."""
+    """A delivery's run: its key, whether it came again, whether its run is marked, what cut
+    its handler off (``Interrupted``), raised once the run is over."""
 
     key: str
     redelivered: bool
     marked: bool = False
+    interrupted: BaseException | None = None
 
 
 class Flow:
@@ -114,7 +115,7 @@ class Flow:
             )
             self.metrics.dead_lettered.inc()
             held = self.schedule.max_delay  # if the dead letters' queue refuses it
-            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(problem, 0))
+            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(problem, None))
         key = delivery.key
         assert key is not None  # key_problem says so
         run = _Run(key, delivery.redelivered)
@@ -126,6 +127,8 @@ class Flow:
         except StoreError as exc:
             if run.marked:
                 self._unended.add(key)
+            if run.interrupted is not None:  # never swallowed, the database away or not
+                raise run.interrupted from exc
             return self._store_failed(key, exc)
 
     def _mark(self, run: _Run) -> Steps[Answer | None]:
@@ -179,6 +182,8 @@ class Flow:
         """The handler, then the commit or the rollback, and the answer."""
         key, started = run.key, time.perf_counter()
         error: Exception | None = yield HANDLE
+        if isinstance(error, Interrupted):
+            run.interrupted = error.interruption
         # Whether the key committed with part of the work: a handler that ended the
         # transaction past the guard and then failed (``_committed_in_part``). Looked at from
         # a connection of its own while the message's transaction is still open: only a
@@ -223,6 +228,8 @@ class Flow:
         if went_on:
             yield call("keeping the key", self.statements.add_key, key)
             return (yield from self._not_again(key, error, WENT_ON))
+        if run.interrupted is not None:  # as a consumer that died in its handler: uncounted
+            raise run.interrupted
         return (yield from self._failed(key, error))
 
     def _not_again(self, key: str, error: Exception, why_not: str) -> Steps[Answer]:
@@ -232,10 +239,13 @@ class Flow:
         committed here. Run again, it would do that part again: dead-lettered at once, its
         attempt counted with why; the key kept, so that a delivery of the message again is
         acked as processed, not run (an operator who would have it run again takes it from
-        the dead letters knowing what it did)."""
-        why = f"{self.describe(TransactionEnded(why_not))}; it failed with {self.describe(error)}"
+        the dead letters knowing what it did). A handler cut off (``Interrupted``): its
+        interruption raised by the consumer once the broker is answered."""
+        cut = error.interruption if isinstance(error, Interrupted) else None
+        failed = self.describe(cut or error)
+        why = f"{self.describe(TransactionEnded(why_not))}; it failed with {failed}"
         yield call("counting an attempt", self.statements.count_attempt, key, why)
-        return (yield from self._dead_letter(key, why))
+        return (yield from self._dead_letter(key, why))._replace(interrupted=cut)
 
     def _lost(self, run: _Run, exc: StoreError) -> Steps[Answer]:
         """The message's connection was lost under its run: the database away, uncounted
@@ -315,28 +325,17 @@ class Flow:
         )
         self.metrics.dead_lettered.inc()
         held = self.schedule.max_delay  # if the dead letters' queue refuses it
-        if failures is None:
-            return Answer(Verdict.DEAD_LETTER, held, reason=self._why(last, 0))
-        reason = self._why(
-            last, failures.attempts, first=failures.first_failed_at, last=failures.last_failed_at
-        )
-        return Answer(Verdict.DEAD_LETTER, held, reason=reason)
+        return Answer(Verdict.DEAD_LETTER, held, reason=self._why(last, failures))
 
-    def _why(
-        self,
-        error: str,
-        attempts: int,
-        *,
-        first: datetime | None = None,
-        last: datetime | None = None,
-    ) -> dict[str, object]:
+    def _why(self, error: str, failures: Failures | None) -> dict[str, object]:
+        """A dead letter's headers: ``error``, and the failures counted (none: 0)."""
         return dead_letter_headers(
             self.inbox.inbox_consumer,
             self.inbox.inbox_queue,
             error,
-            attempts,
-            first_failure=first,
-            last_failure=last,
+            0 if failures is None else failures.attempts,
+            first_failure=None if failures is None else failures.first_failed_at,
+            last_failure=None if failures is None else failures.last_failed_at,
         )
 
     def _store_failed(self, key: str, exc: StoreError) -> Answer:

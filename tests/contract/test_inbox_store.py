@@ -7,6 +7,7 @@ part of its work done twice; only real failures are counted; nothing recorded qu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import threading
 import uuid
@@ -359,6 +360,65 @@ def test_a_handler_that_goes_on_after_its_transaction_ended_never_does_it_twice(
     assert [row[1] for row in attempts(url)] == ([] if counted is None else [counted])
 
 
+# A handler cut off by what is not an error, after a part of its work committed past ``tx``
+# -> (its script, the databases that see that part, the note committed).
+CUT_OFF: dict[str, tuple[Script, tuple[str, ...], str]] = {
+    "the driver's commit": (
+        [("write", "a"), ("driver", "commit")],
+        ("sqlite", "postgresql", "mysql"),  # MariaDB's dialect is named mysql
+        "a",
+    ),
+    "the driver's rollback, then a write and a commit through the driver": (
+        [
+            ("driver", "rollback"),
+            ("cursor", "INSERT INTO effects (note) VALUES ('b')"),
+            ("driver", "commit"),
+        ],
+        ("sqlite", "postgresql"),
+        "b",
+    ),
+}
+
+
+@pytest.mark.parametrize("interruption", inbox_script.INTERRUPTIONS)
+@pytest.mark.parametrize("door", CUT_OFF, ids=list(CUT_OFF))
+def test_a_handler_cut_off_after_committing_a_part_is_dead_lettered_then_cut_off(
+    consumer: Consumer, url: str, door: str, interruption: str
+) -> None:
+    """A ``KeyboardInterrupt``, a ``SystemExit`` or a cancellation out of a handler that
+    committed a part of its work past ``tx``: looked at as a failure is, dead-lettered at
+    once (its key kept), and the interruption handed on, raised by the consumer once the
+    broker is answered. It went out of the inbox unlooked at: the redelivery was acked as a
+    duplicate with that part alone done, or ran that part again."""
+    script, databases, note = CUT_OFF[door]
+    if consumer.store.engine.dialect.name not in databases:
+        pytest.skip("not looked for there (docs/inbox.md)")
+    try:
+        answer = consumer.process("m-1", [*script, ("cut", interruption)])
+    except BaseException as escaped:  # not pytest's to take for the run's own Ctrl-C
+        pytest.fail(f"{escaped!r} went out of the inbox unanswered")
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert type(answer.interrupted) is inbox_script.INTERRUPTIONS[interruption]
+    assert answer.reason is not None
+    assert str(answer.reason["x-inbox-error"]).startswith("TransactionEnded:")
+    assert interruption in str(answer.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == ([note], ["m-1"])
+
+
+@pytest.mark.parametrize("interruption", inbox_script.INTERRUPTIONS)
+def test_a_handler_cut_off_is_rolled_back_uncounted_and_the_interruption_goes_on(
+    consumer: Consumer, url: str, interruption: str
+) -> None:
+    """Nothing committed past ``tx``: its run rolled back, nothing counted (as a consumer
+    that died in its handler), and the interruption raised out of the inbox at once."""
+    with pytest.raises(inbox_script.INTERRUPTIONS[interruption]):
+        consumer.process("m-1", [("write", "a"), ("cut", interruption)])
+    assert (noted(url), keys(url), attempts(url)) == ([], [], [])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["done"]
+
+
 @pytest.mark.parametrize("door", DOORS, ids=list(DOORS))
 def test_a_handler_cannot_end_the_transaction_without_its_retry_running(
     consumer: Consumer, url: str, door: str
@@ -641,6 +701,136 @@ def test_the_inboxs_sessions_are_durable_and_bounded_whatever_the_servers_defaul
     finally:
         fresh.close()
     assert noted(url) == ["30s", "5s", "on"]
+
+
+# What a thread or a task a handler left running sends through ``tx`` once it returned.
+LATE = {
+    "a failing statement": "SELECT * FROM no_such_table",
+    "a rollback": "ROLLBACK",
+    "a write": "INSERT INTO effects (note) VALUES ('late')",
+}
+
+
+@pytest.fixture
+def late() -> Iterator[list[Exception | None]]:
+    inbox_script.LATE.clear()
+    yield inbox_script.LATE
+    inbox_script.CALLS.pop("later", None)
+    inbox_script.LATE.clear()
+
+
+@pytest.mark.parametrize("sql", LATE.values(), ids=list(LATE))
+def test_tx_used_after_the_handler_returned_is_refused_and_the_message_commits(
+    consumer: Consumer,
+    url: str,
+    sql: str,
+    late: list[Exception | None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread or a task the handler left running sends through ``tx`` between the inbox's
+    look at its key and its commit (a task at the inbox's first await; a thread held until
+    the look is done): refused, nothing sent, and the message commits with all the handler
+    did in its run. Sent, a failing statement aborted PostgreSQL's transaction (its COMMIT
+    a rollback) and a ROLLBACK ended it: acked with nothing committed."""
+    if consumer.kind == "blocking":
+        checked = threading.Event()
+
+        def hold() -> None:  # the thread's statement once the inbox looked at its key
+            checked.wait(HANG_S)
+
+        inbox_script.CALLS["later"] = hold
+        look = consumer.store.statements.holds_key
+
+        def holds_key(conn: sa.Connection, message_id: str) -> bool:
+            held = bool(look(conn, message_id))
+            checked.set()
+            wait_until(lambda: bool(late), HANG_S, "the thread's statement")
+            return held
+
+        monkeypatch.setattr(consumer.store.statements, "holds_key", holds_key)
+    answer = consumer.process("m-1", [("write", "a"), ("later", sql)])
+    if consumer.kind == "asyncio":
+        consumer.loop.run_until_complete(asyncio.sleep(0))
+    assert answer.verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["a"], ["m-1"])
+    ((refused,),) = [late]
+    assert isinstance(refused, TransactionEnded)
+    assert "the handler's run is over" in str(refused)
+
+
+def test_tx_used_after_the_run_ended_says_so(consumer: Consumer, url: str) -> None:
+    """``tx`` kept past the run (its connection the pool's, another message's): a clear
+    error, nothing sent."""
+    inbox_script.KEPT.clear()
+    assert consumer.process("m-1", [("write", "a"), ("keep", "")]).verdict is Verdict.ACK
+    (tx,) = inbox_script.KEPT
+    inbox_script.KEPT.clear()
+    with pytest.raises(TransactionEnded, match="the handler's run is over"):
+        if consumer.kind == "blocking":
+            tx.execute(effects.insert(), {"note": "b"})
+        else:
+            consumer.loop.run_until_complete(tx.execute(effects.insert(), {"note": "b"}))
+    assert noted(url) == ["a"]
+
+
+@pytest.mark.databases("postgresql")
+def test_a_commit_that_rolled_back_is_a_failure_not_an_ack(
+    consumer: Consumer, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement through the driver's own cursor, past the guard, that fails after the
+    inbox's look at its key (a thread the handler left, say): PostgreSQL answers the COMMIT
+    of the transaction it aborted with ROLLBACK and raises nothing. The COMMIT's status is
+    read: the message's failure, counted, retried, not an ack with nothing committed."""
+    look = consumer.store.statements.holds_key
+
+    def holds_key(conn: sa.Connection, message_id: str) -> bool:
+        held = bool(look(conn, message_id))
+        with contextlib.suppress(sa.exc.DBAPIError):
+            conn.exec_driver_sql("SELECT * FROM no_such_table")
+        return held
+
+    monkeypatch.setattr(consumer.store.statements, "holds_key", holds_key)
+    assert consumer.process("m-1", [("write", "a")]).verdict is Verdict.RETRY
+    ((_key, counted, error, _running),) = attempts(url)
+    assert (counted, error.startswith("TransactionFailed")) == (1, True)
+    monkeypatch.undo()
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["done"], ["m-1"])
+
+
+# A handler's ways to have its transaction's commit not durable on PostgreSQL, none refused.
+NOT_DURABLE = (
+    "SET LOCAL synchronous_commit = off",
+    "SELECT set_config('synchronous_commit', 'off', true)",
+    "DO $$ BEGIN SET LOCAL synchronous_commit = off; END $$",
+)
+
+
+@pytest.mark.databases("postgresql")
+@pytest.mark.parametrize("spelling", NOT_DURABLE)
+def test_a_handler_cannot_make_its_messages_commit_not_durable(
+    consumer: Consumer, url: str, spelling: str
+) -> None:
+    """A handler set ``synchronous_commit`` off for its transaction: the message was acked
+    after a commit that a crash of the server right after undid, key and effect. The inbox
+    sets it on again in its last look before the commit; a deferred trigger, run at the
+    commit, notes the setting the commit was made with."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION note_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO effects (note) VALUES (current_setting('synchronous_commit')); "
+            "RETURN NULL; END $$"
+        )
+        conn.exec_driver_sql(
+            "CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON effects "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.note = 'committed with') "
+            "EXECUTE FUNCTION note_commit()"
+        )
+    engine.dispose()
+    script = [("sql", spelling), ("write", "committed with")]
+    assert consumer.process("m-1", script).verdict is Verdict.ACK
+    assert noted(url) == ["committed with", "on"]
 
 
 def test_a_connection_left_in_autocommit_is_not_used_again(consumer: Consumer, url: str) -> None:

@@ -321,6 +321,51 @@ def test_every_door_a_handler_may_try_leaves_its_effects_once(
         assert "ValueError" in said
 
 
+class CommitsThenExits(Recorder):
+    """Writes its effect, commits it through the driver, then calls ``sys.exit``."""
+
+    def __call__(self, delivery: Delivery, tx: Transaction) -> None:
+        result = tx.execute(effects.insert(), self._effect(delivery))
+        driver = result.context.root_connection.connection.driver_connection
+        assert driver is not None
+        driver.commit()
+        raise SystemExit(3)
+
+    async def aio(self, delivery: Delivery, tx: AsyncTransaction) -> None:
+        await tx.execute(effects.insert(), self._effect(delivery))
+        driver = (await tx._conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        await driver.commit()
+        raise SystemExit(3)
+
+
+def test_a_handler_that_exits_after_committing_a_part_is_dead_lettered_then_exits(
+    with_effects: str, rabbit: RabbitNode, flavour: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sys.exit`` in a handler (a ``SystemExit``, not an error) after a part of its work
+    committed past ``tx``: dead-lettered at once, its key kept, the delivery acked, and then
+    the consumer exits with it (the front end's own way: FastStream stops the subscriber).
+    It left the inbox unlooked at: no dead letter, and the delivery that came again was
+    acked as a duplicate with that part alone done."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler = CommitsThenExits(queue, fail=lambda _d: False)
+    exits: list[type[BaseException]] = []  # what ended the consumer's thread
+    monkeypatch.setattr(threading, "excepthook", lambda args: exits.append(args.exc_type))
+    with consuming(with_effects, rabbit.url, queue, handler, flavour):
+        publish(rabbit.url, exchange, [("m-1", {})])
+        (letter,) = drain(rabbit.url, dead, 1, timeout=30)
+        if flavour != "faststream":
+            wait_until(lambda: bool(exits), 30, "the consumer's exit")
+    # FastStream takes a handler's SystemExit itself: it stops the subscriber (and its app).
+    assert exits == ([] if flavour == "faststream" else [SystemExit])
+    said = str((letter.headers or {})["x-inbox-error"])
+    assert said.startswith("TransactionEnded: the handler committed a part"), said
+    assert "SystemExit" in said
+    assert waiting(rabbit.url, queue) == 0  # acked before the consumer exited
+    assert processed(with_effects) == {(queue, "m-1"): 1}
+    assert handler.calls == {"m-1": 1}
+
+
 def copies_processed(consumer: AnyInbox, count: int) -> bool:
     return value(consumer, "inbox_processed_total") == count
 

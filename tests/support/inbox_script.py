@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sqlite3
+import threading
+from asyncio import CancelledError, Task, get_running_loop
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,12 @@ effects = sa.Table(
 #             takes none with a transaction open), as a handler past ``tx`` could
 #   touch     the file the argument names made (a proxy watching it cuts its connections)
 #   call      the function registered in ``CALLS`` under the argument (a test's own hold)
+#   later     the argument as SQL text through ``tx`` from a thread (blocking) or a task
+#             (asyncio) the handler leaves running, after ``CALLS["later"]`` if a test
+#             registered it (a thread's hold); what it met goes in ``LATE``
+#   keep      ``tx`` kept in ``KEPT``, for a test to use once the run is over
+#   cut       the ``INTERRUPTIONS`` of the argument's name raised: the handler cut off by
+#             what is not an error (Ctrl-C, ``sys.exit``, its task cancelled)
 #   raise     a ValueError whose message quotes ``SECRET``
 Action = tuple[str, str]
 Script = Sequence[Action]
@@ -130,8 +138,45 @@ async def through_async(conn: AsyncConnection, door: str) -> None:
         await getattr(conn, method)()
 
 
+# What a script's ``cut`` raises, by name.
+INTERRUPTIONS: dict[str, type[BaseException]] = {
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "SystemExit": SystemExit,
+    "CancelledError": CancelledError,
+}
+
 # Functions a script's ``call`` runs, by name: a test registers them.
 CALLS: dict[str, Callable[[], None]] = {}
+# What each ``later`` statement met: None (sent), or its exception; the tasks that send them.
+LATE: list[Exception | None] = []
+LATE_TASKS: set[Task[None]] = set()
+# Each ``keep``'s ``tx``.
+KEPT: list[Any] = []
+
+
+def _later(tx: Transaction, sql: str) -> None:
+    def send() -> None:
+        CALLS.get("later", lambda: None)()
+        try:
+            tx.execute(sql)
+            LATE.append(None)
+        except Exception as exc:
+            LATE.append(exc)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def _later_async(tx: AsyncTransaction, sql: str) -> None:
+    async def send() -> None:
+        try:
+            await tx.execute(sql)
+            LATE.append(None)
+        except Exception as exc:
+            LATE.append(exc)
+
+    task = get_running_loop().create_task(send())
+    LATE_TASKS.add(task)
+    task.add_done_callback(LATE_TASKS.discard)
 
 
 class Failed(ValueError):
@@ -171,6 +216,12 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 Path(argument).touch()
             elif what == "call":
                 CALLS[argument]()
+            elif what == "later":
+                _later(tx, argument)
+            elif what == "keep":
+                KEPT.append(tx)
+            elif what == "cut":
+                raise INTERRUPTIONS[argument]
             else:
                 raise Failed(f"cannot charge card {SECRET}")
 
@@ -236,6 +287,12 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
                 Path(argument).touch()
             elif what == "call":
                 CALLS[argument]()  # blocks this consumer's loop alone: its own thread's
+            elif what == "later":
+                _later_async(tx, argument)
+            elif what == "keep":
+                KEPT.append(tx)
+            elif what == "cut":
+                raise INTERRUPTIONS[argument]
             else:
                 raise Failed(f"cannot charge card {SECRET}")
 

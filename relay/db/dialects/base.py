@@ -76,6 +76,10 @@ class Dialect(abc.ABC):
     # guard refuses of a handler.
     sql_lexicon: ClassVar[Lexicon] = Lexicon()
     implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset()
+    # What the inbox's look at its key selects, the last statement before its commit
+    # (``InboxStatements.holds_key``): where a handler can make its transaction's commit
+    # not durable, the look makes it durable again in the same round trip.
+    key_look: ClassVar[str] = "1"
 
     # Engines ------------------------------------------------------------------------------
 

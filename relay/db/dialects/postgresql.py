@@ -126,6 +126,11 @@ class PostgreSQL(Dialect):
     sql_lexicon: ClassVar[Lexicon] = Lexicon(
         nested_comments=True, dollar_quotes=True, unicode_names=True
     )
+    # A handler may set ``synchronous_commit`` off for its transaction in any spelling (``SET
+    # LOCAL``, ``set_config(..., true)``, a ``DO`` block): an acked message would then be lost
+    # in a crash right after. Set on again at the inbox's look, the transaction's last setting
+    # wins (the guard lets nothing of the handler's run after it).
+    key_look: ClassVar[str] = "set_config('synchronous_commit', 'on', true)"
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
