@@ -274,7 +274,7 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
             # the part committed is the message's last.
             "sqlite": (DEAD_LETTERED_ONCE, ["a"]),
             "postgresql": (DEAD_LETTERED_ONCE, ["a"]),
-            "mariadb": (([Verdict.ACK, Verdict.ACK], None), ["a", "b"]),
+            "mysql": (([Verdict.ACK, Verdict.ACK], None), ["a", "b"]),
         },
     ),
     "the driver's rollback, then returned": (
@@ -282,7 +282,7 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
         {
             "sqlite": (RETRIED, ["done"]),
             "postgresql": (DEAD_LETTERED_ONCE, []),  # whether it ran on is not seen
-            "mariadb": (RETRIED, ["done"]),
+            "mysql": (RETRIED, ["done"]),
         },
     ),
     "SQLite's INSERT OR ROLLBACK, caught, then a statement sqlite3 begins no transaction for": (
@@ -307,7 +307,7 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
         {
             "sqlite": (RETRIED, ["done"]),
             "postgresql": (DEAD_LETTERED_ONCE, []),
-            "mariadb": (RETRIED, ["done"]),
+            "mysql": (RETRIED, ["done"]),
         },
     ),
     "the driver's rollback, then a write and a commit through the driver": (
