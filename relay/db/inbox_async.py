@@ -5,6 +5,7 @@ psycopg's asyncio connection, aiomysql and aiosqlite."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -118,6 +119,9 @@ class AsyncInboxStore:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        # aiomysql closes a connection's socket at the loop's next turn: a handler's
+        # SystemExit on its way out ended the loop before it, and left the sockets open.
+        await asyncio.sleep(0)
         if self._run_lock is not None:
             self._run_lock.close()
 
