@@ -249,11 +249,10 @@ class ClaimStore:
             full = len(found) == limit and not (isinstance(last_at, str) and not last_at.isascii())
             taken = self.held.claimed([(r[due], r[0]) for r in found], full)
         unchecked = self._unchecked_text
-        rows = [
-            decode_row(r[:due], self.max_message_size, unchecked) for r in found if r[0] in taken
-        ]
+        kept = [r for r in found if r[0] in taken]
+        rows = [decode_row(r[:due], self.max_message_size, unchecked) for r in kept]
         # As claimed, for the settle to find the very rows (``relay.db.settles``).
-        self._message_ids.update((r[0], r[_MESSAGE_ID]) for r in found if r[0] in taken)
+        self._message_ids.update((r[0], r[_MESSAGE_ID]) for r in kept)
         rows.sort(key=_ID)
         return rows
 
