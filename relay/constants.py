@@ -86,6 +86,13 @@ MYSQL_MIN_VERSION = (8, 0, 13)
 # key on PostgreSQL (its advisory locks are a database's own): "outbox migrate" in ASCII.
 MIGRATION_LOCK_WAIT_S = 600
 MIGRATION_LOCK_KEY = 0x6F7574626F786D
+# A migration's DDL waits at most this long for a table's lock (milliseconds; PostgreSQL):
+# every writer's INSERT and every relay's settle queue behind a DDL statement that waits for
+# its lock, so an application's long transaction on the outbox would stop them all for as
+# long as it stays open. Timed out, the migration's transaction is rolled back (writers go
+# on) and tried again after a back-off, for up to ``MIGRATION_LOCK_WAIT_S``.
+MIGRATION_DDL_LOCK_TIMEOUT_MS = 2_000
+MIGRATION_RETRY_MAX_S = 15.0
 # SQLite has one writer at a time: others queue for up to this long instead of failing at once
 # with "database is locked" (milliseconds; the same value for Spark's JDBC writer).
 SQLITE_BUSY_TIMEOUT_MS = 30_000

@@ -8,23 +8,34 @@ run beside, and any downgrade, is refused while such a relay holds buckets, unle
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from typing import TYPE_CHECKING, NamedTuple
 
 import sqlalchemy as sa
+import tenacity
 
-from relay.constants import PROTOCOL_BEFORE_FENCES, TURN_INTERVAL_MAX_S
+from relay.backoff import Backoff, log_before_retry
+from relay.constants import (
+    MIGRATION_DDL_LOCK_TIMEOUT_MS,
+    MIGRATION_LOCK_WAIT_S,
+    MIGRATION_RETRY_MAX_S,
+    PROTOCOL_BEFORE_FENCES,
+    TURN_INTERVAL_MAX_S,
+)
 from relay.db.buckets import holders
 from relay.db.clock import database_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import outbox_buckets, outbox_relays
-from relay.errors import ConfigError, MigrationRefusedError
+from relay.errors import ConfigError, MigrationRefusedError, StoreError
 from relay.redact import redact_url
 from relay.upgrade import LiveRelay, blockers, least_protocol
 
 if TYPE_CHECKING:
     from alembic.config import Config
+
+log = logging.getLogger(__name__)
 
 
 class Migrated(NamedTuple):
@@ -52,9 +63,12 @@ def migrate(
     config = Config()
     config.set_main_option("script_location", str(resources.files("relay.db.migrations")))
     engine = create_engine(url)
-    try:
-        with transaction(engine, "migrate", redact_url(url)) as conn:
+    where = redact_url(url)
+
+    def once() -> Migrated:
+        with transaction(engine, "migrate", where) as conn:
             of(conn).lock_migrations(conn)
+            of(conn).bound_ddl_locks(conn)
             live = live_relays(conn)
             if revision == "head" and not downgrade and (ahead := _ahead(config, conn)):
                 return Migrated(live, ahead)
@@ -64,8 +78,31 @@ def migrate(
             config.attributes["connection"] = conn
             (command.downgrade if downgrade else command.upgrade)(config, revision)
         return Migrated(live)
+
+    def lock_timed_out(error: BaseException) -> bool:
+        return isinstance(error, StoreError) and of(engine).lock_timed_out(_driver_error(error))
+
+    # A DDL statement's lock wait ran out (``Dialect.bound_ddl_locks``): the transaction
+    # was rolled back whole, and the writers it held up went on meanwhile.
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(lock_timed_out),
+        wait=Backoff(MIGRATION_DDL_LOCK_TIMEOUT_MS / 1000, MIGRATION_RETRY_MAX_S).wait,
+        stop=tenacity.stop_after_delay(MIGRATION_LOCK_WAIT_S),
+        before_sleep=log_before_retry(
+            log, "migrate: a table's lock was held past the migration's wait", "migrate_lock_wait"
+        ),
+        reraise=True,
+    )
+    try:
+        return retrying(once)
     finally:
         engine.dispose()
+
+
+def _driver_error(error: BaseException) -> BaseException | None:
+    """The driver's error a StoreError chains (through SQLAlchemy's)."""
+    cause = error.__cause__
+    return getattr(cause, "orig", cause)
 
 
 def live_relays(conn: sa.Connection) -> list[LiveRelay]:

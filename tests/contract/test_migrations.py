@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -16,6 +17,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from devtools.outbox import fates, statuses
+from devtools.servers import wait_until
 from relay.cli import main
 from relay.constants import PROTOCOL
 from relay.db.claims import ClaimStore
@@ -620,3 +622,49 @@ def test_a_relay_on_a_schema_it_needs_migrated_names_the_missing_table(database_
             store.claim(10, 2**62)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_migration_waiting_behind_a_long_transaction_lets_the_writers_through(
+    database_url: str,
+) -> None:
+    """An application's transaction left open on the outbox: the migration's DDL, which
+    waits for its lock, must not hold up every writer's INSERT behind it for as long as the
+    transaction stays open (a stop of delivery as long as the longest transaction)."""
+    migrate(database_url, "0015", downgrade=True)  # 0016 indexes the outbox
+    engine = sa.create_engine(database_url)
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(sa.insert(outbox).values(exchange="", routing_key="", payload=b"open"))
+    migrating = threading.Thread(target=migrate, args=(database_url,))
+    written = threading.Event()
+
+    def write() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.insert(outbox).values(exchange="", routing_key="", payload=b"w"))
+        written.set()
+
+    try:
+        migrating.start()
+        wait_until(lambda: _waiting_for_a_lock(engine), 60, "the migration waiting for its lock")
+        writer = threading.Thread(target=write)
+        writer.start()
+        # Without the bound, the writer waits behind the migration until the holder ends.
+        got_through = written.wait(60)
+    finally:
+        holder.rollback()
+        holder.close()
+    migrating.join(120)
+    writer.join(60)
+    engine.dispose()
+    assert got_through
+    assert revision_of(database_url) == HEAD
+
+
+def _waiting_for_a_lock(engine: sa.Engine) -> bool:
+    waiting = sa.text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE 'CREATE INDEX%'"
+    )
+    with engine.connect() as conn:
+        return bool(conn.execute(waiting).scalar())

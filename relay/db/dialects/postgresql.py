@@ -31,6 +31,7 @@ from relay.constants import (
     DB_STATEMENT_TIMEOUT_MS,
     DB_TCP_USER_TIMEOUT_S,
     MERGE_WORK_MEM,
+    MIGRATION_DDL_LOCK_TIMEOUT_MS,
     MIGRATION_LOCK_KEY,
     SENT_LOG_REBUILD_CLIENT_CHECK_MS,
     SENT_LOG_REBUILD_WORK_MEM,
@@ -278,6 +279,13 @@ class PostgreSQL(Dialect):
     def lock_migrations(self, conn: sa.Connection) -> None:
         # Held until the migration's transaction ends (its DDL is transactional too).
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+
+    def bound_ddl_locks(self, conn: sa.Connection) -> None:
+        # After the migrations' lock, whose wait it must not bound.
+        conn.execute(sa.text(f"SET LOCAL lock_timeout = {MIGRATION_DDL_LOCK_TIMEOUT_MS}"))
+
+    def lock_timed_out(self, error: BaseException | None) -> bool:
+        return isinstance(error, psycopg.errors.LockNotAvailable)
 
     def unbounded(self, conn: sa.Connection) -> None:
         # Settings a role may change for itself: the caller's rights suffice. Its lock waits
