@@ -115,10 +115,12 @@ def _starts_with(element: Any, compiler: Any, **kw: Any) -> str:
 
 
 class sent_key(FunctionElement[str]):
-    """A message id's key in the sent log: on PostgreSQL its MD5 as a 16-byte uuid (a message
-    id is often 70 characters; the key is written once to the heap and once to the index
-    for every relayed row, and 128 bits make a collision of two ids as unlikely as one of
-    two random UUIDs), on SQLite the id itself."""
+    """A message id's key in the sent log: on PostgreSQL its MD5 as a 16-byte uuid, on MySQL
+    its 16 bytes (a message id is often 70 characters; the key is written once to the heap
+    and once to the index for every relayed row), on SQLite the id itself. Two ids that
+    came by chance collide as rarely as two random UUIDs; but MD5 resists no one who crafts
+    two ids to collide, and the second of such a pair is dropped as sent (docs/operations.md,
+    "Dedupe horizon")."""
 
     type = sa.Text()
     inherit_cache = True
