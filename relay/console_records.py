@@ -81,6 +81,31 @@ class ParkedFilter:
 
 
 @dataclass(frozen=True, slots=True)
+class ArchiveFilter:
+    """Which discarded rows the archive's page lists, counts and restores (empty fields
+    match all): who discarded them (as the audit log names them), when (``since`` and
+    ``until``, both included), their exchange, and a part of their last error. A bulk
+    discard's done page links to the rows it archived, so that it can be undone whole."""
+
+    discarded_by: str = ""
+    exchange: str = ""
+    reason: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def described(self) -> dict[str, str]:
+        """The fields set, as text (the audit log's target, a page's links)."""
+        shown = {
+            "discarded_by": self.discarded_by,
+            "exchange": self.exchange,
+            "reason": self.reason,
+            "since": self.since.isoformat() if self.since else "",
+            "until": self.until.isoformat() if self.until else "",
+        }
+        return {name: value for name, value in shown.items() if value}
+
+
+@dataclass(frozen=True, slots=True)
 class Cursor:
     """Where a page of parked rows ends: the next page's rows come before it, most recently
     parked first (a parked row's time is when it was parked)."""
@@ -208,6 +233,23 @@ def named(ids: Sequence[int | str], total: int) -> str:
     return f"ids {shown}{f' and {rest} more' if rest > 0 else ''}" if shown else ""
 
 
+# Why a change left rows it was given (``ActionResult.left_as``): a replay's or a discard's
+# were no longer parked as the page showed them; a restore's were restored meanwhile, or
+# their message id is in the outbox again (written anew).
+LEFT_AS_SHOWN = "no longer as the page showed them"
+LEFT_BY_RESTORE = "whose message id the outbox holds again, or restored meanwhile"
+
+
+@dataclass(frozen=True, slots=True)
+class LeftAfter:
+    """Rows a change by filter leaves because they came after its bound (parked, or
+    archived): how many, and the first ids (at most ``CONSOLE_NAMED_IDS``), which it names
+    as left."""
+
+    rows: int
+    ids: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     """What a change did: rows changed; the rows named or matched that it left because
@@ -222,6 +264,10 @@ class ActionResult:
     new_ids: tuple[int, ...] = ()
     left_ids: tuple[int, ...] = ()
     since_ids: tuple[int, ...] = ()
+    # What the rows left after the bound were then: parked, or archived (a restore's).
+    since_as: str = "parked"
+    # Why the rows given were left (``LEFT_AS_SHOWN``, ``LEFT_BY_RESTORE``).
+    left_as: str = LEFT_AS_SHOWN
 
     def audited(self) -> str:
         """The change's result as its audit entry ends with it: ``done``, and what it left,
@@ -229,12 +275,12 @@ class ActionResult:
         why = []
         if self.left:
             why.append(
-                f"left {self.left} no longer as the page showed them"
+                f"left {self.left} {self.left_as}"
                 + (f": {named(self.left_ids, self.left)}" if self.left_ids else "")
             )
         if self.parked_since:
             why.append(
-                f"left {self.parked_since} parked after the bound"
+                f"left {self.parked_since} {self.since_as} after the bound"
                 + (f": {named(self.since_ids, self.parked_since)}" if self.since_ids else "")
             )
         return "; ".join(["done", *why])

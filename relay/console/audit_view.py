@@ -23,6 +23,9 @@ LABELS = {
     "message_prefix": "message id starts with",
     "parked_before": "parked by",
     "parked_for": "parked at least",
+    "discarded_by": "discarded by",
+    "since": "from",
+    "until": "to",
 }
 
 
@@ -44,16 +47,25 @@ def target_text(target: str) -> list[str]:
         changed = ", ".join(parsed.get("changed", []))
         lines.append(f"row {parsed['id']}" + (f", its {changed} changed" if changed else ""))
     if "queue" in parsed:
-        keys = parsed.get("message_ids", [])
-        shown = ", ".join(keys[:CONSOLE_NAMED_IDS]) + (
-            " …" if len(keys) > CONSOLE_NAMED_IDS else ""
-        )
-        lines.append(
-            f"queue {parsed['queue']}" + (f": {len(keys)} letters: {shown}" if keys else "")
-        )
+        lines.append(f"queue {parsed['queue']}" + _letters(parsed))
     if parsed.get("bound"):
         lines.append(f"as the page drawn at {parsed['bound']} showed")
     return lines or [target]
+
+
+def _letters(parsed: dict[str, Any]) -> str:
+    """Which dead letters a change took: those ticked (their digests; an older release's
+    message ids), those whose reason holds a text, or all."""
+    scope = parsed.get("scope")
+    if scope == "reason":
+        return f": letters whose reason contains “{parsed.get('reason', '')}”"
+    if scope == "all":
+        return ": every letter"
+    keys = parsed.get("letters") or parsed.get("message_ids") or []
+    if not isinstance(keys, list) or not keys:
+        return ""
+    shown = ", ".join(str(k) for k in keys[:CONSOLE_NAMED_IDS])
+    return f": {len(keys)} letters: {shown}" + (" …" if len(keys) > CONSOLE_NAMED_IDS else "")
 
 
 def _filter(chosen: Any) -> str:

@@ -11,6 +11,7 @@ import functools
 import json
 from collections.abc import Callable
 from datetime import datetime
+from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -22,8 +23,16 @@ from relay.console.refusals import audited, checked
 from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
-from relay.console_records import ADMIN, OPERATOR, ActionResult, Actor, Counted, ParkedFilter
-from relay.db.console_actions import DISCARD, EDIT, REPLAY, RESTORE
+from relay.console_records import (
+    ADMIN,
+    OPERATOR,
+    ActionResult,
+    Actor,
+    Counted,
+    LeftAfter,
+    ParkedFilter,
+)
+from relay.db.console_audit_log import DISCARD, EDIT, REPLAY, RESTORE
 from relay.errors import InputError
 
 ACTIONS = (REPLAY, DISCARD, RESTORE, *letter_changes.LETTER_ACTIONS)
@@ -84,8 +93,13 @@ async def confirm(console: Console, request: Request) -> Response:
                 request, "letters_confirm.html", session, hidden=change.hidden(), **values
             )
             return keep_session(console, response, session, _root(request))
-        since = Counted(0)
-        if change.everything:
+        since, archived_since = Counted(0), LeftAfter(0, ())
+        if change.everything and change.action == RESTORE:
+            bound = await _bounded(console, change)
+            within, archived_since = await run_in_threadpool(
+                console.reads.count_archived, forms.archive_filter(change.fields), bound
+            )
+        elif change.everything:
             chosen = await _chosen(console, change)
             assert change.bound is not None  # _chosen refuses a change without one
             within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
@@ -99,6 +113,7 @@ async def confirm(console: Console, request: Request) -> Response:
         action=change.action,
         within=within,
         since=since,
+        archived_since=archived_since,
         everything=change.everything,
         hidden=change.hidden(),
         described=change.fields,
@@ -119,11 +134,16 @@ async def act(console: Console, request: Request) -> Response:
     # Begun, a change is audited by its own entry, not as a refusal.
     if change.action in letter_changes.LETTER_ACTIONS:
         return await _act_on_letters(console, request, session, letters, actor)
+    began = await run_in_threadpool(console.reads.now)
     try:
         result = await run_in_threadpool(change_it)
     except Exception:
         console.metrics.actions.labels(change.action, "failed").inc()
         raise
+    undo = ""
+    if change.action == DISCARD and result.changed:
+        ended = await run_in_threadpool(console.reads.now)
+        undo = urlencode({"discarded_by": actor.name, **forms.utc_range(began, ended)})
     console.metrics.actions.labels(change.action, "done").inc()
     console.metrics.rows_changed.labels(change.action).inc(result.changed)
     response = console.page(
@@ -132,6 +152,7 @@ async def act(console: Console, request: Request) -> Response:
         session,
         action=change.action,
         result=result,
+        undo=undo,
         horizon=int(CONSOLE_SETTLE_HORIZON_S),
     )
     return keep_session(console, response, session, _root(request))
@@ -141,6 +162,10 @@ async def _prepared(console: Console, change: _Change, actor: Actor) -> Callable
     """The change its form asks for, checked (ids, the bound), to be made in the thread
     pool: what is refused here was never begun (``act`` audits it as a refusal)."""
     actions = console.actions
+    if change.action == RESTORE and change.everything:
+        bound = await _bounded(console, change)
+        chosen_rows = forms.archive_filter(change.fields)
+        return functools.partial(actions.restore, actor, None, chosen_rows, bound)
     if change.action == RESTORE:
         return functools.partial(actions.restore, actor, forms.ids(change.ids))
     do = actions.replay if change.action == REPLAY else actions.discard

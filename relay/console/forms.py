@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relay.broker.deadletter_pages import Position
-from relay.console_records import AuditFilter, Cursor, ParkedFilter
+from relay.console_records import ArchiveFilter, AuditFilter, Cursor, ParkedFilter
 from relay.errors import InputError
 
 MAX_FIELD = 1000
@@ -143,6 +143,37 @@ def audit_filter(fields: Mapping[str, str]) -> AuditFilter:
         since=since,
         until=until,
     )
+
+
+# The archive's filter, as its form, links and changes name the fields.
+ARCHIVE_FIELDS = ("discarded_by", "exchange", "reason", "since", "until")
+
+
+def archive_filter(fields: Mapping[str, str]) -> ArchiveFilter:
+    """The archive's filter: who discarded the rows (as the audit log names them), when (a
+    time without an offset is UTC, as the page says), their exchange and a part of their
+    last error."""
+    since, until = (_utc(fields, name) for name in ("since", "until"))
+    if since is not None and until is not None and since > until:
+        raise InputError("since: later than until")
+    return ArchiveFilter(
+        discarded_by=text(fields, "discarded_by").strip(),
+        exchange=text(fields, "exchange"),
+        reason=text(fields, "reason"),
+        since=since,
+        until=until,
+    )
+
+
+def utc_range(first: datetime, last: datetime) -> dict[str, str]:
+    """``since`` and ``until`` fields that take in every time from ``first`` to ``last``,
+    whole seconds in UTC, as a ``datetime-local`` field shows them (it drops a value with
+    an offset or microseconds)."""
+    start = first.astimezone(UTC).replace(microsecond=0, tzinfo=None)
+    end = last.astimezone(UTC).replace(tzinfo=None)
+    if end.microsecond:
+        end = end.replace(microsecond=0) + timedelta(seconds=1)
+    return {"since": start.isoformat(), "until": end.isoformat()}
 
 
 def _utc(fields: Mapping[str, str], name: str) -> datetime | None:

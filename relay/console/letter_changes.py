@@ -19,10 +19,9 @@ from relay.console.access import Refused
 from relay.console.letters import BOUNDS, inbox_queue, on_queue
 from relay.console.state import Console
 from relay.console_records import ADMIN, Actor
-from relay.db.console_actions import REQUEUE, failed
+from relay.db.console_audit_log import PURGE, REQUEUE, failed
 from relay.errors import InputError
 
-PURGE = "purge_dead_letters"
 LETTER_ACTIONS = (REQUEUE, PURGE)
 SCOPES = ("letters", "reason", "all")
 # Letters a done page names of those left, and the audit of those left for each reason

@@ -21,7 +21,7 @@ from relay.console.payloads import download_type, file_name, pretty_json
 from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_records import VIEWER
-from relay.db.console_actions import AUDITED
+from relay.db.console_audit_log import AUDITED
 from relay.errors import InputError
 
 # What a page shows: its template's values, read for a viewer's session.
@@ -143,13 +143,25 @@ async def payload(console: Console, request: Request) -> Response:
 
 @page("archive.html")
 async def archive(console: Console, request: Request, _session: Session) -> dict[str, Any]:
-    after = request.query_params.get("after", "")
+    """Discarded rows by filter, the last discarded first, a page at a time (keyset on the
+    id); from here an operator restores the rows chosen, or every row the filter matches."""
+    fields = dict(request.query_params)
+    chosen = forms.archive_filter(fields)
+    after = fields.get("after", "")
     listed = await run_in_threadpool(
         console.reads.archived,
+        chosen,
         forms.row_id(after, "after") if after else None,
         console.config.console_page_rows,
     )
-    return {"rows": listed, "drawn_at": await run_in_threadpool(console.reads.now)}
+    shown = {name: fields.get(name, "") for name in forms.ARCHIVE_FIELDS}
+    return {
+        "rows": listed,
+        "filters": shown,
+        "filtered": any(shown.values()),
+        "next": urlencode({**shown, "after": listed[-1].id}) if listed else "",
+        "drawn_at": await run_in_threadpool(console.reads.now),
+    }
 
 
 @page("audit.html")

@@ -23,7 +23,7 @@ from relay.console.sessions import Session
 from relay.console.state import Console
 from relay.console_constants import CONSOLE_NAMED_IDS
 from relay.console_records import Actor
-from relay.db.console_actions import UNKNOWN
+from relay.db.console_audit_log import UNKNOWN
 from relay.errors import InputError
 
 log = logging.getLogger(__name__)

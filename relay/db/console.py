@@ -22,11 +22,13 @@ from relay.buckets import fence
 from relay.causes import cause_of, grouped
 from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
 from relay.console_records import (
+    ArchiveFilter,
     AuditEntry,
     AuditFilter,
     Causes,
     Counted,
     Cursor,
+    LeftAfter,
     Overview,
     ParkedFilter,
     RelayPresence,
@@ -34,7 +36,7 @@ from relay.console_records import (
     RowSummary,
 )
 from relay.constants import BACKLOG_EXACT_ROWS, PROTOCOL_BEFORE_FENCES
-from relay.db import console_rows
+from relay.db import console_archive, console_rows
 from relay.db.clock import database_time
 from relay.db.columns import starts_with
 from relay.db.console_counts import Budget, capped, parked_time, walk
@@ -259,9 +261,15 @@ class ConsoleReads:
         with db_errors("console payload", self.where), self.engine.connect() as conn:
             return console_rows.payload(conn, row_id)
 
-    def archived(self, after: int | None, limit: int) -> list[RowSummary]:
+    def archived(self, chosen: ArchiveFilter, after: int | None, limit: int) -> list[RowSummary]:
         with db_errors("console archive", self.where), self.engine.connect() as conn:
-            return console_rows.archived(conn, after, limit)
+            return console_archive.listed(conn, chosen, after, limit)
+
+    def count_archived(self, chosen: ArchiveFilter, bound: datetime) -> tuple[Counted, LeftAfter]:
+        """What a restore by filter drawn at ``bound`` takes, and leaves
+        (``console_archive.counted``)."""
+        with db_errors("console count", self.where), self.engine.connect() as conn:
+            return console_archive.counted(conn, chosen, bound)
 
     def audit(self, chosen: AuditFilter, after: int | None, limit: int) -> list[AuditEntry]:
         with db_errors("console audit", self.where), self.engine.connect() as conn:

@@ -24,15 +24,37 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.console_constants import CONSOLE_CHUNK_PAUSE_SHARE, CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
-from relay.console_records import ActionResult, Actor, ParkedFilter
+from relay.console_records import (
+    LEFT_AS_SHOWN,
+    LEFT_BY_RESTORE,
+    ActionResult,
+    Actor,
+    ArchiveFilter,
+    LeftAfter,
+    ParkedFilter,
+)
 from relay.db.clock import database_time
 from relay.db.console import settled
+from relay.db.console_archive import (
+    archived,
+    archived_matching,
+    archived_since,
+    restored,
+)
+from relay.db.console_audit_log import (
+    DISCARD,
+    EDIT,
+    REPLAY,
+    RESTORE,
+    failed,
+    logged,
+    target_of,
+)
 from relay.db.console_counts import parked_time
-from relay.db.console_matching import Parked, matching, parked_since
+from relay.db.console_matching import matching, parked_since
 from relay.db.dialects import of
 from relay.db.engine import create_engine, transaction
 from relay.db.schema import (
-    WRITTEN_COLUMNS,
     console_audit,
     console_sessions_ended,
     outbox,
@@ -45,30 +67,9 @@ from relay.redact import redact_url
 
 log = logging.getLogger(__name__)
 
-REPLAY = "replay"
-DISCARD = "discard"
-RESTORE = "restore"
-EDIT = "edit_and_replay"
-REQUEUE = "requeue_dead_letters"
-# A refused attempt's action when the form posted none of the console's.
-UNKNOWN = "unknown"
-# The actions an audit entry may name, for the audit page's filter.
-AUDITED = (REPLAY, DISCARD, RESTORE, EDIT, REQUEUE, UNKNOWN)
-_ARCHIVED = ("id", *WRITTEN_COLUMNS, "created_at", "attempts", "last_error")
 # What a chunk does to the ids it is given, on a connection in its transaction: the ids it
 # changed (the rest it left, and names).
 Chunk = Callable[[sa.Connection, list[int]], list[int]]
-
-
-def target_of(ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any) -> str:
-    """An action's target as the audit log keeps it: the ids, or the filter and its bound."""
-    if ids is not None:
-        return json.dumps({"ids": list(ids), "bound": _text(bound)})
-    return json.dumps({"filter": chosen.described() if chosen else {}, "bound": _text(bound)})
-
-
-def _text(bound: Any) -> str | None:
-    return None if bound is None else bound.isoformat()
 
 
 class ConsoleActions:
@@ -81,7 +82,7 @@ class ConsoleActions:
         self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
     ) -> ActionResult:
         """The chosen parked rows back to pending, due now, their attempts reset."""
-        bound = _pinned(chosen, bound)
+        drawn, bound = bound, _pinned(chosen, bound)
         back = (
             sa.update(outbox)
             .where(of(self.engine).id_in(outbox.c.id))
@@ -96,59 +97,53 @@ class ConsoleActions:
                 conn.execute(back, {"ids": locked})
             return locked
 
-        return self._parked_change(actor, REPLAY, chunk, ids=ids, chosen=chosen, bound=bound)
+        return self._parked_change(
+            actor, REPLAY, chunk, ids=ids, chosen=chosen, bound=bound, drawn=drawn
+        )
 
     def discard(
         self, actor: Actor, ids: Sequence[int] | None, chosen: ParkedFilter | None, bound: Any
     ) -> ActionResult:
         """The chosen parked rows out of the outbox, whole, into the archive."""
-        bound = _pinned(chosen, bound)
-        columns = [outbox.c[name] for name in _ARCHIVED]
+        drawn, bound = bound, _pinned(chosen, bound)
 
         def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:
             locked = _parked_by(conn, batch, bound)
-            if not locked:
-                return []
-            rows = sa.select(*columns, sa.literal(actor.name).label("archived_by")).where(
-                of(conn).id_in(outbox.c.id)
-            )
-            conn.execute(
-                sa.insert(outbox_archive).from_select([*_ARCHIVED, "archived_by"], rows),
-                {"ids": locked},
-            )
-            conn.execute(sa.delete(outbox).where(of(conn).id_in(outbox.c.id)), {"ids": locked})
+            if locked:
+                archived(conn, locked, actor.name)
             return locked
 
-        return self._parked_change(actor, DISCARD, chunk, ids=ids, chosen=chosen, bound=bound)
+        return self._parked_change(
+            actor, DISCARD, chunk, ids=ids, chosen=chosen, bound=bound, drawn=drawn
+        )
 
-    def restore(self, actor: Actor, ids: Sequence[int]) -> ActionResult:
-        """Archived rows back into the outbox as they were, parked (from now): each keeps
-        its id; one whose message id the outbox holds again meanwhile stays archived."""
-        a = outbox_archive.c
-        free = ~sa.exists().where(outbox.c.message_id == a.message_id)
-
-        def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:
-            movable = list(
-                conn.scalars(
-                    sa.select(a.id).where(of(conn).id_in(a.id), free).with_for_update(),
-                    {"ids": batch},
-                )
-            )
-            if not movable:
-                return []
-            rows = sa.select(
-                *[a[name] for name in _ARCHIVED],
-                sa.literal(PARKED).label("status"),
-                database_time().label("next_attempt_at"),
-            ).where(of(conn).id_in(a.id))
-            conn.execute(
-                sa.insert(outbox).from_select([*_ARCHIVED, "status", "next_attempt_at"], rows),
-                {"ids": movable},
-            )
-            conn.execute(sa.delete(outbox_archive).where(of(conn).id_in(a.id)), {"ids": movable})
-            return [int(i) for i in movable]
-
-        return self._chunks(actor, RESTORE, target_of(ids, None, None), _batches(ids), chunk)
+    def restore(
+        self,
+        actor: Actor,
+        ids: Sequence[int] | None,
+        chosen: ArchiveFilter | None = None,
+        bound: Any = None,
+    ) -> ActionResult:
+        """Archived rows back into the outbox as they were, parked (from now): those named,
+        or those ``chosen`` selects that were archived by ``bound`` (the rows archived after
+        it named as left). Each keeps its id; one whose message id the outbox holds again
+        meanwhile stays archived, named as left."""
+        left = LEFT_BY_RESTORE
+        if ids is not None:
+            target = target_of(ids, None, None)
+            return self._chunks(actor, RESTORE, target, _batches(ids), restored, left_as=left)
+        if chosen is None or bound is None:
+            raise InputError("name the rows, or a filter and its bound")
+        return self._chunks(
+            actor,
+            RESTORE,
+            target_of(None, chosen, bound),
+            archived_matching(self.engine, self.where, chosen, bound),
+            restored,
+            since=lambda: archived_since(self.engine, self.where, chosen, bound),
+            since_as="archived",
+            left_as=left,
+        )
 
     def edit(self, actor: Actor, row_id: int, changes: dict[str, Any]) -> ActionResult:
         """A copy of a parked or archived row with ``changes`` (exchange, routing_key,
@@ -164,7 +159,7 @@ class ConsoleActions:
         except Exception as exc:
             self._ended(actor, EDIT, target, None, rows=0, result=failed(0, exc))
             raise
-        _logged(actor, EDIT, target, 1, f"copy {copy_id}")
+        logged(actor, EDIT, target, 1, f"copy {copy_id}")
         return ActionResult(1, new_ids=(copy_id,))
 
     def _copy(
@@ -208,7 +203,7 @@ class ConsoleActions:
         as soon as it is done: no transaction spans the broker and the database."""
         with transaction(self.engine, "console audit", self.where) as conn:
             self._audit(conn, actor, action, target=target, rows=rows, result=result)
-        _logged(actor, action, target, rows, result)
+        logged(actor, action, target, rows, result)
 
     def _parked_change(
         self,
@@ -219,8 +214,11 @@ class ConsoleActions:
         ids: Sequence[int] | None,
         chosen: ParkedFilter | None,
         bound: Any,
+        drawn: Any,
     ) -> ActionResult:
-        target = target_of(ids, chosen, bound)
+        """``bound``: the latest parking time the change takes; ``drawn``: when its page was
+        drawn, as its audit entry says it."""
+        target = target_of(ids, chosen, drawn)
         if ids is not None:
             return self._chunks(actor, action, target, _batches(ids), chunk)
         if chosen is None:
@@ -242,7 +240,9 @@ class ConsoleActions:
         batches: Iterator[list[int]],
         chunk: Chunk,
         *,
-        since: Callable[[], Parked] = lambda: Parked(0, ()),
+        since: Callable[[], LeftAfter] = lambda: LeftAfter(0, ()),
+        since_as: str = "parked",
+        left_as: str = LEFT_AS_SHOWN,
     ) -> ActionResult:
         """The chunks run, the audit entry (written with the first) counting each; it ends
         with the change's result (``ActionResult.audited``: what it left, named, and why: the
@@ -274,7 +274,15 @@ class ConsoleActions:
                 time.sleep((time.monotonic() - began) * CONSOLE_CHUNK_PAUSE_SHARE)
             later, named = since(), tuple(left_ids)
             left = chosen - changed
-            result = ActionResult(changed, left, later.rows, left_ids=named, since_ids=later.ids)
+            result = ActionResult(
+                changed,
+                left,
+                later.rows,
+                left_ids=named,
+                since_ids=later.ids,
+                since_as=since_as,
+                left_as=left_as,
+            )
         except Exception as exc:
             self._ended(actor, action, target, audit_id, rows=changed, result=failed(changed, exc))
             raise
@@ -311,12 +319,13 @@ class ConsoleActions:
                 exc,
                 extra={"action": "console_audit_failed"},
             )
-        _logged(actor, action, target, rows, result)
+        logged(actor, action, target, rows, result)
 
     def _audit(
         self, conn: sa.Connection, actor: Actor, action: str, *, target: str, rows: int, result: str
     ) -> int:
         entry = sa.insert(console_audit).values(
+            at=database_time(),  # as the archive's time: in microseconds on SQLite too
             actor=actor.name,
             role=actor.role,
             action=action,
@@ -328,12 +337,6 @@ class ConsoleActions:
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-def failed(changed: int, exc: BaseException) -> str:
-    """A failed change's result as the audit log keeps it: what committed, and the error's
-    class (never its message, which may quote a statement's parameters)."""
-    return f"failed after {changed} rows: {type(exc).__name__}"
 
 
 def _pinned(chosen: ParkedFilter | None, bound: Any) -> Any:
@@ -372,23 +375,3 @@ def _parked_by(conn: sa.Connection, batch: list[int], bound: Any) -> list[int]:
 def _in(engine: sa.Engine, table: sa.Table, row_id: int) -> bool:
     with transaction(engine, "console edit", redact_url(str(engine.url))) as conn:
         return conn.execute(sa.select(table.c.id).where(table.c.id == row_id)).first() is not None
-
-
-def _logged(actor: Actor, action: str, target: str, rows: int, result: str) -> None:
-    log.info(
-        "console %s by %s (%s): %d rows, %s",
-        action,
-        actor.name,
-        actor.role,
-        rows,
-        result,
-        extra={
-            "action": "console_change",
-            "change": action,
-            "actor": actor.name,
-            "role": actor.role,
-            "target": target,
-            "rows": rows,
-            "result": result,
-        },
-    )

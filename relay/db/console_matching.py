@@ -13,13 +13,12 @@ changes those of its cause.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
-from relay.console_records import ParkedFilter
+from relay.console_records import LeftAfter, ParkedFilter
 from relay.db.console import parked_where, reason_cause, reason_key
 from relay.db.console_counts import parked_after, parked_time
 from relay.db.engine import transaction
@@ -56,16 +55,7 @@ def matching(
         after = (rows[-1].next_attempt_at, int(rows[-1].id))
 
 
-@dataclass(frozen=True, slots=True)
-class Parked:
-    """Rows parked after a change's bound: how many, and the first ids (at most
-    ``CONSOLE_NAMED_IDS``), which the change names as left."""
-
-    rows: int
-    ids: tuple[int, ...]
-
-
-def parked_since(engine: sa.Engine, where: str, chosen: ParkedFilter, bound: Any) -> Parked:
+def parked_since(engine: sa.Engine, where: str, chosen: ParkedFilter, bound: Any) -> LeftAfter:
     """The parked rows ``chosen`` selects that were parked after ``bound`` (a change leaves
     them): few, those of the last seconds, counted by reason when a cause is chosen, and
     the first named."""
@@ -75,16 +65,16 @@ def parked_since(engine: sa.Engine, where: str, chosen: ParkedFilter, bound: Any
         if not chosen.cause:
             rows = int(conn.execute(sa.select(sa.func.count()).where(*after)).scalar_one())
             named = conn.execute(first.limit(CONSOLE_NAMED_IDS)).all()
-            return Parked(rows, tuple(int(r.id) for r in named))
+            return LeftAfter(rows, tuple(int(r.id) for r in named))
         reasons = conn.execute(
             sa.select(reason_key, sa.func.count()).where(*after).group_by(reason_key)
         ).all()
         ours = {reason: int(n) for reason, n in reasons if _of(chosen, reason)}
         if not ours:
-            return Parked(0, ())
+            return LeftAfter(0, ())
         # Only the reasons of the cause: no row of another is read again.
         named = conn.execute(first.where(reason_key.in_(ours)).limit(CONSOLE_NAMED_IDS)).all()
-    return Parked(sum(ours.values()), tuple(int(r.id) for r in named))
+    return LeftAfter(sum(ours.values()), tuple(int(r.id) for r in named))
 
 
 def _of(chosen: ParkedFilter, reason: str | None) -> bool:

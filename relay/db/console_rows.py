@@ -46,7 +46,7 @@ def summary(row: Any) -> RowSummary:
     )
 
 
-_ARCHIVED_SUMMARY = (
+ARCHIVED_SUMMARY = (
     outbox_archive.c.id,
     outbox_archive.c.message_id,
     outbox_archive.c.exchange,
@@ -64,7 +64,7 @@ def row_detail(conn: sa.Connection, row_id: int, preview: int) -> RowDetail | No
     bytes, its links to edited copies, and with ordering on (an ordering key), its key's
     pending rows held behind it."""
     found = _row(conn, outbox, SUMMARY_COLUMNS, row_id, preview) or _row(
-        conn, outbox_archive, _ARCHIVED_SUMMARY, row_id, preview
+        conn, outbox_archive, ARCHIVED_SUMMARY, row_id, preview
     )
     if found is None:
         return None
@@ -145,15 +145,6 @@ def payload(conn: sa.Connection, row_id: int) -> tuple[str, bytes] | None:
         if found is not None:
             return readable_text(found.content_type), bytes(found.payload)
     return None
-
-
-def archived(conn: sa.Connection, after: int | None, limit: int) -> list[RowSummary]:
-    """Discarded rows, the last discarded first, after the id ``after``."""
-    statement = sa.select(*_ARCHIVED_SUMMARY)
-    if after is not None:
-        statement = statement.where(outbox_archive.c.id < after)
-    statement = statement.order_by(outbox_archive.c.id.desc()).limit(limit)
-    return [summary(r) for r in conn.execute(statement)]
 
 
 def audit(

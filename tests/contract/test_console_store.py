@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
 from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
-from relay.console_records import Actor, AuditFilter, Counted, ParkedFilter
+from relay.console_records import Actor, ArchiveFilter, AuditFilter, Counted, ParkedFilter
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
@@ -166,7 +166,7 @@ def test_a_bulk_change_goes_in_chunks_and_its_entry_counts_them_all(database_url
     reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
     try:
         result = actions.discard(OTTO, None, ParkedFilter(), reads.now())
-        archived = reads.archived(None, rows + 1)
+        archived = reads.archived(ArchiveFilter(), None, rows + 1)
     finally:
         reads.close()
         actions.close()
@@ -298,6 +298,50 @@ def test_discarded_rows_are_restored_as_they_were(database_url: str) -> None:
         NO_ROUTE,
     )
     assert [e.action for e in audit(database_url)] == ["discard", "restore"]
+
+
+def test_a_bulk_discard_is_undone_whole_by_a_restore_of_its_filter(database_url: str) -> None:
+    many = CONSOLE_CHUNK_ROWS * 2 + 50  # more than one chunk of each change
+    ids = park(
+        database_url,
+        [{"message_id": f"x{i}", "exchange": "x"} for i in range(many)],
+        NO_ROUTE,
+        ago=SETTLED,
+    )
+    (theirs,) = park(database_url, [{"message_id": "y", "exchange": "x"}], NO_ROUTE, ago=SETTLED)
+    (later,) = park(database_url, [{"message_id": "z", "exchange": "x"}], NO_ROUTE)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    mine = ArchiveFilter(discarded_by=OTTO.name, exchange="x")
+    try:
+        drawn = reads.now()
+        discarded = actions.discard(OTTO, None, ParkedFilter(message_prefix="x"), drawn)
+        actions.discard(ADA, [theirs], None, reads.now())
+        # A row written again with a discarded row's message id: that one cannot come back.
+        (again,) = park(database_url, [{"message_id": "x7", "exchange": "x"}], NO_ROUTE)
+        bound = reads.now()
+        wait_until(lambda: reads.now() > bound, 5, "the database's clock past the bound")
+        actions.discard(OTTO, [later], None, reads.now())
+        counted, left_after = reads.count_archived(mine, bound)
+        restored = actions.restore(OTTO, None, mine, bound)
+        listed = reads.archived(ArchiveFilter(), None, 10)
+    finally:
+        reads.close()
+        actions.close()
+    assert discarded.changed == many
+    assert (counted, left_after.rows, left_after.ids) == (Counted(many), 1, (later,))
+    assert (restored.changed, restored.left, restored.left_ids) == (many - 1, 1, (ids[7],))
+    assert (restored.parked_since, restored.since_ids) == (1, (later,))
+    back = statuses_of(database_url, [*ids, theirs, later, again])
+    assert back == {**{i: PARKED for i in ids if i != ids[7]}, again: PARKED}
+    assert sorted(r.id for r in listed) == sorted([ids[7], theirs, later])
+    discard, *_, entry = audit(database_url)
+    # The time the page was drawn, not the parking time the change reached back to.
+    assert json.loads(discard.target)["bound"] == drawn.isoformat()
+    assert json.loads(entry.target)["filter"] == {"discarded_by": "otto", "exchange": "x"}
+    assert (
+        entry.result
+        == f"done; left 1 whose message id the outbox holds again, or restored meanwhile: ids {ids[7]}; left 1 archived after the bound: ids {later}"
+    )
 
 
 def test_an_edited_copy_is_a_new_row_linked_to_its_kept_original(database_url: str) -> None:

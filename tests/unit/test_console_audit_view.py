@@ -11,8 +11,8 @@ import pytest
 from relay.console.audit_view import target_text
 from relay.console.forms import audit_filter
 from relay.console.refusals import attempted
-from relay.console_records import ParkedFilter
-from relay.db.console_actions import target_of
+from relay.console_records import ArchiveFilter, ParkedFilter
+from relay.db.console_audit_log import target_of
 from relay.errors import InputError
 
 BOUND = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -36,6 +36,33 @@ def test_ids_read_as_the_first_of_them_and_how_many_more() -> None:
     edit = json.dumps({"id": 7, "changed": ["exchange", "payload"]})
     assert target_text(edit) == ["row 7, its exchange, payload changed"]
     assert target_text("not json") == ["not json"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"scope": "letters", "letters": ["d1", "d2"]}, "queue q: 2 letters: d1, d2"),
+        (
+            {"scope": "reason", "reason": "tenant-7 "},
+            "queue q: letters whose reason contains “tenant-7 ”",
+        ),
+        ({"scope": "all"}, "queue q: every letter"),
+        ({"message_ids": ["m1"]}, "queue q: 1 letters: m1"),  # an older release's entry
+        ({}, "queue q"),
+    ],
+)
+def test_a_dead_letter_changes_target_says_which_letters_it_took(
+    fields: dict[str, object], said: str
+) -> None:
+    assert target_text(json.dumps({"queue": "q", **fields})) == [said]
+
+
+def test_a_restores_filter_reads_as_the_archives_fields() -> None:
+    chosen = ArchiveFilter(discarded_by="otto", since=BOUND, until=BOUND)
+    assert target_text(target_of(None, chosen, BOUND))[0] == (
+        "filter: discarded by “otto”; from “2026-11-29T12:00:00+00:00”; "
+        "to “2026-11-29T12:00:00+00:00”"
+    )
 
 
 def test_a_refused_attempt_keeps_what_it_asked_for_cut_short() -> None:
