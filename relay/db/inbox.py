@@ -178,7 +178,7 @@ class InboxStore:
     def purge(self, older_than: float, chunk: int) -> int:
         """Delete this consumer's keys and attempts older than ``older_than`` seconds,
         ``chunk`` rows per transaction, until none is left (a consumer purges in slices of
-        its own: ``relay.inbox.flow.Flow.purge_slice``)."""
+        its own: ``relay.inbox.purge``)."""
         deleted = 0
         while True:
             count = self.call("purging the inbox", self.statements.purge_one, older_than, chunk)

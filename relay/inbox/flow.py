@@ -25,7 +25,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
+from relay.constants import INBOX_LOST_AT_ONE_MESSAGE
 from relay.db.inbox import Interrupted, TransactionFailed
 from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
@@ -370,30 +370,3 @@ class Flow:
             return False
         log.info("database answers: consuming again", extra={"action": "inbox_resumed"})
         return True
-
-    def purge_slice(self) -> Steps[bool]:
-        """A slice of the purge of ids older than the dedupe window: chunks of
-        ``INBOX_PURGE_CHUNK``, each a short transaction, for at most ``INBOX_PURGE_SLICE_S``,
-        so that the consumer's connection is serviced between slices. Whether more is left."""
-        deleted, full = 0, True
-        until = time.monotonic() + INBOX_PURGE_SLICE_S
-        window = self.inbox.inbox_dedupe_window
-        while full and time.monotonic() < until:
-            try:
-                count = yield call(
-                    "purging the inbox", self.statements.purge_one, window, INBOX_PURGE_CHUNK
-                )
-            except StoreError as exc:
-                log.warning(
-                    "inbox purge failed: %s",
-                    self.describe(exc),
-                    extra={"action": "inbox_purge_failed"},
-                )
-                return False
-            deleted += count
-            full = count == INBOX_PURGE_CHUNK
-        if deleted:
-            log.info(
-                "purged %d expired ids", deleted, extra={"action": "inbox_purged", "rows": deleted}
-            )
-        return full
