@@ -158,7 +158,7 @@ class AsyncMessageRun:
         sql = statements.key_sql
         try:
             cursor = await driver.execute(sql, key)
-            return await cursor.fetchone() is not None
+            return statements.inserted(self._sync(), await cursor.fetchone())
         except psycopg.Error as exc:
             raise sa.exc.DBAPIError.instance(sql, key, exc, psycopg.Error) from exc
 

@@ -32,6 +32,7 @@ from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import (
     COMMITTED_IN_PART,
+    ENDED_KEY_COMMITTED,
     WENT_ON,
     RetrySchedule,
     dead_letter_headers,
@@ -203,14 +204,17 @@ class Flow:
                     self.metrics.processed.inc()
                     self._lost_at = None
                     return Answer(Verdict.ACK)
-                # Rolled back past ``Transaction`` (through the driver, a procedure, a
-                # statement that rolls back as it fails): the transaction here is another,
-                # without the key, and is rolled back too.
+                # Ended past ``Transaction`` (through the driver, a procedure, a statement
+                # that rolls back as it fails, a deadlock): the transaction here is another,
+                # without the key this run inserted, and is rolled back too. The key may be
+                # committed all the same, where the database cannot tell the handler's own
+                # commit from another delivery's that ran once the key went.
                 ended = True
                 error = TransactionEnded(
                     "the handler ended the inbox's transaction: its key was not in the "
                     "transaction at the end"
                 )
+                committed = yield call("looking for the key", self.statements.key_committed, key)
             except TransactionFailed as failed:
                 error = failed
                 committed = yield call("looking for the key", self.statements.key_committed, key)
@@ -224,7 +228,8 @@ class Flow:
         # too: it is not used again.
         yield roll_back(discard=committed or went_on or isinstance(error, TransactionEnded))
         if committed:
-            return (yield from self._not_again(key, error, COMMITTED_IN_PART))
+            why_not = ENDED_KEY_COMMITTED if ended else COMMITTED_IN_PART
+            return (yield from self._not_again(key, error, why_not))
         if went_on:
             yield call("keeping the key", self.statements.add_key, key)
             return (yield from self._not_again(key, error, WENT_ON))

@@ -28,6 +28,23 @@ class InboxDialect:
     # (``InboxStatements.holds_key``): where a handler can make its transaction's commit
     # not durable, the look makes it durable again in the same round trip.
     key_look: ClassVar[str] = "1"
+    # SQL of what the key's insert returns and the look reads back, to tell the row this
+    # run's transaction inserted from the same key another transaction committed (a second
+    # consumer's, given the message while the first one's transaction was rolled back under
+    # its handler): PostgreSQL's xmin. None where the transaction is marked instead
+    # (``mark_key``), or where no other run can commit the key while one holds it (SQLite's
+    # run lock).
+    key_token: ClassVar[str | None] = None
+
+    def mark_key(self, conn: sa.Connection) -> None:
+        """Mark ``conn``'s transaction right after its key's insert, for ``key_marked``."""
+        return None
+
+    def key_marked(self, conn: sa.Connection) -> bool | None:
+        """At the run's end: whether ``conn``'s transaction is still the one ``mark_key``
+        marked (the one that inserted the key); None where nothing is marked (the key's row
+        is looked at, ``key_token``)."""
+        return None
 
     def durability_problem(self, conn: sa.Connection) -> str | None:
         """Why a commit may not survive a crash of the database's host, where a session

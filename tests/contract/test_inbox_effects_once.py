@@ -1,0 +1,88 @@
+"""The inbox's "effects once" where a handler's transaction ends, or is undone in part, in
+ways its key's look missed (issue 71, an outside review's second round), through the blocking
+and the asyncio stores driven by the inbox's own decisions: another delivery's committed key
+taken for the run's own, a table the rollback cannot undo."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from relay.db.engine import create_engine
+from relay.records import Answer, Verdict
+from tests.contract.test_inbox_store import KINDS, WRITE, Consumer, keys, noted
+from tests.support import inbox_script
+from tests.support.inbox_script import effects
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def url(database_url: str) -> str:
+    engine = create_engine(database_url)
+    effects.create(engine)
+    engine.dispose()
+    return database_url
+
+
+@pytest.fixture
+def consumer(kind: str, url: str) -> Iterator[Consumer]:
+    made = Consumer(kind, url)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def calls() -> Iterator[dict[str, Callable[[], None]]]:
+    yield inbox_script.CALLS
+    inbox_script.CALLS.clear()
+
+
+@pytest.mark.databases("postgresql", "mariadb")
+def test_another_deliverys_committed_key_is_not_the_runs_own(
+    consumer: Consumer, url: str, calls: dict[str, Callable[[], None]]
+) -> None:
+    """The message's transaction rolled back under its handler (the driver's rollback; on
+    MariaDB a deadlock alike): a second consumer of the name, given the message again, finds
+    no key, runs and commits. The first handler goes on, writes again through its driver and
+    returns: its look at the end found the second's committed key and took it for its own,
+    committed its write and acked, the message's effect twice. (SQLite's consumers run one at
+    a time: no second one runs meanwhile.)"""
+    twin = Consumer("blocking", url)
+    answers: list[Answer] = []
+    calls["twin"] = lambda: answers.append(
+        twin.process("m-1", [("write", "twin")], redelivered=True)
+    )
+    redone = ("cursor", "INSERT INTO effects (note) VALUES ('first')")
+    try:
+        first = consumer.process(
+            "m-1", [("write", "first"), ("driver", "rollback"), ("call", "twin"), redone]
+        )
+    finally:
+        twin.close()
+    assert [answer.verdict for answer in answers] == [Verdict.ACK]
+    assert (noted(url), keys(url)) == (["twin"], ["m-1"])
+    # Dead-lettered (it cannot be told from the handler's own commit everywhere), its key kept.
+    assert first.verdict is Verdict.DEAD_LETTER
+    assert first.reason is not None
+    assert "another delivery of the message" in str(first.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["twin"]
+
+
+@pytest.mark.databases("postgresql", "mariadb")
+def test_the_runs_own_commit_past_tx_is_told_where_the_database_can(
+    consumer: Consumer, url: str
+) -> None:
+    """The handler's own commit through its driver, then a return: PostgreSQL tells its
+    committed key by the transaction that wrote it (acked, all of it committed); MariaDB
+    cannot tell it from another delivery's: dead-lettered, its key kept, never done twice."""
+    answer = consumer.process("m-1", [("write", "a"), ("driver", "commit")])
+    own = Verdict.ACK if consumer.store.engine.dialect.name == "postgresql" else Verdict.DEAD_LETTER
+    assert answer.verdict is own
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["a"], ["m-1"])
