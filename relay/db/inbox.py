@@ -105,6 +105,12 @@ def spoilt(conn: sa.Connection, discard: bool) -> bool:
     return True
 
 
+def kept_by_rollback(conn: sa.Connection) -> bool:
+    """The message's transaction, a handler's run failed, rolled back: whether a part of the
+    run's work stayed (``Dialect.rolled_back_in_part``), as committed."""
+    return conn.in_transaction() and of(conn).rolled_back_in_part(conn)
+
+
 def own(guard: Guard | None) -> contextlib.AbstractContextManager[None]:
     """The inbox's own statements and moves on the message's connection after its handler
     (``Guard.returned``), let through; none to let through before the handler ran."""
@@ -178,7 +184,7 @@ class InboxStore:
     def purge(self, older_than: float, chunk: int) -> int:
         """Delete this consumer's keys and attempts older than ``older_than`` seconds,
         ``chunk`` rows per transaction, until none is left (a consumer purges in slices of
-        its own: ``relay.inbox.purge``)."""
+        its own: ``relay.inbox.flow.Flow.purge_slice``)."""
         deleted = 0
         while True:
             count = self.call("purging the inbox", self.statements.purge_one, older_than, chunk)
@@ -260,19 +266,22 @@ class MessageRun:
         finally:
             self._release(discard=False)
 
-    def rollback(self, discard: bool) -> None:
-        if self._conn is not None:
-            self._release(discard)
+    def rollback(self, discard: bool) -> bool:
+        return self._conn is not None and self._release(discard)
 
-    def _release(self, discard: bool) -> None:
+    def _release(self, discard: bool) -> bool:
         """The message's connection back to the pool, rolled back; discarded instead when its
-        session may have been changed (``spoilt``).
+        session may have been changed (``spoilt``). Whether the rollback of a handler's run
+        left a part of its work (``kept_by_rollback``).
         Never raises: a connection that fails to close is dropped, and the database rolls
         back what it held."""
         conn, self._conn = self._conn, None
         assert conn is not None
+        kept = False
         try:
             with own(self._guard):
+                ran = self._guard is not None and not conn.invalidated
+                kept = ran and kept_by_rollback(conn)
                 if not conn.invalidated and spoilt(conn, discard):
                     conn.invalidate()  # rolled back by the server as the connection closes
                 conn.close()
@@ -282,3 +291,4 @@ class MessageRun:
         finally:
             self._guard = None
             self._guarding.close()  # the guard's last: the connection is the pool's now
+        return kept

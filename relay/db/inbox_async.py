@@ -23,6 +23,7 @@ from relay.db.inbox import (
     classified,
     handler_failed,
     holds_inbox,
+    kept_by_rollback,
     own,
     run_lock,
     spoilt,
@@ -212,9 +213,8 @@ class AsyncMessageRun:
         await conn.commit()  # SQLAlchemy's: psycopg sends nothing, its transaction over
         return status == COMMIT
 
-    async def rollback(self, discard: bool) -> None:
-        if self._conn is not None:
-            await self._release(discard)
+    async def rollback(self, discard: bool) -> bool:
+        return self._conn is not None and await self._release(discard)
 
     def _held(self) -> AsyncConnection:
         assert self._conn is not None
@@ -225,14 +225,17 @@ class AsyncMessageRun:
         assert conn is not None
         return conn
 
-    async def _release(self, discard: bool) -> None:
+    async def _release(self, discard: bool) -> bool:
         """``relay.db.inbox.MessageRun._release``: never raises."""
         conn, self._conn = self._conn, None
         assert conn is not None
         sync = conn.sync_connection
+        kept = False
         try:
             with own(self._guard):
                 alive = sync is not None and not sync.invalidated
+                if alive and self._guard is not None:
+                    kept = await conn.run_sync(kept_by_rollback)
                 if alive and await conn.run_sync(spoilt, discard):
                     await conn.invalidate()  # rolled back by the server as it closes
                 await conn.close()
@@ -242,3 +245,4 @@ class AsyncMessageRun:
         finally:
             self._guard = None
             self._guarding.close()  # the guard's last: the connection is the pool's now
+        return kept

@@ -33,6 +33,7 @@ from relay.errors import StoreError
 from relay.inbox.policy import (
     COMMITTED_IN_PART,
     ENDED_KEY_COMMITTED,
+    NOT_UNDONE,
     WENT_ON,
     RetrySchedule,
     dead_letter_headers,
@@ -226,13 +227,14 @@ class Flow:
         went_on = not committed and (yield went_on_step(ended))
         # A connection whose transaction the handler ended may have had its session changed
         # too: it is not used again.
-        yield roll_back(discard=committed or went_on or isinstance(error, TransactionEnded))
+        # A part its rollback left in place (a table without transactions) is as committed.
+        kept = yield roll_back(discard=committed or went_on or isinstance(error, TransactionEnded))
         if committed:
             why_not = ENDED_KEY_COMMITTED if ended else COMMITTED_IN_PART
             return (yield from self._not_again(key, error, why_not))
-        if went_on:
+        if went_on or kept:
             yield call("keeping the key", self.statements.add_key, key)
-            return (yield from self._not_again(key, error, WENT_ON))
+            return (yield from self._not_again(key, error, WENT_ON if went_on else NOT_UNDONE))
         if run.interrupted is not None:  # as a consumer that died in its handler: uncounted
             raise run.interrupted
         return (yield from self._failed(key, error))

@@ -86,3 +86,30 @@ def test_the_runs_own_commit_past_tx_is_told_where_the_database_can(
     assert answer.verdict is own
     assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
     assert (noted(url), keys(url)) == (["a"], ["m-1"])
+
+
+@pytest.mark.databases("mariadb")
+@pytest.mark.parametrize("engine", ["MyISAM", "Aria", "MEMORY"])
+def test_a_write_the_rollback_cannot_undo_is_not_done_again(
+    consumer: Consumer, url: str, engine: str
+) -> None:
+    """A handler's table of an engine without transactions keeps its write whatever the
+    inbox's rollback does (MariaDB warns so at the ROLLBACK): the handler then failed, and
+    its retries wrote it again, once an attempt. Dead-lettered at once instead, its key
+    kept, naming why."""
+    database = create_engine(url)
+    with database.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE effects")
+        conn.exec_driver_sql(
+            "CREATE TABLE effects (note VARCHAR(64) NOT NULL, secret VARCHAR(64) UNIQUE) "
+            f"ENGINE={engine}"
+        )
+    database.dispose()
+    answer = consumer.process("m-1", [("write", "charged"), ("raise", "")])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    assert "cannot roll back" in str(answer.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+    # A failure that wrote nothing there is retried as ever, on the same connection.
+    assert consumer.process("m-2", [("raise", "")]).verdict is Verdict.RETRY

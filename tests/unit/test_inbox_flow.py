@@ -299,6 +299,24 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
         False,
         1,
     ),
+    "a part its rollback left in place (a table without transactions): dead-lettered at once, "
+    "its key kept": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", BROKE),
+            ("looking for the key", False),
+            ("went_on", False),
+            ("rollback", True),
+            ("keeping the key", True),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
     "the failures unread: dead-lettered with the reason alone": (
         delivery(),
         [*RAISED, ("counting an attempt", 5), ("reading attempts", DOWN)],

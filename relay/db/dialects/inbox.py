@@ -46,6 +46,12 @@ class InboxDialect:
         is looked at, ``key_token``)."""
         return None
 
+    def rolled_back_in_part(self, conn: sa.Connection) -> bool:
+        """Roll back ``conn``'s transaction, a handler's run failed: whether the rollback
+        left a part of it in place, the database saying so."""
+        conn.rollback()
+        return False
+
     def durability_problem(self, conn: sa.Connection) -> str | None:
         """Why a commit may not survive a crash of the database's host, where a session
         cannot set it, or None."""

@@ -65,6 +65,9 @@ _DUPLICATE_KEY = re.compile(r"for key '([^']*)'$")
 # a savepoint is not there (ER_SP_DOES_NOT_EXIST).
 _KEY_SAVEPOINT = "relay_inbox_key"
 _NO_SAVEPOINT = 1305
+# ER_WARNING_NOT_COMPLETE_ROLLBACK: "Some non-transactional changed tables couldn't be rolled
+# back".
+_NOT_ROLLED_BACK = 1196
 # JSON_TABLE's column types where the column's own type's name is not one: text of any length.
 _JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
 
@@ -129,6 +132,14 @@ class MySQL(Dialect):
                 raise
             return False
         return True
+
+    def rolled_back_in_part(self, conn: sa.Connection) -> bool:
+        # A table of an engine without transactions (MyISAM, Aria, MEMORY) keeps what was
+        # written to it, and the ROLLBACK warns so: a retry would write it again. Looked at on
+        # a failed run's rollback alone, a round trip there.
+        conn.rollback()
+        warnings = conn.exec_driver_sql("SHOW WARNINGS").all()
+        return any(row[1] == _NOT_ROLLED_BACK for row in warnings)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
