@@ -246,7 +246,8 @@ class MessageRun:
         or from another connection where it cannot from this one."""
         conn = self._conn
         assert conn is not None
-        seen = went_on_here(conn, ended)
+        with classified(LOOKING, self._store.where, conn), own(self._guard):
+            seen = went_on_here(conn, ended)
         if seen is not None:
             return seen
         return not self.call(LOOKING, *holds_inbox(conn))

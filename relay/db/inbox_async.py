@@ -179,7 +179,8 @@ class AsyncMessageRun:
     async def went_on(self, ended: bool) -> bool:
         """``relay.db.inbox.MessageRun.went_on``."""
         conn = self._sync()
-        seen = went_on_here(conn, ended)
+        with classified(LOOKING, self._store.where, conn), own(self._guard):
+            seen = await self._held().run_sync(went_on_here, ended)
         if seen is not None:
             return seen
         return not await self.call(LOOKING, *holds_inbox(conn))

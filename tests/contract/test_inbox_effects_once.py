@@ -113,3 +113,39 @@ def test_a_write_the_rollback_cannot_undo_is_not_done_again(
     assert (noted(url), keys(url)) == (["charged"], ["m-1"])
     # A failure that wrote nothing there is retried as ever, on the same connection.
     assert consumer.process("m-2", [("raise", "")]).verdict is Verdict.RETRY
+
+
+# The driver's rollback, then a write and a commit through it: past the inbox's transaction.
+WENT_ON = [
+    ("driver", "rollback"),
+    ("cursor", "INSERT INTO effects (note) VALUES ('charged')"),
+    ("driver", "commit"),
+]
+
+
+@pytest.mark.databases("sqlite")
+def test_a_handler_that_blinds_sqlites_watch_never_does_it_twice(
+    consumer: Consumer, url: str
+) -> None:
+    """The inbox's watch of an SQLite connection's statements is sqlite3's trace callback;
+    a handler set its own, then went on past its transaction's rollback and failed: its
+    committed write was retried, done again at each attempt. A watch that hears nothing
+    cannot tell what ran: dead-lettered at once, its key kept."""
+    answer = consumer.process("m-1", [("untraced", ""), *WENT_ON, ("raise", "")])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+
+
+@pytest.mark.databases("sqlite")
+def test_the_watch_is_the_pooled_connections_again_after_a_handler_replaced_it(
+    consumer: Consumer, url: str
+) -> None:
+    """A handler that set its own trace callback and returned left the pooled connection
+    unwatched: the next message's run went on past its rollback unseen. The watch is set
+    again after each run: an innocent failure is retried, a run that went on dead-lettered."""
+    assert consumer.process("m-1", [("untraced", ""), ("write", "a")]).verdict is Verdict.ACK
+    assert consumer.process("m-2", [("write", "b"), ("raise", "")]).verdict is Verdict.RETRY
+    assert consumer.process("m-3", [*WENT_ON, ("raise", "")]).verdict is Verdict.DEAD_LETTER
+    assert consumer.process("m-3", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["a", "charged"]

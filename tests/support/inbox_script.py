@@ -48,6 +48,8 @@ effects = sa.Table(
 #             with caught (SQLite's ``INSERT OR ROLLBACK`` rolls back the whole transaction)
 #   duplicate a row whose unique value (``SECRET``) is there already: the database's error,
 #             its message and parameters quoting the value, raised out of the handler
+#   untraced  SQLite's trace callback replaced through the driver (a statement log of the
+#             handler's own), the inbox's watch of the connection's statements with it
 #   autocommit  autocommit turned on through the driver (PostgreSQL's after a commit: it
 #             takes none with a transaction open), as a handler past ``tx`` could
 #   touch     the file the argument names made (a proxy watching it cuts its connections)
@@ -212,6 +214,8 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 tx.execute(effects.insert(), [{"note": argument, "secret": SECRET}] * 2)
             elif what == "autocommit":
                 _autocommit(_driver(tx))
+            elif what == "untraced":
+                _driver(tx).set_trace_callback(_own_log)
             elif what == "touch":
                 Path(argument).touch()
             elif what == "call":
@@ -226,6 +230,10 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 raise Failed(f"cannot charge card {SECRET}")
 
     return handle
+
+
+def _own_log(_statement: str) -> None:
+    """A handler's own trace of its statements (``untraced``), which logs nothing here."""
 
 
 def _autocommit(driver: Any) -> None:
@@ -283,6 +291,10 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
             elif what == "autocommit":
                 raw = await tx._conn.get_raw_connection()
                 await _autocommit_async(raw.driver_connection)
+            elif what == "untraced":
+                raw = await tx._conn.get_raw_connection()
+                assert raw.driver_connection is not None
+                await raw.driver_connection.set_trace_callback(_own_log)
             elif what == "touch":
                 Path(argument).touch()
             elif what == "call":
