@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors, transaction
+from relay.db.inbox_listeners import kept_off
 from relay.db.inbox_statements import Failures, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, Transaction
 from relay.db.runlock import RunLock
@@ -233,7 +234,7 @@ class MessageRun:
         assert conn is not None
         guard = self._guard = self._guarding.enter_context(self._store.guards.running(conn))
         try:
-            with self._store.statements.database.watched(conn):  # its run alone
+            with self._store.statements.database.watched(conn), kept_off(conn, guard):
                 self._handler(Transaction(conn, guard))
         except BaseException as exc:  # an interruption's end-of-run checks too
             return handler_failed(exc, conn, self._store.where, guard)

@@ -29,6 +29,7 @@ from relay.db.inbox import (
     spoilt,
     went_on_here,
 )
+from relay.db.inbox_listeners import kept_off
 from relay.db.inbox_statements import COMMIT, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
 from relay.redact import redact_url
@@ -168,7 +169,7 @@ class AsyncMessageRun:
         conn = self._sync()
         guard = self._guard = self._guarding.enter_context(self._store.guards.running(conn))
         try:
-            with self._store.statements.database.watched(conn):  # its run alone
+            with self._store.statements.database.watched(conn), kept_off(conn, guard):
                 await self._handler(AsyncTransaction(self._held(), guard))
         except BaseException as exc:  # an interruption's end-of-run checks too
             return handler_failed(exc, conn, self._store.where, guard)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from relay.constants import INBOX_LOST_AT_ONE_MESSAGE
 from relay.db.inbox import Interrupted, TransactionFailed
+from relay.db.inbox_listeners import ListenersLeft
 from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
@@ -237,7 +238,8 @@ class Flow:
             return (yield from self._not_again(key, error, WENT_ON if went_on else NOT_UNDONE))
         if run.interrupted is not None:  # as a consumer that died in its handler: uncounted
             raise run.interrupted
-        return (yield from self._failed(key, error))
+        # Listeners a handler left would be left again at each run: not tried again.
+        return (yield from self._failed(key, error, at_once=isinstance(error, ListenersLeft)))
 
     def _not_again(self, key: str, error: Exception, why_not: str) -> Steps[Answer]:
         """A part of the handler's work may have been committed past the guard: with the
@@ -297,11 +299,11 @@ class Flow:
         except StoreError as exc:
             return self._store_failed(key, exc)
 
-    def _failed(self, key: str, error: Exception) -> Steps[Answer]:
+    def _failed(self, key: str, error: Exception, *, at_once: bool = False) -> Steps[Answer]:
         why = self.describe(error)
         attempts = yield call("counting an attempt", self.statements.count_attempt, key, why)
         answer = self.schedule.after(attempts)
-        if answer.verdict is Verdict.DEAD_LETTER:
+        if at_once or answer.verdict is Verdict.DEAD_LETTER:
             return (yield from self._dead_letter(key, why))
         log.warning(
             "message %s failed (attempt %d of %d), %s: %s",

@@ -149,3 +149,36 @@ def test_the_watch_is_the_pooled_connections_again_after_a_handler_replaced_it(
     assert consumer.process("m-3", [*WENT_ON, ("raise", "")]).verdict is Verdict.DEAD_LETTER
     assert consumer.process("m-3", WRITE, redelivered=True).verdict is Verdict.ACK
     assert noted(url) == ["a", "charged"]
+
+
+# Where a handler leaves its listener, and the run that leaves it: the listener writes and
+# commits through the driver at the inbox's own commit (a run that returns) or rollback (one
+# that raises).
+LISTENERS = {
+    "at the commit, on its connection": [("write", "a"), ("listen", "connection:commit")],
+    "at the rollback, on its connection": [
+        ("write", "a"),
+        ("listen", "connection:rollback"),
+        ("raise", ""),
+    ],
+    "at the commit, on its engine": [("write", "a"), ("listen", "engine:commit")],
+}
+
+
+@pytest.mark.parametrize("left", LISTENERS, ids=list(LISTENERS))
+def test_a_listener_the_handler_leaves_never_runs_at_the_inboxs_end(
+    consumer: Consumer, url: str, left: str
+) -> None:
+    """A listener left through a result's ``context.root_connection`` ran at the inbox's own
+    commit or rollback, after the guard and the key's look: a driver's rollback there had the
+    message acked with nothing committed, a driver's commit there committed a failed run's
+    work at each attempt. Taken off, the run refused and dead-lettered, nothing committed."""
+    answer = consumer.process("m-1", LISTENERS[left])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    assert str(answer.reason["x-inbox-error"]).startswith("ListenersLeft:")
+    assert (noted(url), keys(url)) == ([], [])
+    # Nothing of it is left for the next runs, on the pool's connections or the engine.
+    assert consumer.process("m-2", [("write", "b")]).verdict is Verdict.ACK
+    assert consumer.process("m-3", [("write", "c"), ("raise", "")]).verdict is Verdict.RETRY
+    assert (noted(url), keys(url)) == (["b"], ["m-2"])

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from relay.db.inbox import TransactionFailed
+from relay.db.inbox_listeners import ListenersLeft
 from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
@@ -311,6 +312,22 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("keeping the key", True),
             ("counting an attempt", 1),
             ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "listeners the handler left: dead-lettered at its first failure, nothing kept": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", ListenersLeft("left")),
+            ("looking for the key", False),
+            ("went_on", False),
+            ("rollback", False),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "ListenersLeft: ...")),
         ],
         Verdict.DEAD_LETTER,
         HELD,
