@@ -134,9 +134,8 @@ class MySQL(Dialect):
         return True
 
     def rolled_back_in_part(self, conn: sa.Connection) -> bool:
-        # A table of an engine without transactions (MyISAM, Aria, MEMORY) keeps what was
-        # written to it, and the ROLLBACK warns so: a retry would write it again. Looked at on
-        # a failed run's rollback alone, a round trip there.
+        # A table without transactions (MyISAM, Aria, MEMORY) keeps what was written to it,
+        # and the ROLLBACK warns so: a retry would write it again. A round trip, here alone.
         conn.rollback()
         warnings = conn.exec_driver_sql("SHOW WARNINGS").all()
         return any(row[1] == _NOT_ROLLED_BACK for row in warnings)
