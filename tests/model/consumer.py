@@ -42,6 +42,7 @@ from tests.support.inbox_model import (
     DIE,
     DOOR_RETURN,
     DUPLICATE,
+    LISTEN_RETURN,
     LOST_ACK,
     RAISE,
     RETURN,
@@ -109,6 +110,18 @@ class Runs:
         return outcome, key, str(message["card"])
 
 
+def listen(conn: sa.Connection) -> None:
+    """``LISTEN_RETURN``'s listener: the driver's rollback at the inbox's own commit, which
+    then commits nothing."""
+
+    def rolls_back(listened: sa.Connection) -> None:
+        driver = listened.connection.dbapi_connection  # the asyncio driver's adapted too
+        assert driver is not None
+        driver.rollback()
+
+    sa.event.listen(conn, "commit", rolls_back)
+
+
 def blocking_handler(runs: Runs) -> Any:
     def handle(delivery: Delivery, tx: Transaction) -> None:
         outcome, key, card = runs.next(delivery)
@@ -141,6 +154,8 @@ def blocking_handler(runs: Runs) -> Any:
         elif outcome == ROLLBACK_RETURN:
             driver.rollback()
             tx.execute(effects.insert(), effect)
+        elif outcome == LISTEN_RETURN:
+            listen(tx.execute(sa.select(1)).context.root_connection)
         elif outcome == SWALLOW_RETURN:
             with contextlib.suppress(sa.exc.DBAPIError):
                 tx.execute(sa.text("SELECT * FROM no_such_table"))
@@ -182,6 +197,8 @@ def async_handler(runs: Runs) -> Any:
         elif outcome == ROLLBACK_RETURN:
             await driver.rollback()
             await tx.execute(effects.insert(), effect)
+        elif outcome == LISTEN_RETURN:
+            listen((await tx.execute(sa.select(1))).context.root_connection)
         elif outcome == SWALLOW_RETURN:
             with contextlib.suppress(sa.exc.DBAPIError):
                 await tx.execute(sa.text("SELECT * FROM no_such_table"))

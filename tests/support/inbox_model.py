@@ -29,6 +29,10 @@ returns). Each outcome is what a handler or its surroundings do in one run:
                     database cannot tell whether the session ran on past its transaction's
                     end (PostgreSQL: the driver may have written and committed), dead-lettered
                     at once, its key kept
+    listen_return   writes, leaves a SQLAlchemy event listener on the connection behind
+                    ``tx`` (reached through a result) that rolls back through the driver at
+                    the inbox's own commit, returns: taken off and refused, dead-lettered at
+                    once (each run would leave it again), nothing committed (issue 71)
     swallow_return  writes, swallows a failing statement, returns: processed where the
                     database goes on after an error (SQLite, MariaDB), a failure where it
                     aborts the transaction (PostgreSQL)
@@ -65,6 +69,7 @@ DDL_COMMIT = "ddl_commit"
 DOOR_RETURN = "door_return"
 COMMIT_RAISE = "commit_raise"
 ROLLBACK_RETURN = "rollback_return"
+LISTEN_RETURN = "listen_return"
 SWALLOW_RETURN = "swallow_return"
 LOST_ACK = "lost_ack"
 DB_AWAY = "db_away"
@@ -78,6 +83,7 @@ OUTCOMES = (
     DOOR_RETURN,
     COMMIT_RAISE,
     ROLLBACK_RETURN,
+    LISTEN_RETURN,
     SWALLOW_RETURN,
     LOST_ACK,
     DB_AWAY,
@@ -123,7 +129,7 @@ class _Walk:
             return self.fates(runs, failures=failures, parts=parts)
         if outcome == COMMIT_RAISE:
             return {Fate(DEAD, runs, parts + 1, failures + 1)}
-        if outcome == ROLLBACK_RETURN and self.postgresql:
+        if outcome == LISTEN_RETURN or (outcome == ROLLBACK_RETURN and self.postgresql):
             return {Fate(DEAD, runs, parts, failures + 1)}
         if outcome != DIE:
             return self._failed(runs, failures + 1, parts)
