@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ from tests.support.inbox_model import (
     ROLLBACK_RETURN,
     SQL_COMMIT,
     SWALLOW_RETURN,
+    UNTRACED_RAISE,
 )
 
 metadata = sa.MetaData()
@@ -122,6 +124,18 @@ def listen(conn: sa.Connection) -> None:
     sa.event.listen(conn, "commit", rolls_back)
 
 
+def own_log(_statement: str) -> None:
+    """``UNTRACED_RAISE``'s trace callback: a handler's own statement log, logging nothing."""
+
+
+def part_sql(consumer: str, key: str) -> str:
+    """``UNTRACED_RAISE``'s part, written through the driver (the test's own names, inlined)."""
+    return (
+        f"INSERT INTO {effects.name} (consumer, message_id, note) "
+        f"VALUES ('{consumer}', '{key}', 'part')"
+    )
+
+
 def blocking_handler(runs: Runs) -> Any:
     def handle(delivery: Delivery, tx: Transaction) -> None:
         outcome, key, card = runs.next(delivery)
@@ -142,6 +156,13 @@ def blocking_handler(runs: Runs) -> Any:
                 else:
                     tx.execute(DDL("COMMIT"))
                 raise Failed(f"charging card {card} failed")
+        if outcome == UNTRACED_RAISE:
+            if hasattr(driver, "set_trace_callback"):
+                driver.set_trace_callback(own_log)
+            driver.rollback()
+            driver.cursor().execute(part_sql(runs.consumer, key))
+            driver.commit()
+            raise Failed(f"charging card {card} failed")
         tx.execute(effects.insert(), effect)
         if outcome == RAISE:
             raise Failed(f"charging card {card} failed")
@@ -185,6 +206,15 @@ def async_handler(runs: Runs) -> Any:
                 else:
                     await tx.execute(DDL("COMMIT"))
                 raise Failed(f"charging card {card} failed")
+        if outcome == UNTRACED_RAISE:
+            if hasattr(driver, "set_trace_callback"):
+                await driver.set_trace_callback(own_log)
+            await driver.rollback()
+            cursor = driver.cursor()
+            cursor = await cursor if inspect.isawaitable(cursor) else cursor
+            await cursor.execute(part_sql(runs.consumer, key))
+            await driver.commit()
+            raise Failed(f"charging card {card} failed")
         await tx.execute(effects.insert(), effect)
         if outcome == RAISE:
             raise Failed(f"charging card {card} failed")
