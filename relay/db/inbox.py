@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors, transaction
+from relay.db.inbox_listeners import kept_off
 from relay.db.inbox_statements import Failures, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, Transaction
 from relay.db.runlock import RunLock
@@ -103,6 +104,12 @@ def spoilt(conn: sa.Connection, discard: bool) -> bool:
         extra={"action": "inbox_session_discarded"},
     )
     return True
+
+
+def kept_by_rollback(conn: sa.Connection) -> bool:
+    """The message's transaction, a handler's run failed, rolled back: whether a part of the
+    run's work stayed (``Dialect.rolled_back_in_part``), as committed."""
+    return conn.in_transaction() and of(conn).rolled_back_in_part(conn)
 
 
 def own(guard: Guard | None) -> contextlib.AbstractContextManager[None]:
@@ -227,7 +234,7 @@ class MessageRun:
         assert conn is not None
         guard = self._guard = self._guarding.enter_context(self._store.guards.running(conn))
         try:
-            with self._store.statements.database.watched(conn):  # its run alone
+            with self._store.statements.database.watched(conn), kept_off(conn, guard):
                 self._handler(Transaction(conn, guard))
         except BaseException as exc:  # an interruption's end-of-run checks too
             return handler_failed(exc, conn, self._store.where, guard)
@@ -240,7 +247,8 @@ class MessageRun:
         or from another connection where it cannot from this one."""
         conn = self._conn
         assert conn is not None
-        seen = went_on_here(conn, ended)
+        with classified(LOOKING, self._store.where, conn), own(self._guard):
+            seen = went_on_here(conn, ended)
         if seen is not None:
             return seen
         return not self.call(LOOKING, *holds_inbox(conn))
@@ -260,19 +268,22 @@ class MessageRun:
         finally:
             self._release(discard=False)
 
-    def rollback(self, discard: bool) -> None:
-        if self._conn is not None:
-            self._release(discard)
+    def rollback(self, discard: bool) -> bool:
+        return self._conn is not None and self._release(discard)
 
-    def _release(self, discard: bool) -> None:
+    def _release(self, discard: bool) -> bool:
         """The message's connection back to the pool, rolled back; discarded instead when its
-        session may have been changed (``spoilt``).
+        session may have been changed (``spoilt``). Whether the rollback of a handler's run
+        left a part of its work (``kept_by_rollback``).
         Never raises: a connection that fails to close is dropped, and the database rolls
         back what it held."""
         conn, self._conn = self._conn, None
         assert conn is not None
+        kept = False
         try:
             with own(self._guard):
+                ran = self._guard is not None and not conn.invalidated
+                kept = ran and kept_by_rollback(conn)
                 if not conn.invalidated and spoilt(conn, discard):
                     conn.invalidate()  # rolled back by the server as the connection closes
                 conn.close()
@@ -282,3 +293,4 @@ class MessageRun:
         finally:
             self._guard = None
             self._guarding.close()  # the guard's last: the connection is the pool's now
+        return kept

@@ -23,11 +23,13 @@ from relay.db.inbox import (
     classified,
     handler_failed,
     holds_inbox,
+    kept_by_rollback,
     own,
     run_lock,
     spoilt,
     went_on_here,
 )
+from relay.db.inbox_listeners import kept_off
 from relay.db.inbox_statements import COMMIT, InboxStatements
 from relay.db.inbox_transaction import Guard, Guards, executable
 from relay.redact import redact_url
@@ -158,7 +160,7 @@ class AsyncMessageRun:
         sql = statements.key_sql
         try:
             cursor = await driver.execute(sql, key)
-            return await cursor.fetchone() is not None
+            return statements.inserted(self._sync(), await cursor.fetchone())
         except psycopg.Error as exc:
             raise sa.exc.DBAPIError.instance(sql, key, exc, psycopg.Error) from exc
 
@@ -167,7 +169,7 @@ class AsyncMessageRun:
         conn = self._sync()
         guard = self._guard = self._guarding.enter_context(self._store.guards.running(conn))
         try:
-            with self._store.statements.database.watched(conn):  # its run alone
+            with self._store.statements.database.watched(conn), kept_off(conn, guard):
                 await self._handler(AsyncTransaction(self._held(), guard))
         except BaseException as exc:  # an interruption's end-of-run checks too
             return handler_failed(exc, conn, self._store.where, guard)
@@ -178,7 +180,8 @@ class AsyncMessageRun:
     async def went_on(self, ended: bool) -> bool:
         """``relay.db.inbox.MessageRun.went_on``."""
         conn = self._sync()
-        seen = went_on_here(conn, ended)
+        with classified(LOOKING, self._store.where, conn), own(self._guard):
+            seen = await self._held().run_sync(went_on_here, ended)
         if seen is not None:
             return seen
         return not await self.call(LOOKING, *holds_inbox(conn))
@@ -212,9 +215,8 @@ class AsyncMessageRun:
         await conn.commit()  # SQLAlchemy's: psycopg sends nothing, its transaction over
         return status == COMMIT
 
-    async def rollback(self, discard: bool) -> None:
-        if self._conn is not None:
-            await self._release(discard)
+    async def rollback(self, discard: bool) -> bool:
+        return self._conn is not None and await self._release(discard)
 
     def _held(self) -> AsyncConnection:
         assert self._conn is not None
@@ -225,14 +227,17 @@ class AsyncMessageRun:
         assert conn is not None
         return conn
 
-    async def _release(self, discard: bool) -> None:
+    async def _release(self, discard: bool) -> bool:
         """``relay.db.inbox.MessageRun._release``: never raises."""
         conn, self._conn = self._conn, None
         assert conn is not None
         sync = conn.sync_connection
+        kept = False
         try:
             with own(self._guard):
                 alive = sync is not None and not sync.invalidated
+                if alive and self._guard is not None:
+                    kept = await conn.run_sync(kept_by_rollback)
                 if alive and await conn.run_sync(spoilt, discard):
                     await conn.invalidate()  # rolled back by the server as it closes
                 await conn.close()
@@ -242,3 +247,4 @@ class AsyncMessageRun:
         finally:
             self._guard = None
             self._guarding.close()  # the guard's last: the connection is the pool's now
+        return kept

@@ -29,6 +29,8 @@ from relay.db.statements import run_delete
 CRASHED = "the consumer stopped inside the handler"
 # The message's commit, and PostgreSQL's status for one that committed.
 COMMIT = "COMMIT"
+# Where a connection's info keeps what its last key's insert returned (``add_key``).
+_KEY_TOKEN = "relay_inbox_key_token"
 
 
 class Failures(NamedTuple):
@@ -53,15 +55,19 @@ class InboxStatements:
         self.insert_key = self.database.insert_or_ignore(inbox_received).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id")
         )
-        returning: sa.ClauseElement = self.insert_key.returning(sa.literal_column("1"))
-        # The key's insert as psycopg runs it (``add_key``): its row says it went in.
+        token = self.database.key_token
+        returned: sa.ColumnClause[Any] = sa.literal_column(token or "1")
+        returning: sa.ClauseElement = self.insert_key.returning(returned)
+        # The key's insert as psycopg runs it (``add_key``): its row says it went in, and
+        # which transaction wrote it (``Dialect.key_token``).
         self.key_sql = str(returning.compile(dialect=dialect))
         self._count_attempt = _upsert_attempt(dialect)
         self._mark_run = self.database.insert_or_ignore(inbox_attempts).values(
             consumer=sa.bindparam("consumer"), message_id=sa.bindparam("message_id"), attempts=0
         )
-        look: sa.ColumnClause[Any] = sa.literal_column(self.database.key_look)
-        self._key_there: sa.Select[Any] = sa.select(look).where(
+        looks: list[sa.ColumnClause[Any]] = [sa.literal_column(self.database.key_look)]
+        looks += [sa.literal_column(token)] if token else []
+        self._key_there: sa.Select[Any] = sa.select(*looks).where(
             inbox_received.c.consumer == sa.bindparam("consumer"),
             inbox_received.c.message_id == sa.bindparam("message_id"),
         )
@@ -89,28 +95,52 @@ class InboxStatements:
         there (processed before). On psycopg's blocking connection, straight through the
         driver (the statement compiled once): a statement through SQLAlchemy costs about
         80 us of Python more, a tenth of a delivery (bench.inbox). SQLAlchemy's transaction
-        is the one psycopg begins here, and commits or rolls back as usual."""
+        is the one psycopg begins here, and commits or rolls back as usual. The transaction
+        that inserted it is remembered (``inserted``), or marked (``Dialect.mark_key``), for
+        ``holds_key``."""
         key = self.key_row(message_id)
-        found = _row_through_psycopg(conn, self.key_sql, key)
-        if found is not None:
-            return found
+        cursor = _through_psycopg(conn, self.key_sql, key)
+        if cursor is not None:
+            return self.inserted(conn, cursor.fetchone())
         inserted = conn.execute(
             self.insert_key, key, execution_options={"preserve_rowcount": True}
         ).rowcount
+        if inserted:
+            self.database.mark_key(conn)
         return bool(inserted)
 
+    def inserted(self, conn: sa.Connection, row: Any) -> bool:
+        """Whether ``key_sql`` inserted the key (``row``, what it returned; None: it was
+        there), the transaction that wrote the row (``Dialect.key_token``) remembered in the
+        connection's info for ``holds_key``."""
+        conn.info[_KEY_TOKEN] = None if row is None else row[0]
+        return row is not None
+
     def holds_key(self, conn: sa.Connection, message_id: str) -> bool:
-        """Whether the message's key is in ``conn``'s transaction, as the handler leaves it:
-        inserted there, or committed (by a handler that committed its work through a door of
-        its own: nothing is lost). Not there: the transaction that held it was rolled back
-        past ``Transaction``, and this one is another. Straight through psycopg, as
-        ``add_key``: a look per delivery. On PostgreSQL it sets the transaction's commit
-        durable again (``Dialect.key_look``)."""
+        """Whether the key this run inserted (``add_key``) is in ``conn``'s transaction, as
+        the handler leaves it: in the transaction that inserted it, or committed by that
+        transaction (a handler that committed its work through a door of its own: nothing is
+        lost). Not there: the transaction was rolled back past ``Transaction``, and this one
+        is another; and the key committed by another transaction (a second consumer's,
+        given the message once the first one's key went with its rollback) is not this
+        run's (``Dialect.key_token``, ``Dialect.key_marked``): its handler's work would be
+        committed twice. Straight through psycopg, as ``add_key``: a look per delivery. On
+        PostgreSQL it sets the transaction's commit durable again (``Dialect.key_look``)."""
+        marked = self.database.key_marked(conn)
+        if marked is not None:
+            return marked
+        row = self._look(conn, message_id)
+        if row is None:
+            return False
+        return self.database.key_token is None or row[-1] == conn.info.get(_KEY_TOKEN)
+
+    def _look(self, conn: sa.Connection, message_id: str) -> Any:
+        """The key's row as ``conn``'s transaction sees it, or None."""
         key = self.key_row(message_id)
-        found = _row_through_psycopg(conn, self.key_there_sql, key)
-        if found is not None:
-            return found
-        return conn.execute(self._key_there, key).first() is not None
+        cursor = _through_psycopg(conn, self.key_there_sql, key)
+        if cursor is not None:
+            return cursor.fetchone()
+        return conn.execute(self._key_there, key).first()
 
     def commit(self, conn: sa.Connection) -> bool:
         """Commit the message's transaction: whether it committed, not rolled back instead
@@ -124,7 +154,7 @@ class InboxStatements:
 
     def key_committed(self, conn: sa.Connection, message_id: str) -> bool:
         """Whether the message's key is committed, seen from a transaction of its own."""
-        return self.holds_key(conn, message_id)
+        return self._look(conn, message_id) is not None
 
     def count_attempt(self, conn: sa.Connection, message_id: str, error: str) -> int:
         """One more failed attempt at the message, its run over. Returns how many attempts
@@ -141,7 +171,7 @@ class InboxStatements:
         among them). Only deliveries that came again are marked: a first delivery costs
         nothing more, and a consumer dying in its handler is counted from its second
         delivery on."""
-        if self.holds_key(conn, message_id):
+        if self.key_committed(conn, message_id):
             return None
         key = self.key(message_id)
         attempt = inbox_attempts.c
@@ -218,13 +248,6 @@ class InboxStatements:
     @staticmethod
     def ping(conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT 1"))
-
-
-def _row_through_psycopg(conn: sa.Connection, sql: str, parameters: dict[str, str]) -> bool | None:
-    """Whether ``sql`` (compiled for psycopg) returns a row, run straight through psycopg's
-    blocking connection under ``conn``; None on another driver."""
-    cursor = _through_psycopg(conn, sql, parameters)
-    return None if cursor is None else cursor.fetchone() is not None
 
 
 def _through_psycopg(

@@ -154,6 +154,12 @@ class Guard:
                 "runs, not a task's or a thread's it left behind (nothing was sent)"
             )
 
+    def left(self, error: TransactionEnded) -> None:
+        """What the handler left behind past the guard, found as its run ended
+        (``relay.db.inbox_listeners``): the run's refusal, before any other it met, since it
+        says why the run is not to be tried again."""
+        self.refused = error
+
     def _refuse(self, why: str) -> NoReturn:
         error = TransactionEnded(why)
         if self.refused is None:

@@ -33,6 +33,7 @@ from relay.db.inbox import InboxStore
 from relay.db.inbox_transaction import Transaction
 from relay.inbox.flow import Flow
 from relay.inbox.policy import dead_letter_queue
+from relay.inbox.purge import purge_slice
 from relay.inbox.steps import drive
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery
@@ -99,10 +100,10 @@ class Inbox:
         return drive(self.flow.database_answers(), self.store)
 
     def _purge_when_due(self) -> None:
-        """A slice of the purge when one is due (``Flow.purge_slice``): the next at the next
+        """A slice of the purge when one is due (``relay.inbox.purge``): the next at the next
         tick while more is left, else after the purge interval."""
         window = self.inbox.inbox_dedupe_window
         if window == 0 or time.monotonic() < self._next_purge:
             return
-        if not drive(self.flow.purge_slice(), self.store):
+        if not drive(purge_slice(self.flow), self.store):
             self._next_purge = time.monotonic() + self.inbox.inbox_purge_interval

@@ -26,6 +26,7 @@ from relay.constants import INBOX_TICK_S
 from relay.db.inbox_async import AsyncInboxStore, AsyncTransaction
 from relay.inbox.flow import Flow
 from relay.inbox.policy import dead_letter_queue
+from relay.inbox.purge import purge_slice
 from relay.inbox.steps import drive_async
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery
@@ -105,11 +106,11 @@ class AsyncInbox:
         return await drive_async(self.flow.database_answers(), self.store)
 
     async def purge(self, stop: asyncio.Event) -> None:
-        """The purge, a task beside the consumer: a slice (``Flow.purge_slice``), then the
+        """The purge, a task beside the consumer: a slice (``relay.inbox.purge``), then the
         next one at once while more is left, else after the purge interval."""
         if self.inbox.inbox_dedupe_window == 0:
             return
         while not stop.is_set():
-            more = await drive_async(self.flow.purge_slice(), self.store)
+            more = await drive_async(purge_slice(self.flow), self.store)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0 if more else self.inbox.inbox_purge_interval)

@@ -25,13 +25,16 @@ import logging
 import time
 from dataclasses import dataclass
 
-from relay.constants import INBOX_LOST_AT_ONE_MESSAGE, INBOX_PURGE_CHUNK, INBOX_PURGE_SLICE_S
+from relay.constants import INBOX_LOST_AT_ONE_MESSAGE
 from relay.db.inbox import Interrupted, TransactionFailed
+from relay.db.inbox_listeners import ListenersLeft
 from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox.policy import (
     COMMITTED_IN_PART,
+    ENDED_KEY_COMMITTED,
+    NOT_UNDONE,
     WENT_ON,
     RetrySchedule,
     dead_letter_headers,
@@ -203,14 +206,17 @@ class Flow:
                     self.metrics.processed.inc()
                     self._lost_at = None
                     return Answer(Verdict.ACK)
-                # Rolled back past ``Transaction`` (through the driver, a procedure, a
-                # statement that rolls back as it fails): the transaction here is another,
-                # without the key, and is rolled back too.
+                # Ended past ``Transaction`` (through the driver, a procedure, a statement
+                # that rolls back as it fails, a deadlock): the transaction here is another,
+                # without the key this run inserted, and is rolled back too. The key may be
+                # committed all the same, where the database cannot tell the handler's own
+                # commit from another delivery's that ran once the key went.
                 ended = True
                 error = TransactionEnded(
                     "the handler ended the inbox's transaction: its key was not in the "
                     "transaction at the end"
                 )
+                committed = yield call("looking for the key", self.statements.key_committed, key)
             except TransactionFailed as failed:
                 error = failed
                 committed = yield call("looking for the key", self.statements.key_committed, key)
@@ -222,15 +228,18 @@ class Flow:
         went_on = not committed and (yield went_on_step(ended))
         # A connection whose transaction the handler ended may have had its session changed
         # too: it is not used again.
-        yield roll_back(discard=committed or went_on or isinstance(error, TransactionEnded))
+        # A part its rollback left in place (a table without transactions) is as committed.
+        kept = yield roll_back(discard=committed or went_on or isinstance(error, TransactionEnded))
         if committed:
-            return (yield from self._not_again(key, error, COMMITTED_IN_PART))
-        if went_on:
+            why_not = ENDED_KEY_COMMITTED if ended else COMMITTED_IN_PART
+            return (yield from self._not_again(key, error, why_not))
+        if went_on or kept:
             yield call("keeping the key", self.statements.add_key, key)
-            return (yield from self._not_again(key, error, WENT_ON))
+            return (yield from self._not_again(key, error, WENT_ON if went_on else NOT_UNDONE))
         if run.interrupted is not None:  # as a consumer that died in its handler: uncounted
             raise run.interrupted
-        return (yield from self._failed(key, error))
+        # Listeners a handler left would be left again at each run: not tried again.
+        return (yield from self._failed(key, error, at_once=isinstance(error, ListenersLeft)))
 
     def _not_again(self, key: str, error: Exception, why_not: str) -> Steps[Answer]:
         """A part of the handler's work may have been committed past the guard: with the
@@ -290,11 +299,11 @@ class Flow:
         except StoreError as exc:
             return self._store_failed(key, exc)
 
-    def _failed(self, key: str, error: Exception) -> Steps[Answer]:
+    def _failed(self, key: str, error: Exception, *, at_once: bool = False) -> Steps[Answer]:
         why = self.describe(error)
         attempts = yield call("counting an attempt", self.statements.count_attempt, key, why)
         answer = self.schedule.after(attempts)
-        if answer.verdict is Verdict.DEAD_LETTER:
+        if at_once or answer.verdict is Verdict.DEAD_LETTER:
             return (yield from self._dead_letter(key, why))
         log.warning(
             "message %s failed (attempt %d of %d), %s: %s",
@@ -370,30 +379,3 @@ class Flow:
             return False
         log.info("database answers: consuming again", extra={"action": "inbox_resumed"})
         return True
-
-    def purge_slice(self) -> Steps[bool]:
-        """A slice of the purge of ids older than the dedupe window: chunks of
-        ``INBOX_PURGE_CHUNK``, each a short transaction, for at most ``INBOX_PURGE_SLICE_S``,
-        so that the consumer's connection is serviced between slices. Whether more is left."""
-        deleted, full = 0, True
-        until = time.monotonic() + INBOX_PURGE_SLICE_S
-        window = self.inbox.inbox_dedupe_window
-        while full and time.monotonic() < until:
-            try:
-                count = yield call(
-                    "purging the inbox", self.statements.purge_one, window, INBOX_PURGE_CHUNK
-                )
-            except StoreError as exc:
-                log.warning(
-                    "inbox purge failed: %s",
-                    self.describe(exc),
-                    extra={"action": "inbox_purge_failed"},
-                )
-                return False
-            deleted += count
-            full = count == INBOX_PURGE_CHUNK
-        if deleted:
-            log.info(
-                "purged %d expired ids", deleted, extra={"action": "inbox_purged", "rows": deleted}
-            )
-        return full

@@ -247,6 +247,17 @@ COMMITTED_IN_PART = (
     "key with it), then failed: dead-lettered, not run again, since that part would be done "
     "twice"
 )
+ENDED_KEY_COMMITTED = (
+    "the handler's transaction ended under it (past the inbox's transaction) and the "
+    "message's key is committed: by the handler's own commit past it, or by another delivery "
+    "of the message run meanwhile, which cannot be told apart here: dead-lettered, its key "
+    "kept, not run again, since its work would be done twice"
+)
+NOT_UNDONE = (
+    "the handler wrote to a table its database cannot roll back (MariaDB's and MySQL's "
+    "MyISAM, Aria, MEMORY: the rollback warned so), then failed: what it wrote there stays, "
+    "so the message is dead-lettered, its key kept, not run again"
+)
 WENT_ON = (
     "the handler's transaction was rolled back under it (past the inbox's transaction, or by "
     "a statement that rolls back as it fails) and its connection ran on after: what it did "

@@ -76,9 +76,10 @@ class Doer(Protocol):
 
     def commit(self) -> None: ...
 
-    def rollback(self, discard: bool) -> None:
+    def rollback(self, discard: bool) -> bool:
         """Roll back whatever is open (never raises); ``discard``: the connection's session
-        may have been changed by the handler, and is not used again."""
+        may have been changed by the handler, and is not used again. Whether the rollback of
+        a handler's run left a part of its work in place (``Dialect.rolled_back_in_part``)."""
 
 
 R = TypeVar("R")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -42,12 +43,14 @@ from tests.support.inbox_model import (
     DIE,
     DOOR_RETURN,
     DUPLICATE,
+    LISTEN_RETURN,
     LOST_ACK,
     RAISE,
     RETURN,
     ROLLBACK_RETURN,
     SQL_COMMIT,
     SWALLOW_RETURN,
+    UNTRACED_RAISE,
 )
 
 metadata = sa.MetaData()
@@ -109,6 +112,30 @@ class Runs:
         return outcome, key, str(message["card"])
 
 
+def listen(conn: sa.Connection) -> None:
+    """``LISTEN_RETURN``'s listener: the driver's rollback at the inbox's own commit, which
+    then commits nothing."""
+
+    def rolls_back(listened: sa.Connection) -> None:
+        driver = listened.connection.dbapi_connection  # the asyncio driver's adapted too
+        assert driver is not None
+        driver.rollback()
+
+    sa.event.listen(conn, "commit", rolls_back)
+
+
+def own_log(_statement: str) -> None:
+    """``UNTRACED_RAISE``'s trace callback: a handler's own statement log, logging nothing."""
+
+
+def part_sql(consumer: str, key: str) -> str:
+    """``UNTRACED_RAISE``'s part, written through the driver (the test's own names, inlined)."""
+    return (
+        f"INSERT INTO {effects.name} (consumer, message_id, note) "
+        f"VALUES ('{consumer}', '{key}', 'part')"
+    )
+
+
 def blocking_handler(runs: Runs) -> Any:
     def handle(delivery: Delivery, tx: Transaction) -> None:
         outcome, key, card = runs.next(delivery)
@@ -129,6 +156,13 @@ def blocking_handler(runs: Runs) -> Any:
                 else:
                     tx.execute(DDL("COMMIT"))
                 raise Failed(f"charging card {card} failed")
+        if outcome == UNTRACED_RAISE:
+            if hasattr(driver, "set_trace_callback"):
+                driver.set_trace_callback(own_log)
+            driver.rollback()
+            driver.cursor().execute(part_sql(runs.consumer, key))
+            driver.commit()
+            raise Failed(f"charging card {card} failed")
         tx.execute(effects.insert(), effect)
         if outcome == RAISE:
             raise Failed(f"charging card {card} failed")
@@ -141,6 +175,8 @@ def blocking_handler(runs: Runs) -> Any:
         elif outcome == ROLLBACK_RETURN:
             driver.rollback()
             tx.execute(effects.insert(), effect)
+        elif outcome == LISTEN_RETURN:
+            listen(tx.execute(sa.select(1)).context.root_connection)
         elif outcome == SWALLOW_RETURN:
             with contextlib.suppress(sa.exc.DBAPIError):
                 tx.execute(sa.text("SELECT * FROM no_such_table"))
@@ -170,6 +206,15 @@ def async_handler(runs: Runs) -> Any:
                 else:
                     await tx.execute(DDL("COMMIT"))
                 raise Failed(f"charging card {card} failed")
+        if outcome == UNTRACED_RAISE:
+            if hasattr(driver, "set_trace_callback"):
+                await driver.set_trace_callback(own_log)
+            await driver.rollback()
+            cursor = driver.cursor()
+            cursor = await cursor if inspect.isawaitable(cursor) else cursor
+            await cursor.execute(part_sql(runs.consumer, key))
+            await driver.commit()
+            raise Failed(f"charging card {card} failed")
         await tx.execute(effects.insert(), effect)
         if outcome == RAISE:
             raise Failed(f"charging card {card} failed")
@@ -182,6 +227,8 @@ def async_handler(runs: Runs) -> Any:
         elif outcome == ROLLBACK_RETURN:
             await driver.rollback()
             await tx.execute(effects.insert(), effect)
+        elif outcome == LISTEN_RETURN:
+            listen((await tx.execute(sa.select(1))).context.root_connection)
         elif outcome == SWALLOW_RETURN:
             with contextlib.suppress(sa.exc.DBAPIError):
                 await tx.execute(sa.text("SELECT * FROM no_such_table"))

@@ -37,11 +37,13 @@ from tests.support.inbox_model import (
     DDL_COMMIT,
     DEAD,
     DOOR_RETURN,
+    LISTEN_RETURN,
     OUTCOMES,
     PROCESSED,
     RAISE,
     ROLLBACK_RETURN,
     SQL_COMMIT,
+    UNTRACED_RAISE,
     Fate,
     fates,
 )
@@ -214,8 +216,9 @@ def test_every_front_end_keeps_the_models_promises(front_ends: tuple[Make, bool,
 def test_every_front_end_meets_the_doors_fates(front_ends: tuple[Make, bool, bool]) -> None:
     """One sequence of the machine's, always the same: the doors a handler may try (issue
     71's DDL, the connection's commit behind ``tx``, SQL text; the driver's commit, past the
-    guard, then a raise; the driver's rollback), each message's effects at most once at every
-    front end."""
+    guard, then a raise; the driver's rollback; a listener left on the connection; the
+    driver's trace callback replaced, then a part committed past its rollback), each message's
+    effects at most once at every front end."""
     make, postgresql, away = front_ends
     model: Any = machine(make, postgresql, away)()  # its rules called as the machine would
     try:
@@ -225,6 +228,8 @@ def test_every_front_end_meets_the_doors_fates(front_ends: tuple[Make, bool, boo
             [DOOR_RETURN, DDL_COMMIT],
             [SQL_COMMIT, RAISE, COMMIT_RAISE],
             [ROLLBACK_RETURN, DDL_COMMIT],
+            [LISTEN_RETURN],
+            [UNTRACED_RAISE],
         ):
             model.publish(script)
         model.settle()

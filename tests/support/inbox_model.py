@@ -24,11 +24,19 @@ returns). Each outcome is what a handler or its surroundings do in one run:
     commit_raise    writes a part, commits it through the driver (past the guard), then
                     raises: its part committed with the key, so dead-lettered at once (run
                     again, that part would be written twice), whatever the attempts left
+    untraced_raise  sets the driver's trace callback of its own where it has one (SQLite's,
+                    which the inbox's watch of the connection's statements is), rolls back
+                    through the driver, writes a part and commits it there, then raises:
+                    dead-lettered at once, its key kept (issue 71)
     rollback_return writes, rolls back through the driver, writes again (refused: no
                     transaction is open), returns: a failure, nothing committed; where the
                     database cannot tell whether the session ran on past its transaction's
                     end (PostgreSQL: the driver may have written and committed), dead-lettered
                     at once, its key kept
+    listen_return   writes, leaves a SQLAlchemy event listener on the connection behind
+                    ``tx`` (reached through a result) that rolls back through the driver at
+                    the inbox's own commit, returns: taken off and refused, dead-lettered at
+                    once (each run would leave it again), nothing committed (issue 71)
     swallow_return  writes, swallows a failing statement, returns: processed where the
                     database goes on after an error (SQLite, MariaDB), a failure where it
                     aborts the transaction (PostgreSQL)
@@ -43,8 +51,9 @@ What must hold, and what this module says of each message: processed exactly onc
 effect) or dead-lettered (none), never both, never lost; dead-lettered only after the
 maximum of real failures, with that count, and never once processed; its handler run for
 exactly the script's runs up to its fate; the parts committed past ``tx`` as many as the
-``commit_raise`` runs among them (one at most: the first is the message's end); its effects
-at most once (a full effect and a part never both, nor either twice).
+``commit_raise`` and ``untraced_raise`` runs among them (one at most: the first is the
+message's end); its effects at most once (a full effect and a part never both, nor either
+twice).
 """
 
 from __future__ import annotations
@@ -65,6 +74,8 @@ DDL_COMMIT = "ddl_commit"
 DOOR_RETURN = "door_return"
 COMMIT_RAISE = "commit_raise"
 ROLLBACK_RETURN = "rollback_return"
+LISTEN_RETURN = "listen_return"
+UNTRACED_RAISE = "untraced_raise"
 SWALLOW_RETURN = "swallow_return"
 LOST_ACK = "lost_ack"
 DB_AWAY = "db_away"
@@ -78,6 +89,8 @@ OUTCOMES = (
     DOOR_RETURN,
     COMMIT_RAISE,
     ROLLBACK_RETURN,
+    LISTEN_RETURN,
+    UNTRACED_RAISE,
     SWALLOW_RETURN,
     LOST_ACK,
     DB_AWAY,
@@ -121,9 +134,9 @@ class _Walk:
             return {Fate(PROCESSED, runs, parts)}
         if outcome == DB_AWAY:
             return self.fates(runs, failures=failures, parts=parts)
-        if outcome == COMMIT_RAISE:
+        if outcome in (COMMIT_RAISE, UNTRACED_RAISE):
             return {Fate(DEAD, runs, parts + 1, failures + 1)}
-        if outcome == ROLLBACK_RETURN and self.postgresql:
+        if outcome == LISTEN_RETURN or (outcome == ROLLBACK_RETURN and self.postgresql):
             return {Fate(DEAD, runs, parts, failures + 1)}
         if outcome != DIE:
             return self._failed(runs, failures + 1, parts)

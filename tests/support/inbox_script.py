@@ -48,6 +48,12 @@ effects = sa.Table(
 #             with caught (SQLite's ``INSERT OR ROLLBACK`` rolls back the whole transaction)
 #   duplicate a row whose unique value (``SECRET``) is there already: the database's error,
 #             its message and parameters quoting the value, raised out of the handler
+#   untraced  SQLite's trace callback replaced through the driver (a statement log of the
+#             handler's own), the inbox's watch of the connection's statements with it
+#   listen    a SQLAlchemy event listener left on what the argument names (``connection:commit``,
+#             ``engine:rollback``: reached through a result), which writes an effect noted
+#             ``listener`` through the driver and commits it, at the inbox's own commit or
+#             rollback
 #   autocommit  autocommit turned on through the driver (PostgreSQL's after a commit: it
 #             takes none with a transaction open), as a handler past ``tx`` could
 #   touch     the file the argument names made (a proxy watching it cuts its connections)
@@ -212,6 +218,10 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 tx.execute(effects.insert(), [{"note": argument, "secret": SECRET}] * 2)
             elif what == "autocommit":
                 _autocommit(_driver(tx))
+            elif what == "untraced":
+                _driver(tx).set_trace_callback(_own_log)
+            elif what == "listen":
+                _listen(tx.execute(sa.select(1)).context.root_connection, argument)
             elif what == "touch":
                 Path(argument).touch()
             elif what == "call":
@@ -226,6 +236,23 @@ def blocking(script: Script) -> Callable[[Transaction], None]:
                 raise Failed(f"cannot charge card {SECRET}")
 
     return handle
+
+
+def _listen(conn: sa.Connection, where: str) -> None:
+    """``listen``'s listener, on ``conn`` or its engine."""
+    target, event = where.split(":")
+
+    def write(listened: sa.Connection) -> None:
+        driver = listened.connection.dbapi_connection  # the asyncio driver's adapted too
+        assert driver is not None
+        driver.cursor().execute("INSERT INTO effects (note) VALUES ('listener')")
+        driver.commit()
+
+    sa.event.listen(conn if target == "connection" else conn.engine, event, write)
+
+
+def _own_log(_statement: str) -> None:
+    """A handler's own trace of its statements (``untraced``), which logs nothing here."""
 
 
 def _autocommit(driver: Any) -> None:
@@ -283,6 +310,12 @@ def asyncio(script: Script) -> Callable[[AsyncTransaction], Awaitable[None]]:
             elif what == "autocommit":
                 raw = await tx._conn.get_raw_connection()
                 await _autocommit_async(raw.driver_connection)
+            elif what == "listen":
+                _listen((await tx.execute(sa.select(1))).context.root_connection, argument)
+            elif what == "untraced":
+                raw = await tx._conn.get_raw_connection()
+                assert raw.driver_connection is not None
+                await raw.driver_connection.set_trace_callback(_own_log)
             elif what == "touch":
                 Path(argument).touch()
             elif what == "call":

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from relay.db.inbox import TransactionFailed
+from relay.db.inbox_listeners import ListenersLeft
 from relay.db.inbox_statements import CRASHED, Failures, InboxStatements
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
@@ -214,6 +215,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("open", True),
             ("handle", None),
             ("checking the key", False),
+            ("looking for the key", False),
             ("went_on", False),
             ("rollback", None),
             ("counting an attempt", 1),
@@ -260,7 +262,25 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("open", True),
             ("handle", None),
             ("checking the key", False),
+            ("looking for the key", False),
             *WENT_ON,
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "ended under the handler, the key committed meanwhile (its own commit or a second "
+    "delivery's): dead-lettered at once, its key kept": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", None),
+            ("checking the key", False),
+            ("looking for the key", True),
+            ("rollback", None),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
         ],
         Verdict.DEAD_LETTER,
         HELD,
@@ -274,6 +294,40 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
             ("handle", BROKE),
             ("looking for the key", False),
             *WENT_ON,
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "a part its rollback left in place (a table without transactions): dead-lettered at once, "
+    "its key kept": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", BROKE),
+            ("looking for the key", False),
+            ("went_on", False),
+            ("rollback", True),
+            ("keeping the key", True),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "listeners the handler left: dead-lettered at its first failure, nothing kept": (
+        delivery(),
+        [
+            ("open", True),
+            ("handle", ListenersLeft("left")),
+            ("looking for the key", False),
+            ("went_on", False),
+            ("rollback", False),
+            ("counting an attempt", 1),
+            ("reading attempts", failures(1, "ListenersLeft: ...")),
         ],
         Verdict.DEAD_LETTER,
         HELD,

@@ -58,10 +58,17 @@ MYSQL_RELAY_SESSION = f"SET {_LOCK_WAITS}, max_execution_time = {DB_STATEMENT_TI
 # An inbox's sessions: lock waits and statements bounded as the relay's, no idle limit.
 MARIADB_INBOX_SESSION = f"SET {_LOCK_WAITS}, max_statement_time = {DB_STATEMENT_TIMEOUT_MS // 1000}"
 MYSQL_INBOX_SESSION = MYSQL_RELAY_SESSION
-# JSON_TABLE's column types where the column's own type's name is not one: text of any length.
 # ER_DUP_ENTRY, and the key its message names (after the value it quotes).
 _DUPLICATE_ENTRY = 1062
 _DUPLICATE_KEY = re.compile(r"for key '([^']*)'$")
+# The inbox's savepoint after its key's insert (``MySQL.mark_key``), and the error that says
+# a savepoint is not there (ER_SP_DOES_NOT_EXIST).
+_KEY_SAVEPOINT = "relay_inbox_key"
+_NO_SAVEPOINT = 1305
+# ER_WARNING_NOT_COMPLETE_ROLLBACK: "Some non-transactional changed tables couldn't be rolled
+# back".
+_NOT_ROLLED_BACK = 1196
+# JSON_TABLE's column types where the column's own type's name is not one: text of any length.
 _JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
 
 
@@ -110,6 +117,28 @@ class MySQL(Dialect):
             "EXECUTE",
         ]
     ) | {("LOAD", "INDEX"), ("CHECK", "TABLE"), ("SET", "PASSWORD")}
+
+    def mark_key(self, conn: sa.Connection) -> None:
+        # A row does not say which transaction wrote it here; a savepoint is its
+        # transaction's, and goes with it (a deadlock's rollback, the driver's rollback or
+        # commit): found at the end, the transaction is the key's.
+        conn.exec_driver_sql(f"SAVEPOINT {_KEY_SAVEPOINT}")
+
+    def key_marked(self, conn: sa.Connection) -> bool | None:
+        try:
+            conn.exec_driver_sql(f"RELEASE SAVEPOINT {_KEY_SAVEPOINT}")
+        except sa.exc.DBAPIError as exc:
+            if exc.orig is None or exc.orig.args[:1] != (_NO_SAVEPOINT,):
+                raise
+            return False
+        return True
+
+    def rolled_back_in_part(self, conn: sa.Connection) -> bool:
+        # A table without transactions (MyISAM, Aria, MEMORY) keeps what was written to it,
+        # and the ROLLBACK warns so: a retry would write it again. A round trip, here alone.
+        conn.rollback()
+        warnings = conn.exec_driver_sql("SHOW WARNINGS").all()
+        return any(row[1] == _NOT_ROLLED_BACK for row in warnings)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool

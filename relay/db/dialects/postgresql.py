@@ -132,6 +132,8 @@ class PostgreSQL(Dialect):
     # in a crash right after. Set on again at the inbox's look, the transaction's last setting
     # wins (the guard lets nothing of the handler's run after it).
     key_look: ClassVar[str] = "set_config('synchronous_commit', 'on', true)"
+    # The transaction that wrote the key's row, as the insert returns it and the look reads it.
+    key_token: ClassVar[str | None] = "xmin::text"
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool

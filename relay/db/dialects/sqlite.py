@@ -172,7 +172,29 @@ class SQLite(Dialect):
             watch.watching = False
 
     def went_on(self, conn: sa.Connection) -> bool | None:
-        return bool(conn.connection.info[_WATCH].went_on)
+        watch: TransactionWatch = conn.connection.info[_WATCH]
+        if watch.went_on:
+            return True
+        # The watch hears through sqlite3's one trace callback, which a handler can replace
+        # through the driver (a statement log of its own): a statement it does not hear
+        # says it went blind, and what ran since cannot be told. Sent on the driver's
+        # connection, whatever state a refused move left SQLAlchemy's transaction in.
+        watch.heard = False
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute("SELECT 1")
+        except sqlite3.Error:
+            return True  # not heard, alike
+        finally:
+            cursor.close()
+        return not watch.heard
+
+    def session_left(self, conn: sa.Connection) -> str | None:
+        # The watch's callback set again, whatever a handler set in its place: the next
+        # message's run is watched (a call on the driver's connection, no statement).
+        watch: TransactionWatch = conn.connection.info[_WATCH]
+        _trace(watch)
+        return None
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, sqlite3.Error):
@@ -243,15 +265,17 @@ class TransactionWatch:
     it ran): ``went_on`` says so; a run whose transaction ended with nothing after it has
     nothing committed past it."""
 
-    __slots__ = ("_driver", "watching", "went_on")
+    __slots__ = ("driver", "heard", "watching", "went_on")
 
     def __init__(self, driver: Any) -> None:
-        self._driver = driver  # sqlite3's connection, or aiosqlite's (its in_transaction alike)
+        self.driver = driver  # sqlite3's connection, or aiosqlite's (its in_transaction alike)
         self.watching = False
         self.went_on = False
+        self.heard = False  # any statement, watched or not (``SQLite.went_on``)
 
     def traced(self, _statement: str) -> None:
-        if self.watching and not self._driver.in_transaction:
+        self.heard = True
+        if self.watching and not self.driver.in_transaction:
             self.went_on = True
 
 
@@ -259,10 +283,15 @@ def _watch(dbapi_connection: Any, record: Any) -> None:
     """An inbox connection's ``TransactionWatch``, kept in its pool record."""
     driver = getattr(dbapi_connection, "driver_connection", None) or dbapi_connection
     watch = record.info[_WATCH] = TransactionWatch(driver)
-    if isinstance(driver, sqlite3.Connection):
-        driver.set_trace_callback(watch.traced)
+    _trace(watch)
+
+
+def _trace(watch: TransactionWatch) -> None:
+    """``watch`` told of each statement its connection runs (sqlite3's trace callback)."""
+    if isinstance(watch.driver, sqlite3.Connection):
+        watch.driver.set_trace_callback(watch.traced)
     else:  # aiosqlite's, whose connection is used on a thread of its own
-        await_(driver.set_trace_callback(watch.traced))
+        await_(watch.driver.set_trace_callback(watch.traced))
 
 
 def _lenient_text(value: bytes) -> str:

@@ -1,0 +1,184 @@
+"""The inbox's "effects once" where a handler's transaction ends, or is undone in part, in
+ways its key's look missed (issue 71, an outside review's second round), through the blocking
+and the asyncio stores driven by the inbox's own decisions: another delivery's committed key
+taken for the run's own, a table the rollback cannot undo."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from relay.db.engine import create_engine
+from relay.records import Answer, Verdict
+from tests.contract.test_inbox_store import KINDS, WRITE, Consumer, keys, noted
+from tests.support import inbox_script
+from tests.support.inbox_script import effects
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def url(database_url: str) -> str:
+    engine = create_engine(database_url)
+    effects.create(engine)
+    engine.dispose()
+    return database_url
+
+
+@pytest.fixture
+def consumer(kind: str, url: str) -> Iterator[Consumer]:
+    made = Consumer(kind, url)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def calls() -> Iterator[dict[str, Callable[[], None]]]:
+    yield inbox_script.CALLS
+    inbox_script.CALLS.clear()
+
+
+@pytest.mark.databases("postgresql", "mariadb")
+def test_another_deliverys_committed_key_is_not_the_runs_own(
+    consumer: Consumer, url: str, calls: dict[str, Callable[[], None]]
+) -> None:
+    """The message's transaction rolled back under its handler (the driver's rollback; on
+    MariaDB a deadlock alike): a second consumer of the name, given the message again, finds
+    no key, runs and commits. The first handler goes on, writes again through its driver and
+    returns: its look at the end found the second's committed key and took it for its own,
+    committed its write and acked, the message's effect twice. (SQLite's consumers run one at
+    a time: no second one runs meanwhile.)"""
+    twin = Consumer("blocking", url)
+    answers: list[Answer] = []
+    calls["twin"] = lambda: answers.append(
+        twin.process("m-1", [("write", "twin")], redelivered=True)
+    )
+    redone = ("cursor", "INSERT INTO effects (note) VALUES ('first')")
+    try:
+        first = consumer.process(
+            "m-1", [("write", "first"), ("driver", "rollback"), ("call", "twin"), redone]
+        )
+    finally:
+        twin.close()
+    assert [answer.verdict for answer in answers] == [Verdict.ACK]
+    assert (noted(url), keys(url)) == (["twin"], ["m-1"])
+    # Dead-lettered (it cannot be told from the handler's own commit everywhere), its key kept.
+    assert first.verdict is Verdict.DEAD_LETTER
+    assert first.reason is not None
+    assert "another delivery of the message" in str(first.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["twin"]
+
+
+@pytest.mark.databases("postgresql", "mariadb")
+def test_the_runs_own_commit_past_tx_is_told_where_the_database_can(
+    consumer: Consumer, url: str
+) -> None:
+    """The handler's own commit through its driver, then a return: PostgreSQL tells its
+    committed key by the transaction that wrote it (acked, all of it committed); MariaDB
+    cannot tell it from another delivery's: dead-lettered, its key kept, never done twice."""
+    answer = consumer.process("m-1", [("write", "a"), ("driver", "commit")])
+    own = Verdict.ACK if consumer.store.engine.dialect.name == "postgresql" else Verdict.DEAD_LETTER
+    assert answer.verdict is own
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["a"], ["m-1"])
+
+
+@pytest.mark.databases("mariadb")
+@pytest.mark.parametrize("engine", ["MyISAM", "Aria", "MEMORY"])
+def test_a_write_the_rollback_cannot_undo_is_not_done_again(
+    consumer: Consumer, url: str, engine: str
+) -> None:
+    """A handler's table of an engine without transactions keeps its write whatever the
+    inbox's rollback does (MariaDB warns so at the ROLLBACK): the handler then failed, and
+    its retries wrote it again, once an attempt. Dead-lettered at once instead, its key
+    kept, naming why."""
+    database = create_engine(url)
+    with database.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE effects")
+        conn.exec_driver_sql(
+            "CREATE TABLE effects (note VARCHAR(64) NOT NULL, secret VARCHAR(64) UNIQUE) "
+            f"ENGINE={engine}"
+        )
+    database.dispose()
+    answer = consumer.process("m-1", [("write", "charged"), ("raise", "")])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    assert "cannot roll back" in str(answer.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+    # A failure that wrote nothing there is retried as ever, on the same connection.
+    assert consumer.process("m-2", [("raise", "")]).verdict is Verdict.RETRY
+
+
+# The driver's rollback, then a write and a commit through it: past the inbox's transaction.
+WENT_ON = [
+    ("driver", "rollback"),
+    ("cursor", "INSERT INTO effects (note) VALUES ('charged')"),
+    ("driver", "commit"),
+]
+
+
+@pytest.mark.databases("sqlite")
+def test_a_handler_that_blinds_sqlites_watch_never_does_it_twice(
+    consumer: Consumer, url: str
+) -> None:
+    """The inbox's watch of an SQLite connection's statements is sqlite3's trace callback;
+    a handler set its own, then went on past its transaction's rollback and failed: its
+    committed write was retried, done again at each attempt. A watch that hears nothing
+    cannot tell what ran: dead-lettered at once, its key kept."""
+    answer = consumer.process("m-1", [("untraced", ""), *WENT_ON, ("raise", "")])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+
+
+@pytest.mark.databases("sqlite")
+def test_the_watch_is_the_pooled_connections_again_after_a_handler_replaced_it(
+    consumer: Consumer, url: str
+) -> None:
+    """A handler that set its own trace callback and returned left the pooled connection
+    unwatched: the next message's run went on past its rollback unseen. The watch is set
+    again after each run: an innocent failure is retried, a run that went on dead-lettered."""
+    assert consumer.process("m-1", [("untraced", ""), ("write", "a")]).verdict is Verdict.ACK
+    assert consumer.process("m-2", [("write", "b"), ("raise", "")]).verdict is Verdict.RETRY
+    assert consumer.process("m-3", [*WENT_ON, ("raise", "")]).verdict is Verdict.DEAD_LETTER
+    assert consumer.process("m-3", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert noted(url) == ["a", "charged"]
+
+
+# Where a handler leaves its listener, and the run that leaves it: the listener writes and
+# commits through the driver at the inbox's own commit (a run that returns) or rollback (one
+# that raises).
+LISTENERS = {
+    "at the commit, on its connection": [("write", "a"), ("listen", "connection:commit")],
+    "at the rollback, on its connection": [
+        ("write", "a"),
+        ("listen", "connection:rollback"),
+        ("raise", ""),
+    ],
+    "at the commit, on its engine": [("write", "a"), ("listen", "engine:commit")],
+}
+
+
+@pytest.mark.parametrize("left", LISTENERS, ids=list(LISTENERS))
+def test_a_listener_the_handler_leaves_never_runs_at_the_inboxs_end(
+    consumer: Consumer, url: str, left: str
+) -> None:
+    """A listener left through a result's ``context.root_connection`` ran at the inbox's own
+    commit or rollback, after the guard and the key's look: a driver's rollback there had the
+    message acked with nothing committed, a driver's commit there committed a failed run's
+    work at each attempt. Taken off, the run refused and dead-lettered, nothing committed."""
+    answer = consumer.process("m-1", LISTENERS[left])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    assert str(answer.reason["x-inbox-error"]).startswith("ListenersLeft:")
+    assert (noted(url), keys(url)) == ([], [])
+    # Nothing of it is left for the next runs, on the pool's connections or the engine.
+    assert consumer.process("m-2", [("write", "b")]).verdict is Verdict.ACK
+    assert consumer.process("m-3", [("write", "c"), ("raise", "")]).verdict is Verdict.RETRY
+    assert (noted(url), keys(url)) == (["b"], ["m-2"])
