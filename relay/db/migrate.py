@@ -80,7 +80,12 @@ def migrate(
         return Migrated(live)
 
     def lock_timed_out(error: BaseException) -> bool:
-        return isinstance(error, StoreError) and of(engine).lock_timed_out(_driver_error(error))
+        kind = of(engine).lock_timeout_error
+        return (
+            kind is not None
+            and isinstance(error, StoreError)
+            and isinstance(_driver_error(error), kind)
+        )
 
     # A DDL statement's lock wait ran out (``Dialect.bound_ddl_locks``): the transaction
     # was rolled back whole, and the writers it held up went on meanwhile.

@@ -292,6 +292,9 @@ class Dialect(InboxDialect, abc.ABC):
         open: one ``relay migrate`` at a time, the next reading the schema as the one before
         left it (two at once failed on the tables the first was creating)."""
 
+    # The driver's error for a lock wait that ran out (``bound_ddl_locks``), where bounded.
+    lock_timeout_error: ClassVar[type[BaseException] | None] = None
+
     def bound_ddl_locks(self, conn: sa.Connection) -> None:
         """Bound how long the migration's DDL on ``conn`` waits for a table's lock
         (``MIGRATION_DDL_LOCK_TIMEOUT_MS``), where a statement waiting for one holds up
@@ -299,10 +302,6 @@ class Dialect(InboxDialect, abc.ABC):
         its transaction). Nothing where DDL commits as it runs: a migration stopped
         halfway would not run again."""
         return None
-
-    def lock_timed_out(self, error: BaseException | None) -> bool:
-        """Whether the driver's ``error`` is a lock wait that ran out (``bound_ddl_locks``)."""
-        return False
 
     # Roles and settings -------------------------------------------------------------------
 

@@ -83,11 +83,10 @@ PG_KEEPALIVES = {
 }
 # What a session holds that outlives its transactions and the inbox's sessions never hold
 # (``PostgreSQL.session_left``): a statement a PREPARE made (SQLAlchemy's and psycopg's are
-# the protocol's), a temporary object, a WITH HOLD cursor, a LISTEN, an advisory lock, a
-# role; then every setting reset to the session's start (the inbox's own are the
-# connection's options, which stay): a setting made for the session through a function or
-# a block. Looking for those costs 0.8 ms of the server's time (pg_settings, for a row in
-# 400), the reset a few microseconds.
+# the protocol's), a temporary object, a WITH HOLD cursor, a LISTEN, an advisory lock, a role;
+# then every setting reset to the session's start (the inbox's own are the connection's
+# options, which stay): one made for the session through a function or a block. Looking
+# costs 0.8 ms of the server's time (pg_settings, a row in 400), the reset microseconds.
 _SESSION_LEFT = """
 SELECT 'the prepared statement ' || name FROM pg_prepared_statements WHERE from_sql
 UNION ALL SELECT 'the temporary ' || relname FROM pg_class
@@ -134,6 +133,8 @@ class PostgreSQL(Dialect):
     key_look: ClassVar[str] = "set_config('synchronous_commit', 'on', true)"
     # The transaction that wrote the key's row, as the insert returns it and the look reads it.
     key_token: ClassVar[str | None] = "xmin::text"
+
+    lock_timeout_error = psycopg.errors.LockNotAvailable
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -285,9 +286,6 @@ class PostgreSQL(Dialect):
     def bound_ddl_locks(self, conn: sa.Connection) -> None:
         # After the migrations' lock, whose wait it must not bound.
         conn.execute(sa.text(f"SET LOCAL lock_timeout = {MIGRATION_DDL_LOCK_TIMEOUT_MS}"))
-
-    def lock_timed_out(self, error: BaseException | None) -> bool:
-        return isinstance(error, psycopg.errors.LockNotAvailable)
 
     def unbounded(self, conn: sa.Connection) -> None:
         # Settings a role may change for itself: the caller's rights suffice. Its lock waits
