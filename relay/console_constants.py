@@ -81,6 +81,10 @@ CONSOLE_SETTLE_HORIZON_S = DB_STATEMENT_TIMEOUT_MS / 1000 + DB_IDLE_IN_TRANSACTI
 # Text the list and the causes show of a last error: the index on parked rows' errors holds
 # this prefix (an entry of a B-tree must stay under a third of a page).
 CONSOLE_REASON_PREFIX = 200
+# The part of an exchange the console's index of parked rows holds (characters): every name
+# RabbitMQ takes has at most 255 bytes; a longer one a writer wrote is parked as malformed,
+# and held whole it could pass a B-tree entry's limit and fail the parking statement.
+CONSOLE_EXCHANGE_KEY = 255
 # An inbox queue's dead letters on the console: a page lists at most CONSOLE_DEAD_LETTERS_PAGE
 # (one view listed 5,007 letters, 1.8 MB). A page is read from the queue's head (a queue has
 # no other way in): the letters before it are read and put back too, at most

@@ -47,6 +47,7 @@ from relay.db.due import due_now, oldest_due_age
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import (
     console_sessions_ended,
+    exchange_key,
     outbox,
     outbox_archive,
     outbox_buckets,
@@ -77,6 +78,9 @@ def parked_where(chosen: ParkedFilter) -> list[sa.ColumnElement[bool]]:
     where: list[sa.ColumnElement[bool]] = [outbox.c.status == PARKED]
     if chosen.reason:
         where.append(outbox.c.last_error.contains(chosen.reason, autoescape=True))
+    if chosen.exchange:
+        # The index's key too, so that the planner reads its range (migration 0017).
+        where.append(exchange_key(outbox.c.exchange) == exchange_key(sa.literal(chosen.exchange)))
     for column, value in (
         (outbox.c.exchange, chosen.exchange),
         (outbox.c.routing_key, chosen.routing_key),

@@ -7,6 +7,8 @@ tests move it with ``advance``, which the real stores play by moving every store
 from __future__ import annotations
 
 import json
+import random
+import string
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -570,6 +572,25 @@ def test_retry_and_park(make_store: StoreFactory) -> None:
     advance(store, SLACK)
     (again,) = store.claim(10, NO_BYTE_LIMIT)
     assert (again.id, again.attempts, again.republish) == (r1.id, 1, True)
+
+
+@pytest.mark.parametrize("make_store", ["memory", "sqlite", "postgresql"], indirect=True)
+def test_a_row_parked_with_an_exchange_no_broker_takes_never_fails_the_others_settle(
+    make_store: StoreFactory,
+) -> None:
+    """A writer's exchange of 6,000 characters that do not compress (MySQL's column holds
+    255): the relay parks the row as malformed, and the parking statement, with the rest of
+    its settle, failed on PostgreSQL while the console's index held exchanges whole."""
+    long = "".join(random.Random(0).choices(string.ascii_letters + string.digits, k=6000))
+    store = make_store("a")
+    store.enqueue([NewMessage(b"x", exchange=long), NewMessage(b"y", exchange="ok")])
+    bad, good = store.claim(10, NO_BYTE_LIMIT)
+    malformed = "rejected: exchange: longer than 255 bytes"
+    store.settle(
+        SettleBatch(sent=(good.id,), changes=(RowChange(bad.id, PARKED, 1, 0.0, malformed),))
+    )
+    assert state(store, bad.id) == (PARKED, 1, malformed)
+    assert store.claim(10, NO_BYTE_LIMIT) == []
 
 
 def test_backlog_counts_due_rows_and_the_oldest_wait(make_store: StoreFactory) -> None:

@@ -18,12 +18,14 @@ from relay.db.schema.inbox import (
 )
 from relay.db.schema.metadata import metadata
 from relay.db.schema.outbox import (
+    CONSOLE_EXCHANGE_INDEX,
     CONSOLE_INDEXES,
     CONSOLE_MESSAGE_INDEX,
     MYSQL_SKIPPED_INDEXES,
     ROW_COLUMNS,
     WRITER_COLUMNS,
     WRITTEN_COLUMNS,
+    exchange_key,
     index_columns,
     outbox,
     reason_prefix,
@@ -49,6 +51,7 @@ from relay.db.schema.sentlog import (
 )
 
 __all__ = [
+    "CONSOLE_EXCHANGE_INDEX",
     "CONSOLE_INDEXES",
     "CONSOLE_MESSAGE_INDEX",
     "COUNTERS",
@@ -63,6 +66,7 @@ __all__ = [
     "built_on",
     "console_audit",
     "console_sessions_ended",
+    "exchange_key",
     "inbox_attempts",
     "inbox_received",
     "index_columns",

@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from relay.console_constants import CONSOLE_REASON_PREFIX
+from relay.console_constants import CONSOLE_EXCHANGE_KEY, CONSOLE_REASON_PREFIX
 from relay.db.columns import (
     LONG_TEXT,
     PAYLOAD,
@@ -153,6 +153,24 @@ def reason_prefix(column: sa.ColumnElement[str | None]) -> sa.ColumnElement[str]
     )
 
 
+def exchange_key(column: sa.ColumnElement[str]) -> sa.ColumnElement[str]:
+    """An exchange as the console's index of parked rows holds it: its first
+    ``CONSOLE_EXCHANGE_KEY`` characters, the whole of any name a broker takes (migration
+    0017: the exchange whole, 6,000 random bytes of it, failed a relay's settle on
+    PostgreSQL: "index row size exceeds btree maximum 2704"). Its numbers are literals, so
+    that a query's expression is the index's."""
+    return sa.func.substr(
+        column, sa.literal_column("1"), sa.literal_column(str(CONSOLE_EXCHANGE_KEY))
+    )
+
+
+# The console's index of parked rows by exchange (migration 0017; 0014 held it whole).
+CONSOLE_EXCHANGE_INDEX = (
+    "outbox_parked_exchange_key_idx",
+    exchange_key(outbox.c.exchange),
+    outbox.c.next_attempt_at,
+    outbox.c.id,
+)
 CONSOLE_INDEXES = (
     ("outbox_parked_time_idx", outbox.c.next_attempt_at, outbox.c.id),
     (
@@ -161,7 +179,7 @@ CONSOLE_INDEXES = (
         outbox.c.next_attempt_at,
         outbox.c.id,
     ),
-    ("outbox_parked_exchange_idx", outbox.c.exchange, outbox.c.next_attempt_at, outbox.c.id),
+    CONSOLE_EXCHANGE_INDEX,
 )
 for _name, *_columns in CONSOLE_INDEXES:
     _parked = outbox.c.status == PARKED

@@ -29,6 +29,11 @@ branch_labels = None
 depends_on = None
 # The least protocol of the relays that may run beside this revision (``relay migrate``).
 least_protocol = None
+# The indexes as this revision builds them: by exchange whole (0017 keys it by a prefix).
+_INDEXES = (
+    *CONSOLE_INDEXES[:2],
+    ("outbox_parked_exchange_idx", "exchange", "next_attempt_at", "id"),
+)
 
 
 def upgrade() -> None:
@@ -77,7 +82,7 @@ def upgrade() -> None:
     if not of(op.get_bind().dialect).partial_indexes:
         return
     parked = sa.text(f"status = '{PARKED}'")
-    for name, *columns in CONSOLE_INDEXES:
+    for name, *columns in _INDEXES:
         op.create_index(
             name,
             "outbox",
@@ -90,7 +95,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if of(op.get_bind().dialect).partial_indexes:
-        for name, *_columns in CONSOLE_INDEXES:
+        for name, *_columns in _INDEXES:
             op.drop_index(name, "outbox")
     op.drop_table("console_sessions_ended")
     op.drop_table("outbox_edits")
