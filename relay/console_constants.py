@@ -85,6 +85,8 @@ CONSOLE_REASON_PREFIX = 200
 # RabbitMQ takes has at most 255 bytes; a longer one a writer wrote is parked as malformed,
 # and held whole it could pass a B-tree entry's limit and fail the parking statement.
 CONSOLE_EXCHANGE_KEY = 255
+# A list of rows shows this much of each text (characters); a row's own page, all of it.
+CONSOLE_LISTED_CHARS = 1000
 # An inbox queue's dead letters on the console: a page lists at most CONSOLE_DEAD_LETTERS_PAGE
 # (one view listed 5,007 letters, 1.8 MB). A page is read from the queue's head (a queue has
 # no other way in): the letters before it are read and put back too, at most

@@ -40,7 +40,7 @@ from relay.db import console_archive, console_rows
 from relay.db.clock import database_time
 from relay.db.columns import starts_with
 from relay.db.console_counts import Budget, capped, parked_time, walk
-from relay.db.console_rows import SUMMARY_COLUMNS, summary
+from relay.db.console_rows import SUMMARY_COLUMNS, cut_texts, summary
 from relay.db.decode import readable_text
 from relay.db.dialects import of
 from relay.db.due import due_now, oldest_due_age
@@ -223,7 +223,7 @@ class ConsoleReads:
                 )
             )
         statement = (
-            sa.select(*SUMMARY_COLUMNS)
+            sa.select(*cut_texts(SUMMARY_COLUMNS))
             .where(*where)
             .order_by(parked_time.desc(), outbox.c.id.desc())
             .limit(limit + 1)

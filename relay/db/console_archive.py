@@ -15,7 +15,7 @@ from relay.console_records import ArchiveFilter, Counted, LeftAfter, RowSummary
 from relay.constants import BACKLOG_EXACT_ROWS
 from relay.db.clock import database_time
 from relay.db.console_counts import capped
-from relay.db.console_rows import ARCHIVED_SUMMARY, summary
+from relay.db.console_rows import ARCHIVED_SUMMARY, cut_texts, summary
 from relay.db.dialects import of
 from relay.db.engine import transaction
 from relay.db.schema import WRITTEN_COLUMNS, outbox, outbox_archive
@@ -49,7 +49,7 @@ def listed(
     conn: sa.Connection, chosen: ArchiveFilter, after: int | None, limit: int
 ) -> list[RowSummary]:
     """Discarded rows ``chosen`` selects, the last discarded first, after the id ``after``."""
-    statement = sa.select(*ARCHIVED_SUMMARY).where(*archive_where(chosen))
+    statement = sa.select(*cut_texts(ARCHIVED_SUMMARY)).where(*archive_where(chosen))
     if after is not None:
         statement = statement.where(_A.id < after)
     statement = statement.order_by(_A.id.desc()).limit(limit)

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
-from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_NAMED_IDS
+from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_LISTED_CHARS, CONSOLE_NAMED_IDS
 from relay.console_records import Actor, ArchiveFilter, AuditFilter, Counted, ParkedFilter
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
@@ -300,6 +300,21 @@ def test_discarded_rows_are_restored_as_they_were(database_url: str) -> None:
     assert [e.action for e in audit(database_url)] == ["discard", "restore"]
 
 
+def test_a_list_shows_the_start_of_a_long_error_and_the_rows_page_all_of_it(
+    database_url: str,
+) -> None:
+    error = "failed: " + "é" * (CONSOLE_LISTED_CHARS * 3)
+    (row,) = park(database_url, [{"message_id": "long", "exchange": "x"}], error)
+    reads = ConsoleReads(database_url)
+    try:
+        (listed,), _after = reads.page(ParkedFilter(exchange="x"), None, 10)
+        whole = reads.row(row, 10)
+    finally:
+        reads.close()
+    assert listed.last_error == error[:CONSOLE_LISTED_CHARS]
+    assert whole is not None and whole.summary.last_error == error
+
+
 def test_a_bulk_discard_is_undone_whole_by_a_restore_of_its_filter(database_url: str) -> None:
     many = CONSOLE_CHUNK_ROWS * 2 + 50  # more than one chunk of each change
     ids = park(
@@ -340,7 +355,8 @@ def test_a_bulk_discard_is_undone_whole_by_a_restore_of_its_filter(database_url:
     assert json.loads(entry.target)["filter"] == {"discarded_by": "otto", "exchange": "x"}
     assert (
         entry.result
-        == f"done; left 1 whose message id the outbox holds again, or restored meanwhile: ids {ids[7]}; left 1 archived after the bound: ids {later}"
+        == f"done; left 1 whose message id the outbox holds again, or restored meanwhile: "
+        f"ids {ids[7]}; left 1 archived after the bound: ids {later}"
     )
 
 
