@@ -20,6 +20,8 @@ from relay.console_records import ArchiveFilter, AuditFilter, Cursor, ParkedFilt
 from relay.errors import InputError
 
 MAX_FIELD = 1000
+# The years a time a form gives may fall in (``_within_years``).
+FIRST_YEAR, LAST_YEAR = 1900, 9000
 FILTER_FIELDS = (
     "reason",
     "cause",
@@ -127,7 +129,21 @@ def instant(fields: Mapping[str, str], name: str) -> datetime | None:
         value = None
     if value is None or value.tzinfo is None:
         raise InputError(f"{name}: not a time with its offset")
-    return value
+    return _within_years(value, name)
+
+
+def _within_years(value: datetime, name: str) -> datetime:
+    """``value`` in UTC, refused at the calendar's ends: the year 1 with an offset east of
+    UTC is no time in UTC, and a page's bound less the settle horizon, or an age counted
+    back from it, must stay a time (each was a 500, or a 503 "try again", from the
+    driver's overflow)."""
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not FIRST_YEAR <= utc.year <= LAST_YEAR:
+        raise InputError(f"{name}: not a time between the years {FIRST_YEAR} and {LAST_YEAR}")
+    return utc
 
 
 def audit_filter(fields: Mapping[str, str]) -> AuditFilter:
@@ -184,7 +200,7 @@ def _utc(fields: Mapping[str, str], name: str) -> datetime | None:
         value = datetime.fromisoformat(given)
     except ValueError:
         raise InputError(f"{name}: not a time such as 2026-11-29T14:05 (UTC)") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    return _within_years(value.replace(tzinfo=UTC) if value.tzinfo is None else value, name)
 
 
 def parked_filter(
@@ -200,7 +216,10 @@ def parked_filter(
     since = age(fields)
     before = instant(fields, "parked_before")
     if since is not None:
-        before = now - since
+        try:
+            before = _within_years(now - since, "parked_for")
+        except OverflowError:
+            raise InputError("parked_for: longer than any row has waited") from None
     return ParkedFilter(
         reason=text(fields, "reason"),
         cause=cause,
