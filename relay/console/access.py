@@ -6,6 +6,7 @@ or a form without its token, refused."""
 from __future__ import annotations
 
 import hmac
+from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
@@ -36,7 +37,7 @@ async def session_of(console: Console, request: Request) -> Session | None:
     if found is not None and await run_in_threadpool(console.reads.session_ended, found.id):
         found = None
     if console.config.console_auth == "users":
-        return _as_listed(console, found)
+        return await _as_listed(console, found)
     if console.config.console_auth != "proxy":
         return found
     peer = request.client.host if request.client else None
@@ -62,15 +63,18 @@ async def session_of(console: Console, request: Request) -> Session | None:
     return console.sessions.read(token, now)
 
 
-def _as_listed(console: Console, session: Session | None) -> Session | None:
+async def _as_listed(console: Console, session: Session | None) -> Session | None:
     """``session`` while its user's entry in the users file is the one it was issued for;
     None once the user is no longer in it, or has a new password or another role (an
-    outside review: the old session went on working after either)."""
+    outside review: the old session went on working after either), and ended for good, as
+    a logout ends it: the entry put back as it was made the old cookie work again."""
     if session is None:
         return None
     assert console.users is not None  # the users mode has its file
     user = console.users.current().get(session.user)
     if user is None or not hmac.compare_digest(user.entry, session.entry):
+        ends_at = datetime.fromtimestamp(console.sessions.ends_at(session), UTC)
+        await run_in_threadpool(console.actions.end_session, session.id, ends_at)
         return None
     return session
 

@@ -325,6 +325,9 @@ def test_a_logout_a_removed_user_a_new_role_or_password_end_what_old_cookies_cou
         status, shown = call(console.url, "POST", "/act", otto, {**replay, "confirmed": "1"})
         assert status == 401 and "log in first" in shown
         assert call(console.url, "GET", "/", otto)[0] == 303
+        # ada's entry put back as it was: the session its removal ended stays ended.
+        users.write_text(users.read_text() + next(x for x in lines if x.startswith("ada:")) + "\n")
+        assert call(console.url, "GET", "/", ada)[0] == 303
         log_in(page, console.url, "otto")  # as a viewer now
         page.goto(f"{console.url}/rows/{row}")
         assert page.locator("form.actions").count() == 0
