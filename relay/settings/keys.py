@@ -12,6 +12,7 @@ is published somewhere passes); ``openssl rand -base64 48`` makes a fit one.
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import math
 import string
@@ -19,6 +20,21 @@ from collections.abc import Sequence
 
 from relay.console_constants import CONSOLE_SESSION_SECRET_BITS, CONSOLE_SESSION_SECRET_MIN
 
+# The keys this project's repository published (its tests' keys before they were made at
+# each run), by their SHA-256: random-looking, they passed every other check, and whoever read
+# them could sign an admin's cookie (an outside review did, in OIDC mode).
+PUBLISHED_KEY_DIGESTS = frozenset(
+    {
+        "8d682b4b18936a6c78cc366ec67369d51bdee91adecfe0cf45f5b4b1e3670eba",
+        "fe93e141e897e3ff79729674738744c4989c8ae56a435bdbc1685d37bf84a9c5",
+        "96836a490afb9929d135b696b41f9f7731dcc19e120c1059ccffeee52cef5740",
+        "b8b7a461bc21a4e7521861c5bf4011e8869fd45007341d627ddaa6d20d809750",
+        # tests/unit/test_session_keys.py's, kept there to check the randomness estimate
+        "143f8170d064a972d0b0d981e6f0e7247db99c58f79370a302a3d0d4fbd9323f",
+        "18a2a5bfb8928952d5ab8dd2e06ac5eeeee0ecdd93cafc828ecdce5fe427b22e",
+        "5bda0a43ba8c9fd844afd49049011edcc68a4fd8093d2db21664b6f684c81cad",
+    }
+)
 # Words of the placeholders examples publish, this project's among them (``change-me``).
 PLACEHOLDER_WORDS = ("change", "replace", "example", "placeholder", "secret", "password")
 _CLASSES = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
@@ -49,6 +65,8 @@ def key_problem(key: str) -> str | None:
     """Why ``key`` must not sign sessions (to follow the setting's name), or None."""
     if len(key) < CONSOLE_SESSION_SECRET_MIN:
         return f"must be at least {CONSOLE_SESSION_SECRET_MIN} characters"
+    if hashlib.sha256(key.encode()).hexdigest() in PUBLISHED_KEY_DIGESTS:
+        return "was published in outbox-relay's repository: `openssl rand -base64 48` makes one"
     lowered = key.lower()
     for word in PLACEHOLDER_WORDS:
         if word in lowered:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import Any
 
 import yaml
@@ -96,7 +97,7 @@ def test_the_console_deployment_fits_the_console_and_stays_inside_the_cluster() 
     assert service["selector"].items() <= pod["metadata"]["labels"].items()
     # The settings load and the console would start with its secrets given (as files).
     secrets = {
-        "RELAY_CONSOLE_SESSION_SECRET": "Hn4Rk8Tz1Vq6Lp3Wm9Xc2Bd7Fs0Gj5Ya",
+        "RELAY_CONSOLE_SESSION_SECRET": token_urlsafe(48),
         "RELAY_CONSOLE_OIDC_CLIENT_SECRET": "y",
     }
     settings = ConsoleSettings.load({**config, **secrets})

@@ -3,6 +3,7 @@ listens), and `relay console hash-password` for a users file."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 from devtools.relayproc import relay, relay_env
@@ -21,7 +22,7 @@ def test_the_console_refuses_a_mode_without_what_it_needs(sqlite_url: str, tmp_p
     env = relay_env(
         RELAY_DATABASE_URL=sqlite_url,
         RELAY_CONSOLE_AUTH="users",
-        RELAY_CONSOLE_SESSION_SECRET="Pz6Lq1Wn8Rt3Vx9Km4Bc7Hd2Fs5Gj0Ya",
+        RELAY_CONSOLE_SESSION_SECRET=secrets.token_urlsafe(48),
         RELAY_CONSOLE_USERS_FILE=str(tmp_path / "missing"),
     )
     done = relay("console", env=env, timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,8 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SECRET = "tK7pWq2xRz9LmN4vB8cY1hJ6dF3sG0aE5uQiOwPe"
+# A key made at each run: a key written here would be published (and refused).
+SECRET = secrets.token_urlsafe(48)
 PASSWORD = "correct horse battery staple"
 USERS = {"vera": "viewer", "otto": "operator", "ada": "admin"}
 # Hostile text: markup and script where a page shows values.

@@ -4,6 +4,7 @@ file and the settings' refusals."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
 from relay.settings.console import networks
 
-SECRET = "Xq3vT8mZ1pLk9RwB2nYc7HdF4sJg6AeU0oQi5Vt"
+SECRET = secrets.token_urlsafe(48)  # made at each run: one written here is published
 
 
 @pytest.mark.parametrize(
