@@ -30,6 +30,9 @@ CONSOLE_LOGIN_WINDOW_S = 300
 # guesser trying many names from one address is stopped, while a few users behind one
 # address (an office's NAT) each keep their own attempts.
 CONSOLE_LOGIN_ADDRESS_SHARE = 10
+# A name may fail this many times the per-name attempts from all addresses together in the
+# window: a guesser who spreads over addresses, or makes them up, is bounded too.
+CONSOLE_LOGIN_NAME_SHARE = 4
 # Names and addresses with failures the limiter keeps before it forgets those whose failures
 # have left the window (each a few hundred bytes: a name is at most CONSOLE_NAME_MAX).
 CONSOLE_LOGIN_KEYS_KEPT = 10_000

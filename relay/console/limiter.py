@@ -1,13 +1,16 @@
-"""Pure: failed logins, limited per (user name, address) pair and per address; and the
-password checks running at once, bounded.
+"""Pure: failed logins, limited per (user name, address) pair, per address and per name;
+and the password checks running at once, bounded.
 
 After ``attempts`` failures of one name from one address within ``window`` seconds, that
 name is refused from that address until the oldest failure leaves the window; an address
-is refused past ``attempts * CONSOLE_LOGIN_ADDRESS_SHARE`` failures of any names. A guesser
-elsewhere therefore cannot lock the real user out (the user's own address keeps its
-attempts); the price is that a guesser spread over many addresses gets ``attempts`` tries
-per name per address, which scrypt's cost and the password's strength must carry. A success
-does not clear failures (a guesser who finds one password still spent the attempts).
+is refused past ``attempts * CONSOLE_LOGIN_ADDRESS_SHARE`` failures of any names, and a
+name past ``attempts * CONSOLE_LOGIN_NAME_SHARE`` failures from any addresses. A guesser
+elsewhere cannot lock the real user out with a few tries (the user's own address keeps its
+attempts); a guesser spread over many addresses, or who makes its address up (a host
+application that believes ``X-Forwarded-For``: an outside review tried 40 passwords of one
+name, one made-up address each, unlimited), gets ``attempts * CONSOLE_LOGIN_NAME_SHARE``
+tries of a name in a window, and can keep that name out meanwhile: the price of a bound.
+A success does not clear failures (a guesser who finds one password still spent them).
 
 An attempt is counted before its password is checked (``reserve``) and given back only when
 the password was right (``succeeded``): logins sent at once all see the ones before them,
@@ -20,7 +23,11 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from relay.console_constants import CONSOLE_LOGIN_ADDRESS_SHARE, CONSOLE_LOGIN_KEYS_KEPT
+from relay.console_constants import (
+    CONSOLE_LOGIN_ADDRESS_SHARE,
+    CONSOLE_LOGIN_KEYS_KEPT,
+    CONSOLE_LOGIN_NAME_SHARE,
+)
 
 Key = tuple[str, ...]
 
@@ -43,6 +50,7 @@ class LoginLimiter:
         return [
             (("pair", name, address), self.attempts),
             (("address", address), self.attempts * CONSOLE_LOGIN_ADDRESS_SHARE),
+            (("name", name), self.attempts * CONSOLE_LOGIN_NAME_SHARE),
         ]
 
     def _recent(self, key: Key, now: float) -> int:

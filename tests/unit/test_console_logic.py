@@ -31,7 +31,7 @@ from relay.console.passwords import hash_password, hash_problem, verify_password
 from relay.console.sessions import Sessions, Signer
 from relay.console.users import parse_users
 from relay.console.users_file import UsersFile
-from relay.console_constants import CONSOLE_LOGIN_ADDRESS_SHARE
+from relay.console_constants import CONSOLE_LOGIN_ADDRESS_SHARE, CONSOLE_LOGIN_NAME_SHARE
 from relay.console_records import ActionResult, Actor, Counted, ParkedFilter, Tally
 from relay.errors import ConfigError, InputError
 from relay.settings import ConsoleSettings
@@ -213,6 +213,16 @@ def test_an_address_failing_with_many_names_is_refused() -> None:
     assert limiter.reserve("otto", "10.0.0.2", 1) is not None
 
 
+def test_a_name_failing_from_many_addresses_is_refused_from_all() -> None:
+    """Addresses made up (a host application believing ``X-Forwarded-For``) or spread: one
+    name's failures are bounded in the window, whatever addresses they came from."""
+    limiter = LoginLimiter(attempts=3, window=300)
+    allowed = [limiter.reserve("otto", f"10.0.{n}.1", 1) for n in range(100)]
+    assert sum(a is not None for a in allowed) == 3 * CONSOLE_LOGIN_NAME_SHARE
+    assert limiter.reserve("ada", "10.0.200.1", 1) is not None
+    assert limiter.reserve("otto", "10.0.200.1", 301) is not None
+
+
 def test_attempts_sent_at_once_are_counted_before_their_passwords_are_checked() -> None:
     limiter = LoginLimiter(attempts=5, window=300)
     # 100 attempts reserved before any password check has finished: 5 may be checked.
@@ -229,7 +239,7 @@ def test_the_limiter_forgets_names_whose_failures_left_the_window() -> None:
     for n in range(100):
         limiter.reserve(f"guess-{n}", f"10.0.{n}.1", now=n)
     limiter.forget_before(now=350)
-    assert len(limiter) == 2 * 49  # the failures at 51 to 99 (a pair and an address each)
+    assert len(limiter) == 3 * 49  # the failures at 51 to 99 (a pair, an address, a name)
 
 
 def test_password_checks_at_once_are_bounded() -> None:
