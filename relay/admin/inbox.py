@@ -117,11 +117,12 @@ def requeue(
     chosen: Callable[[DeadLetter], bool],
     *,
     readable_only: bool = False,
+    most: int | None = None,
 ) -> Moved:
     """The dead letters of the inbox of ``queue`` that ``chosen`` picks, back to their queue,
     their failed attempts forgotten first (``relay inbox requeue``, the console's, which
-    passes ``readable_only``: a queue a read could drop or reorder letters of is refused);
-    those moved, and those chosen but left, and why."""
+    passes ``readable_only``: a queue a read could drop or reorder letters of is refused,
+    and ``most``: ``move_letters``'); those moved, and those chosen but left, and why."""
     return move_letters(
         settings.amqp_urls,
         settings.name,
@@ -130,6 +131,7 @@ def requeue(
         chosen,
         before_moving=lambda letters: _forget_attempts(settings, letters),
         readable_only=readable_only,
+        most=most,
     )
 
 

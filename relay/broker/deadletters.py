@@ -84,6 +84,9 @@ class Moved:
     left: list[tuple[DeadLetter, str]] = field(default_factory=list)
     read: int = 0
     depth: int = 0
+    # Letters past the pass's bound (``move_letters``' ``most``: those that came into the
+    # queue after the change was confirmed), left unread.
+    later: int = 0
 
 
 class Reader:
@@ -159,19 +162,22 @@ def move_letters(
     before_moving: Callable[[list[DeadLetter]], None] | None = None,
     publish: bool = True,
     readable_only: bool = False,
+    most: int | None = None,
 ) -> Moved:
     """The letters of ``dead_queue`` that ``choose`` picks, whose queue is there, handed to
     ``before_moving`` and put back into the queue they came from (their reason headers taken
     off); with ``publish`` false (a purge), taken from the queue. ``MoveFailed``, naming
     those moved, when moving fails midway. ``readable_only``: a queue a read could drop or
-    reorder letters of (``relay.broker.queue_kind``) is refused (InputError), none read."""
+    reorder letters of (``relay.broker.queue_kind``) is refused (InputError), none read.
+    ``most``: read no further than the first ``most`` letters (as many as the queue held when
+    the change was confirmed: those after them came later, and are left)."""
     with connected(urls, name, tls, dead_queue) as connection:
         depth = depth_of(connection, dead_queue)
         if readable_only and (why := unreadable(connection, dead_queue)):
             raise InputError(f"{dead_queue!r} is not read here: {why}")
         channel = connection.channel()
         channel.confirm_delivery()
-        reader = Reader(channel, dead_queue, depth)
+        reader = Reader(channel, dead_queue, depth, most)
         chosen = []
         left: list[tuple[DeadLetter, str]] = []
         there: dict[str, bool] = {}
@@ -206,7 +212,8 @@ def move_letters(
         except pika.exceptions.AMQPError as exc:
             # Those not acked go back when the connection closes, in their order.
             raise MoveFailed(moved, exc) from exc
-        return Moved(moved, left, reader.read, depth)
+        later = 0 if most is None else max(0, depth - most)
+        return Moved(moved, left, reader.read, depth, later)
 
 
 class MoveFailed(BrokerError):

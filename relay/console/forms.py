@@ -243,6 +243,15 @@ def cursor(fields: Mapping[str, str]) -> Cursor | None:
     return Cursor(at, row_id(row, "after_id"))
 
 
+def count(fields: Mapping[str, str], name: str) -> int:
+    """A count a form carries back (a queue's depth as a confirmation saw it): ASCII digits,
+    at most a queue's 32 bits."""
+    given = fields.get(name, "")
+    if not (given.isascii() and given.isdigit()) or int(given) >= 2**32:
+        raise InputError(f"{name}: not a count")
+    return int(given)
+
+
 def row_id(value: str | int, name: str = "id") -> int:
     """A row's id as given (a form's field, a path's part): ASCII digits, within the
     column's 64 bits (past them the driver failed, a 500 with its traceback)."""

@@ -46,6 +46,11 @@ class LetterChange:
             raise InputError("no dead letters chosen")
         if self.scope == "reason" and not self.reason:
             raise InputError("reason: say which text the letters' reason holds")
+        # By reason or all: as many letters from the queue's head as it held when the change
+        # was confirmed (its confirmation posts them); those after came later, and are left.
+        self.most: int | None = None
+        if self.scope != "letters" and fields.get("depth", "") != "":
+            self.most = forms.count(fields, "depth")
 
     def allowed(self, actor: Actor) -> None:
         """A purge is an admin's (a requeue, an operator's: ``changes`` checks that)."""
@@ -86,7 +91,13 @@ def acting(console: Console, change: LetterChange, actor: Actor) -> dict[str, An
     try:
         if change.action == REQUEUE:
             with console.dead_letter_lock(change.queue):
-                done = requeue(console.settings, change.queue, change.chosen(), readable_only=True)
+                done = requeue(
+                    console.settings,
+                    change.queue,
+                    change.chosen(),
+                    readable_only=True,
+                    most=change.most,
+                )
         else:
             done = on_queue(
                 console,
@@ -95,6 +106,7 @@ def acting(console: Console, change: LetterChange, actor: Actor) -> dict[str, An
                 choose=change.chosen(),
                 publish=False,
                 readable_only=True,
+                most=change.most,
             )
     except MoveFailed as exc:
         result = f"failed after {len(exc.moved)}: {type(exc.cause).__name__}"
@@ -103,7 +115,7 @@ def acting(console: Console, change: LetterChange, actor: Actor) -> dict[str, An
     except Exception as exc:
         console.actions.record(actor, change.action, target, 0, failed(0, exc))
         raise
-    unread = max(0, done.depth - done.read)
+    unread = max(0, done.depth - done.later - done.read)
     console.actions.record(actor, change.action, target, len(done.moved), _result(done, unread))
     return {
         "change": change,
@@ -122,6 +134,8 @@ def _result(done: Moved, unread: int) -> str:
     for why, digests in whys.items():
         more = f" and {len(digests) - _LEFT_SHOWN} more" if len(digests) > _LEFT_SHOWN else ""
         parts.append(f"left {len(digests)} ({why}): {' '.join(digests[:_LEFT_SHOWN])}{more}")
+    if done.later:
+        parts.append(f"left {done.later} that came after the confirmation, not read")
     if unread:
         parts.append(f"not read {unread} (another reader held them)")
     return "; ".join(parts)
