@@ -523,7 +523,13 @@ def test_a_handler_may_create_a_trigger_in_its_transaction(consumer: Consumer, u
 
 @pytest.mark.databases("mariadb")
 @pytest.mark.parametrize(
-    "text", ["CREATE TABLE side (a int)", "LOCK TABLES effects WRITE", "/*!50000 COMMIT */"]
+    "text",
+    [
+        "CREATE TABLE side (a int)",
+        "LOCK TABLES effects WRITE",
+        "/*!50000 COMMIT */",
+        "REPEAT COMMIT; UNTIL 1 END REPEAT",  # MariaDB runs it outside any procedure
+    ],
 )
 def test_mysqls_implicit_commits_are_refused(consumer: Consumer, url: str, text: str) -> None:
     assert consumer.process("m-1", [("write", "a"), ("sql", text)]).verdict is Verdict.RETRY

@@ -23,6 +23,10 @@ CASES: list[tuple[str, tuple[Dialect, ...], str | None]] = [
     ("/* a /* nested */ comment */ ROLLBACK", (POSTGRESQL,), "ROLLBACK"),
     ("# settle\nCOMMIT", (MYSQL,), "COMMIT"),
     ("/*!50000 COMMIT */", (MYSQL,), "COMMIT"),
+    # MariaDB's compound statements outside a procedure: each piece, and the one that closes.
+    ("REPEAT COMMIT; UNTIL 1 END REPEAT", (MYSQL,), "REPEAT"),
+    ("l1: REPEAT EXECUTE IMMEDIATE 'COMMIT'; UNTIL 1 END REPEAT l1", (MYSQL,), "UNTIL"),
+    ("WHILE 0 DO COMMIT; END WHILE", (MYSQL,), "END"),
     ("/*! SET autocommit = 1 */", (MYSQL,), "SET AUTOCOMMIT"),
     ("INSERT INTO t VALUES (1); COMMIT", EVERY, "COMMIT"),
     ("INSERT INTO t VALUES (';'); COMMIT", EVERY, "COMMIT"),

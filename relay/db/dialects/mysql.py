@@ -61,12 +61,10 @@ MYSQL_INBOX_SESSION = MYSQL_RELAY_SESSION
 # ER_DUP_ENTRY, and the key its message names (after the value it quotes).
 _DUPLICATE_ENTRY = 1062
 _DUPLICATE_KEY = re.compile(r"for key '([^']*)'$")
-# The inbox's savepoint after its key's insert (``MySQL.mark_key``), and the error that says
-# a savepoint is not there (ER_SP_DOES_NOT_EXIST).
+# The inbox's savepoint after its key (``MySQL.mark_key``); no such one: ER_SP_DOES_NOT_EXIST.
 _KEY_SAVEPOINT = "relay_inbox_key"
 _NO_SAVEPOINT = 1305
-# ER_WARNING_NOT_COMPLETE_ROLLBACK: "Some non-transactional changed tables couldn't be rolled
-# back".
+# ER_WARNING_NOT_COMPLETE_ROLLBACK: non-transactional tables changed, not rolled back.
 _NOT_ROLLED_BACK = 1196
 # JSON_TABLE's column types where the column's own type's name is not one: text of any length.
 _JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
@@ -88,7 +86,8 @@ class MySQL(Dialect):
     # an implicit commit"): definitions, locks, accounts, administration, replication,
     # MariaDB's backup stages; and dynamic SQL (PREPARE, EXECUTE, EXECUTE IMMEDIATE), whose
     # statement the guard cannot read. A temporary table's CREATE and DROP do not commit, but
-    # are refused with the rest.
+    # are refused with the rest; and MariaDB's REPEAT ... UNTIL, run outside a procedure
+    # (`REPEAT COMMIT; UNTIL 1 END REPEAT` committed; the others close with END, refused).
     implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset(
         (word,)
         for word in [
@@ -115,6 +114,8 @@ class MySQL(Dialect):
             "BACKUP",
             "PREPARE",
             "EXECUTE",
+            "REPEAT",
+            "UNTIL",
         ]
     ) | {("LOAD", "INDEX"), ("CHECK", "TABLE"), ("SET", "PASSWORD")}
 
