@@ -8,11 +8,10 @@ thread of its own."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from pathlib import Path
-
-from devtools.servers import free_port
 
 
 class TcpProxy:
@@ -22,7 +21,11 @@ class TcpProxy:
         """``cut``: a file another process makes to have the connections cut (removed once
         they are), and then new ones refused for ``refuse_after_cut`` seconds."""
         self.target_port = target_port
-        self.port = free_port()
+        # Its port bound now, the kernel's choice: a port found free and bound later was
+        # taken meanwhile by another test process's server (four of them start servers at
+        # once), and the proxy's thread died on "address already in use".
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
         self.mode = "pass"  # or "blackhole"
         self.delay = 0.0
         self.cut = cut
@@ -39,7 +42,8 @@ class TcpProxy:
 
     def __enter__(self) -> TcpProxy:
         self._thread.start()
-        self._started.wait(10)
+        if not self._started.wait(10):
+            raise RuntimeError("the proxy's thread did not start listening")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -58,7 +62,7 @@ class TcpProxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+            asyncio.start_server(self._handle, sock=self._listener)
         )
         self._started.set()
         self._loop.run_forever()
