@@ -29,7 +29,9 @@ TOKEN_URLSAFE_32 = "bZEFLkxwNZWgUbxFjySw0R50lBbuuz0ofKxTdV10fmw"
         ("aZ9!" * 8, "bits of randomness"),  # a pattern repeated
         ("abcdefghijklmnopqrstuvwxyz012345", "bits of randomness"),  # an alphabet
         ("0123456789" * 4, "bits of randomness"),
-        (secrets.token_urlsafe(48), None),  # 384 bits, read as about 340: never near 100
+        # 384 bits, read as about 340: never near 100. Its id fixed, not the key: each test
+        # process makes its own, and pytest-xdist refuses processes whose ids differ.
+        pytest.param(secrets.token_urlsafe(48), None, id="a key made now"),
         # Published here, so refused: random-looking keys in a repository anyone reads (an
         # outside review signed an admin's cookie with one of the tests' keys).
         (OPENSSL_BASE64_48, "was published"),
