@@ -134,14 +134,16 @@ async def act(console: Console, request: Request) -> Response:
     # Begun, a change is audited by its own entry, not as a refusal.
     if change.action in letter_changes.LETTER_ACTIONS:
         return await _act_on_letters(console, request, session, letters, actor)
-    began = await run_in_threadpool(console.reads.now)
+    # A discard's time, for its done page's link to the rows it archived: no other change
+    # reads it.
+    began = await run_in_threadpool(console.reads.now) if change.action == DISCARD else None
     try:
         result = await run_in_threadpool(change_it)
     except Exception:
         console.metrics.actions.labels(change.action, "failed").inc()
         raise
     undo = ""
-    if change.action == DISCARD and result.changed:
+    if began is not None and result.changed:
         ended = await run_in_threadpool(console.reads.now)
         undo = urlencode({"discarded_by": actor.name, **forms.utc_range(began, ended)})
     console.metrics.actions.labels(change.action, "done").inc()
