@@ -150,9 +150,7 @@ def audit_filter(fields: Mapping[str, str]) -> AuditFilter:
     """The audit page's filter: a user (as entries name them, or an OpenID Connect
     subject), an action, and a time range. A time without an offset (a browser's
     ``datetime-local`` field) is UTC, as the page says."""
-    since, until = (_utc(fields, name) for name in ("since", "until"))
-    if since is not None and until is not None and since > until:
-        raise InputError("since: later than until")
+    since, until = _time_range(fields)
     return AuditFilter(
         actor=text(fields, "user").strip(),
         action=text(fields, "action").strip(),
@@ -169,9 +167,7 @@ def archive_filter(fields: Mapping[str, str]) -> ArchiveFilter:
     """The archive's filter: who discarded the rows (as the audit log names them), when (a
     time without an offset is UTC, as the page says), their exchange and a part of their
     last error."""
-    since, until = (_utc(fields, name) for name in ("since", "until"))
-    if since is not None and until is not None and since > until:
-        raise InputError("since: later than until")
+    since, until = _time_range(fields)
     return ArchiveFilter(
         discarded_by=text(fields, "discarded_by").strip(),
         exchange=text(fields, "exchange"),
@@ -190,6 +186,14 @@ def utc_range(first: datetime, last: datetime) -> dict[str, str]:
     if end.microsecond:
         end = end.replace(microsecond=0) + timedelta(seconds=1)
     return {"since": start.isoformat(), "until": end.isoformat()}
+
+
+def _time_range(fields: Mapping[str, str]) -> tuple[datetime | None, datetime | None]:
+    """A filter's ``since`` and ``until`` (``_utc``), the first no later than the second."""
+    since, until = (_utc(fields, name) for name in ("since", "until"))
+    if since is not None and until is not None and since > until:
+        raise InputError("since: later than until")
+    return since, until
 
 
 def _utc(fields: Mapping[str, str], name: str) -> datetime | None:
