@@ -19,6 +19,25 @@ class _DefaultAction(logging.Filter):
         return True
 
 
+class _PoolHiccups(logging.Filter):
+    """SQLAlchemy's pool logs at ERROR, with a traceback, a connection that failed as it was
+    handed back (its rollback found the server gone: killed, restarted, failed over), and
+    discards it. Nothing was lost and the relay's own retries report the outage once, with
+    their action: such a record becomes a warning of one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("sqlalchemy.pool") and record.levelno >= logging.ERROR:
+            error = record.exc_info[1] if record.exc_info else None
+            record.msg = f"{record.getMessage()}: connection discarded"
+            if error is not None:
+                record.msg += f" ({type(error).__name__}: {error})"
+            record.args = None
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.action = "database_connection_discarded"
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -36,6 +55,8 @@ class JsonFormatter(logging.Formatter):
 
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    if level != "debug":
+        handler.addFilter(_PoolHiccups())
     handler.addFilter(_DefaultAction())
     if fmt == "json":
         formatter: logging.Formatter = JsonFormatter()
