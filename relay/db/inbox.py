@@ -17,10 +17,9 @@ import sqlalchemy as sa
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors, transaction
 from relay.db.inbox_listeners import kept_off
-from relay.db.inbox_statements import Failures, InboxStatements
+from relay.db.inbox_statements import Failures, InboxStatements, inserted_token
 from relay.db.inbox_transaction import Guard, Guards, Transaction
 from relay.db.runlock import RunLock
-from relay.db.schema import inbox_received
 from relay.errors import StoreError
 from relay.redact import redact_url
 
@@ -122,23 +121,23 @@ def own(guard: Guard | None) -> contextlib.AbstractContextManager[None]:
 LOOKING = "looking at the message's transaction"
 
 
-def went_on_here(conn: sa.Connection, ended: bool) -> bool | None:
+def went_on_here(conn: sa.Connection) -> bool | None:
     """``relay.inbox.steps.Doer.went_on`` as ``conn`` tells it (``Dialect.went_on``); None:
-    to be asked from another connection (``holds_inbox``)."""
+    to be asked from another connection (``holds_inbox``): whether its session still holds
+    the transaction that inserted the key, even where the key is gone from it (a handler
+    that deleted it there, past the guard: nothing of the run committed, and it is retried)."""
     if conn.closed:  # by the handler (refused, too late): the pool rolled it back
         return False
-    seen = of(conn).went_on(conn)
-    if seen is None and ended:
-        return True  # gone from it, and what ran since cannot be told
-    return seen
+    return of(conn).went_on(conn)
 
 
-def holds_inbox(conn: sa.Connection) -> tuple[Callable[..., bool], object, str]:
+def holds_inbox(conn: sa.Connection) -> tuple[Callable[..., bool], object, object]:
     """The statement (and its arguments) another connection asks whether ``conn``'s backend
-    still holds its transaction on the inbox's keys (``Dialect.holds_transaction``)."""
+    still holds the transaction that inserted the message's key
+    (``Dialect.holds_transaction``)."""
     database = of(conn)
     backend = database.backend(conn.connection.driver_connection)
-    return database.holds_transaction, backend, inbox_received.name
+    return database.holds_transaction, backend, inserted_token(conn)
 
 
 class InboxStore:
@@ -242,13 +241,13 @@ class MessageRun:
             guard.returned = True
         return guard.refused
 
-    def went_on(self, ended: bool) -> bool:
+    def went_on(self) -> bool:
         """``relay.inbox.steps.Doer.went_on``: as the database tells (``Dialect.went_on``),
         or from another connection where it cannot from this one."""
         conn = self._conn
         assert conn is not None
         with classified(LOOKING, self._store.where, conn), own(self._guard):
-            seen = went_on_here(conn, ended)
+            seen = went_on_here(conn)
         if seen is not None:
             return seen
         return not self.call(LOOKING, *holds_inbox(conn))

@@ -177,11 +177,11 @@ class AsyncMessageRun:
             guard.returned = True
         return guard.refused
 
-    async def went_on(self, ended: bool) -> bool:
+    async def went_on(self) -> bool:
         """``relay.db.inbox.MessageRun.went_on``."""
         conn = self._sync()
         with classified(LOOKING, self._store.where, conn), own(self._guard):
-            seen = await self._held().run_sync(went_on_here, ended)
+            seen = await self._held().run_sync(went_on_here)
         if seen is not None:
             return seen
         return not await self.call(LOOKING, *holds_inbox(conn))

@@ -67,9 +67,12 @@ class InboxStatements:
         )
         looks: list[sa.ColumnClause[Any]] = [sa.literal_column(self.database.key_look)]
         looks += [sa.literal_column(token)] if token else []
+        looked = inbox_received
+        if self.database.key_schema is not None:
+            looked = inbox_received.to_metadata(sa.MetaData(), schema=self.database.key_schema)
         self._key_there: sa.Select[Any] = sa.select(*looks).where(
-            inbox_received.c.consumer == sa.bindparam("consumer"),
-            inbox_received.c.message_id == sa.bindparam("message_id"),
+            looked.c.consumer == sa.bindparam("consumer"),
+            looked.c.message_id == sa.bindparam("message_id"),
         )
         self.key_there_sql = str(self._key_there.compile(dialect=dialect))
 
@@ -248,6 +251,11 @@ class InboxStatements:
     @staticmethod
     def ping(conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT 1"))
+
+
+def inserted_token(conn: sa.Connection) -> Any:
+    """What the key's insert on ``conn`` returned (``Dialect.key_token``), or None."""
+    return conn.info.get(_KEY_TOKEN)
 
 
 def _through_psycopg(

@@ -59,8 +59,9 @@ class Lexicon:
 
 def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
     """The words of each statement in ``text``, upper-cased; comments are skipped, a quoted
-    string, identifier or dollar-quoted body is one word of its quote character (never a
-    keyword), ``;`` ends a statement, and a statement without words is none."""
+    string or identifier is one word of its quote character (never a keyword), a
+    dollar-quoted body a ``$`` and its own words, each after a ``$``; ``;`` ends a
+    statement, and a statement without words is none."""
     found: list[tuple[str, ...]] = []
     words: list[str] = []
     body = _TriggerBody()
@@ -119,8 +120,14 @@ def statements(text: str, lexicon: Lexicon) -> list[tuple[str, ...]]:
             i = end
         elif c == "$" and lexicon.dollar_quotes and (tag := _DOLLAR.match(text, i)):
             end = text.find(tag.group(0), tag.end())
+            code = text[tag.end() : n if end < 0 else end]
             i = n if end < 0 else end + len(tag.group(0))
+            # A body is code (a DO block's, a function's, a trigger's): its words go with
+            # the statement's, marked, never a keyword of it, so that a name of the
+            # inbox's tables there is found (an outside review: a deferred trigger's body
+            # deleted the message's key at its COMMIT).
             words.append("$")
+            words.extend("$" + word for inner in statements(code, lexicon) for word in inner)
         elif (word := _WORD.match(text, i)) is not None:
             words.append(word.group(0).upper())
             if lexicon.trigger_bodies:
@@ -275,7 +282,7 @@ def _refused(
     if changes_session(words):
         return f"it changes the connection's session ({' '.join(words[:2])})"
     # A string's word is its quote and, where it may be a name, its text (``string_names``).
-    named = next((n for w in words if (n := w.lstrip("'")).rpartition(".")[2] in tables), None)
+    named = next((n for w in words if (n := w.lstrip("'$")).rpartition(".")[2] in tables), None)
     if named is not None:
         return f"it names the inbox's own table {named.lower()}"
     return None

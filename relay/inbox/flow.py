@@ -46,13 +46,13 @@ from relay.inbox.policy import (
 from relay.inbox.steps import (
     COMMIT,
     HANDLE,
+    LOOK_AT_TRANSACTION,
     Steps,
     call,
     in_transaction,
     open_with,
     roll_back,
 )
-from relay.inbox.steps import went_on as went_on_step
 from relay.metrics import InboxMetrics
 from relay.records import Answer, Delivery, Verdict
 from relay.settings import InboxSettings
@@ -225,7 +225,7 @@ class Flow:
         # Rolled back under the handler, which went on: what it did after ran outside the
         # message's transaction, and may have been committed (its driver's commit, SQLite's
         # autocommit of a statement sent with no transaction open).
-        went_on = not committed and (yield went_on_step(ended))
+        went_on = not committed and (yield LOOK_AT_TRANSACTION)
         # A connection whose transaction the handler ended may have had its session changed
         # too: it is not used again.
         # A part its rollback left in place (a table without transactions) is as committed.

@@ -42,8 +42,7 @@ HANDLE = Step("handle", "the handler")
 COMMIT = Step("commit", "the inbox's commit")
 
 
-def went_on(ended: bool) -> Step:
-    return Step("went_on", "looking at the message's transaction", (ended,))
+LOOK_AT_TRANSACTION = Step("went_on", "looking at the message's transaction")
 
 
 def roll_back(discard: bool = False) -> Step:
@@ -69,10 +68,10 @@ class Doer(Protocol):
     def execute(self, what: str, statement: Callable[..., Any], *args: Any) -> Any:
         """A statement in the open transaction."""
 
-    def went_on(self, ended: bool) -> bool:
+    def went_on(self) -> bool:
         """After the handler, the key not committed: whether the message's transaction ended
         under the handler and its connection ran on after it, so that a part of the work may
-        have been committed past it (``ended``: the key is known gone from it)."""
+        have been committed past it."""
 
     def commit(self) -> None: ...
 

@@ -329,6 +329,20 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
         ],
         {"sqlite": (DEAD_LETTERED_ONCE, ["b"]), "postgresql": (DEAD_LETTERED_ONCE, ["b"])},
     ),
+    # The transaction the driver began after its commit reads the inbox's table, and holds
+    # a lock on it: it was taken for the message's (a lock on the table was the sign), and
+    # the part committed done again at each retry (an outside review).
+    "the same, then a read of the inbox's table through the driver, then raised": (
+        [
+            ("write", "a"),
+            ("driver", "rollback"),
+            ("cursor", "INSERT INTO effects (note) VALUES ('b')"),
+            ("driver", "commit"),
+            ("cursor", "SELECT 1 FROM inbox_received LIMIT 0"),
+            ("raise", ""),
+        ],
+        {"sqlite": (DEAD_LETTERED_ONCE, ["b"]), "postgresql": (DEAD_LETTERED_ONCE, ["b"])},
+    ),
 }
 
 
@@ -505,6 +519,52 @@ def test_the_inboxs_table_is_refused_however_its_name_is_quoted(
             Verdict.ACK
         )
     assert (noted(url), keys(url)) == (["m-0"], ["m-0"])
+
+
+# A database -> its name for the inbox's own table, past any table of the session's.
+OWN_SCHEMA = {"sqlite": "main", "postgresql": "public"}
+
+
+@pytest.mark.databases("sqlite", "postgresql")
+def test_a_temporary_table_of_the_inboxs_name_is_not_its_key(consumer: Consumer, url: str) -> None:
+    """A temporary table comes first in every name's resolution: one made through the
+    driver with the key's row copied in, the real row deleted, was what the inbox's look at
+    its key found, and the message was acked with its key not committed; its redelivery ran
+    the handler again (an outside review)."""
+    schema = OWN_SCHEMA[consumer.store.engine.dialect.name]
+    shadowed = [
+        ("write", "a"),
+        ("cursor", f"CREATE TEMP TABLE inbox_received AS SELECT * FROM {schema}.inbox_received"),
+        ("cursor", f"DELETE FROM {schema}.inbox_received"),
+    ]
+    assert consumer.process("m-1", shadowed).verdict is Verdict.RETRY
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["done"], ["m-1"])
+
+
+@pytest.mark.databases("postgresql")
+def test_code_that_names_the_inboxs_table_is_refused(consumer: Consumer, url: str) -> None:
+    """A deferred trigger runs at the COMMIT, after the inbox's look at its key: one a
+    handler made, whose body deleted the inbox's keys, acked that message and every later
+    one with its key not committed (an outside review). A dollar-quoted body is read for
+    the inbox's names."""
+    forget = [
+        (
+            "sql",
+            "CREATE FUNCTION forget() RETURNS trigger LANGUAGE plpgsql AS "
+            "$body$ BEGIN DELETE FROM inbox_received; RETURN NULL; END $body$",
+        ),
+        (
+            "sql",
+            "CREATE CONSTRAINT TRIGGER forget AFTER INSERT ON effects "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION forget()",
+        ),
+        ("write", "m-1"),
+    ]
+    assert consumer.process("m-1", forget).verdict is Verdict.RETRY
+    assert consumer.process("m-2", WRITE).verdict is Verdict.ACK
+    assert consumer.process("m-2", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["done"], ["m-2"])
 
 
 @pytest.mark.databases("sqlite")

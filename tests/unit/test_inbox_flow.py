@@ -380,8 +380,8 @@ class Scripted:
     def handle(self) -> Any:
         return self._answer("handle", ())
 
-    def went_on(self, ended: bool) -> Any:
-        return self._answer("went_on", (ended,))
+    def went_on(self) -> Any:
+        return self._answer("went_on", ())
 
     def commit(self) -> Any:
         return self._answer("commit", ())

@@ -134,6 +134,16 @@ CASES: list[tuple[str, tuple[Dialect, ...], str | None]] = [
         (SQLITE,),
         "inbox_received",
     ),
+    # PostgreSQL's dollar-quoted bodies (a DO block's, a function's) are read for the inbox's
+    # names, nested ones too; a COMMIT there is none of the statement's.
+    ("DO $$ BEGIN DELETE FROM inbox_received; END $$", (POSTGRESQL,), "inbox_received"),
+    (
+        "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN "
+        "EXECUTE $q$DELETE FROM public.inbox_attempts$q$; RETURN NULL; END $f$",
+        (POSTGRESQL,),
+        "inbox_attempts",
+    ),
+    ("DO $$ BEGIN PERFORM 1; END $$", (POSTGRESQL,), None),
     # A quoted word is never a keyword: no trigger, no body.
     ('CREATE TABLE "trigger" (begin int); COMMIT', (SQLITE,), "COMMIT"),
     ('CREATE "TRIGGER" t BEGIN SELECT 1; COMMIT', (SQLITE,), "COMMIT"),
@@ -163,6 +173,7 @@ def test_the_guard_finds_what_a_handler_may_not_run(
         ("a; b ;; c", [("A",), ("B",), ("C",)]),
         ("select 'x;y', \"q\" -- c\n", [("SELECT", "'", ",", "Q")]),
         ("/* unterminated", []),
+        ("DO $b$ BEGIN NULL; END $b$", [("DO", "$", "$BEGIN", "$NULL", "$END")]),
         ("'unterminated; COMMIT", [("'",)]),
     ],
 )

@@ -35,6 +35,9 @@ class InboxDialect:
     # (``mark_key``), or where no other run can commit the key while one holds it (SQLite's
     # run lock).
     key_token: ClassVar[str | None] = None
+    # The schema the look at the key names, where a table of the session's own could come
+    # before the inbox's (None: the look names the table as the schema does).
+    key_schema: ClassVar[str | None] = None
 
     def mark_key(self, conn: sa.Connection) -> None:
         """Mark ``conn``'s transaction right after its key's insert, for ``key_marked``."""
@@ -94,10 +97,10 @@ class InboxDialect:
         another connection. False where it is not looked for."""
         return False
 
-    def holds_transaction(self, conn: sa.Connection, backend: Any, table: str) -> bool:
+    def holds_transaction(self, conn: sa.Connection, backend: Any, token: Any) -> bool:
         """Seen from ``conn``, another connection: whether the session ``backend`` (whose
-        ``went_on`` said None) still holds the message's transaction, the one that wrote its
-        key into ``table`` (none of the handler's writes there: the guard refuses them)."""
+        ``went_on`` said None) still holds the message's transaction, the one whose key's
+        insert returned ``token`` (``key_token``)."""
         raise NotImplementedError(self.name)
 
     def backend(self, driver: Any) -> Any:

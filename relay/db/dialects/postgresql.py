@@ -37,7 +37,7 @@ from relay.constants import (
     SENT_LOG_REBUILD_WORK_MEM,
 )
 from relay.db.dialects.base import BINARY_RESULTS, CHANGE_COLUMNS, Dialect
-from relay.db.sqltext import Lexicon
+from relay.db.dialects.postgresql_inbox import PostgreSQLInbox
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -81,34 +81,11 @@ PG_KEEPALIVES = {
     "keepalives_count": DB_KEEPALIVE_COUNT,
     "tcp_user_timeout": DB_TCP_USER_TIMEOUT_S * 1000,
 }
-# What a session holds that outlives its transactions and the inbox's sessions never hold
-# (``PostgreSQL.session_left``): a statement a PREPARE made (SQLAlchemy's and psycopg's are
-# the protocol's), a temporary object, a WITH HOLD cursor, a LISTEN, an advisory lock, a role;
-# then every setting reset to the session's start (the inbox's own are the connection's
-# options, which stay): one made for the session through a function or a block. Looking
-# costs 0.8 ms of the server's time (pg_settings, a row in 400), the reset microseconds.
-_SESSION_LEFT = """
-SELECT 'the prepared statement ' || name FROM pg_prepared_statements WHERE from_sql
-UNION ALL SELECT 'the temporary ' || relname FROM pg_class
-  WHERE relnamespace = pg_my_temp_schema()
-UNION ALL SELECT 'the cursor ' || name FROM pg_cursors
-UNION ALL SELECT 'a LISTEN' FROM pg_listening_channels()
-UNION ALL SELECT 'an advisory lock' FROM pg_locks
-  WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-UNION ALL SELECT 'the role ' || current_user WHERE current_user <> session_user
-LIMIT 1;
-RESET ALL
-"""
-# Whether a session holds a lock on a table (``PostgreSQL.holds_transaction``).
-_HOLDS_TABLE = sa.text(
-    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = :backend AND locktype = 'relation' "
-    "AND relation = to_regclass(:table))"
-)
 # The driver SQLAlchemy is told to use.
 DRIVER = "postgresql+psycopg"
 
 
-class PostgreSQL(Dialect):
+class PostgreSQL(PostgreSQLInbox, Dialect):
     name: ClassVar[str] = "postgresql"
     url_backends: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     epoch: ClassVar[str] = "'epoch'::timestamptz"
@@ -123,16 +100,6 @@ class PostgreSQL(Dialect):
     journals_sent_log: ClassVar[bool] = True
     copies_rows: ClassVar[bool] = True
     stage_locks: ClassVar[bool] = True
-    sql_lexicon: ClassVar[Lexicon] = Lexicon(
-        nested_comments=True, dollar_quotes=True, unicode_names=True
-    )
-    # A handler may set ``synchronous_commit`` off for its transaction in any spelling (``SET
-    # LOCAL``, ``set_config(..., true)``, a ``DO`` block): an acked message would then be lost
-    # in a crash right after. Set on again at the inbox's look, the transaction's last setting
-    # wins (the guard lets nothing of the handler's run after it).
-    key_look: ClassVar[str] = "set_config('synchronous_commit', 'on', true)"
-    # The transaction that wrote the key's row, as the insert returns it and the look reads it.
-    key_token: ClassVar[str | None] = "xmin::text"
 
     lock_timeout_error = psycopg.errors.LockNotAvailable
 
@@ -214,47 +181,6 @@ class PostgreSQL(Dialect):
         sql = rows.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar_one()
         return int(plan["Plan"]["Plan Rows"])
-
-    def changes_session(self, words: tuple[str, ...]) -> bool:
-        # SET LOCAL and SET CONSTRAINTS last the transaction; SET, RESET and DISCARD the
-        # session.
-        if words[0] in ("RESET", "DISCARD"):
-            return True
-        return words[0] == "SET" and words[1:2] not in (("LOCAL",), ("CONSTRAINTS",))
-
-    def session_changed(self, driver: Any) -> bool:
-        return bool(getattr(driver, "autocommit", False))
-
-    def outside_transaction(self, driver: Any) -> bool:
-        # psycopg would begin another transaction, which the inbox would commit with the
-        # rest, or the driver commit: a statement after the message's transaction ended is
-        # refused here as on SQLite, so that what went on after is the driver's alone.
-        return bool(driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
-
-    def went_on(self, conn: sa.Connection) -> bool | None:
-        # Nothing here traces the session's statements: a transaction ended is taken for one
-        # that went on (through the driver: the guard refuses the rest), but one an error
-        # aborted, which is the message's unless the driver began another (PostgreSQL has
-        # released an aborted transaction's locks: nothing tells the two apart).
-        driver: Any = conn.connection.driver_connection
-        status = driver.info.transaction_status
-        if status == psycopg.pq.TransactionStatus.IDLE:
-            return True
-        return False if status == psycopg.pq.TransactionStatus.INERROR else None
-
-    def holds_transaction(self, conn: sa.Connection, backend: Any, table: str) -> bool:
-        # A table's lock is held to its transaction's end, whatever was rolled back to a
-        # savepoint meanwhile, and seen from any session, an aborted transaction's too.
-        return bool(conn.scalar(_HOLDS_TABLE, {"backend": backend, "table": table}))
-
-    def backend(self, driver: Any) -> Any:
-        return driver.info.backend_pid
-
-    def session_left(self, conn: sa.Connection) -> str | None:
-        # In one round trip, the reset committed as it runs (the pool sets the connection's
-        # isolation level back as it takes it in).
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        return conn.exec_driver_sql(_SESSION_LEFT).scalar()
 
     def error_facts(self, error: BaseException) -> list[str] | None:
         if not isinstance(error, psycopg.Error):
