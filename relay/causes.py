@@ -10,26 +10,34 @@ codes, which are the reason itself: three digits before the code's name (``312 N
 ``404 NOT_FOUND``, ``406 PRECONDITION_FAILED``); any other number, three digits or not
 (``payload of 512 bytes``), is taken out.
 
-``grouped`` makes causes of the reasons a count read (``relay.db.console_counts``): every
-reason is in a cause, however many distinct texts there are (600 tenants' exchanges are 600
-texts and one cause), and the causes beyond the biggest are summed on one line. Here, below
-both the console and the database, not in ``relay.console``: the database's reads group
-what they counted, and import nothing of the console (``tests/unit/test_layers.py``).
+The relay stores each row's cause beside its last error (``stored_cause``, the outbox's
+``cause`` column, migration 0018), from the whole error: 600 tenants' exchanges are 600
+texts and one cause. ``grouped`` lists the causes a count read and those the console found
+in its index of causes (``relay.db.console_counts``), the biggest first, the rest summed on
+one line. Here, below both the console and the database, not in ``relay.console``: the
+relay's settle stores causes, the database's reads group what they counted, and neither
+imports anything of the console (``tests/unit/test_layers.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from relay.console_records import CauseGroup, Causes, Counted, Tally
+from relay.constants import CAUSE_MAX_CHARS
 
 # The causes the overview lists, the biggest first; the rest are one line with their rows
 # and their number: thousands of causes (errors naming ids unquoted) must not make a page of
 # thousands of lines, and no row may go unaccounted for.
 CAUSES_LISTED = 50
+# The cause shown for parked rows that have none yet (parked by a relay of a release before
+# migration 0018, until a relay of this release sorts them: ``relay.db.causes``).
+UNSORTED = "(not sorted yet: parked by a relay of an earlier release)"
+# Distinct errors whose cause is kept (``stored_cause``).
+CAUSES_REMEMBERED = 4096
 
 _CLASS = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*:\s*(.*)$", re.DOTALL)
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
@@ -60,29 +68,36 @@ def cause_of(last_error: str) -> str:
     return f"{kind}: {stable}" if stable else kind
 
 
+@functools.lru_cache(maxsize=CAUSES_REMEMBERED)
+def stored_cause(last_error: str) -> str:
+    """``last_error``'s cause as the outbox stores it beside the error (its ``cause``
+    column, cut to ``CAUSE_MAX_CHARS``). Kept for the errors seen last: a settle parks
+    hundreds of rows with one error, and its regular expressions need not run for each."""
+    return cause_of(last_error)[:CAUSE_MAX_CHARS]
+
+
 def grouped(
-    tallies: Mapping[str, Tally],
+    tallies: Mapping[str | None, Tally],
     exact: bool,
     unread_before: datetime | None,
-    readable: Callable[[str], str] = str,
+    *,
+    found: Sequence[str] = (),
+    found_all: bool = True,
     listed: int = CAUSES_LISTED,
 ) -> Causes:
-    """The causes of the reasons (prefixes) ``tallies`` counted, each of its prefixes'
-    rows; ``exact``: the count read every parked row (else each is at least what it read,
-    and rows parked at or before ``unread_before`` were not read). ``readable``: a prefix as
-    text to read its cause from."""
-    parts: dict[str, list[tuple[str, Tally]]] = defaultdict(list)
-    for prefix, tally in tallies.items():
-        parts[cause_of(readable(prefix))].append((prefix, tally))
+    """The causes a count read (``tallies``: each cause's rows, None for rows not yet given
+    one: ``UNSORTED``), and those ``found`` in the index of causes that it did not reach
+    (each then "more than 0"); ``exact``: the count read every parked row (else each is at
+    least what it read, and rows parked at or before ``unread_before`` were not read);
+    ``found_all``: ``found`` holds every cause of the index (else more were not looked at)."""
+    rows = {UNSORTED if cause is None else cause: tally for cause, tally in tallies.items()}
     groups = [
-        CauseGroup(
-            cause=cause,
-            prefixes=tuple(sorted(prefix for prefix, _ in found)),
-            rows=Counted(sum(t.rows for _, t in found), exact),
-            first_parked=min((t.first for _, t in found if t.first), default=None),
-            last_parked=max((t.last for _, t in found if t.last), default=None),
-        )
-        for cause, found in parts.items()
+        CauseGroup(cause, Counted(t.rows, exact), t.first, t.last) for cause, t in rows.items()
+    ]
+    groups += [
+        CauseGroup(cause, Counted(0, exact=False, more=True), None, None)
+        for cause in found
+        if cause not in rows
     ]
     groups.sort(key=lambda g: (-g.rows.rows, g.cause))
     rest = groups[listed:]
@@ -90,8 +105,7 @@ def grouped(
     return Causes(
         listed=groups[:listed],
         other_rows=sum((g.rows for g in rest), Counted(0)),
-        other_causes=len(rest),
+        other_causes=Counted(len(rest), found_all, more=not found_all),
         parked=parked,
         unread_before=unread_before,
-        prefixes={g.cause: g.prefixes for g in groups},
     )

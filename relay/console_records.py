@@ -51,13 +51,11 @@ class Counted:
 @dataclass(frozen=True, slots=True)
 class ParkedFilter:
     """Which parked rows a list, a count or a bulk action covers (empty fields match all).
-    ``cause``: the chosen cause (``relay.causes``), which a count and a change decide of
-    each row they read; ``causes``: its reason prefixes that the overview's walk read, by
-    which a page of rows finds them in the cause index (a page must not read without end)."""
+    ``cause``: the chosen cause (``relay.causes``; ``relay.causes.UNSORTED``: the rows not
+    given one yet)."""
 
     reason: str = ""  # a part of the last error
     cause: str = ""
-    causes: tuple[str, ...] = ()
     exchange: str = ""
     routing_key: str = ""
     ordering_key: str = ""
@@ -156,7 +154,6 @@ class CauseGroup:
     """Parked rows of one cause: its class and the stable part of its message."""
 
     cause: str
-    prefixes: tuple[str, ...]
     rows: Counted
     first_parked: datetime | None
     last_parked: datetime | None
@@ -164,17 +161,15 @@ class CauseGroup:
 
 @dataclass(frozen=True, slots=True)
 class Causes:
-    """Parked rows by cause (``relay.causes.grouped``): the biggest causes listed,
-    the rest summed on one line; every cause's prefixes, so that a link to any finds its
-    rows; and, when the count's budget ran out, the time at or before which parked rows were
-    not read."""
+    """Parked rows by cause (``relay.causes.grouped``): the biggest causes listed, the rest
+    summed on one line (their number, counted up to the index's walk's cap); and, when the
+    count's budget ran out, the time at or before which parked rows were not read."""
 
     listed: list[CauseGroup]
     other_rows: Counted
-    other_causes: int
+    other_causes: Counted
     parked: Counted
     unread_before: datetime | None
-    prefixes: dict[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)

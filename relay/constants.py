@@ -101,6 +101,16 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 IDS_PER_STATEMENT = 1000
 # A row's last_error is for operators; a broker's close text can be long, the column need not be.
 LAST_ERROR_MAX_CHARS = 2000
+# A row's cause (``relay.causes``), written beside its last error: an index's key (the
+# console's causes), so it is cut; a cause is the error's stable words, names and numbers
+# out, and its first 200 characters tell causes apart.
+CAUSE_MAX_CHARS = 200
+# A relay sorts parked rows that have no cause yet (parked by relays of a release before
+# migration 0018) this many a chunk, a short transaction each, at most this many chunks
+# every interval (seconds): a million such rows are sorted within minutes of an upgrade.
+CAUSE_SORT_CHUNK = 1000
+CAUSE_SORT_CHUNKS = 100
+CAUSE_SORT_INTERVAL_S = 60.0
 # The backlog gauge counts due rows up to this many, and estimates beyond (relay.db.claims):
 # a count costs a read of every row it counts, and an operator needs the exact number only
 # while it is small.

@@ -17,11 +17,15 @@ from relay.broker.connection import connection_parameters
 from relay.broker.publisher import PikaPublisher
 from relay.broker.topology import Topology, load_topology
 from relay.constants import (
+    CAUSE_SORT_CHUNK,
+    CAUSE_SORT_CHUNKS,
+    CAUSE_SORT_INTERVAL_S,
     PURGE_CHUNK,
     SWITCH_INTERVAL_S,
     TURN_INTERVAL_MAX_S,
     TURNS_PER_LEASE,
 )
+from relay.db.causes import CauseSorter
 from relay.db.claims import ClaimStore
 from relay.db.outbox import OutboxAdmin
 from relay.db.probe import NewRowsProbe
@@ -202,6 +206,7 @@ async def serve(settings: Settings, topology: Topology, tracing: Tracing) -> boo
     ]
     if settings.retention:
         helpers.append(asyncio.create_task(_retention(settings), name="retention"))
+    helpers.append(asyncio.create_task(_sort_causes(settings), name="causes"))
     if settings.keep_sent == KEEP_IDS:
         helpers.append(
             asyncio.create_task(
@@ -309,6 +314,36 @@ async def _wake_on_new_rows(relay: Relay, settings: Settings) -> None:
                 await asyncio.sleep(backoff.delay(failures))
     finally:
         probe.close()
+
+
+async def _sort_causes(settings: Settings) -> None:
+    """Give parked rows without a cause theirs (``relay.db.causes``), up to
+    ``CAUSE_SORT_CHUNKS`` chunks every ``CAUSE_SORT_INTERVAL_S``; a failure is logged and
+    tried again at the next interval (it never stops the relay)."""
+    sorter = CauseSorter(settings.database_url)
+    sort = functools.partial(sorter.sort, CAUSE_SORT_CHUNK)
+    try:
+        while True:
+            sorted_rows = 0
+            try:
+                for _ in range(CAUSE_SORT_CHUNKS):
+                    read = await in_thread(sort)
+                    sorted_rows += read
+                    if read < CAUSE_SORT_CHUNK:
+                        break
+            except RelayError as exc:
+                log.warning(
+                    "sorting parked rows by cause failed: %s",
+                    exc,
+                    extra={"action": "cause_sort_failed"},
+                )
+            if sorted_rows:
+                log.info(
+                    "sorted %d parked rows by cause", sorted_rows, extra={"action": "cause_sort"}
+                )
+            await asyncio.sleep(CAUSE_SORT_INTERVAL_S)
+    finally:
+        sorter.close()
 
 
 async def _retention(settings: Settings) -> None:

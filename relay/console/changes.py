@@ -78,7 +78,7 @@ async def _chosen(console: Console, change: _Change) -> ParkedFilter:
     """The filter of a change: its cause is decided of each row the count or the change
     reads, not resolved to the reasons a walk read (which may have stopped short)."""
     bound = await _bounded(console, change)
-    return forms.parked_filter(change.fields, None, bound)
+    return forms.parked_filter(change.fields, bound)
 
 
 async def confirm(console: Console, request: Request) -> Response:

@@ -207,16 +207,9 @@ def _utc(fields: Mapping[str, str], name: str) -> datetime | None:
     return _within_years(value.replace(tzinfo=UTC) if value.tzinfo is None else value, name)
 
 
-def parked_filter(
-    fields: Mapping[str, str], causes: Mapping[str, tuple[str, ...]] | None, now: datetime
-) -> ParkedFilter:
-    """The filter the fields ask for; ``cause`` named by its text and, for a page of rows,
-    resolved to its reason prefixes (``causes``: None for a count or a change, which decide
-    each row's cause as they read it); an age counted back from ``now`` (the database's
-    time)."""
-    cause = text(fields, "cause")
-    if cause and causes is not None and cause not in causes:
-        raise InputError("cause: no parked row has this cause (any more)")
+def parked_filter(fields: Mapping[str, str], now: datetime) -> ParkedFilter:
+    """The filter the fields ask for; ``cause`` named by its text (``relay.causes``); an age
+    counted back from ``now`` (the database's time)."""
     since = age(fields)
     before = instant(fields, "parked_before")
     if since is not None:
@@ -226,8 +219,7 @@ def parked_filter(
             raise InputError("parked_for: longer than any row has waited") from None
     return ParkedFilter(
         reason=text(fields, "reason"),
-        cause=cause,
-        causes=causes.get(cause, ()) if cause and causes is not None else (),
+        cause=text(fields, "cause"),
         exchange=text(fields, "exchange"),
         routing_key=text(fields, "routing_key"),
         ordering_key=text(fields, "ordering_key"),

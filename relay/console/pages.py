@@ -63,7 +63,7 @@ async def rows(console: Console, request: Request, _session: Session) -> dict[st
     fields = dict(request.query_params)
     causes = await run_in_threadpool(console.reads.causes)
     drawn_at = await run_in_threadpool(console.reads.now)
-    chosen = forms.parked_filter(fields, causes.prefixes, drawn_at)
+    chosen = forms.parked_filter(fields, drawn_at)
     after = forms.cursor(fields)
     found, following = await run_in_threadpool(
         console.reads.page, chosen, after, console.config.console_page_rows

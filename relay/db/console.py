@@ -10,7 +10,6 @@ the bound a page's actions are pinned to.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections import Counter
 from datetime import datetime, timedelta
@@ -19,8 +18,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.buckets import fence
-from relay.causes import cause_of, grouped
-from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
+from relay.causes import UNSORTED, grouped
+from relay.console_constants import CONSOLE_CAUSES_FOUND, CONSOLE_SETTLE_HORIZON_S
 from relay.console_records import (
     ArchiveFilter,
     AuditEntry,
@@ -39,7 +38,7 @@ from relay.constants import BACKLOG_EXACT_ROWS, PROTOCOL_BEFORE_FENCES
 from relay.db import console_archive, console_rows
 from relay.db.clock import database_time
 from relay.db.columns import starts_with
-from relay.db.console_counts import Budget, capped, parked_time, walk
+from relay.db.console_counts import Budget, capped, every_cause, parked_time, walk
 from relay.db.console_rows import SUMMARY_COLUMNS, cut_texts, summary
 from relay.db.decode import readable_text
 from relay.db.dialects import of
@@ -53,29 +52,21 @@ from relay.db.schema import (
     outbox_buckets,
     outbox_protocol,
     outbox_relays,
-    reason_prefix,
 )
 from relay.db.sentlog import entries
 from relay.records import PARKED, PENDING
 from relay.redact import redact_url
 
-reason_key = reason_prefix(outbox.c.last_error)
-# Distinct reasons whose cause is kept: a change by cause reads a million parked rows, most
-# of a few reasons, and their regular expressions need not run a million times.
-CAUSES_REMEMBERED = 4096
-
-
-@functools.lru_cache(maxsize=CAUSES_REMEMBERED)
-def reason_cause(prefix: str | None) -> str:
-    """The cause of a reason's prefix (``reason_key``), as the overview groups it."""
-    return cause_of(readable_text(prefix or ""))
-
 
 def parked_where(chosen: ParkedFilter) -> list[sa.ColumnElement[bool]]:
-    """The conditions of ``chosen`` on the outbox's parked rows, but its cause (a page finds
-    it by its prefixes, a count or a change decides it of each row: ``reason_cause``), every
-    value bound (never spliced into the SQL: a filter may hold any text)."""
+    """The conditions of ``chosen`` on the outbox's parked rows, every value bound (never
+    spliced into the SQL: a filter may hold any text). A cause is a range of the index of
+    causes (the rows not sorted yet, its NULLs)."""
     where: list[sa.ColumnElement[bool]] = [outbox.c.status == PARKED]
+    if chosen.cause == UNSORTED:
+        where.append(outbox.c.cause.is_(None))
+    elif chosen.cause:
+        where.append(outbox.c.cause == chosen.cause)
     if chosen.reason:
         where.append(outbox.c.last_error.contains(chosen.reason, autoescape=True))
     if chosen.exchange:
@@ -166,12 +157,19 @@ class ConsoleReads:
             return self._causes(conn)
 
     def _causes(self, conn: sa.Connection) -> Causes:
-        """Parked rows by cause: every parked row's reason prefix counted by one walk
-        (``relay.db.console_counts``), the prefixes grouped into causes here. Every distinct
-        reason the walk read is in a cause, however many there are."""
-        walked = walk(conn, [reason_key], [], self.budget)
-        tallies = {prefix: tally for (prefix,), tally in walked.tallies.items()}
-        return grouped(tallies, walked.exact, walked.unread_before, readable_text)
+        """Parked rows by cause: counted by one walk (``relay.db.console_counts``), and
+        every cause listed, those the walk did not reach too (from the index of causes, up
+        to ``CONSOLE_CAUSES_FOUND``)."""
+        walked = walk(conn, [outbox.c.cause], [], self.budget)
+        tallies = {cause: tally for (cause,), tally in walked.tallies.items()}
+        found, found_all = every_cause(conn, CONSOLE_CAUSES_FOUND)
+        return grouped(
+            tallies,
+            walked.exact,
+            walked.unread_before,
+            found=found,
+            found_all=found_all or walked.exact,
+        )
 
     def _relays(self, conn: sa.Connection) -> list[RelayPresence]:
         live = conn.execute(
@@ -213,8 +211,6 @@ class ConsoleReads:
         ``after`` (keyset pagination: the page's cost does not grow with its depth); and the
         cursor of the next page, if there is one."""
         where = parked_where(chosen)
-        if chosen.cause:
-            where.append(reason_key.in_(chosen.causes))
         if after is not None:
             where.append(
                 sa.or_(
@@ -238,19 +234,16 @@ class ConsoleReads:
         """How many parked rows ``chosen`` selects that were parked by ``settled(bound)``
         (what a bulk action would change), and how many later (what it leaves): exact,
         unless counting them all would pass the budget (then a lower bound counted: the
-        action itself still changes every one). A cause is decided of each row counted, by
-        its reason (whatever reasons the overview's walk read)."""
+        action itself still changes every one)."""
         last = settled(bound)
         within = sa.case(
             (parked_time <= last, sa.literal_column("1")), else_=sa.literal_column("0")
         )
-        keys = [within, reason_key] if chosen.cause else [within]
         with db_errors("console count", self.where), self.engine.connect() as conn:
-            walked = walk(conn, keys, parked_where(chosen), self.budget)
+            walked = walk(conn, [within], parked_where(chosen), self.budget)
         counts: Counter[int] = Counter()
-        for (value, *reason), tally in walked.tallies.items():
-            if not chosen.cause or reason_cause(reason[0]) == chosen.cause:
-                counts[int(value)] += tally.rows
+        for (value,), tally in walked.tallies.items():
+            counts[int(value)] += tally.rows
         # The walk reads the most recently parked first: stopped before the bound, it has
         # read every row parked after it.
         unread = walked.unread_before

@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from relay.console_records import Counted, Tally
+from relay.db.dialects import of
 from relay.db.schema import outbox
 from relay.records import PARKED
 
@@ -124,6 +125,37 @@ def walk(
         start = past
         if budget.clock() >= deadline:
             return Walked(tallies, exact=False, unread_before=past[0])
+
+
+def every_cause(conn: sa.Connection, most: int) -> tuple[list[str], bool]:
+    """The distinct causes of the parked rows, in order, read from the console's index of
+    causes one step down it per cause (a loose index scan: the walk's cost is the causes',
+    not the rows'), at most ``most``; and whether that was every one. Where the database
+    has no such index (MySQL: no partial indexes), none, and not every one: its causes are
+    the walk's."""
+    if not of(conn).partial_indexes:
+        return [], False
+    parked = outbox.c.status == PARKED
+
+    def first_after(*after: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
+        return (
+            sa.select(outbox.c.cause)
+            .where(parked, outbox.c.cause.is_not(None), *after)
+            .order_by(outbox.c.cause)
+            .limit(1)
+            .scalar_subquery()
+        )
+
+    found = sa.select(first_after().label("cause")).cte("found", recursive=True)
+    found = found.union_all(
+        sa.select(first_after(outbox.c.cause > found.c.cause)).where(found.c.cause.is_not(None))
+    )
+    causes = list(
+        conn.execute(
+            sa.select(found.c.cause).where(found.c.cause.is_not(None)).limit(most + 1)
+        ).scalars()
+    )
+    return causes[:most], len(causes) <= most
 
 
 def capped(conn: sa.Connection, rows: sa.Select[Any], cap: int) -> Counted:

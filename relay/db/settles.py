@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from relay.causes import stored_cause
 from relay.constants import IDS_PER_STATEMENT, LAST_ERROR_MAX_CHARS
 from relay.db.buckets import owned_by
 from relay.db.clock import database_time
@@ -71,6 +72,7 @@ class Settles:
                 attempts=change.c.attempts,
                 next_attempt_at=database_time(change.c.delay),
                 last_error=change.c.last_error,
+                cause=change.c.cause,
                 suspect=change.c.suspect,
             )
         )
@@ -116,6 +118,7 @@ class Settles:
                     c.attempts,
                     c.delay,
                     c.last_error[:LAST_ERROR_MAX_CHARS],
+                    stored_cause(c.last_error[:LAST_ERROR_MAX_CHARS]),
                     c.suspect,
                 )
                 for c in batch.changes

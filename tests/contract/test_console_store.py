@@ -13,8 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
+from relay.causes import UNSORTED
 from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_LISTED_CHARS, CONSOLE_NAMED_IDS
 from relay.console_records import Actor, ArchiveFilter, AuditFilter, Counted, ParkedFilter
+from relay.db.causes import CauseSorter
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
@@ -57,10 +59,41 @@ def test_parked_rows_group_by_cause_whatever_their_messages_name(database_url: s
         NO_ROUTE: Counted(3),
         missing: Counted(4),
     }
-    assert len(causes[missing].prefixes) == 2
     first, last = causes[missing].first_parked, causes[missing].last_parked
     assert first is not None and last is not None and first <= last
     assert overview.causes.parked == Counted(7) and overview.pending == Counted(0)
+
+
+def test_rows_parked_without_a_cause_are_listed_apart_until_a_relay_sorts_them(
+    database_url: str,
+) -> None:
+    """Rows a relay of the release before parked have no cause (migration 0018): a line of
+    their own, whose rows a page finds; a relay's sorter gives each its cause, a chunk at a
+    time, and they join it."""
+    park(database_url, [{"message_id": f"a{i}"} for i in range(3)], NO_ROUTE)
+    old = park(
+        database_url,
+        [{"message_id": f"o{i}"} for i in range(5)],
+        "failed: 404 NOT_FOUND - no exchange 'x' in vhost '/'",
+    )
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:  # as a relay of the release before parked them
+        conn.execute(sa.update(outbox).where(outbox.c.id.in_(old)).values(cause=None))
+    engine.dispose()
+    reads, sorter = ConsoleReads(database_url), CauseSorter(database_url)
+    try:
+        before = {c.cause: c.rows for c in reads.causes().listed}
+        unsorted, _ = reads.page(ParkedFilter(cause=UNSORTED), None, 10)
+        sorted_rows = [sorter.sort(2) for _ in range(4)]
+        after = {c.cause: c.rows for c in reads.causes().listed}
+    finally:
+        reads.close()
+        sorter.close()
+    assert before == {NO_ROUTE: Counted(3), UNSORTED: Counted(5)}
+    assert sorted(r.id for r in unsorted) == old
+    assert sorted_rows == [2, 2, 1, 0]
+    missing = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
+    assert after == {NO_ROUTE: Counted(3), missing: Counted(5)}
 
 
 def test_pages_walk_every_parked_row_once_most_recently_parked_first(database_url: str) -> None:

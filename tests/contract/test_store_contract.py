@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from relay.buckets import Fence
 from relay.constants import (
     BACKLOG_EXACT_ROWS,
+    CAUSE_MAX_CHARS,
     ORDERED_LOOK_ALL_S,
     ORDERED_LOOK_PER_ROW,
     OUTBOX_BUCKETS,
@@ -572,6 +573,26 @@ def test_retry_and_park(make_store: StoreFactory) -> None:
     advance(store, SLACK)
     (again,) = store.claim(10, NO_BYTE_LIMIT)
     assert (again.id, again.attempts, again.republish) == (r1.id, 1, True)
+
+
+@pytest.mark.parametrize("make_store", ["sqlite", "postgresql", "mariadb"], indirect=True)
+def test_a_row_is_settled_with_its_errors_cause(make_store: StoreFactory) -> None:
+    """Each change's cause is written beside its error (``relay.causes.stored_cause``), read
+    from the whole error: the console lists, counts and selects parked rows by it."""
+    store = make_store("a")
+    store.enqueue(msgs(2))
+    r1, r2 = store.claim(10, NO_BYTE_LIMIT)
+    named = "failed: 404 NOT_FOUND - no exchanges " + ", ".join(f"'t-{i}'" for i in range(100))
+    changes = (
+        RowChange(r1.id, PARKED, 3, 0.0, named),
+        RowChange(r2.id, PENDING, 1, 30.0, "nacked: 2"),
+    )
+    store.settle(SettleBatch(changes=changes))
+    assert isinstance(store, SqlStore)
+    with store.engine.connect() as conn:
+        causes = dict(conn.execute(sa.select(outbox.c.id, outbox.c.cause)).all())
+    each = "failed: 404 NOT_FOUND - no exchanges " + ", ".join(["'…'"] * 100)
+    assert causes == {r1.id: each[:CAUSE_MAX_CHARS], r2.id: "nacked: #"}
 
 
 @pytest.mark.parametrize("make_store", ["memory", "sqlite", "postgresql"], indirect=True)

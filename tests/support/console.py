@@ -24,6 +24,7 @@ from playwright.sync_api import BrowserContext, Dialog, Page, sync_playwright
 
 from devtools.relayproc import no_leaks, relay_env, with_warnings
 from devtools.servers import free_port, port_open, wait_until
+from relay.causes import stored_cause
 from relay.console.passwords import hash_password
 from relay.console_constants import CONSOLE_SETTLE_HORIZON_S
 from relay.db.clock import database_time
@@ -63,8 +64,9 @@ def users_file(directory: Path) -> Path:
 
 
 def park(url: str, rows: list[dict[str, Any]], reason: str, ago: float = 0) -> list[int]:
-    """``rows`` inserted and parked as the relay parks them (``last_error`` the reason, the
-    parking time the database's now, or ``ago`` seconds before it); their ids."""
+    """``rows`` inserted and parked as the relay parks them (``last_error`` the reason and
+    ``cause`` its cause, the parking time the database's now, or ``ago`` seconds before it);
+    their ids."""
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
@@ -82,6 +84,7 @@ def park(url: str, rows: list[dict[str, Any]], reason: str, ago: float = 0) -> l
                     status=PARKED,
                     attempts=10,
                     last_error=reason,
+                    cause=stored_cause(reason),
                     next_attempt_at=database_time(-ago),
                 )
             )

@@ -28,6 +28,7 @@ CHANGE_COLUMNS: tuple[tuple[str, sa.types.TypeEngine[Any]], ...] = (
     ("attempts", sa.Integer()),
     ("delay", sa.Float()),
     ("last_error", sa.Text()),
+    ("cause", sa.Text()),
     ("suspect", sa.Boolean()),
 )
 
@@ -231,7 +232,7 @@ class Dialect(InboxDialect, abc.ABC):
     @abc.abstractmethod
     def changes_table(self) -> sa.Subquery | sa.TableValuedAlias:
         """Row changes bound as parameters, as a table to join (``UPDATE ... FROM``): columns
-        id, status, attempts, delay, last_error, suspect (bound by ``changes_parameters``).
+        id, status, attempts, delay, last_error, cause, suspect (bound by ``changes_parameters``).
         One statement then changes hundreds of rows each its own way; a statement per row
         made the settle of 500 rows refused by the broker 500 statements."""
 

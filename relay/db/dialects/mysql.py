@@ -67,7 +67,7 @@ _NO_SAVEPOINT = 1305
 # ER_WARNING_NOT_COMPLETE_ROLLBACK: non-transactional tables changed, not rolled back.
 _NOT_ROLLED_BACK = 1196
 # JSON_TABLE's column types where the column's own type's name is not one: text of any length.
-_JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT"}
+_JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT", "cause": "TEXT"}
 
 
 class MySQL(Dialect):

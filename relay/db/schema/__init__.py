@@ -18,6 +18,7 @@ from relay.db.schema.inbox import (
 )
 from relay.db.schema.metadata import metadata
 from relay.db.schema.outbox import (
+    CONSOLE_CAUSE_INDEX,
     CONSOLE_EXCHANGE_INDEX,
     CONSOLE_INDEXES,
     CONSOLE_MESSAGE_INDEX,
@@ -51,6 +52,7 @@ from relay.db.schema.sentlog import (
 )
 
 __all__ = [
+    "CONSOLE_CAUSE_INDEX",
     "CONSOLE_EXCHANGE_INDEX",
     "CONSOLE_INDEXES",
     "CONSOLE_MESSAGE_INDEX",

@@ -72,6 +72,11 @@ outbox = sa.Table(
     # ``relay.records.OutboxRow.suspect``: its own column, not a word in last_error (which is
     # for operators, and which ``relay replay --reason`` selects by).
     sa.Column("suspect", sa.Boolean(), nullable=False, server_default=sa.false()),
+    # The last error's cause (``relay.causes``), written with it by the relay (migration
+    # 0018): the console lists, counts and selects parked rows by it through an index, and
+    # a cause is a function of the whole error, not of its first characters. NULL for a row
+    # parked by a relay of a release before, until a relay sorts it (``relay.db.causes``).
+    sa.Column("cause", SHORT_TEXT, nullable=True),
     sa.CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="outbox_status_valid"
     ),
@@ -171,6 +176,13 @@ CONSOLE_EXCHANGE_INDEX = (
     outbox.c.next_attempt_at,
     outbox.c.id,
 )
+# The console's index of parked rows by cause (migration 0018).
+CONSOLE_CAUSE_INDEX = (
+    "outbox_parked_cause_idx",
+    outbox.c.cause,
+    outbox.c.next_attempt_at,
+    outbox.c.id,
+)
 CONSOLE_INDEXES = (
     ("outbox_parked_time_idx", outbox.c.next_attempt_at, outbox.c.id),
     (
@@ -180,6 +192,7 @@ CONSOLE_INDEXES = (
         outbox.c.id,
     ),
     CONSOLE_EXCHANGE_INDEX,
+    CONSOLE_CAUSE_INDEX,
 )
 for _name, *_columns in CONSOLE_INDEXES:
     _parked = outbox.c.status == PARKED
