@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
@@ -86,3 +87,20 @@ def test_a_url_reaches_its_dialect(url: str, name: str) -> None:
 def test_a_database_without_a_dialect_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="'oracle' is not one of postgresql://"):
         for_url(sa.make_url("oracle://h/db"))
+
+
+@pytest.mark.parametrize(
+    ("driver", "changed"),
+    [
+        (SimpleNamespace(isolation_level=""), False),
+        (SimpleNamespace(isolation_level=None), True),
+        # Python 3.12's sqlite3: its autocommit attribute, as kept and as a handler may set it.
+        (SimpleNamespace(isolation_level="", autocommit=-1), False),
+        (SimpleNamespace(isolation_level="", autocommit=True), True),
+        (SimpleNamespace(isolation_level="", autocommit=False), True),
+    ],
+)
+def test_a_sqlite_connection_left_in_another_transaction_mode_is_changed(
+    driver: SimpleNamespace, changed: bool
+) -> None:
+    assert of("sqlite").session_changed(driver) is changed

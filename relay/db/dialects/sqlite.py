@@ -39,6 +39,8 @@ _WATCH = "relay_inbox_watch"
 _TIME_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
 
 
+# sqlite3's ``autocommit`` as the inbox's connections keep it (Python 3.12 and later).
+_LEGACY = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
 # What a connection's session holds that the inbox's never do (``SQLite.session_left``).
 _TEMPORARY = "SELECT 'the temporary ' || name FROM temp.sqlite_master LIMIT 1"
 
@@ -159,8 +161,13 @@ class SQLite(Dialect):
         return words[0] == "PRAGMA" and ("=" in words or "(" in words)
 
     def session_changed(self, driver: Any) -> bool:
-        # sqlite3's (and aiosqlite's) autocommit: no transaction begun for a statement.
-        return getattr(driver, "isolation_level", "") is None
+        # sqlite3's (and aiosqlite's) autocommit: no transaction begun for a statement; and
+        # Python 3.12's ``autocommit`` attribute set either way (an outside review: set on
+        # by a handler, the pooled connection committed the next message's key as it went
+        # in). Not testable on the 3.11 this project's lock files pin.
+        if getattr(driver, "isolation_level", "") is None:
+            return True
+        return getattr(driver, "autocommit", _LEGACY) != _LEGACY
 
     def outside_transaction(self, driver: Any) -> bool:
         # sqlite3 begins a transaction before an INSERT, UPDATE, DELETE or REPLACE only: a
