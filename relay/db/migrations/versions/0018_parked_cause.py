@@ -22,8 +22,8 @@ Create Date: 2026-11-29
 import sqlalchemy as sa
 from alembic import op
 
-from relay.db.dialects import of
 from relay.db.columns import SHORT_TEXT
+from relay.db.dialects import of
 from relay.db.schema import CONSOLE_CAUSE_INDEX
 from relay.records import PARKED
 
