@@ -75,8 +75,7 @@ async def _bounded(console: Console, change: _Change) -> datetime:
 
 
 async def _chosen(console: Console, change: _Change) -> ParkedFilter:
-    """The filter of a change: its cause is decided of each row the count or the change
-    reads, not resolved to the reasons a walk read (which may have stopped short)."""
+    """The filter of a change, its age counted back from the change's bound."""
     bound = await _bounded(console, change)
     return forms.parked_filter(change.fields, bound)
 

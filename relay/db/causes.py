@@ -15,7 +15,7 @@ from relay.records import PARKED
 from relay.redact import redact_url
 
 # A parked row without a cause: a range of the console's index by cause, where there is one.
-UNSORTED = sa.and_(outbox.c.status == PARKED, outbox.c.cause.is_(None))
+_WITHOUT_CAUSE = sa.and_(outbox.c.status == PARKED, outbox.c.cause.is_(None))
 # A row's cause written only while it is as it was read: still parked, still without a
 # cause, with the same error (a relay of the release before may have parked it again since
 # with another).
@@ -23,7 +23,7 @@ _SORTED = (
     sa.update(outbox)
     .where(
         outbox.c.id == sa.bindparam("row_id"),
-        UNSORTED,
+        _WITHOUT_CAUSE,
         outbox.c.last_error.is_not_distinct_from(sa.bindparam("was")),
     )
     .values(cause=sa.bindparam("sorted"))
@@ -42,7 +42,7 @@ class CauseSorter:
         transaction. Returns how many were read: fewer than ``chunk``, none is left."""
         with transaction(self.engine, "sorting parked rows by cause", self._where) as conn:
             rows = conn.execute(
-                sa.select(outbox.c.id, outbox.c.last_error).where(UNSORTED).limit(chunk)
+                sa.select(outbox.c.id, outbox.c.last_error).where(_WITHOUT_CAUSE).limit(chunk)
             ).all()
             if rows:
                 conn.execute(

@@ -35,8 +35,8 @@ RESET ALL
 # a space between.
 _TOKEN = "xmin::text || ' ' || tableoid::text"
 # Whether a session is still in the transaction a key's token names
-# (``PostgreSQLInbox.holds_transaction``): a transaction holds the lock on its own id to its
-# end, an aborted one's too, and any session sees it.
+# (``PostgreSQLInbox.holds_transaction``): a transaction holds the lock on its own id until
+# it ends (or an error aborts it: ``went_on`` tells that one first), and any session sees it.
 _HOLDS_TRANSACTION = sa.text(
     "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = :backend "
     "AND locktype = 'transactionid' AND transactionid::text = split_part(:token, ' ', 1))"
