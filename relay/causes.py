@@ -34,8 +34,10 @@ from relay.constants import CAUSE_MAX_CHARS
 # thousands of lines, and no row may go unaccounted for.
 CAUSES_LISTED = 50
 # The cause shown for parked rows that have none yet (parked by a relay of a release before
-# migration 0018, until a relay of this release sorts them: ``relay.db.causes``).
-UNSORTED = "(not sorted yet: parked by a relay of an earlier release)"
+# migration 0018, until a relay of this release sorts them: ``relay.db.causes``). Its quoted
+# words make it a text no error's cause is (quoted text becomes '…'): an error reading as
+# the label took its line, and its row was counted on none (an outside review).
+UNSORTED = "(not sorted yet: 'parked by a relay of an earlier release')"
 # Distinct errors whose cause is kept (``stored_cause``).
 CAUSES_REMEMBERED = 4096
 
@@ -81,12 +83,13 @@ def grouped(
     exact: bool,
     unread_before: datetime | None,
     *,
-    found: Sequence[str] = (),
+    found: Sequence[str | None] = (),
     found_all: bool = True,
     listed: int = CAUSES_LISTED,
 ) -> Causes:
     """The causes a count read (``tallies``: each cause's rows, None for rows not yet given
-    one: ``UNSORTED``), and those ``found`` in the index of causes that it did not reach
+    one: ``UNSORTED``), and those ``found`` in the index of causes (None among them too)
+    that it did not reach
     (each then "more than 0"); ``exact``: the count read every parked row (else each is at
     least what it read, and rows parked at or before ``unread_before`` were not read);
     ``found_all``: ``found`` holds every cause of the index (else more were not looked at)."""
@@ -94,10 +97,11 @@ def grouped(
     groups = [
         CauseGroup(cause, Counted(t.rows, exact), t.first, t.last) for cause, t in rows.items()
     ]
+    labels = (UNSORTED if cause is None else cause for cause in found)
     groups += [
-        CauseGroup(cause, Counted(0, exact=False, more=True), None, None)
-        for cause in found
-        if cause not in rows
+        CauseGroup(label, Counted(0, exact=False, more=True), None, None)
+        for label in labels
+        if label not in rows
     ]
     groups.sort(key=lambda g: (-g.rows.rows, g.cause))
     rest = groups[listed:]

@@ -77,7 +77,7 @@ async def _bounded(console: Console, change: _Change) -> datetime:
 async def _chosen(console: Console, change: _Change) -> ParkedFilter:
     """The filter of a change, its age counted back from the change's bound."""
     bound = await _bounded(console, change)
-    return forms.parked_filter(change.fields, bound)
+    return forms.change_filter(change.fields, bound)
 
 
 async def confirm(console: Console, request: Request) -> Response:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relay.broker.deadletter_pages import Position
+from relay.causes import UNSORTED
 from relay.console_records import ArchiveFilter, AuditFilter, Cursor, ParkedFilter
 from relay.errors import InputError
 
@@ -227,6 +228,20 @@ def parked_filter(fields: Mapping[str, str], now: datetime) -> ParkedFilter:
         message_prefix=text(fields, "message_prefix"),
         parked_before=before,
     )
+
+
+def change_filter(fields: Mapping[str, str], bound: datetime) -> ParkedFilter:
+    """A bulk change's filter (``parked_filter``), but not the rows without a cause yet: the
+    relays are giving them theirs, each leaving the filter as it is sorted, and a change's
+    chunks missed them unnamed (an outside review: 2,200 of 20,000 changed, none said
+    left)."""
+    chosen = parked_filter(fields, bound)
+    if chosen.cause == UNSORTED:
+        raise InputError(
+            "cause: the relays are giving these rows their causes; change them by their "
+            "cause once sorted (100,000 a minute), or by another filter"
+        )
+    return chosen
 
 
 def cursor(fields: Mapping[str, str]) -> Cursor | None:

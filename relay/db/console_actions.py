@@ -86,7 +86,15 @@ class ConsoleActions:
         back = (
             sa.update(outbox)
             .where(of(self.engine).id_in(outbox.c.id))
-            .values(status=PENDING, attempts=0, next_attempt_at=database_time(), suspect=False)
+            # Its cause off with its parking: parked again by a relay of the release before
+            # (which writes none), it is sorted afresh, not left under this one.
+            .values(
+                status=PENDING,
+                attempts=0,
+                next_attempt_at=database_time(),
+                suspect=False,
+                cause=None,
+            )
         )
 
         def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:

@@ -127,12 +127,13 @@ def walk(
             return Walked(tallies, exact=False, unread_before=past[0])
 
 
-def every_cause(conn: sa.Connection, most: int) -> tuple[list[str], bool]:
+def every_cause(conn: sa.Connection, most: int) -> tuple[list[str | None], bool]:
     """The distinct causes of the parked rows, in order, read from the console's index of
     causes one step down it per cause (a loose index scan: the walk's cost is the causes',
-    not the rows'), at most ``most``; and whether that was every one. Where the database
-    has no such index (MySQL: no partial indexes), none, and not every one: its causes are
-    the walk's."""
+    not the rows'), at most ``most``, and None last if rows have none yet (the oldest, the
+    walk's last to reach: their line went when it stopped short, an outside review); and
+    whether that was every one. Where the database has no such index (MySQL: no partial
+    indexes), none, and not every one: its causes are the walk's."""
     if not of(conn).partial_indexes:
         return [], False
     parked = outbox.c.status == PARKED
@@ -150,12 +151,16 @@ def every_cause(conn: sa.Connection, most: int) -> tuple[list[str], bool]:
     found = found.union_all(
         sa.select(first_after(outbox.c.cause > found.c.cause)).where(found.c.cause.is_not(None))
     )
-    causes = list(
+    causes: list[str | None] = list(
         conn.execute(
             sa.select(found.c.cause).where(found.c.cause.is_not(None)).limit(most + 1)
         ).scalars()
     )
-    return causes[:most], len(causes) <= most
+    every = len(causes) <= most
+    causes = causes[:most]
+    if conn.execute(sa.select(sa.exists().where(parked, outbox.c.cause.is_(None)))).scalar():
+        causes.append(None)
+    return causes, every
 
 
 def capped(conn: sa.Connection, rows: sa.Select[Any], cap: int) -> Counted:

@@ -118,7 +118,13 @@ class Settles:
                     c.attempts,
                     c.delay,
                     c.last_error[:LAST_ERROR_MAX_CHARS],
-                    stored_cause(c.last_error[:LAST_ERROR_MAX_CHARS]),
+                    # Only a parked row's: a row retried and then parked by a relay of
+                    # the release before (which writes no cause) kept this one's, and
+                    # was counted and changed as of a cause not its error's (an outside
+                    # review).
+                    stored_cause(c.last_error[:LAST_ERROR_MAX_CHARS])
+                    if c.status == PARKED
+                    else None,
                     c.suspect,
                 )
                 for c in batch.changes

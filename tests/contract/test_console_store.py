@@ -20,6 +20,8 @@ from relay.db.causes import CauseSorter
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
+from relay.db.console_counts import Budget
+from relay.db.dialects import for_url
 from relay.db.roles import CONSOLE, grants
 from relay.db.schema import console_audit, outbox
 from relay.errors import InputError, StoreError
@@ -94,6 +96,52 @@ def test_rows_parked_without_a_cause_are_listed_apart_until_a_relay_sorts_them(
     assert sorted_rows == [2, 2, 1, 0]
     missing = "failed: 404 NOT_FOUND - no exchange '…' in vhost '…'"
     assert after == {NO_ROUTE: Counted(3), missing: Counted(5)}
+
+
+def test_the_unsorted_rows_keep_their_line_past_the_walks_budget(database_url: str) -> None:
+    """Rows parked by a relay of the release before are the oldest, the walk's last: when
+    it stopped short of them their line went (an outside review)."""
+    park(database_url, [{"message_id": f"a{i}"} for i in range(6)], NO_ROUTE)
+    old = park(database_url, [{"message_id": f"o{i}"} for i in range(4)], "nacked", ago=60)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.update(outbox).where(outbox.c.id.in_(old)).values(cause=None))
+    engine.dispose()
+    hurried = ConsoleReads(database_url, Budget(seconds=0, chunk=5))
+    try:
+        listed = {c.cause: str(c.rows) for c in hurried.causes().listed}
+    finally:
+        hurried.close()
+    expected = {NO_ROUTE: "at least 5"}
+    # MySQL and MariaDB have no index of causes: theirs are the walk's alone.
+    if for_url(sa.make_url(database_url)).partial_indexes:
+        expected[UNSORTED] = "more than 0"
+    assert listed == expected
+
+
+def test_a_replayed_row_parked_again_by_an_older_relay_is_sorted_afresh(database_url: str) -> None:
+    """A replay takes a row's cause off: a relay of the release before, parking it again
+    with another error (and no cause), left it under the first one's (an outside review)."""
+    (row,) = park(database_url, [{"message_id": "r"}], NO_ROUTE, ago=SETTLED)
+    reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
+    sorter, engine = CauseSorter(database_url), sa.create_engine(database_url)
+    try:
+        actions.replay(Actor("otto", "operator"), [row], None, reads.now())
+        with engine.begin() as conn:  # as a relay of the release before parks it
+            conn.execute(
+                sa.update(outbox)
+                .where(outbox.c.id == row)
+                .values(status=PARKED, last_error="rejected: headers are not a JSON object")
+            )
+        assert sorter.sort(10) == 1
+        with engine.connect() as conn:
+            cause = conn.execute(sa.select(outbox.c.cause).where(outbox.c.id == row)).scalar()
+    finally:
+        reads.close()
+        actions.close()
+        sorter.close()
+        engine.dispose()
+    assert cause == "rejected: headers are not a JSON object"
 
 
 def test_pages_walk_every_parked_row_once_most_recently_parked_first(database_url: str) -> None:

@@ -157,6 +157,23 @@ def test_every_cause_is_listed_or_counted_on_the_other_line(
     assert causes.parked == Counted(sum(t.rows for t in tallies.values()))
 
 
+def test_no_error_takes_the_unsorted_rows_line() -> None:
+    """An error reading as the unsorted rows' label had its cause: the two lines were one,
+    and a row counted on none (an outside review)."""
+    assert stored_cause(UNSORTED) != UNSORTED
+    causes = grouped({None: tally(3), stored_cause(UNSORTED): tally(1)}, True, None)
+    assert sorted(str(g.rows) for g in causes.listed) == ["1", "3"]
+    assert sum(g.rows.rows for g in causes.listed) == causes.parked.rows == 4
+
+
+def test_rows_without_a_cause_the_walk_did_not_reach_keep_their_line() -> None:
+    causes = grouped({NO_ROUTE: tally(5)}, False, AT, found=[NO_ROUTE, None])
+    assert [(g.cause, str(g.rows)) for g in causes.listed] == [
+        (NO_ROUTE, "at least 5"),
+        (UNSORTED, "more than 0"),
+    ]
+
+
 def test_a_cause_counted_by_a_walk_that_stopped_is_at_least_what_it_read() -> None:
     """And a cause the index of causes has that the walk did not reach is listed too."""
     causes = grouped({MISSING: tally(6)}, False, AT, found=[MISSING, "rare: x"])
@@ -318,6 +335,10 @@ def test_form_fields_are_checked() -> None:
     assert chosen.exchange == "' OR 1=1 --" and chosen.parked_before == now - timedelta(hours=2)
     # A cause with no row (any more) selects none: its page is empty, its count 0.
     assert parked_filter({"cause": "gone"}, now) == ParkedFilter(cause="gone")
+    # The rows being sorted leave a change's filter as it runs: no change by them.
+    assert forms.change_filter({"cause": NO_ROUTE}, now) == ParkedFilter(cause=NO_ROUTE)
+    with pytest.raises(InputError, match="giving these rows their causes"):
+        forms.change_filter({"cause": UNSORTED}, now)
     for bad in (
         {"message_id": "a\x00b"},
         {"parked_for": "soon"},
