@@ -196,7 +196,9 @@ class Consumer:
             except REFUSED as exc:
                 self._dead_declared = False  # declared afresh: it may have been deleted
                 self._refusals.held_back(properties.message_id, answer.delay, exc)
-                self._retry_copy(channel, answer.delay, properties, body, retry_queues)
+                self._retry_copy(
+                    channel, answer.delay, properties, body, retry_queues, held=answer.held
+                )
             channel.basic_ack(tag)
         else:
             channel.basic_reject(tag, requeue=answer.verdict is Verdict.RETRY)
@@ -210,10 +212,14 @@ class Consumer:
         properties: pika.BasicProperties,
         body: bytes,
         retry_queues: dict[float, str],
+        *,
+        held: Mapping[str, object] | None = None,
     ) -> None:
-        """A copy of the delivery in the retry queue of ``delay``, confirmed."""
+        """A copy of the delivery in the retry queue of ``delay``, confirmed (with ``held``:
+        a dead letter's, ``Answer``)."""
         queue = retry_queues.get(delay) or self._retry_queue(channel, delay, retry_queues)
-        again = _with_headers(properties, retried(properties.headers), self._frame_max(channel))
+        more = retried(properties.headers, held)
+        again = _with_headers(properties, more, self._frame_max(channel))
         channel.basic_publish("", queue, body, again, mandatory=True)
 
     @staticmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -20,6 +20,7 @@ from relay.records import (
     DEAD_FIRST_FAILURE,
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
+    HELD_HEADER,
     Answer,
     Delivery,
     Verdict,
@@ -220,6 +221,19 @@ def too_many_before(attempts: int, max_attempts: int) -> bool:
     raised, or died inside the handler) is dead-lettered unhandled when they used up the
     allowance: a handler that kills its consumer is never seen to fail, only to come back."""
     return attempts >= max_attempts
+
+
+def held_attempts(headers: Mapping[str, object]) -> int | None:
+    """The attempts a held dead letter's copy says were counted when it was dead-lettered
+    (``HELD_HEADER``), or None: not such a copy (a header of that name that is not a count
+    is none)."""
+    held = headers.get(HELD_HEADER)
+    return held if isinstance(held, int) and not isinstance(held, bool) else None
+
+
+def held_headers(attempts: int) -> dict[str, object]:
+    """The headers on a dead letter's copy held in a retry queue (``held_attempts``)."""
+    return {HELD_HEADER: attempts}
 
 
 def window_problem(window: float, retention: float) -> str | None:

@@ -21,10 +21,12 @@ from devtools.broker import drain
 from devtools.servers import RabbitNode, wait_until
 from relay.broker.aio_consumer import delivery_of
 from relay.db.inbox_async import AsyncTransaction
-from relay.inbox import InboxSettings, Settings
+from relay.db.inbox_transaction import Transaction
+from relay.inbox import Delivery, InboxSettings, Settings
 from relay.inbox.aio import AsyncInbox
 from relay.inbox.faststream import TRANSACTION
 from tests.support.inbox import (
+    Recorder,
     consuming,
     effects,
     inbox_router,
@@ -111,6 +113,73 @@ def test_a_dead_letter_its_queue_refuses_waits_and_the_rest_flow(
     assert (letter.headers or {})["x-inbox-attempts"] == 1
     assert calls["poison"] == 1  # dead-lettered when it came back, not run again
     assert processed(with_effects) == {(queue, f"m-{n}"): 1 for n in range(5)}
+
+
+class CommitsThenFails(Recorder):
+    """Writes its effect, commits it through the driver (past the inbox's guard), then
+    raises: dead-lettered at once, its key kept (run again, it would write twice)."""
+
+    def __call__(self, delivery: Delivery, tx: Transaction) -> None:
+        result = tx.execute(effects.insert(), self._effect(delivery))
+        driver = result.context.root_connection.connection.driver_connection
+        assert driver is not None
+        driver.commit()
+        raise ValueError("failed after committing its part")
+
+    async def aio(self, delivery: Delivery, tx: AsyncTransaction) -> None:
+        await tx.execute(effects.insert(), self._effect(delivery))
+        driver = (await tx._conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        await driver.commit()
+        raise ValueError("failed after committing its part")
+
+
+def test_a_dead_letter_with_its_key_kept_that_its_queue_refuses_is_not_lost(
+    with_effects: str, rabbit: RabbitNode, flavour: str
+) -> None:
+    """A part of the handler's work committed past the guard, then it failed: dead-lettered
+    at once with its key kept. The dead letters' queue refuses it, so it waits in a retry
+    queue; it comes back with its key committed. It was acked there as a duplicate, and the
+    dead letter was lost (no operator saw it): now it is dead-lettered, not run again."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    policy = f"full-{uuid.uuid4().hex[:8]}"
+    full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    rabbit.ctl("set_policy", "--apply-to", "queues", policy, f"^{dead}$", full)
+    handler = CommitsThenFails(queue, fail=lambda _d: True)
+    quick = {"inbox_retry_delay": "0.2", "inbox_retry_delay_max": "0.5"}
+    try:
+        with consuming(with_effects, rabbit.url, queue, handler, flavour, **quick) as consumer:
+            publish(rabbit.url, exchange, [("m-1", {})])
+            wait_until(lambda: value(consumer, "inbox_copies_refused_total") >= 2, 30, "refused")
+            rabbit.ctl("clear_policy", policy)
+            (letter,) = drain(rabbit.url, dead, 1, timeout=30)
+            assert value(consumer, "inbox_duplicates_total") == 0
+    finally:
+        with contextlib.suppress(Exception):
+            rabbit.ctl("clear_policy", policy)
+    said = str((letter.headers or {})["x-inbox-error"])
+    assert said.startswith("TransactionEnded: the handler committed a part"), said
+    assert handler.calls == {"m-1": 1}  # its part once
+    assert processed(with_effects) == {(queue, "m-1"): 1}
+
+
+def test_a_producers_held_header_on_a_duplicate_is_acked(
+    with_effects: str, rabbit: RabbitNode, flavour: str
+) -> None:
+    """A producer's message with the header a held dead letter's copy carries: a first
+    delivery is processed; a duplicate of a processed message whose count does not agree
+    with its attempts (none) is acked as a duplicate, not dead-lettered."""
+    exchange, (queue,), dead = topology(rabbit.url)
+    handler, calls = recording(queue)
+    forged = {"x-inbox-dead-letter-held": 0}
+    with consuming(with_effects, rabbit.url, queue, handler, flavour) as consumer:
+        publish(rabbit.url, exchange, [("m-1", forged)])
+        wait_until(lambda: value(consumer, "inbox_processed_total") == 1, 30, "processed")
+        publish(rabbit.url, exchange, [("m-1", forged)])
+        wait_until(lambda: value(consumer, "inbox_duplicates_total") == 1, 30, "duplicate")
+    assert drain(rabbit.url, dead, 0, timeout=1) == []
+    assert calls == {"m-1": 1}
+    assert processed(with_effects) == {(queue, "m-1"): 1}
 
 
 def test_a_refused_retry_copy_sends_its_delivery_back_uncounted(

@@ -67,7 +67,9 @@ def topology(url: str, queues: int = 1) -> tuple[str, list[str], str]:
 
 
 def publish(
-    url: str, exchange: str, messages: Sequence[tuple[str | bytes | None, Mapping[str, str]]]
+    url: str,
+    exchange: str,
+    messages: Sequence[tuple[str | bytes | None, Mapping[str, object]]],
 ) -> None:
     """(message id, headers) pairs, each published as it is, with confirms."""
     with pika.BlockingConnection(pika.URLParameters(url)) as conn:

@@ -20,7 +20,7 @@ from relay.inbox import InboxSettings
 from relay.inbox.flow import Flow
 from relay.inbox.steps import drive, drive_async
 from relay.metrics import InboxMetrics
-from relay.records import Answer, Delivery, Verdict
+from relay.records import HELD_HEADER, RETRY_HEADER, Answer, Delivery, Verdict
 
 DOWN = StoreError("the database is away")
 HELD = 300.0  # a dead letter's wait in a retry queue if the dead letters' queue refuses it
@@ -29,8 +29,18 @@ BROKE = ValueError("broke")
 DEFERRED = TransactionFailed("a deferred constraint failed at the commit")
 
 
-def delivery(message_id: str | bytes | None = "m-1", redelivered: bool = False) -> Delivery:
-    return Delivery(message_id, b"{}", "x", "k", None, {}, redelivered)
+def delivery(
+    message_id: str | bytes | None = "m-1",
+    redelivered: bool = False,
+    headers: dict[str, object] | None = None,
+) -> Delivery:
+    return Delivery(message_id, b"{}", "x", "k", None, headers or {}, redelivered)
+
+
+def held(attempts: object) -> Delivery:
+    """A dead letter's copy back from the retry queue it was held in, its queue having
+    refused it: ``attempts`` counted when it was dead-lettered (or a producer's forgery)."""
+    return delivery(redelivered=True, headers={HELD_HEADER: attempts, RETRY_HEADER: 1})
 
 
 def failures(attempts: int, error: str = "ValueError") -> Failures:
@@ -124,6 +134,42 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
     ),
     "a redelivery of a message processed (its ack lost): acked, nothing counted": (
         delivery(redelivered=True),
+        [("marking a run", None)],
+        Verdict.ACK,
+        0.0,
+        False,
+        None,
+    ),
+    "a dead letter with its key kept, held back and back: dead-lettered, not acked": (
+        held(1),
+        [
+            ("marking a run", None),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+            ("reading attempts", failures(1, "TransactionEnded: ...")),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "a producer's held header on a duplicate, its count not the attempts': acked": (
+        held(2),
+        [("marking a run", None), ("reading attempts", failures(1))],
+        Verdict.ACK,
+        0.0,
+        False,
+        None,
+    ),
+    "a producer's held header on a duplicate that never failed: acked": (
+        held(0),
+        [("marking a run", None), ("reading attempts", None)],
+        Verdict.ACK,
+        0.0,
+        False,
+        None,
+    ),
+    "a held header that is not a count: a plain duplicate, acked": (
+        held("1"),
         [("marking a run", None)],
         Verdict.ACK,
         0.0,
@@ -418,6 +464,9 @@ def test_a_delivery_takes_its_steps_to_its_verdict(case: str) -> None:
     else:
         assert answer.reason is not None
         assert answer.reason["x-inbox-attempts"] == dead_attempts
+        # Held back if its queue refuses it, its copy says what it counted.
+        keyed = message.key is not None
+        assert answer.held == ({HELD_HEADER: dead_attempts} if keyed else None)
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
@@ -540,6 +589,16 @@ def test_a_redelivered_run_on_a_server_is_marked_once_its_key_is_held(case: str)
     answer = drive(server_flow().process(delivery(redelivered=True)), doer)
     assert doer.asked == [what for what, _ in script]
     assert answer.verdict is verdict
+
+
+def test_a_held_dead_letter_back_on_a_server_is_dead_lettered_once_its_key_is_seen() -> None:
+    """On a server, its key is seen committed as the run opens: dead-lettered from there."""
+    kept = failures(3, "TransactionEnded: ...")
+    script = [("open", False), ("rollback", None), *[("reading attempts", kept)] * 2]
+    doer = Scripted(script)
+    answer = drive(server_flow().process(held(3)), doer)
+    assert doer.asked == [what for what, _ in script]
+    assert (answer.verdict, answer.held) == (Verdict.DEAD_LETTER, {HELD_HEADER: 3})
 
 
 def test_a_message_the_connection_is_lost_under_again_and_again_is_counted() -> None:
