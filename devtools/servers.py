@@ -40,6 +40,8 @@ CLI_TIMEOUT_S = 300.0
 # server that cannot boot exits, and its start fails then; beside the CPU hog a RabbitMQ
 # boot took up to 70 s.
 BOOT_TIMEOUT_S = 300.0
+# Boots of a node whose distribution port was taken under it (``RabbitNode.start``).
+DIST_PORT_TRIES = 3
 
 
 class ServerError(RuntimeError):
@@ -52,6 +54,10 @@ class ServerError(RuntimeError):
 # node, seconds into its boot beside the CPU hog, stopped on eaddrinuse.
 PORTS_FROM = 10000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+class _DistPortTaken(ServerError):
+    """A node exited at boot: its distribution port was taken after it was chosen."""
 
 
 def free_port() -> int:
@@ -177,6 +183,17 @@ class RabbitNode:
         }
 
     def start(self, timeout: float = BOOT_TIMEOUT_S) -> None:
+        """Boot the node. Its distribution port was free when it was chosen, and another
+        node (a test beside this one) may have taken it since: the node exits at once, and
+        boots again on another (seen once in a suite run on two workers)."""
+        for _ in range(DIST_PORT_TRIES - 1):
+            try:
+                return self._boot(timeout)
+            except _DistPortTaken:
+                self.dist_port = free_port()
+        return self._boot(timeout)
+
+    def _boot(self, timeout: float) -> None:
         for d in (self.home, self.base / "log", self.base / "mnesia"):
             d.mkdir(parents=True, exist_ok=True)
         plugins = "rabbitmq_management" if self.management_port else ""
@@ -192,6 +209,7 @@ class RabbitNode:
                 "log.console = false\nlog.file.level = warning\n" + management + self.config
             )
         log = self.log_path.open("ab")
+        logged = log.tell()
         argv, env = self._command("rabbitmq-server")
         process = self._process = subprocess.Popen(
             argv,
@@ -218,6 +236,10 @@ class RabbitNode:
                     f"RabbitMQ node {self.name}'s management API (log: {self.log_path})",
                 )
             if process.poll() is not None:
+                with self.log_path.open("rb") as said:
+                    said.seek(logged)
+                    if b"dist_port_already_used" in said.read():
+                        raise _DistPortTaken(f"{self.name}: port {self.dist_port} taken")
                 raise ServerError(f"RabbitMQ node {self.name} exited; see {self.log_path}")
         except Exception:
             self.kill()
