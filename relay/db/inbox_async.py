@@ -30,7 +30,7 @@ from relay.db.inbox import (
     went_on_here,
 )
 from relay.db.inbox_listeners import kept_off
-from relay.db.inbox_statements import COMMIT, InboxStatements
+from relay.db.inbox_statements import COMMIT, InboxStatements, last_status
 from relay.db.inbox_transaction import Guard, Guards, executable
 from relay.redact import redact_url
 
@@ -208,10 +208,11 @@ class AsyncMessageRun:
         driver = raw.driver_connection
         if not isinstance(driver, psycopg.AsyncConnection):
             return await conn.run_sync(self._store.statements.commit)
+        sql = self._store.statements.commit_sql(self._sync(), driver)
         try:
-            status = (await driver.execute(COMMIT)).statusmessage
+            status = last_status(await driver.execute(sql))
         except psycopg.Error as exc:
-            raise sa.exc.DBAPIError.instance(COMMIT, None, exc, psycopg.Error) from exc
+            raise sa.exc.DBAPIError.instance(sql, None, exc, psycopg.Error) from exc
         await conn.commit()  # SQLAlchemy's: psycopg sends nothing, its transaction over
         return status == COMMIT
 

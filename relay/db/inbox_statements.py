@@ -151,9 +151,14 @@ class InboxStatements:
         aborted, raising nothing: the message, acked, would be lost). Its status read
         straight through psycopg; SQLAlchemy's transaction closed after (psycopg sends
         nothing more, its transaction over)."""
-        cursor = _through_psycopg(conn, COMMIT, None)
+        sql = self.commit_sql(conn, conn.connection.driver_connection)
+        cursor = _through_psycopg(conn, sql, None)
         conn.commit()
-        return cursor is None or cursor.statusmessage == COMMIT
+        return cursor is None or last_status(cursor) == COMMIT
+
+    def commit_sql(self, conn: sa.Connection, driver: Any) -> str:
+        """The message's COMMIT as sent on ``driver``, ``conn``'s (``Dialect.commit_sql``)."""
+        return self.database.commit_sql(driver, conn.info.get(_KEY_TOKEN))
 
     def key_committed(self, conn: sa.Connection, message_id: str) -> bool:
         """Whether the message's key is committed, seen from a transaction of its own."""
@@ -251,6 +256,13 @@ class InboxStatements:
     @staticmethod
     def ping(conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT 1"))
+
+
+def last_status(cursor: Any) -> str | None:
+    """The status of the last statement a psycopg cursor ran (a text of several)."""
+    while cursor.nextset():
+        pass
+    return cursor.statusmessage  # type: ignore[no-any-return]
 
 
 def inserted_token(conn: sa.Connection) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import inspect
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.util import await_only
 
 from devtools.servers import PostgresServer, wait_until
 from relay.db import runlock
@@ -822,6 +824,32 @@ def test_tx_used_after_the_handler_returned_is_refused_and_the_message_commits(
     ((refused,),) = [late]
     assert isinstance(refused, TransactionEnded)
     assert "the handler's run is over" in str(refused)
+
+
+@pytest.mark.databases("postgresql")
+def test_a_driver_rollback_between_the_look_and_the_commit_is_no_ack(
+    consumer: Consumer, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread or a task the handler left running rolls back through the driver between
+    the inbox's look at its key and its commit: the COMMIT began and committed an empty
+    transaction, and the message was acked without its work (an outside review, review77).
+    The COMMIT goes in one message with a check that the transaction is still the key's:
+    refused there, the run failed, nothing committed, retried: its effect once."""
+    look = consumer.store.statements.holds_key
+
+    def holds_key(conn: sa.Connection, message_id: str) -> bool:
+        held = bool(look(conn, message_id))
+        driver: Any = conn.connection.driver_connection
+        rolled_back = driver.rollback()
+        if inspect.isawaitable(rolled_back):  # psycopg's asyncio connection, under run_sync
+            await_only(rolled_back)
+        return held
+
+    monkeypatch.setattr(consumer.store.statements, "holds_key", holds_key)
+    assert consumer.process("m-1", [("write", "a")]).verdict is Verdict.RETRY
+    monkeypatch.undo()
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["done"], ["m-1"])
 
 
 def test_tx_used_after_the_run_ended_says_so(consumer: Consumer, url: str) -> None:

@@ -39,6 +39,12 @@ class InboxDialect:
     # before the inbox's (None: the look names the table as the schema does).
     key_schema: ClassVar[str | None] = None
 
+    def commit_sql(self, driver: Any, token: Any) -> str:
+        """What the inbox sends on ``driver`` to commit the message's transaction, whose
+        key's insert returned ``token`` (``key_token``): a plain COMMIT where nothing checks,
+        in the same message, that the transaction is still the key's."""
+        return "COMMIT"
+
     def mark_key(self, conn: sa.Connection) -> None:
         """Mark ``conn``'s transaction right after its key's insert, for ``key_marked``."""
         return None

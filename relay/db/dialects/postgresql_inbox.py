@@ -34,6 +34,19 @@ RESET ALL
 # The key's row's token (``key_token``): the transaction that wrote it, and its table's oid,
 # a space between.
 _TOKEN = "xmin::text || ' ' || tableoid::text"
+# The message's commit, in one message with a check that the transaction is still the one
+# that inserted the key (``PostgreSQLInbox.commit_sql``): a thread or a task the handler
+# left running, rolling back through the driver between the inbox's look at its key and its
+# COMMIT, had that COMMIT begin and commit an empty transaction, and the message acked
+# without its work (an outside review). The check fails, and the COMMIT after it in the
+# same message is skipped, when another transaction is open or none is. The current xid's
+# low 32 bits are an xmin's; the error's text depends on the session, so that the planner
+# cannot fold the failing branch into every commit's plan.
+_CHECKED_COMMIT = (
+    "SELECT CASE WHEN pg_current_xact_id_if_assigned()::text::bigint % 4294967296 = {xid} "
+    "THEN 1 ELSE ('the message''s transaction was ended before the inbox''s commit' "
+    "|| left(pg_backend_pid()::text, 0))::int END; COMMIT"
+)
 # Whether a session is still in the transaction a key's token names
 # (``PostgreSQLInbox.holds_transaction``): a transaction holds the lock on its own id until
 # it ends (or an error aborts it: ``went_on`` tells that one first), and any session sees it.
@@ -59,6 +72,13 @@ class PostgreSQLInbox(InboxDialect):
     # every search path, made in the handler's transaction with the key's row copied in (its
     # xmin the same) and the real row deleted, was the look's (an outside review).
     key_token: ClassVar[str | None] = _TOKEN
+
+    def commit_sql(self, driver: Any, token: Any) -> str:
+        xid = str(token or "").partition(" ")[0]
+        aborted = driver.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        if aborted or not xid.isdigit():
+            return "COMMIT"  # answered ROLLBACK, which the inbox reads
+        return _CHECKED_COMMIT.format(xid=int(xid))
 
     def changes_session(self, words: tuple[str, ...]) -> bool:
         # SET LOCAL and SET CONSTRAINTS last the transaction; SET, RESET and DISCARD the
