@@ -34,19 +34,25 @@ RESET ALL
 # The key's row's token (``key_token``): the transaction that wrote it, and its table's oid,
 # a space between.
 _TOKEN = "xmin::text || ' ' || tableoid::text"
-# The message's commit, in one message with a check that the transaction is still the one
-# that inserted the key (``PostgreSQLInbox.commit_sql``): a thread or a task the handler
-# left running, rolling back through the driver between the inbox's look at its key and its
-# COMMIT, had that COMMIT begin and commit an empty transaction, and the message acked
-# without its work (an outside review). The check fails, and the COMMIT after it in the
-# same message is skipped, when another transaction is open or none is. The current xid's
-# low 32 bits are an xmin's; the error's text depends on the session, so that the planner
-# cannot fold the failing branch into every commit's plan.
-_CHECKED_COMMIT = (
-    "SELECT CASE WHEN pg_current_xact_id_if_assigned()::text::bigint % 4294967296 = {xid} "
-    "THEN 1 ELSE ('the message''s transaction was ended before the inbox''s commit' "
-    "|| left(pg_backend_pid()::text, 0))::int END; COMMIT"
-)
+# The message's commit, in one message with a check that the key's transaction is still
+# this one, or has committed (``PostgreSQLInbox.commit_sql``): a thread or a task the
+# handler left running, rolling back through the driver between the inbox's look at its key
+# and its COMMIT, had that COMMIT begin and commit an empty transaction, and the message
+# acked without its work (an outside review). The check fails, and the COMMIT after it in
+# the same message is skipped, when the key's transaction was rolled back. A transaction's
+# id is an xmin's low 32 bits; its full id is the nearest before the snapshot's end. The
+# error's text depends on the session, so that the planner cannot fold the failing branch
+# into every commit's plan.
+_CHECKED_COMMIT = """\
+SELECT CASE
+  WHEN pg_current_xact_id_if_assigned()::text::bigint % 4294967296 = {xid} THEN 1
+  WHEN pg_xact_status((SELECT CASE WHEN whole >= ends THEN whole - 4294967296 ELSE whole END
+       FROM (SELECT ends / 4294967296 * 4294967296 + {xid} AS whole, ends
+             FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ends) e) f
+     )::text::xid8) = 'committed' THEN 1
+  ELSE ('the message''s transaction was rolled back before the inbox''s commit'
+        || left(pg_backend_pid()::text, 0))::int
+END; COMMIT"""
 # Whether a session is still in the transaction a key's token names
 # (``PostgreSQLInbox.holds_transaction``): a transaction holds the lock on its own id until
 # it ends (or an error aborts it: ``went_on`` tells that one first), and any session sees it.
