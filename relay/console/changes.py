@@ -92,7 +92,7 @@ async def confirm(console: Console, request: Request) -> Response:
                 request, "letters_confirm.html", session, hidden=change.hidden(), **values
             )
             return keep_session(console, response, session, _root(request))
-        since, archived_since = Counted(0), LeftAfter(0, ())
+        since = archived_since = LeftAfter(0, ())
         if change.everything and change.action == RESTORE:
             bound = await _bounded(console, change)
             within, archived_since = await run_in_threadpool(
@@ -101,7 +101,10 @@ async def confirm(console: Console, request: Request) -> Response:
         elif change.everything:
             chosen = await _chosen(console, change)
             assert change.bound is not None  # _chosen refuses a change without one
-            within, since = await run_in_threadpool(console.reads.count, chosen, change.bound)
+            within = await run_in_threadpool(console.reads.count, chosen, change.bound)
+            # The rows it would leave, named: read apart from the count, which may stop
+            # before them on its budget (a count alone cannot name them).
+            since = await run_in_threadpool(console.actions.left_after, chosen, change.bound)
         else:
             within = Counted(len(forms.ids(change.ids)))
     response = console.page(

@@ -11,7 +11,6 @@ the bound a page's actions are pinned to.
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -230,25 +229,18 @@ class ConsoleReads:
         rows = rows[:limit]
         return rows, Cursor(rows[-1].parked_at, rows[-1].id) if more and rows else None
 
-    def count(self, chosen: ParkedFilter, bound: datetime) -> tuple[Counted, Counted]:
+    def count(self, chosen: ParkedFilter, bound: datetime) -> Counted:
         """How many parked rows ``chosen`` selects that were parked by ``settled(bound)``
-        (what a bulk action would change), and how many later (what it leaves): exact,
-        unless counting them all would pass the budget (then a lower bound counted: the
-        action itself still changes every one)."""
-        last = settled(bound)
+        (what a bulk action would change): exact, unless counting them all would pass the
+        budget (then a lower bound counted: the action itself still changes every one).
+        What it would leave is ``ConsoleActions.left_after``'s."""
         within = sa.case(
-            (parked_time <= last, sa.literal_column("1")), else_=sa.literal_column("0")
+            (parked_time <= settled(bound), sa.literal_column("1")), else_=sa.literal_column("0")
         )
         with db_errors("console count", self.where), self.engine.connect() as conn:
             walked = walk(conn, [within], parked_where(chosen), self.budget)
-        counts: Counter[int] = Counter()
-        for (value,), tally in walked.tallies.items():
-            counts[int(value)] += tally.rows
-        # The walk reads the most recently parked first: stopped before the bound, it has
-        # read every row parked after it.
-        unread = walked.unread_before
-        since_exact = walked.exact or (unread is not None and unread <= last)
-        return Counted(counts.get(1, 0), walked.exact), Counted(counts.get(0, 0), since_exact)
+        taken = sum(tally.rows for (value,), tally in walked.tallies.items() if int(value))
+        return Counted(taken, walked.exact)
 
     def row(self, row_id: int, preview: int) -> RowDetail | None:
         with db_errors("console row", self.where), self.engine.connect() as conn:

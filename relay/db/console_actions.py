@@ -343,6 +343,12 @@ class ConsoleActions:
         )
         return _new_id(conn.execute(entry))
 
+    def left_after(self, chosen: ParkedFilter, bound: Any) -> LeftAfter:
+        """The parked rows a change by ``chosen`` drawn at ``bound`` would leave, were it made
+        now (parked after ``settled(bound)``): counted, the first named, for its confirm
+        page."""
+        return parked_since(self.engine, self.where, chosen, _pinned(chosen, bound))
+
     def close(self) -> None:
         self.engine.dispose()
 

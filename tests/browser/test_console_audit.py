@@ -27,6 +27,8 @@ def test_the_audit_names_what_a_change_left_and_whom_it_refused_filtered_by_user
         (late,) = park(sqlite_url, [{"exchange": "x", "message_id": "late"}], NO_ROUTE)
         page.check("#scope-filter")
         follow(page, "#replay-selected")
+        # The row it would leave is named before it is made, and after.
+        assert page.inner_text("#parked-since").endswith(f"Rows {late}.")
         follow(page, "#confirm")
         # The row left is named, and a link to its page.
         assert page.inner_text("#parked-since").endswith(f"Rows {late}.")

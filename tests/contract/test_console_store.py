@@ -15,7 +15,14 @@ import sqlalchemy as sa
 from devtools.servers import PostgresServer, wait_until
 from relay.causes import UNSORTED
 from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_LISTED_CHARS, CONSOLE_NAMED_IDS
-from relay.console_records import Actor, ArchiveFilter, AuditFilter, Counted, ParkedFilter
+from relay.console_records import (
+    Actor,
+    ArchiveFilter,
+    AuditFilter,
+    Counted,
+    LeftAfter,
+    ParkedFilter,
+)
 from relay.db.causes import CauseSorter
 from relay.db.clock import database_time
 from relay.db.console import ConsoleReads
@@ -188,7 +195,8 @@ def test_a_filtered_replay_changes_only_rows_parked_by_its_bound(database_url: s
     try:
         bound = reads.now()
         late = park(database_url, [{"message_id": "late", "exchange": "x"}], NO_ROUTE)
-        assert reads.count(ParkedFilter(exchange="x"), bound) == (Counted(5), Counted(1))
+        assert reads.count(ParkedFilter(exchange="x"), bound) == Counted(5)
+        assert actions.left_after(ParkedFilter(exchange="x"), bound) == LeftAfter(1, tuple(late))
         result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
     finally:
         reads.close()
@@ -231,7 +239,8 @@ def test_a_row_parked_before_the_bound_but_committed_after_it_is_left(database_u
             bound = reads.now()
             relay.commit()
         assert [r.id for r in page] == [seen]
-        assert reads.count(ParkedFilter(exchange="x"), bound) == (Counted(1), Counted(1))
+        assert reads.count(ParkedFilter(exchange="x"), bound) == Counted(1)
+        assert actions.left_after(ParkedFilter(exchange="x"), bound) == LeftAfter(1, (late,))
         result = actions.replay(OTTO, None, ParkedFilter(exchange="x"), bound)
     finally:
         reads.close()
