@@ -14,12 +14,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from relay.causes import CAUSES_LISTED
 from relay.console import forms
 from relay.console.access import Refused, keep_session, require
 from relay.console.audit_view import target_text
 from relay.console.payloads import download_type, file_name, pretty_json
 from relay.console.sessions import Session
 from relay.console.state import Console
+from relay.console_constants import CONSOLE_CAUSES_FOUND
 from relay.console_records import VIEWER
 from relay.db.console_audit_log import AUDITED
 from relay.errors import InputError
@@ -49,8 +51,11 @@ def page(template: str) -> Callable[[Reads], Callable[[Console, Request], Awaita
 
 
 @page("overview.html")
-async def overview(console: Console, _request: Request, _session: Session) -> dict[str, Any]:
-    found = await run_in_threadpool(console.reads.overview)
+async def overview(console: Console, request: Request, _session: Session) -> dict[str, Any]:
+    # ``?causes=all``: every cause found on the page (the "other causes" line's link).
+    every = request.query_params.get("causes") == "all"
+    listed = CONSOLE_CAUSES_FOUND if every else CAUSES_LISTED
+    found = await run_in_threadpool(console.reads.overview, listed)
     return {
         "overview": found,
         "queues": console.config.console_inbox_queues,
@@ -61,7 +66,7 @@ async def overview(console: Console, _request: Request, _session: Session) -> di
 @page("rows.html")
 async def rows(console: Console, request: Request, _session: Session) -> dict[str, Any]:
     fields = dict(request.query_params)
-    causes = await run_in_threadpool(console.reads.causes)
+    causes, every_cause = await run_in_threadpool(console.reads.cause_names)
     drawn_at = await run_in_threadpool(console.reads.now)
     chosen = forms.parked_filter(fields, drawn_at)
     after = forms.cursor(fields)
@@ -77,6 +82,7 @@ async def rows(console: Console, request: Request, _session: Session) -> dict[st
         "following": following,
         "filters": shown,
         "causes": causes,
+        "every_cause": every_cause,
         "drawn_at": drawn_at,
     }
 

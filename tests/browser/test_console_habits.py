@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from relay.causes import CAUSES_LISTED
 from relay.console_constants import CONSOLE_LISTED_CHARS
 from tests.support.console import (
     ConsoleProcess,
@@ -146,4 +147,28 @@ def test_a_message_id_prefix_finds_its_rows_and_a_whole_id_offers_its_row(
         follow(page, "#filters button[type=submit]")
         follow(page, "#row-of-id a")
         assert page.inner_text("#message-id") == "order-7"
+        assert chromium.dialogs == [] and chromium.errors == []
+
+
+def test_every_cause_is_reachable_past_the_listed_ones(sqlite_url: str, tmp_path: Path) -> None:
+    """More causes than the overview lists: the "other causes" line links to every cause,
+    one line each, and the rows page offers the first of them (read from the index of
+    causes, not a walk of the rows) with a link to the rest."""
+    letters = "ghijklmnopqrstuvwxyz"  # words, not numbers or hex, which causes take out
+    words = [a + b for a in letters for b in letters][: CAUSES_LISTED + 2]
+    for word in words:
+        park(sqlite_url, [{"message_id": f"m-{word}"}], f"refused by rule {word}")
+    with signed_in(sqlite_url, tmp_path, "otto") as (console, chromium, page):
+        page.goto(f"{console.url}/")
+        assert page.locator("#causes tbody tr").count() == CAUSES_LISTED + 1
+        assert page.inner_text("#other-causes").startswith("2 other causes")
+        follow(page, "#other-causes a")
+        listed = page.locator("#causes tbody tr")
+        assert listed.count() == len(words) and page.locator("#other-causes").count() == 0
+        shown = {listed.nth(i).inner_text().split("\t")[0] for i in range(len(words))}
+        assert shown == {f"refused by rule {word}" for word in words}
+        page.goto(f"{console.url}/rows")
+        assert page.locator("#filters select[name=cause] option").count() == CAUSES_LISTED + 1
+        follow(page, "#every-cause")
+        assert page.locator("#causes tbody tr").count() == len(words)
         assert chromium.dialogs == [] and chromium.errors == []

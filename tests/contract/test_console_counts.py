@@ -9,8 +9,9 @@ from collections import Counter
 
 import sqlalchemy as sa
 
-from relay.causes import cause_of, stored_cause
+from relay.causes import CAUSES_LISTED, cause_of, stored_cause
 from relay.console.forms import parked_filter
+from relay.console_constants import CONSOLE_CAUSES_FOUND
 from relay.console_records import Actor, Causes, Counted, LeftAfter, ParkedFilter
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
@@ -103,7 +104,7 @@ def test_more_than_500_distinct_errors_lose_no_cause(database_url: str) -> None:
     park(database_url, [{"message_id": f"z{i}"} for i in range(3)], "zz: last in order")
     reads = ConsoleReads(database_url, UNHURRIED)
     try:
-        causes = reads.causes()
+        causes = reads.overview().causes
         page, _ = reads.page(parked_filter({"cause": "zz: last in order"}, reads.now()), None, 10)
     finally:
         reads.close()
@@ -119,7 +120,7 @@ def test_a_count_out_of_time_says_at_least_what_it_counted(database_url: str) ->
     ids += park(database_url, [{"message_id": f"m{i}"} for i in range(4)], "nacked", ago=SETTLED)
     hurried = ConsoleReads(database_url, Budget(seconds=0, chunk=5))
     try:
-        causes = hurried.causes()
+        causes = hurried.overview().causes
         within = hurried.count(ParkedFilter(), hurried.now())
     finally:
         hurried.close()
@@ -142,13 +143,15 @@ def test_at_scale_every_cause_is_counted_and_the_pages_agree(postgresql_url: str
     assert true[MISSING] == 70008 and true[NO_ROUTE] == 40001 and len(true) == 1003
     reads, hurried = ConsoleReads(postgresql_url, UNHURRIED), ConsoleReads(postgresql_url, HURRIED)
     try:
-        overview, listed = reads.overview(), reads.causes()  # the rows page's list
+        overview, offered = reads.overview(), reads.cause_names()  # the rows page's list
+        every = reads.overview(CONSOLE_CAUSES_FOUND).causes  # the "other causes" line's link
         bound = reads.now()
         confirmed = {
-            g.cause: reads.count(ParkedFilter(cause=g.cause), bound) for g in listed.listed[:3]
+            g.cause: reads.count(ParkedFilter(cause=g.cause), bound)
+            for g in overview.causes.listed[:3]
         }
-        hurried_causes = hurried.causes()
-        rare = next(c for c in true if c not in {g.cause for g in listed.listed})
+        hurried_causes = hurried.overview().causes
+        rare = next(c for c in true if c not in {g.cause for g in overview.causes.listed})
         rare_rows, _ = reads.page(parked_filter({"cause": rare}, bound), None, 10)
     finally:
         reads.close()
@@ -162,7 +165,12 @@ def test_at_scale_every_cause_is_counted_and_the_pages_agree(postgresql_url: str
         (NO_ROUTE, Counted(40001)),
         ("timeout: no confirm in # ms from node '…'", Counted(5000)),
     ]
-    assert [(g.cause, g.rows) for g in listed.listed] == [(g.cause, g.rows) for g in causes.listed]
+    # The rows page offers the first causes of the index, without walking the rows.
+    names, offered_all = offered
+    assert len(names) == CAUSES_LISTED and not offered_all and set(names) <= set(true)
+    # Every cause, listed on its own line each.
+    assert {g.cause: g.rows.rows for g in every.listed} == true
+    assert every.other_causes == Counted(0)
     assert confirmed == {g.cause: g.rows for g in causes.listed[:3]}
     # The walk stopped after 1,000 rows; every cause is listed all the same (the index of
     # causes), those it did not reach "more than 0".
@@ -202,7 +210,7 @@ def test_a_change_by_cause_takes_every_row_of_it_past_the_counts_budget(
     hurried = ConsoleReads(database_url, Budget(seconds=0, chunk=5))
     actions = ConsoleActions(database_url)
     try:
-        causes = hurried.causes()
+        causes = hurried.overview().causes
         bound = hurried.now()
         late = park(
             database_url,

@@ -59,7 +59,7 @@ def test_parked_rows_group_by_cause_whatever_their_messages_name(database_url: s
         )
     reads = ConsoleReads(database_url)
     try:
-        causes = {c.cause: c for c in reads.causes().listed}
+        causes = {c.cause: c for c in reads.overview().causes.listed}
         overview = reads.overview()
     finally:
         reads.close()
@@ -91,10 +91,10 @@ def test_rows_parked_without_a_cause_are_listed_apart_until_a_relay_sorts_them(
     engine.dispose()
     reads, sorter = ConsoleReads(database_url), CauseSorter(database_url)
     try:
-        before = {c.cause: c.rows for c in reads.causes().listed}
+        before = {c.cause: c.rows for c in reads.overview().causes.listed}
         unsorted, _ = reads.page(ParkedFilter(cause=UNSORTED), None, 10)
         sorted_rows = [sorter.sort(2) for _ in range(4)]
-        after = {c.cause: c.rows for c in reads.causes().listed}
+        after = {c.cause: c.rows for c in reads.overview().causes.listed}
     finally:
         reads.close()
         sorter.close()
@@ -116,7 +116,7 @@ def test_the_unsorted_rows_keep_their_line_past_the_walks_budget(database_url: s
     engine.dispose()
     hurried = ConsoleReads(database_url, Budget(seconds=0, chunk=5))
     try:
-        listed = {c.cause: str(c.rows) for c in hurried.causes().listed}
+        listed = {c.cause: str(c.rows) for c in hurried.overview().causes.listed}
     finally:
         hurried.close()
     expected = {NO_ROUTE: "at least 5"}
