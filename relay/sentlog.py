@@ -2,14 +2,15 @@
 Pure: looks and failures in, with the clock's readings; a verdict out. The database side (the
 look, the rebuild) is ``relay.db.sentlog``.
 
-Claims take no row while the sent log is incomplete (a crash or a failover emptied it on
-PostgreSQL), and take rows again once it is recovering (the journal's tail copied back, the
-runs answering for the rest: ``relay.db.sentruns``) or complete. The relay says what a look
-found only from a look made after the last database call of this relay that failed: a crash
-of the database is first seen as such a failure, and the log it emptied must not be called
-complete on the strength of a look made before it. And a relay that cannot claim for longer
-than ``patience`` (a lease: what a rollout or an operator waits for before taking a relay's
-silence as a fault) is not ready, saying why.
+While the sent log is incomplete (a crash or a failover emptied it on PostgreSQL), claims
+look each id up in the runs and in the journal's unsealed tail themselves, or, where there is
+no run yet, take no row; once it is recovering (the tail copied back, the runs answering for
+the rest: ``relay.db.sentruns``) or complete, in the log and the runs, or the log alone. The
+relay says what a look found only from a look made after the last database call of this
+relay that failed: a crash of the database is first seen as such a failure, and the log it
+emptied must not be called complete on the strength of a look made before it. And a relay
+that cannot claim for longer than ``patience`` (a lease: what a rollout or an operator waits
+for before taking a relay's silence as a fault) is not ready, saying why.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class SentLogState(enum.Enum):
 
     COMPLETE = "complete"
     RECOVERING = "recovering"  # claims go on, looking the runs up too
-    INCOMPLETE = "incomplete"  # claims take nothing
+    INCOMPLETE = "incomplete"  # claims look up the tail too (nothing without a run)
 
 
 class SentLogWatch:
@@ -76,8 +77,9 @@ class SentLogWatch:
         if self.seen is SentLogState.INCOMPLETE:
             return (
                 f"the sent log has been incomplete for {waited:.0f} s (a crash or a failover "
-                "emptied it): claiming nothing until the journal's tail is copied back (see "
-                "the sent_log_rebuild log lines)"
+                "emptied it): claims look each id up in the journal's tail until it is "
+                "copied back, and take nothing where no run bounds that tail (see the "
+                "sent_log_rebuild log lines)"
             )
         return (
             f"the sent log has not been known good for claims for {waited:.0f} s: no look "

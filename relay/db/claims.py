@@ -50,6 +50,7 @@ from relay.db.dialects import BINARY_RESULTS, of
 from relay.db.due import claim_statement, due_backlog, within_budget
 from relay.db.engine import create_engine, db_errors
 from relay.db.schema import ROW_COLUMNS, outbox
+from relay.db.sentruns import tail_sent
 from relay.db.settles import Settles
 from relay.errors import StoreError
 from relay.held import HeldRows
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 # row's, whether it was sent before, its size if oversized), then its due time.
 _DECODED = len(ROW_COLUMNS) + 2
 _MESSAGE_ID = [c.name for c in ROW_COLUMNS].index("message_id")
+_SENT_BEFORE = len(ROW_COLUMNS)  # after the row's columns: True, False, or None (unknown)
 _ID = operator.attrgetter("id")
 
 
@@ -121,6 +123,7 @@ class ClaimStore:
             for keyset in (False, True)
             for window in (False, True)
         }
+        self._tail_sent_statement = tail_sent(dialect)
         # With ordering, most claims look at the front of the backlog only; one looks at all
         # of it once this time has come (``ORDERED_LOOK_PER_ROW``).
         self._ordered = ordered
@@ -250,11 +253,23 @@ class ClaimStore:
             taken = self.held.claimed([(r[due], r[0]) for r in found], full)
         unchecked = self._unchecked_text
         kept = [r for r in found if r[0] in taken]
+        sent = self._tail_sent([r[0] for r in kept if r[_SENT_BEFORE] is None])
         rows = [decode_row(r[:due], self.max_message_size, unchecked) for r in kept]
+        if sent:
+            rows = [row._replace(sent_before=True) if row.id in sent else row for row in rows]
         # As claimed, for the settle to find the very rows (``relay.db.settles``).
         self._message_ids.update((r[0], r[_MESSAGE_ID]) for r in kept)
         rows.sort(key=_ID)
         return rows
+
+    def _tail_sent(self, unknown: list[int]) -> set[int]:
+        """Of the rows claimed while the sent log is incomplete (their dedupe unknown),
+        those sent before, looked up in the runs and the journal's tail
+        (``relay.db.sentruns.tail_sent``)."""
+        if not unknown:
+            return set()
+        with self._session("claim", statements=1) as conn:
+            return {int(i) for i in conn.scalars(self._tail_sent_statement, {"ids": unknown})}
 
     def may_hold(self, first: int, last: int) -> bool:
         return any_in(first, last, self._claim_from)

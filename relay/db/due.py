@@ -26,7 +26,7 @@ from relay.db.schema import (
     outbox_sent,
     outbox_sent_legacy,
 )
-from relay.db.sentlog import claimable, recovering
+from relay.db.sentlog import claimable, complete, recovering
 from relay.db.sentruns import looked_up
 from relay.db.statements import bounded_count
 from relay.records import PENDING, BacklogStats
@@ -128,9 +128,9 @@ def claim_statement(
     carried = [outbox.c.id] if lean else _unless_oversize(row_columns, oversize)
     ours = of(dialect).in_once(bucket_column(outbox.c.id), mine)
     takeable = [
-        # No row while the sent log is incomplete (a crash emptied it, ``relay.db.sentlog``):
-        # its dedupe could not tell a message sent before.
-        claimable(),
+        # No row while the sent log is incomplete (a crash emptied it, ``relay.db.sentlog``)
+        # unless the runs bound the journal's tail the relay then looks ids up in.
+        claimable(of(dialect).journals_sent_log),
         sa.not_(of(dialect).in_list(outbox.c.id, "held", sa.BigInteger())),
         sa.not_(of(dialect).in_list(outbox.c.exchange, "skip", sa.Text())),
     ]
@@ -235,14 +235,18 @@ def _sent_before(message_id: sa.ColumnElement[str], dialect: sa.Dialect) -> sa.L
     EXISTS: PostgreSQL may plan EXISTS as a hash of the whole log. Where the log is
     journaled and recovering from a crash (it holds the journal's tail only), the runs
     answer for the rest (``relay.db.sentruns.looked_up``): looked up only then, the state
-    row read once per statement."""
+    row read once per statement. Where it is incomplete (the tail not copied back yet), a
+    row not in the log is NULL, unknown: the relay looks its id up in the runs and the
+    tail (``relay.db.sentruns.tail_sent``)."""
     key = sent_key(message_id)
     probes: list[sa.ColumnElement[bool]] = [
         sa.select(sa.true()).where(log.c.key == key).scalar_subquery().is_not(None)
         for log in (outbox_sent, outbox_sent_legacy)
     ]
     if of(dialect).journals_sent_log:
-        probes.append(sa.case((recovering(), looked_up(key)), else_=sa.false()))
+        probes.append(
+            sa.case((complete(), sa.false()), (recovering(), looked_up(key)), else_=sa.null())
+        )
     return sa.or_(*probes).label("sent_before")
 
 

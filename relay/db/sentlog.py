@@ -56,12 +56,17 @@ def complete() -> sa.ColumnElement[bool]:
     return sa.exists().where(_STATE.c.log == SENT_LOG, _STATE.c.complete)
 
 
-def claimable() -> sa.ColumnElement[bool]:
+def claimable(journaled: bool) -> sa.ColumnElement[bool]:
     """A claim's condition: the log is whole, or holds the journal's tail while the runs
-    answer for the rest (``recovering``, ``relay.db.sentruns``)."""
-    return sa.exists().where(
+    answer for the rest (``recovering``, ``relay.db.sentruns``); or, where the log is
+    journaled, runs bound the journal's tail: the claim leaves each row's dedupe unknown
+    and the relay looks its id up in the runs and that tail itself
+    (``relay.db.sentruns.tail_sent``) while the tail is copied back. Without a run the tail
+    is the whole journal, too long to look up a claim at a time."""
+    state = sa.exists().where(
         _STATE.c.log == SENT_LOG, sa.or_(_STATE.c.complete, _STATE.c.recovering)
     )
+    return sa.or_(state, first_unsealed().is_not(None)) if journaled else state
 
 
 def recovering() -> sa.ColumnElement[bool]:

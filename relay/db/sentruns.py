@@ -46,9 +46,10 @@ from relay.constants import (
     SENT_RUN_TOP_LEVEL,
 )
 from relay.db.clock import database_time, seconds_since
+from relay.db.columns import sent_key
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors
-from relay.db.schema import outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
+from relay.db.schema import outbox, outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
 from relay.db.sentblocks import Made, Upkeep, finished, write_blocks
 from relay.db.sentlog import first_unsealed, unnested
 from relay.db.sentmerge import Merge
@@ -93,6 +94,30 @@ def looked_up(key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         .select_from(_RUNS.join(block, sa.true()))
         .where(_RUNS.c.upto > oldest, block.c.sent_at[place] >= oldest)
     )
+
+
+def tail_sent(dialect: sa.Dialect) -> sa.CompoundSelect[int]:
+    """Of the rows bound by id as ``ids`` (claimed while the log is incomplete, their dedupe
+    unknown: ``relay.db.due``), those whose message id was sent within the horizon: held by
+    a run (``looked_up``), or by the journal's unsealed tail, from the latest run's end on
+    (what the copy back has not committed yet, and every ack since the crash). One
+    statement, one snapshot: a seal between two would move entries from the tail into a
+    run that neither saw. The tail is read once, each entry's key probing a hash of the
+    few claimed keys, not looked up a key at a time: a claim then costs a pass over the
+    tail (at most the seal's interval and margin of acks), not a pause for its copy."""
+    claimed = (
+        sa.select(outbox.c.id, sent_key(outbox.c.message_id).label("key"))
+        .where(of(dialect).id_in(outbox.c.id))
+        .cte("claimed")
+    )
+    in_runs = sa.select(claimed.c.id).where(looked_up(claimed.c.key))
+    entry = unnested(_JOURNAL, ("key",))
+    in_tail = (
+        sa.select(claimed.c.id)
+        .select_from(_JOURNAL.join(entry, sa.true()).join(claimed, claimed.c.key == entry.c.key))
+        .where(_JOURNAL.c.sent_at >= first_unsealed())
+    )
+    return sa.union(in_runs, in_tail)
 
 
 class SentRuns:

@@ -10,7 +10,6 @@ import time
 import sqlalchemy as sa
 
 from devtools.outbox import log_acked
-from relay.db.claims import ClaimStore
 from relay.db.clock import database_time
 from relay.db.schema import outbox_sent_blocks, outbox_sent_journal, outbox_sent_runs
 from relay.db.sentlog import SentLogRebuild
@@ -52,9 +51,11 @@ def test_the_journal_is_sealed_into_runs_merged_and_read_back_after_a_crash(
 ) -> None:
     """Entries acked 9 to 1 hours ago, sealed an hour at a time (runs of level 0, merged
     two by two into level 1, and those into level 2) in blocks of 4 keys; one acked now,
-    in the journal's tail. The log is lost: no claim takes a row until the tail is copied
-    back (a handful of entries, not the whole journal), and then every id acked, sealed or
-    not, is dropped when written again, a new one claimed; the full copy then completes."""
+    in the journal's tail. The log is lost: claims go on at once, each looking its ids up
+    in the runs and the journal's tail (``tail_sent``), and then once the tail is copied
+    back (a handful of entries, not the whole journal) in the runs alone: either way every
+    id acked, sealed or not, is dropped when written again, a new one claimed; the full
+    copy then completes."""
     box = Outbox(postgresql_url)
     try:
         old = [f"old-{n}" for n in range(90)]
@@ -81,19 +82,20 @@ def test_the_journal_is_sealed_into_runs_merged_and_read_back_after_a_crash(
         assert widest == 4
 
         lose_the_log(postgresql_url)
-        box.writer.enqueue([message(m) for m in (*old[::7], "now", "new")])
-        assert claimable(box.store) == [], "nothing while the log is incomplete"
+        box.writer.enqueue([message(m) for m in (*old[::7], "now", "early")])
+        assert claimable(box.store) == ["early"], "the runs and the tail looked up"
+        box.writer.enqueue([message(m) for m in (*old[::5], "now", "new")])
         rebuilder = SentLogRebuild(postgresql_url)
         try:
             assert rebuilder.recover() == 1, "the tail alone: the entry acked now"
             assert rebuilder.state() is SentLogState.RECOVERING
-            assert claimable(box.store) == ["new"]
+            assert claimable(box.store) == ["early", "new"], "not acked, above: claimed again"
             assert rebuilder.rebuild() == 90, "the rest: the tail is in already"
             assert rebuilder.state() is SentLogState.COMPLETE
         finally:
             rebuilder.close()
         box.writer.enqueue([message(m) for m in (old[3], "newer")])
-        assert claimable(box.store) == ["new", "newer"], "new: claimed, not acked, above"
+        assert claimable(box.store) == ["early", "new", "newer"], "claimed, not acked, above"
     finally:
         box.close()
 
@@ -330,24 +332,52 @@ def test_one_relay_keeps_the_runs_at_a_time(postgresql_url: str) -> None:
         box.close()
 
 
-def test_claims_on_a_store_that_never_recovered_take_nothing(postgresql_url: str) -> None:
-    """The runs answer only while the state row says so: a lost log with runs and no
-    recovery claims nothing (the runs alone do not hold the tail)."""
+def test_claims_on_a_store_that_never_recovered_look_the_runs_and_the_tail_up(
+    postgresql_url: str,
+) -> None:
+    """A lost log, never copied back (no relay has recovered it: the state row is gone): a
+    claim takes rows all the same, each id looked up in the runs and in the journal's
+    tail, at one snapshot. An id in a run and one in the tail are dropped, one acked since
+    the crash too (in the log and the tail), and a new one is claimed."""
     box = Outbox(postgresql_url)
     keeper = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=HOUR, fanin=16)
     try:
-        acked_ago(box, "m", 5, 1)
+        acked_ago(box, "in-a-run", 5, 1)
         keeper.maintain()
+        acked_ago(box, "in-the-tail", 0, 2)
         lose_the_log(postgresql_url)
-        box.writer.enqueue([message("fresh")])
-        store = ClaimStore(postgresql_url, "relay-2", 60.0)
+        acked_ago(box, "since-the-crash", 0, 3)
+        box.writer.enqueue(
+            [message(m) for m in ("in-a-run", "in-the-tail", "since-the-crash", "fresh")]
+        )
+        assert claimable(box.store) == ["fresh"]
+        rebuilder = SentLogRebuild(postgresql_url)
         try:
-            store.turn()
-            assert store.claim(10, 2**40) == []
+            assert rebuilder.state() is SentLogState.INCOMPLETE
         finally:
-            store.close()
+            rebuilder.close()
     finally:
         keeper.close()
+        box.close()
+
+
+def test_claims_on_a_lost_log_without_runs_take_nothing(postgresql_url: str) -> None:
+    """Without a run the journal's tail is the whole journal, too long to look up a claim
+    at a time: a lost log then takes no row until it is copied back whole (and then the
+    new one)."""
+    box = Outbox(postgresql_url)
+    try:
+        acked_ago(box, "m", 5, 1)
+        lose_the_log(postgresql_url)
+        box.writer.enqueue([message("m"), message("fresh")])
+        assert claimable(box.store) == []
+        rebuilder = SentLogRebuild(postgresql_url)
+        try:
+            assert rebuilder.rebuild() == 1
+        finally:
+            rebuilder.close()
+        assert claimable(box.store) == ["fresh"]
+    finally:
         box.close()
 
 
