@@ -901,8 +901,8 @@ def test_20_a_crash_under_a_live_stream_pauses_delivery_seconds_whatever_the_log
     """PostgreSQL crashes (an immediate stop, and a start) under the writers, with a sent
     log of six days sealed into runs (the relays' upkeep, run here until done): its unlogged log
     comes back empty. New rows are delivered within seconds of the server accepting
-    connections, while the whole journal is still being copied back: only its tail had to
-    be (claims look the rest up in the run meanwhile). Ids acked six
+    connections, while the whole journal is still being copied back: claims look the
+    journal's unsealed tail and the runs up until the tail is copied back, then the runs. Ids acked six
     days ago and ids acked just before the crash, written again after it, are dropped;
     nothing is lost."""
     database = sa.make_url(postgresql_url).database or ""
@@ -974,7 +974,9 @@ def test_20_a_crash_under_a_live_stream_pauses_delivery_seconds_whatever_the_log
     copies = collections.Counter(m for m, redelivered in consumer.deliveries if not redelivered)
     assert {m: copies[m] for m in chosen} == dict.fromkeys(chosen, 1), "published again"
     print(json.dumps({"scenario": "20-crash-aged-log", "pause_s": round(pause[0], 2)}))
-    assert states == [SentLogState.RECOVERING], "new rows waited for the whole journal"
+    # Delivered while the tail was being copied back (incomplete: claims look it up) or
+    # after (recovering), never only once the whole journal was.
+    assert states != [SentLogState.COMPLETE], "new rows waited for the whole journal"
     assert pause[0] < CRASH_PAUSE_S, f"new rows waited {pause[0]:.1f} s after the crash"
 
 
