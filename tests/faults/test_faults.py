@@ -902,9 +902,9 @@ def test_20_a_crash_under_a_live_stream_pauses_delivery_seconds_whatever_the_log
     log of six days sealed into runs (the relays' upkeep, run here until done): its unlogged log
     comes back empty. New rows are delivered within seconds of the server accepting
     connections, while the whole journal is still being copied back: claims look the
-    journal's unsealed tail and the runs up until the tail is copied back, then the runs. Ids acked six
-    days ago and ids acked just before the crash, written again after it, are dropped;
-    nothing is lost."""
+    journal's unsealed tail and the runs up until the tail is copied back, then the runs.
+    Ids acked six days ago and ids acked just before the crash, written again after it, are
+    dropped; nothing is lost."""
     database = sa.make_url(postgresql_url).database or ""
     postgres.psql(f"ALTER DATABASE {database} SET synchronous_commit = on")  # as test 6
     age_sent_log(postgresql_url, AGED_ENTRIES)
