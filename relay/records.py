@@ -210,12 +210,6 @@ class Verdict(enum.Enum):
 
 # The header on a message the inbox put in a retry queue: how many times it did.
 RETRY_HEADER = "x-inbox-retries"
-# The header on a dead letter its queue refused, held in a retry queue instead: the attempts
-# counted when it was dead-lettered. A message dead-lettered with its key kept (a part of its
-# work committed) comes back with its key committed: this tells it from a duplicate.
-HELD_HEADER = "x-inbox-dead-letter-held"
-# The inbox's headers on its retry queues' copies, dropped when a dead letter is requeued.
-COPY_HEADERS = (RETRY_HEADER, HELD_HEADER)
 
 # Headers on a message the inbox dead-lettered, saying why: written by the inbox
 # (``relay.inbox.policy.dead_letter_headers``), read by the broker's dead-letter listing
@@ -242,14 +236,12 @@ class Answer(NamedTuple):
     away: each delivery would fail the same way); for ``DEAD_LETTER``, the headers that say
     why, put on the dead letter, and as ``delay`` the seconds it waits in a retry queue
     instead when the dead letters' queue refuses it (full, say), to be dead-lettered when it
-    comes back (the messages behind it go on meanwhile), with ``held`` as more headers on
-    that copy. ``interrupted``: what cut the handler off (a ``KeyboardInterrupt``, a
-    ``SystemExit``, an ``asyncio.CancelledError``), raised by the consumer once the broker is
-    answered, never swallowed."""
+    comes back (the messages behind it go on meanwhile). ``interrupted``: what cut the
+    handler off (a ``KeyboardInterrupt``, a ``SystemExit``, an ``asyncio.CancelledError``),
+    raised by the consumer once the broker is answered, never swallowed."""
 
     verdict: Verdict
     delay: float = 0.0
     pause: bool = False
     reason: Mapping[str, object] | None = None
     interrupted: BaseException | None = None
-    held: Mapping[str, object] | None = None

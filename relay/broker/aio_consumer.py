@@ -259,7 +259,7 @@ async def answer(
             await _publish_copy(message, dead, verdict.reason)
         except CopyRefused as exc:
             refusals.held_back(message.message_id, verdict.delay, exc)
-            await _retry_copy(message, queue, verdict.delay, verdict.held)
+            await _retry_copy(message, queue, verdict.delay)
         await message.ack()
     else:
         await message.reject(requeue=verdict.verdict is Verdict.RETRY)
@@ -267,16 +267,10 @@ async def answer(
         refusals.accepted()
 
 
-async def _retry_copy(
-    message: AbstractIncomingMessage,
-    queue: str,
-    delay: float,
-    held: Mapping[str, object] | None = None,
-) -> None:
-    """A copy of ``message`` in ``queue``'s retry queue of ``delay``, confirmed (with
-    ``held``: a dead letter's, ``Answer``)."""
+async def _retry_copy(message: AbstractIncomingMessage, queue: str, delay: float) -> None:
+    """A copy of ``message`` in ``queue``'s retry queue of ``delay``, confirmed."""
     target = await _retry_queue(message.channel, queue, delay)
-    await _publish_copy(message, target, retried(message.headers, held))
+    await _publish_copy(message, target, retried(message.headers))
 
 
 async def _ensure_queue(channel: aiormq.abc.AbstractChannel, queue: str) -> None:

@@ -196,9 +196,7 @@ class Consumer:
             except REFUSED as exc:
                 self._dead_declared = False  # declared afresh: it may have been deleted
                 self._refusals.held_back(properties.message_id, answer.delay, exc)
-                self._retry_copy(
-                    channel, answer.delay, properties, body, retry_queues, held=answer.held
-                )
+                self._retry_copy(channel, answer.delay, properties, body, retry_queues)
             channel.basic_ack(tag)
         else:
             channel.basic_reject(tag, requeue=answer.verdict is Verdict.RETRY)
@@ -212,14 +210,10 @@ class Consumer:
         properties: pika.BasicProperties,
         body: bytes,
         retry_queues: dict[float, str],
-        *,
-        held: Mapping[str, object] | None = None,
     ) -> None:
-        """A copy of the delivery in the retry queue of ``delay``, confirmed (with ``held``:
-        a dead letter's, ``Answer``)."""
+        """A copy of the delivery in the retry queue of ``delay``, confirmed."""
         queue = retry_queues.get(delay) or self._retry_queue(channel, delay, retry_queues)
-        more = retried(properties.headers, held)
-        again = _with_headers(properties, more, self._frame_max(channel))
+        again = _with_headers(properties, retried(properties.headers), self._frame_max(channel))
         channel.basic_publish("", queue, body, again, mandatory=True)
 
     @staticmethod

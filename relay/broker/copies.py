@@ -87,16 +87,13 @@ def retry_queue(queue: str, delay: float) -> tuple[str, dict[str, Any]]:
     return f"{queue}.retry.{ttl}ms", arguments
 
 
-def retried(
-    headers: Mapping[str, object] | None, more: Mapping[str, object] | None = None
-) -> dict[str, object]:
+def retried(headers: Mapping[str, object] | None) -> dict[str, object]:
     """The header that marks a delivery's copy in a retry queue (``RETRY_HEADER``, counting
     its retries), which the inbox treats as a delivery that came again (a producer's own
-    header of that name that is not a count counts as none), with ``more`` (a held dead
-    letter's, ``Answer.held``)."""
+    header of that name that is not a count counts as none)."""
     retries = (headers or {}).get(RETRY_HEADER)
     counted = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
-    return {**(more or {}), RETRY_HEADER: max(counted, 0) + 1}
+    return {RETRY_HEADER: max(counted, 0) + 1}
 
 
 def fits_a_frame(header_size: int, frame_max: int) -> bool:

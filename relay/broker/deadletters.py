@@ -31,13 +31,13 @@ from relay.broker.queue_kind import unreadable
 from relay.console_constants import CONSOLE_DEAD_LETTERS_IDLE_S, CONSOLE_DEAD_LETTERS_RETURN_S
 from relay.errors import BrokerError, InputError
 from relay.records import (
-    COPY_HEADERS,
     DEAD_ATTEMPTS,
     DEAD_CONSUMER,
     DEAD_ERROR,
     DEAD_HEADERS,
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
+    RETRY_HEADER,
     key_of,
 )
 from relay.settings import TlsOptions
@@ -201,7 +201,7 @@ def move_letters(
                     properties.headers = {
                         k: v
                         for k, v in (properties.headers or {}).items()
-                        if k not in DEAD_HEADERS and k not in COPY_HEADERS
+                        if k not in DEAD_HEADERS and k != RETRY_HEADER
                     }
                     channel.basic_publish("", letter.queue, body, properties, mandatory=True)
                 channel.basic_ack(tag)

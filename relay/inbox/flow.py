@@ -39,8 +39,7 @@ from relay.inbox.policy import (
     RetrySchedule,
     dead_letter_headers,
     describe,
-    held_attempts,
-    held_headers,
+    kept_key,
     key_problem,
     too_many_before,
     window_problem,
@@ -64,14 +63,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Run:
-    """A delivery's run: its key, whether it came again, the attempts its copy says were
-    counted when it was dead-lettered (a dead letter its queue refused, back: ``held``),
-    whether its run is marked, what cut its handler off (``Interrupted``), raised once the
-    run is over."""
+    """A delivery's run: its key, whether it came again, whether its run is marked, what cut
+    its handler off (``Interrupted``), raised once the run is over."""
 
     key: str
     redelivered: bool
-    held: int | None = None
     marked: bool = False
     interrupted: BaseException | None = None
 
@@ -126,7 +122,7 @@ class Flow:
             return Answer(Verdict.DEAD_LETTER, held, reason=self._why(problem, None))
         key = delivery.key
         assert key is not None  # key_problem says so
-        run = _Run(key, delivery.redelivered, held_attempts(delivery.headers))
+        run = _Run(key, delivery.redelivered)
         try:
             if key in self._unended:
                 yield call("ending a run", self.statements.end_run, key)
@@ -146,7 +142,7 @@ class Flow:
         before: acked; its attempts used up: dead-lettered), else None."""
         counted = yield call("marking a run", self.statements.start_run, run.key)
         if counted is None:  # its key committed: nothing marked or counted
-            return (yield from self._processed(run))
+            return (yield from self._processed(run.key))
         run.marked = True
         if not too_many_before(counted, self.inbox.inbox_max_attempts):
             return None
@@ -173,7 +169,7 @@ class Flow:
                 yield COMMIT
             else:
                 yield roll_back()
-            return (yield from self._processed(run))
+            return (yield from self._processed(key))
         if run.redelivered and not one_writer and (answer := (yield from self._mark(run))):
             yield roll_back()
             return answer
@@ -184,16 +180,17 @@ class Flow:
                 raise
             return (yield from self._lost(run, exc))
 
-    def _processed(self, run: _Run) -> Steps[Answer]:
-        """A delivery whose key is committed: processed before (its ack lost), acked; or a
-        dead letter with its key kept (``_not_again``) its queue refused, back from the retry
-        queue it was held in, dead-lettered now, not run (acked, it would be lost). Its copy
-        and its attempts agree on the count: a producer's header of that name on a duplicate
-        dead-letters at most a message processed once."""
-        if run.held is not None:
-            failures = yield call("reading attempts", self.statements.failures, run.key)
-            if failures is not None and failures.attempts == run.held:
-                return (yield from self._dead_letter(run.key, None))
+    def _processed(self, key: str) -> Steps[Answer]:
+        """A delivery whose key is committed: processed before (its ack lost), acked; or
+        dead-lettered with its key kept (``_not_again``, its last failure says so), and its
+        dead letter maybe never published (the broker's connection lost before its confirm,
+        its queue and the retry queue both refusing it): dead-lettered again, never run.
+        Acked, it would be lost. The attempts, not the delivery, say so: a producer's
+        header cannot make a duplicate a dead letter, and ``relay inbox requeue``, which
+        forgets them, has the message acked as processed."""
+        failures = yield call("reading attempts", self.statements.failures, key)
+        if failures is not None and kept_key(failures.last_error):
+            return (yield from self._dead_letter(key, None))
         self.metrics.duplicates.inc()
         return Answer(Verdict.ACK)
 
@@ -350,9 +347,7 @@ class Flow:
         )
         self.metrics.dead_lettered.inc()
         held = self.schedule.max_delay  # if the dead letters' queue refuses it
-        attempts = 0 if failures is None else failures.attempts
-        reason = self._why(last, failures)
-        return Answer(Verdict.DEAD_LETTER, held, reason=reason, held=held_headers(attempts))
+        return Answer(Verdict.DEAD_LETTER, held, reason=self._why(last, failures))
 
     def _why(self, error: str, failures: Failures | None) -> dict[str, object]:
         """A dead letter's headers: ``error``, and the failures counted (none: 0)."""

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 
 from relay.constants import LAST_ERROR_MAX_CHARS
+from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import RelayError, StoreError
 from relay.records import (
     DEAD_ATTEMPTS,
@@ -20,7 +21,6 @@ from relay.records import (
     DEAD_FIRST_FAILURE,
     DEAD_LAST_FAILURE,
     DEAD_QUEUE,
-    HELD_HEADER,
     Answer,
     Delivery,
     Verdict,
@@ -223,17 +223,11 @@ def too_many_before(attempts: int, max_attempts: int) -> bool:
     return attempts >= max_attempts
 
 
-def held_attempts(headers: Mapping[str, object]) -> int | None:
-    """The attempts a held dead letter's copy says were counted when it was dead-lettered
-    (``HELD_HEADER``), or None: not such a copy (a header of that name that is not a count
-    is none)."""
-    held = headers.get(HELD_HEADER)
-    return held if isinstance(held, int) and not isinstance(held, bool) else None
-
-
-def held_headers(attempts: int) -> dict[str, object]:
-    """The headers on a dead letter's copy held in a retry queue (``held_attempts``)."""
-    return {HELD_HEADER: attempts}
+def kept_key(last_error: str | None) -> bool:
+    """Whether a message's last failure recorded (``inbox_attempts.last_error``) is a dead
+    letter with its key kept (``relay.inbox.flow``'s ``_not_again``: one of
+    ``KEPT_KEY_REASONS``, as ``describe`` words it)."""
+    return last_error is not None and last_error.startswith(_KEPT_KEY_WORDS)
 
 
 def window_problem(window: float, retention: float) -> str | None:
@@ -308,3 +302,10 @@ def dead_letter_headers(
 def dead_letter_queue(queue: str) -> str:
     """The queue the inbox consuming ``queue`` dead-letters to, with the reasons."""
     return f"{queue}.dead-letters"
+
+
+# Why a run is dead-lettered with its key kept: each such failure is recorded starting so.
+KEPT_KEY_REASONS = (COMMITTED_IN_PART, ENDED_KEY_COMMITTED, NOT_UNDONE, WENT_ON)
+_KEPT_KEY_WORDS = tuple(
+    f"{TransactionEnded.__name__}: {reason}"[:LAST_ERROR_MAX_CHARS] for reason in KEPT_KEY_REASONS
+)

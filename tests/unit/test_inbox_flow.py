@@ -18,9 +18,10 @@ from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox import InboxSettings
 from relay.inbox.flow import Flow
+from relay.inbox.policy import COMMITTED_IN_PART
 from relay.inbox.steps import drive, drive_async
 from relay.metrics import InboxMetrics
-from relay.records import HELD_HEADER, RETRY_HEADER, Answer, Delivery, Verdict
+from relay.records import Answer, Delivery, Verdict
 
 DOWN = StoreError("the database is away")
 HELD = 300.0  # a dead letter's wait in a retry queue if the dead letters' queue refuses it
@@ -37,10 +38,8 @@ def delivery(
     return Delivery(message_id, b"{}", "x", "k", None, headers or {}, redelivered)
 
 
-def held(attempts: object) -> Delivery:
-    """A dead letter's copy back from the retry queue it was held in, its queue having
-    refused it: ``attempts`` counted when it was dead-lettered (or a producer's forgery)."""
-    return delivery(redelivered=True, headers={HELD_HEADER: attempts, RETRY_HEADER: 1})
+# A dead letter's failure recorded with its key kept (``Flow._not_again``).
+KEPT = f"TransactionEnded: {COMMITTED_IN_PART}; it failed with ValueError"
 
 
 def failures(attempts: int, error: str = "ValueError") -> Failures:
@@ -89,7 +88,7 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
     "processed: acked": (delivery(), RUN, Verdict.ACK, 0, False, None),
     "a duplicate: acked, the handler not run": (
         delivery(),
-        [("open", False), ("rollback", None)],
+        [("open", False), ("rollback", None), ("reading attempts", None)],
         Verdict.ACK,
         0.0,
         False,
@@ -134,43 +133,27 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
     ),
     "a redelivery of a message processed (its ack lost): acked, nothing counted": (
         delivery(redelivered=True),
-        [("marking a run", None)],
-        Verdict.ACK,
-        0.0,
-        False,
-        None,
-    ),
-    "a dead letter with its key kept, held back and back: dead-lettered, not acked": (
-        held(1),
-        [
-            ("marking a run", None),
-            ("reading attempts", failures(1, "TransactionEnded: ...")),
-            ("reading attempts", failures(1, "TransactionEnded: ...")),
-        ],
-        Verdict.DEAD_LETTER,
-        HELD,
-        False,
-        1,
-    ),
-    "a producer's held header on a duplicate, its count not the attempts': acked": (
-        held(2),
-        [("marking a run", None), ("reading attempts", failures(1))],
-        Verdict.ACK,
-        0.0,
-        False,
-        None,
-    ),
-    "a producer's held header on a duplicate that never failed: acked": (
-        held(0),
         [("marking a run", None), ("reading attempts", None)],
         Verdict.ACK,
         0.0,
         False,
         None,
     ),
-    "a held header that is not a count: a plain duplicate, acked": (
-        held("1"),
-        [("marking a run", None)],
+    "a dead letter with its key kept, back (its letter maybe never published): dead-lettered": (
+        delivery(redelivered=True),
+        [
+            ("marking a run", None),
+            ("reading attempts", failures(1, KEPT)),
+            ("reading attempts", failures(1, KEPT)),
+        ],
+        Verdict.DEAD_LETTER,
+        HELD,
+        False,
+        1,
+    ),
+    "a duplicate of a message that failed, then was processed: acked": (
+        delivery(redelivered=True),
+        [("marking a run", None), ("reading attempts", failures(2))],
         Verdict.ACK,
         0.0,
         False,
@@ -193,7 +176,13 @@ CASES: dict[str, tuple[Delivery, list[tuple[str, Any]], Verdict, float, bool, in
     ),
     "a redelivered duplicate found at the key: its mark ended, committed": (
         delivery(redelivered=True),
-        [("marking a run", 1), ("open", False), ("ending a run", None), ("commit", None)],
+        [
+            ("marking a run", 1),
+            ("open", False),
+            ("ending a run", None),
+            ("commit", None),
+            ("reading attempts", failures(1)),
+        ],
         Verdict.ACK,
         0.0,
         False,
@@ -464,9 +453,6 @@ def test_a_delivery_takes_its_steps_to_its_verdict(case: str) -> None:
     else:
         assert answer.reason is not None
         assert answer.reason["x-inbox-attempts"] == dead_attempts
-        # Held back if its queue refuses it, its copy says what it counted.
-        keyed = message.key is not None
-        assert answer.held == ({HELD_HEADER: dead_attempts} if keyed else None)
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
@@ -566,7 +552,7 @@ SERVER: dict[str, tuple[list[tuple[str, Any]], Verdict]] = {
         Verdict.ACK,
     ),
     "processed: acked at its key, nothing marked": (
-        [("open", False), ("rollback", None)],
+        [("open", False), ("rollback", None), ("reading attempts", None)],
         Verdict.ACK,
     ),
     "its runs died: dead-lettered, its key let go": (
@@ -591,14 +577,13 @@ def test_a_redelivered_run_on_a_server_is_marked_once_its_key_is_held(case: str)
     assert answer.verdict is verdict
 
 
-def test_a_held_dead_letter_back_on_a_server_is_dead_lettered_once_its_key_is_seen() -> None:
+def test_a_kept_key_dead_letter_back_on_a_server_is_dead_lettered_once_its_key_is_seen() -> None:
     """On a server, its key is seen committed as the run opens: dead-lettered from there."""
-    kept = failures(3, "TransactionEnded: ...")
-    script = [("open", False), ("rollback", None), *[("reading attempts", kept)] * 2]
+    script = [("open", False), ("rollback", None), *[("reading attempts", failures(3, KEPT))] * 2]
     doer = Scripted(script)
-    answer = drive(server_flow().process(held(3)), doer)
+    answer = drive(server_flow().process(delivery(redelivered=True)), doer)
     assert doer.asked == [what for what, _ in script]
-    assert (answer.verdict, answer.held) == (Verdict.DEAD_LETTER, {HELD_HEADER: 3})
+    assert answer.verdict is Verdict.DEAD_LETTER
 
 
 def test_a_message_the_connection_is_lost_under_again_and_again_is_counted() -> None:

@@ -14,10 +14,15 @@ from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import StoreError
 from relay.inbox import Inbox, InboxSettings, Settings
 from relay.inbox.policy import (
+    COMMITTED_IN_PART,
+    ENDED_KEY_COMMITTED,
+    NOT_UNDONE,
+    WENT_ON,
     RetrySchedule,
     dead_letter_headers,
     dead_letter_queue,
     describe,
+    kept_key,
     key_problem,
     too_many_before,
     window_problem,
@@ -304,3 +309,23 @@ def test_a_drivers_error_without_facts_keeps_no_words() -> None:
 def test_a_recorded_failure_is_bounded() -> None:
     recorded = describe(ValueError("x" * 10_000), _facts, messages=True)
     assert len(recorded) == LAST_ERROR_MAX_CHARS
+
+
+# A failure recorded for a message -> whether it says it was dead-lettered with its key kept.
+KEPT = {
+    "committed a part, then failed": (
+        f"TransactionEnded: {COMMITTED_IN_PART}; it failed with ValueError",
+        True,
+    ),
+    "ran on after its rollback": (f"TransactionEnded: {WENT_ON}; it failed with ...", True),
+    "a write the rollback kept": (f"TransactionEnded: {NOT_UNDONE}; it failed with ...", True),
+    "the key committed under it": (f"TransactionEnded: {ENDED_KEY_COMMITTED}; ...", True),
+    "a retried end of the transaction": ("TransactionEnded: the handler ended ...", False),
+    "a handler's error": ("ValueError at app:12 in handle", False),
+    "none": (None, False),
+}
+
+
+@pytest.mark.parametrize(("given", "expected"), KEPT.values(), ids=list(KEPT))
+def test_a_failure_says_whether_its_key_was_kept(given: str | None, expected: bool) -> None:
+    assert kept_key(given) is expected
