@@ -220,11 +220,21 @@ class MessageRun:
         self.call = store.call
 
     def open(self, key: str) -> bool:
+        """The message's transaction opened with its key. A connection that fails the key's
+        insert is discarded, not pooled: one an earlier handler left read-only (SQLite's
+        ``PRAGMA query_only``, MariaDB's ``SET SESSION TRANSACTION READ ONLY``, through the
+        driver) failed every later message's insert as the database away, for ever (an
+        outside review)."""
         store = self._store
-        with db_errors("the inbox's transaction", store.where):
-            self._conn = store.engine.connect()
-            self._conn.begin()
-            return store.statements.add_key(self._conn, key)
+        try:
+            with db_errors("the inbox's transaction", store.where):
+                self._conn = store.engine.connect()
+                self._conn.begin()
+                return store.statements.add_key(self._conn, key)
+        except StoreError:
+            if self._conn is not None:
+                self._release(discard=True)
+            raise
 
     def handle(self) -> Exception | None:
         """The handler's error; a refusal of the guard's first, even if the handler caught

@@ -32,6 +32,7 @@ from relay.db.inbox import (
 from relay.db.inbox_listeners import kept_off
 from relay.db.inbox_statements import COMMIT, InboxStatements, last_status
 from relay.db.inbox_transaction import Guard, Guards, executable
+from relay.errors import StoreError
 from relay.redact import redact_url
 
 T = TypeVar("T")
@@ -142,10 +143,17 @@ class AsyncMessageRun:
         self.call = store.call
 
     async def open(self, key: str) -> bool:
-        with db_errors("the inbox's transaction", self._store.where):
-            self._conn = await self._store.engine.connect()
-            await self._conn.begin()
-            return await self._add_key(self._conn, key)
+        """``relay.db.inbox.MessageRun.open``: a connection that fails the key's insert is
+        discarded."""
+        try:
+            with db_errors("the inbox's transaction", self._store.where):
+                self._conn = await self._store.engine.connect()
+                await self._conn.begin()
+                return await self._add_key(self._conn, key)
+        except StoreError:
+            if self._conn is not None:
+                await self._release(discard=True)
+            raise
 
     async def _add_key(self, conn: AsyncConnection, message_id: str) -> bool:
         """``InboxStatements.add_key``; on psycopg's asyncio connection awaited on the driver

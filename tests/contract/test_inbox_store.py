@@ -1149,3 +1149,23 @@ def test_another_tasks_commit_during_the_inboxs_savepoint_is_refused(url: str) -
         consumer.close()
     assert (answer.verdict, len(refused)) == (Verdict.RETRY, 1)
     assert (noted(url), keys(url)) == ([], [])
+
+
+@pytest.mark.databases("sqlite", "mariadb")
+def test_a_connection_a_handler_left_read_only_is_discarded_at_the_next_key(
+    consumer: Consumer, url: str
+) -> None:
+    """A handler makes its connection read-only through the driver and returns: acked. The
+    next message's key insert on that pooled connection fails: taken for the database away
+    (uncounted), it was requeued with the same connection pooled again, for ever (an outside
+    review, review79's d6). The connection is discarded there: the next delivery runs."""
+    statement = (
+        "PRAGMA query_only = 1"
+        if consumer.store.engine.dialect.name == "sqlite"
+        else "SET SESSION TRANSACTION READ ONLY"
+    )
+    assert consumer.process("m-1", [("write", "a"), ("cursor", statement)]).verdict is Verdict.ACK
+    away = consumer.process("m-2", WRITE)
+    assert (away.verdict, away.pause) == (Verdict.RETRY, True)
+    assert consumer.process("m-2", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["a", "done"], ["m-1", "m-2"])
