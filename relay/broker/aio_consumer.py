@@ -249,10 +249,10 @@ async def answer(
     instead, ``Answer``); a retry requeues it; a dead letter without reasons goes to the
     queue's own dead-letter exchange."""
     if verdict.verdict is Verdict.ACK:
-        await message.ack()
+        await _settled(message, message.ack())
     elif verdict.verdict is Verdict.DELAY:
         await _retry_copy(message, queue, verdict.delay)
-        await message.ack()
+        await _settled(message, message.ack())
     elif verdict.verdict is Verdict.DEAD_LETTER and verdict.reason is not None:
         try:
             await _ensure_queue(message.channel, dead)
@@ -260,11 +260,32 @@ async def answer(
         except CopyRefused as exc:
             refusals.held_back(message.message_id, verdict.delay, exc)
             await _retry_copy(message, queue, verdict.delay)
-        await message.ack()
+        await _settled(message, message.ack())
     else:
-        await message.reject(requeue=verdict.verdict is Verdict.RETRY)
+        retry = verdict.verdict is Verdict.RETRY
+        if not await _settled(message, message.reject(requeue=retry)) and retry:
+            # Gone from the queue: a copy in its place.
+            await _publish_copy(message, queue, retried(message.headers))
     if verdict.verdict in (Verdict.DELAY, Verdict.DEAD_LETTER):
         refusals.accepted()
+
+
+async def _settled(message: AbstractIncomingMessage, answering: Awaitable[None]) -> bool:
+    """Whether the delivery was answered here; False when the handler had answered it
+    itself (FastStream hands it the message: ``await message.ack()``). A copy the answer
+    needed is published before, and a retry's is published in its place: the handler's ack
+    took the message off the queue, and the inbox's requeue, refused, lost it (an outside
+    review)."""
+    try:
+        await answering
+    except aio_pika.exceptions.MessageProcessError:
+        log.warning(
+            "message %s was answered by its handler: the inbox's answer is a copy's, if any",
+            message.message_id,
+            extra={"action": "inbox_answered_by_handler", "message_id": message.message_id},
+        )
+        return False
+    return True
 
 
 async def _retry_copy(message: AbstractIncomingMessage, queue: str, delay: float) -> None:

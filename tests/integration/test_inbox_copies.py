@@ -267,6 +267,49 @@ def faststream_with_a_publisher(
         loop.close()
 
 
+def test_a_faststream_handler_that_acks_its_message_then_fails_is_retried_not_lost(
+    with_effects: str, rabbit: RabbitNode
+) -> None:
+    """The handler acks its message itself (``await message.ack()``) and fails on its first
+    run: the inbox's requeue is refused (the message is no longer the channel's to answer),
+    and the message was lost, neither retried nor dead-lettered (an outside review,
+    review79's d2). A copy of it goes back to the queue in its place: processed once."""
+    exchange, (queue,), _dead = topology(rabbit.url)
+    config = InboxSettings.load({}, {"inbox_queue": queue})
+    loop = asyncio.new_event_loop()
+    inbox = loop.run_until_complete(_inbox(settings(with_effects, rabbit.url), config))
+    stop = loop.run_until_complete(_event())
+    runs: list[str] = []
+
+    async def main() -> None:
+        router = inbox_router(inbox)
+
+        @router.subscriber(RabbitQueue(queue, declare=False))
+        async def handle(
+            message: RabbitMessage, tx: AsyncTransaction = Context(TRANSACTION)
+        ) -> None:
+            delivery = delivery_of(message.raw_message)
+            runs.append(str(delivery.key))
+            await tx.execute(effects.insert(), {"consumer": queue, "message_id": delivery.key})
+            await message.ack()
+            if len(runs) == 1:
+                raise ValueError("failed after acking its message")
+
+        await serve_faststream(inbox, router, stop)
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),))
+    thread.start()
+    try:
+        publish(rabbit.url, exchange, [("m-1", {})])
+        wait_until(lambda: value(inbox, "inbox_processed_total") == 1, 30, "processed")
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        loop.close()
+    assert runs == ["m-1", "m-1"]
+    assert processed(with_effects) == {(queue, "m-1"): 1}
+
+
 async def _inbox(relay_settings: Settings, config: InboxSettings) -> AsyncInbox:
     return AsyncInbox(relay_settings, config)  # its engine made on the loop it runs on
 
