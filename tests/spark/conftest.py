@@ -1,17 +1,26 @@
 """One local SparkSession for the whole test session (starting one costs seconds), with the
-MariaDB JDBC driver Debian ships (``libmariadb-java``) for Spark's own JDBC writer."""
+MariaDB JDBC driver Debian ships (``libmariadb-java``) for Spark's own JDBC writer; and a
+Spark Connect server for the tests of the writer over Spark Connect, whose log a failing
+test shows."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+from devtools.spark_connect import SparkConnectServer
 from relay.spark import LOCAL_MODE_ENV
 
 MARIADB_JDBC_JAR = "/usr/share/java/mariadb-java-client.jar"
+# The Connect server's Python workers import this checkout's relay package, not another
+# installed copy.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# Where the Connect server's log stood when a test began: its failure shows what it added.
+LOG_FROM = pytest.StashKey[int]()
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +38,29 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
+    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"), [PROJECT_ROOT])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test that used the Connect server shows what the server logged meanwhile."""
+    report = yield
+    server = getattr(item, "funcargs", {}).get("connect_server")
+    if isinstance(server, SparkConnectServer):
+        if report.when == "setup":
+            item.stash[LOG_FROM] = server.log_size()
+        elif report.failed:
+            since = item.stash.get(LOG_FROM, 0)
+            report.sections.append(("Spark Connect server log", server.log_tail(since)))
+    return report

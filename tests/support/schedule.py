@@ -26,16 +26,18 @@ from xdist.scheduler import LoadGroupScheduling
 DURATIONS = Path(__file__).with_name("durations.txt")
 # Modules whose tests all run in one process, by group. The RabbitMQ cluster, a server long
 # to start. Spark's: the local SparkSession (a JVM of a gigabyte, 20 to 40 s of CPU to start
-# and warm, which every process that drew one of these tests paid), and the drivers and
-# clusters the others start, JVMs as heavy: handed out slowest first, four of them started
-# at once on two cores, and under CI's load drivers missed their 180 s (a CI run of the
-# previous stop: three Spark tests failed so). Not xdist_group marks: xdist (3.8) groups by
-# a suffix it writes into each test's id, which pytest 9.2 no longer reads.
+# and warm, which every process that drew one of these tests paid), and the drivers,
+# clusters and Spark Connect server the others start, JVMs as heavy: handed out slowest
+# first, four of them started at once on two cores, and under CI's load drivers missed their
+# 180 s (a CI run of the previous stop: three Spark tests failed so). Not xdist_group marks:
+# xdist (3.8) groups by a suffix it writes into each test's id, which pytest 9.2 no longer
+# reads.
 ONE_PROCESS = {
     "tests/cluster/test_rabbitmq_cluster.py": "rabbitmq-cluster",
     **dict.fromkeys(
         (
             "tests/spark/test_writer.py",
+            "tests/spark/test_connect.py",
             "tests/spark/test_jdbc.py",
             "tests/spark/test_streams.py",
             "tests/spark/test_broken.py",
