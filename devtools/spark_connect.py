@@ -37,11 +37,15 @@ LOG_TAIL_CHARS = 4000
 class SparkConnectServer:
     """``python_path``: directories put before the inherited PYTHONPATH of the server's
     Python workers, where the outbox data source must be importable (a checkout of this
-    project, say; an installed ``outbox-relay[spark]`` needs none)."""
+    project, say; an installed ``outbox-relay[spark]`` needs none). ``python``: the Python
+    they run (PYSPARK_PYTHON), this one by default."""
 
-    def __init__(self, base: Path, python_path: Sequence[Path] = ()) -> None:
+    def __init__(
+        self, base: Path, python_path: Sequence[Path] = (), python: str = sys.executable
+    ) -> None:
         self.base = base
         self.python_path = python_path
+        self.python = python
         self.port = free_port()
         self.log_path = base / "spark-connect.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -61,7 +65,7 @@ class SparkConnectServer:
             "SPARK_LOG_DIR": str(self.base),
             # Spark's Python workers add PySpark's own paths to this one.
             "PYTHONPATH": os.pathsep.join([*map(str, self.python_path), *inherited]),
-            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_PYTHON": self.python,
         }
         conf = {
             "spark.connect.grpc.binding.address": HOST,

@@ -19,8 +19,9 @@ MARIADB_JDBC_JAR = "/usr/share/java/mariadb-java-client.jar"
 # The Connect server's Python workers import this checkout's relay package, not another
 # installed copy.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# Where the Connect server's log stood when a test began: its failure shows what it added.
-LOG_FROM = pytest.StashKey[int]()
+# Where each Connect server's log stood when a test began (by fixture name): its failure
+# shows what they added.
+LOG_FROM = pytest.StashKey[dict[str, int]]()
 
 
 @pytest.fixture(scope="session")
@@ -54,13 +55,14 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCo
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failing test that used the Connect server shows what the server logged meanwhile."""
+    """A failing test that used Connect servers shows what they logged meanwhile."""
     report = yield
-    server = getattr(item, "funcargs", {}).get("connect_server")
-    if isinstance(server, SparkConnectServer):
-        if report.when == "setup":
-            item.stash[LOG_FROM] = server.log_size()
-        elif report.failed:
-            since = item.stash.get(LOG_FROM, 0)
-            report.sections.append(("Spark Connect server log", server.log_tail(since)))
+    fixtures = getattr(item, "funcargs", {})
+    servers = {n: s for n, s in fixtures.items() if isinstance(s, SparkConnectServer)}
+    if report.when == "setup":
+        item.stash[LOG_FROM] = {name: server.log_size() for name, server in servers.items()}
+    elif report.failed:
+        since = item.stash.get(LOG_FROM, {})
+        for name, server in servers.items():
+            report.sections.append((f"{name}'s log", server.log_tail(since.get(name, 0))))
     return report

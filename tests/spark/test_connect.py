@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -19,7 +22,7 @@ from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 from devtools.outbox import rows as outbox_rows
 from devtools.spark_connect import SparkConnectServer
-from relay.errors import InputError
+from relay.errors import ConfigError, InputError
 from relay.identity import message_id
 from relay.spark import WriteResult, register, write_outbox
 from tests.support.spark_drivers import stage_tables
@@ -28,25 +31,48 @@ ROWS = 12
 EVENTS = ("created", "paid", "shipped")
 # Binary payloads, not UTF-8: the bytes must cross the client's Arrow batches unchanged.
 OCTETS = "application/octet-stream"
+# Runs a module in a Python that cannot import the relay package.
+WITHOUT_RELAY = Path(__file__).with_name("without_relay.py")
 
 
-@pytest.fixture(scope="module")
-def remote(connect_server: SparkConnectServer) -> Iterator[SparkSession]:
-    """A Connect client session: the one ``SparkSession.builder.remote(url).getOrCreate()``
+@contextmanager
+def client(server: SparkConnectServer) -> Iterator[SparkSession]:
+    """A Connect client session of ``server``: the one ``SparkSession.builder.remote(url)``
     makes, by the Connect builder it hands over to. Not through that public builder, which
     refuses a remote session in a process running a classic one (SESSION_ALREADY_EXIST):
     the classic tests' session, when this process ran them first. The public builder also
     marks the whole process a Connect client (SPARK_CONNECT_MODE_ENABLED, which
-    pyspark.sql.functions follow) for good: done here for this module only, for the
-    classic tests this process may run next."""
+    pyspark.sql.functions follow) for good: done here while the session lives only, for
+    the classic tests this process may run next."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
-        session = ConnectSession.builder.remote(connect_server.url).getOrCreate()
+        session = ConnectSession.builder.remote(server.url).create()
         try:
             # Typed as the public builder types it, as in a user's code.
             yield cast(SparkSession, session)
         finally:
             session.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(connect_server: SparkConnectServer) -> Iterator[SparkSession]:
+    with client(connect_server) as session:
+        yield session
+
+
+@pytest.fixture
+def server_without_relay(tmp_path: Path) -> Iterator[SparkConnectServer]:
+    """A Connect server whose Python workers cannot import this package, as one where
+    outbox-relay was never installed."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{WITHOUT_RELAY}" "$@"\n')
+    python.chmod(0o755)
+    server = SparkConnectServer(tmp_path / "server", python=str(python))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def body(i: int) -> bytes:
@@ -192,4 +218,24 @@ def test_a_bad_value_in_a_task_is_the_relays_error_on_the_client(
         found = re.search(r"at least (\d+) rows of partitions that finished first", message)
         assert found is not None, message
         assert int(found[1]) <= len(left)
+    assert stage_tables(postgresql_url) == []
+
+
+def test_a_server_without_the_package_says_where_to_install_it(
+    server_without_relay: SparkConnectServer, postgresql_url: str
+) -> None:
+    """The server's Python workers unpickle the data source by name: without the package,
+    write_outbox's ConfigError says where it goes, as on a classic cluster."""
+    with client(server_without_relay) as spark:
+        for atomic in (False, True):
+            with pytest.raises(ConfigError) as raised:
+                write_outbox(
+                    orders(spark), postgresql_url, payload="body", key=["order_id"], atomic=atomic
+                )
+            message = str(raised.value)
+            assert message.startswith("Spark's Python workers cannot import 'relay': install "), (
+                message
+            )
+            assert "outbox-relay[spark]" in message and "spark.pyspark.python" in message, message
+    assert outbox_rows(postgresql_url) == []
     assert stage_tables(postgresql_url) == []
