@@ -82,12 +82,14 @@ def timed(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
 def reads(url: str, repeats: int) -> dict[str, tuple[float, float]]:
     console = ConsoleReads(url)
     try:
-        missing = next(g.cause for g in console.causes().listed if g.cause.startswith("failed"))
+        listed = console.overview().causes.listed
+        missing = next(g.cause for g in listed if g.cause.startswith("failed"))
         deep = None
         for _ in range(200):
             _rows, deep = console.page(ParkedFilter(), deep, 50)
         cases: dict[str, Callable[[], Any]] = {
             "overview": console.overview,
+            "rows_page_causes": console.cause_names,
             "first_page": lambda: console.page(ParkedFilter(), None, 50),
             "page_by_exchange": lambda: console.page(ParkedFilter(exchange="billing"), None, 50),
             "page_by_cause": lambda: console.page(ParkedFilter(cause=missing), None, 50),
