@@ -250,10 +250,12 @@ class ClaimStore:
             # writer's garbage time comes as text that is not UTF-8 (relay.db.dialects.sqlite).
             last_at = found[-1][due] if found else None
             full = len(found) == limit and not (isinstance(last_at, str) and not last_at.isascii())
+            # Before the rows are held: a lookup that fails leaves none held (held, no
+            # claim of this relay would take them again, nor another's: an outside review).
+            sent = self._tail_sent([r[0] for r in found if r[_SENT_BEFORE] is None])
             taken = self.held.claimed([(r[due], r[0]) for r in found], full)
         unchecked = self._unchecked_text
         kept = [r for r in found if r[0] in taken]
-        sent = self._tail_sent([r[0] for r in kept if r[_SENT_BEFORE] is None])
         rows = [decode_row(r[:due], self.max_message_size, unchecked) for r in kept]
         if sent:
             rows = [row._replace(sent_before=True) if row.id in sent else row for row in rows]

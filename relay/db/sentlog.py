@@ -30,6 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from relay.constants import SENT_TAIL_LOOKUP_MAX_S
 from relay.db.clock import database_time
 from relay.db.dialects import of
 from relay.db.engine import create_engine, db_errors
@@ -59,14 +60,17 @@ def complete() -> sa.ColumnElement[bool]:
 def claimable(journaled: bool) -> sa.ColumnElement[bool]:
     """A claim's condition: the log is whole, or holds the journal's tail while the runs
     answer for the rest (``recovering``, ``relay.db.sentruns``); or, where the log is
-    journaled, runs bound the journal's tail: the claim leaves each row's dedupe unknown
-    and the relay looks its id up in the runs and that tail itself
-    (``relay.db.sentruns.tail_sent``) while the tail is copied back. Without a run the tail
-    is the whole journal, too long to look up a claim at a time."""
+    journaled, a recent run bounds the journal's tail (``SENT_TAIL_LOOKUP_MAX_S``): the
+    claim leaves each row's dedupe unknown and the relay looks its id up in the runs and
+    that tail itself (``relay.db.sentruns.tail_sent``) while the tail is copied back.
+    Without a run, or with the seals far behind, the tail is too long to pass over a claim
+    at a time: claims wait for its copy."""
     state = sa.exists().where(
         _STATE.c.log == SENT_LOG, sa.or_(_STATE.c.complete, _STATE.c.recovering)
     )
-    return sa.or_(state, first_unsealed().is_not(None)) if journaled else state
+    if not journaled:
+        return state
+    return sa.or_(state, first_unsealed() >= database_time(-SENT_TAIL_LOOKUP_MAX_S))
 
 
 def recovering() -> sa.ColumnElement[bool]:

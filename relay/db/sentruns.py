@@ -104,7 +104,7 @@ def tail_sent(dialect: sa.Dialect) -> sa.CompoundSelect[int]:
     statement, one snapshot: a seal between two would move entries from the tail into a
     run that neither saw. The tail is read once, each entry's key probing a hash of the
     few claimed keys, not looked up a key at a time: a claim then costs a pass over the
-    tail (at most the seal's interval and margin of acks), not a pause for its copy."""
+    tail (``relay.db.sentlog.claimable`` bounds its age), not a pause for its copy."""
     claimed = (
         sa.select(outbox.c.id, sent_key(outbox.c.message_id).label("key"))
         .where(of(dialect).id_in(outbox.c.id))
