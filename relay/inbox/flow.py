@@ -17,7 +17,8 @@ What counts as a failed attempt, and nothing else does:
 - a run that died inside the handler (its consumer killed): its mark found still set.
 Never a database error of the inbox's own, a lock wait, or a delivery that came again
 without having reached its handler. A message whose key is there is acked as processed
-before anything is counted, however often it came."""
+before anything is counted, however often it came, but for one dead-lettered with its key
+kept (its recorded failure says so): dead-lettered again."""
 
 from __future__ import annotations
 
@@ -260,9 +261,10 @@ class Flow:
         that commits), or after its transaction ended under it (``WENT_ON``), the key then
         committed here. Run again, it would do that part again: dead-lettered at once, its
         attempt counted with why; the key kept, so that a delivery of the message again is
-        acked as processed, not run (an operator who would have it run again takes it from
-        the dead letters knowing what it did). A handler cut off (``Interrupted``): its
-        interruption raised by the consumer once the broker is answered."""
+        not run but dead-lettered again (``_processed``: an operator who would have it run
+        again takes it from the dead letters knowing what it did). A handler cut off
+        (``Interrupted``): its interruption raised by the consumer once the broker is
+        answered."""
         cut = error.interruption if isinstance(error, Interrupted) else None
         failed = self.describe(cut or error)
         why = f"{self.describe(TransactionEnded(why_not))}; it failed with {failed}"
