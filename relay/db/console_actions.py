@@ -61,8 +61,9 @@ from relay.db.schema import (
     outbox_archive,
     outbox_edits,
 )
+from relay.db.statements import replayed
 from relay.errors import InputError, StoreError
-from relay.records import PARKED, PENDING
+from relay.records import PARKED
 from relay.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -83,19 +84,7 @@ class ConsoleActions:
     ) -> ActionResult:
         """The chosen parked rows back to pending, due now, their attempts reset."""
         drawn, bound = bound, _pinned(chosen, bound)
-        back = (
-            sa.update(outbox)
-            .where(of(self.engine).id_in(outbox.c.id))
-            # Its cause off with its parking: parked again by a relay of the release before
-            # (which writes none), it is sorted afresh, not left under this one.
-            .values(
-                status=PENDING,
-                attempts=0,
-                next_attempt_at=database_time(),
-                suspect=False,
-                cause=None,
-            )
-        )
+        back = sa.update(outbox).where(of(self.engine).id_in(outbox.c.id)).values(replayed())
 
         def chunk(conn: sa.Connection, batch: list[int]) -> list[int]:
             # The rows locked first, then changed: which of the batch it left is named

@@ -37,7 +37,7 @@ from relay.db.schema import (
 )
 from relay.db.sentlog import entries, purge_chunk
 from relay.db.sentruns import purge_chunk as runs_purge_chunk
-from relay.db.statements import bounded_count, in_chunks, run_delete
+from relay.db.statements import bounded_count, in_chunks, replayed, run_delete
 from relay.records import (
     PARKED,
     PENDING,
@@ -189,13 +189,7 @@ class OutboxAdmin:
             sa.update(outbox)
             .where(outbox.c.status == status)
             .where(of(self.engine).id_in(outbox.c.id))
-            .values(
-                status=PENDING,
-                attempts=0,
-                next_attempt_at=database_time(),
-                sent_at=None,
-                suspect=False,
-            )
+            .values(replayed())
         )
         with transaction(self.engine, "replay", self._where) as conn:
             ids = list(conn.scalars(chosen))

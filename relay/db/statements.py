@@ -1,5 +1,6 @@
 """Statements every role shares, written once for every database (``relay.db.dialects``
-builds the pieces that differ): deletes in chunks, and counts bounded by the planner."""
+builds the pieces that differ): deletes in chunks, counts bounded by the planner, and what a
+replay writes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from relay.db.clock import database_time
 from relay.db.dialects import of
 from relay.db.engine import transaction
+from relay.records import PENDING
 
 
 def in_chunks(
@@ -53,3 +56,18 @@ def bounded_count(conn: sa.Connection, rows: sa.Select[Any], exact_upto: int) ->
     if count > exact_upto and (estimate := of(conn).planner_estimate(conn, rows)) is not None:
         count = max(count, estimate)
     return count
+
+
+def replayed() -> dict[str, Any]:
+    """What a replay writes to a row, ``relay replay``'s and the console's alike: pending
+    again, due now, its attempts reset, its suspicion and sent time gone, and its cause:
+    parked again by a relay of the release before (which writes none), it is sorted afresh,
+    not left under the cause it had (an outside review)."""
+    return {
+        "status": PENDING,
+        "attempts": 0,
+        "next_attempt_at": database_time(),
+        "sent_at": None,
+        "suspect": False,
+        "cause": None,
+    }

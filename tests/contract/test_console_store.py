@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from devtools.servers import PostgresServer, wait_until
+from relay.admin_records import Selection
 from relay.causes import UNSORTED
 from relay.console_constants import CONSOLE_CHUNK_ROWS, CONSOLE_LISTED_CHARS, CONSOLE_NAMED_IDS
 from relay.console_records import (
@@ -29,6 +30,7 @@ from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.db.console_counts import Budget
 from relay.db.dialects import for_url
+from relay.db.outbox import OutboxAdmin
 from relay.db.roles import CONSOLE, grants
 from relay.db.schema import console_audit, outbox
 from relay.errors import InputError, StoreError
@@ -126,14 +128,22 @@ def test_the_unsorted_rows_keep_their_line_past_the_walks_budget(database_url: s
     assert listed == expected
 
 
-def test_a_replayed_row_parked_again_by_an_older_relay_is_sorted_afresh(database_url: str) -> None:
-    """A replay takes a row's cause off: a relay of the release before, parking it again
-    with another error (and no cause), left it under the first one's (an outside review)."""
+@pytest.mark.parametrize("by", ["the console", "relay replay"])
+def test_a_replayed_row_parked_again_by_an_older_relay_is_sorted_afresh(
+    database_url: str, by: str
+) -> None:
+    """A replay, the console's or ``relay replay``'s, takes a row's cause off: a relay of
+    the release before, parking it again with another error (and no cause), left it under
+    the first one's (an outside review)."""
     (row,) = park(database_url, [{"message_id": "r"}], NO_ROUTE, ago=SETTLED)
     reads, actions = ConsoleReads(database_url), ConsoleActions(database_url)
     sorter, engine = CauseSorter(database_url), sa.create_engine(database_url)
+    admin = OutboxAdmin(database_url)
     try:
-        actions.replay(Actor("otto", "operator"), [row], None, reads.now())
+        if by == "the console":
+            actions.replay(Actor("otto", "operator"), [row], None, reads.now())
+        else:
+            assert admin.replay(Selection(ids=(row,)), dry_run=False)[0] == 1
         with engine.begin() as conn:  # as a relay of the release before parks it
             conn.execute(
                 sa.update(outbox)
@@ -147,6 +157,7 @@ def test_a_replayed_row_parked_again_by_an_older_relay_is_sorted_afresh(database
         reads.close()
         actions.close()
         sorter.close()
+        admin.close()
         engine.dispose()
     assert cause == "rejected: headers are not a JSON object"
 
