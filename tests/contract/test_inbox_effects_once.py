@@ -1,15 +1,19 @@
 """The inbox's "effects once" where a handler's transaction ends, or is undone in part, in
 ways its key's look missed (issue 71, an outside review's second round), through the blocking
 and the asyncio stores driven by the inbox's own decisions: another delivery's committed key
-taken for the run's own, a table the rollback cannot undo."""
+taken for the run's own, a table the rollback cannot undo, a commit made not durable."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from devtools.servers import PostgresServer
 from relay.db.engine import create_engine
+from relay.db.migrate import migrate
 from relay.records import Answer, Verdict
 from tests.contract.test_inbox_store import KINDS, WRITE, Consumer, keys, noted
 from tests.support import inbox_script
@@ -182,3 +186,37 @@ def test_a_listener_the_handler_leaves_never_runs_at_the_inboxs_end(
     assert consumer.process("m-2", [("write", "b")]).verdict is Verdict.ACK
     assert consumer.process("m-3", [("write", "c"), ("raise", "")]).verdict is Verdict.RETRY
     assert (noted(url), keys(url)) == (["b"], ["m-2"])
+
+
+def test_a_commit_the_handler_made_not_durable_is_flushed_before_the_ack(kind: str) -> None:
+    """PostgreSQL: a handler set ``synchronous_commit`` off for its transaction and committed
+    it through the driver, key and work (then returned: all of it committed, acked). The
+    inbox's look and commit then ran in a transaction that wrote nothing, whose commit waits
+    for no flush: the message was acked, and a crash of the server within the WAL writer's
+    delay lost its key and its work (review79's d4; the writer's delay made 10 s here, so
+    that the crash falls within it). A server of its own, crashed: an immediate stop."""
+    script = [
+        ("sql", "SET LOCAL synchronous_commit = off"),
+        ("write", "kept"),
+        ("driver", "commit"),
+    ]
+    # Not under pytest's base temp, which another pytest session can make root's alone.
+    with tempfile.TemporaryDirectory(prefix="relay-tests-crash-") as base:
+        server = PostgresServer(Path(base), settings=["wal_writer_delay=10000ms"])
+        server.start()
+        try:
+            url = server.url()
+            migrate(url)
+            engine = create_engine(url)
+            effects.create(engine)
+            engine.dispose()
+            consumer = Consumer(kind, url)
+            try:
+                assert consumer.process("m-1", script).verdict is Verdict.ACK
+            finally:
+                consumer.close()
+            server.stop("immediate")
+            server.start()
+            assert (noted(url), keys(url)) == (["kept"], ["m-1"])
+        finally:
+            server.stop()

@@ -42,14 +42,20 @@ _TOKEN = "xmin::text || ' ' || tableoid::text"
 # the same message is skipped, when the key's transaction was rolled back. A transaction's
 # id is an xmin's low 32 bits; its full id is the nearest before the snapshot's end. The
 # error's text depends on the session, so that the planner cannot fold the failing branch
-# into every commit's plan.
+# into every commit's plan. The key's transaction committed already (the handler's commit
+# through the driver) may have committed without a flush (its ``synchronous_commit`` set off):
+# the look's transaction then writes a record of its own (a transactional logical message,
+# which any role may write, and whose decoding is a consumer's of the prefix alone), so that
+# its COMMIT, made durable by the look, flushes the log past the key's commit before the ack
+# (an outside review lost such a message in a crash after its ack).
 _CHECKED_COMMIT = """\
 SELECT CASE
   WHEN pg_current_xact_id_if_assigned()::text::bigint % 4294967296 = {xid} THEN 1
   WHEN pg_xact_status((SELECT CASE WHEN whole >= ends THEN whole - 4294967296 ELSE whole END
        FROM (SELECT ends / 4294967296 * 4294967296 + {xid} AS whole, ends
              FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ends) e) f
-     )::text::xid8) = 'committed' THEN 1
+     )::text::xid8) = 'committed'
+    THEN 1 + 0 * length(pg_logical_emit_message(true, 'outbox-relay', 'flush')::text)
   ELSE ('the message''s transaction was rolled back before the inbox''s commit'
         || left(pg_backend_pid()::text, 0))::int
 END; COMMIT"""
