@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import sqlalchemy as sa
 
 from relay.db.dialects import Dialect, of
+from relay.db.dialects.inbox import COMMITS_MADE
 from relay.db.schema import inbox_attempts, inbox_received
 from relay.db.sqltext import refusal
 from relay.errors import RelayError
@@ -226,6 +227,8 @@ class Guards:
             guard = self._running.get(conn)
             if guard is not None:
                 guard.moved(move)
+            if move == "commit":  # let through: counted (``COMMITS_MADE``)
+                conn.info[COMMITS_MADE] = conn.info.get(COMMITS_MADE, 0) + 1
 
         return moved
 

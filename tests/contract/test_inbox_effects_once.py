@@ -92,6 +92,18 @@ def test_the_runs_own_commit_past_tx_is_told_where_the_database_can(
     assert (noted(url), keys(url)) == (["a"], ["m-1"])
 
 
+def _without_transactions(url: str, engine: str) -> None:
+    """The handlers' table ``effects`` made again in ``engine``, one without transactions."""
+    database = create_engine(url)
+    with database.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE effects")
+        conn.exec_driver_sql(
+            "CREATE TABLE effects (note VARCHAR(64) NOT NULL, secret VARCHAR(64) UNIQUE) "
+            f"ENGINE={engine}"
+        )
+    database.dispose()
+
+
 @pytest.mark.databases("mariadb")
 @pytest.mark.parametrize("engine", ["MyISAM", "Aria", "MEMORY"])
 def test_a_write_the_rollback_cannot_undo_is_not_done_again(
@@ -101,14 +113,7 @@ def test_a_write_the_rollback_cannot_undo_is_not_done_again(
     inbox's rollback does (MariaDB warns so at the ROLLBACK): the handler then failed, and
     its retries wrote it again, once an attempt. Dead-lettered at once instead, its key
     kept, naming why."""
-    database = create_engine(url)
-    with database.begin() as conn:
-        conn.exec_driver_sql("DROP TABLE effects")
-        conn.exec_driver_sql(
-            "CREATE TABLE effects (note VARCHAR(64) NOT NULL, secret VARCHAR(64) UNIQUE) "
-            f"ENGINE={engine}"
-        )
-    database.dispose()
+    _without_transactions(url, engine)
     answer = consumer.process("m-1", [("write", "charged"), ("raise", "")])
     assert answer.verdict is Verdict.DEAD_LETTER
     assert answer.reason is not None
@@ -117,6 +122,53 @@ def test_a_write_the_rollback_cannot_undo_is_not_done_again(
     assert (noted(url), keys(url)) == (["charged"], ["m-1"])
     # A failure that wrote nothing there is retried as ever, on the same connection.
     assert consumer.process("m-2", [("raise", "")]).verdict is Verdict.RETRY
+
+
+@pytest.mark.databases("mariadb")
+@pytest.mark.parametrize("end", ["return", "raise"])
+def test_a_write_the_drivers_rollback_left_is_not_done_again(
+    consumer: Consumer, url: str, end: str
+) -> None:
+    """A write to a table without transactions, then the driver's rollback (a library's
+    clean-up): MariaDB's warning that the rollback left a part is the ROLLBACK's. With the
+    handler returning, the inbox's look at its savepoint failed first and its error took
+    the warning's place: the run was retried, the write done at each attempt (review79's
+    d10). Dead-lettered at once, its key kept, either way."""
+    _without_transactions(url, "Aria")
+    script = [("write", "charged"), ("driver", "rollback")]
+    answer = consumer.process("m-1", script + ([("raise", "")] if end == "raise" else []))
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    assert "cannot roll back" in str(answer.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+
+
+@pytest.mark.databases("mariadb")
+@pytest.mark.parametrize("stage", ["CALL stage_note('{}')", "SELECT stage_note_f('{}')"])
+def test_a_temporary_table_a_procedure_left_is_not_inherited(
+    consumer: Consumer, url: str, stage: str
+) -> None:
+    """A procedure (or a function) the handler calls stages the message's row in a
+    temporary table it makes if missing, applies what is staged, and never empties it: the
+    next message on the pooled connection applied the earlier ones' rows again, each effect
+    once more a message after it (review79's d1). The connection that made one is
+    discarded after its run."""
+    database = create_engine(url)
+    with database.begin() as conn:
+        body = (
+            "CREATE TEMPORARY TABLE IF NOT EXISTS staged (note VARCHAR(64)) ENGINE=InnoDB; "
+            "INSERT INTO staged VALUES (n); INSERT INTO effects (note) SELECT note FROM staged;"
+        )
+        conn.exec_driver_sql(f"CREATE PROCEDURE stage_note(n VARCHAR(64)) BEGIN {body} END")
+        conn.exec_driver_sql(
+            f"CREATE FUNCTION stage_note_f(n VARCHAR(64)) RETURNS INT BEGIN {body} RETURN 1; END"
+        )
+    database.dispose()
+    for message in ("m-1", "m-2", "m-3"):
+        script = [("sql", stage.format(message))]
+        assert consumer.process(message, script).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["m-1", "m-2", "m-3"], ["m-1", "m-2", "m-3"])
 
 
 # The driver's rollback, then a write and a commit through it: past the inbox's transaction.

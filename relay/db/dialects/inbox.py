@@ -14,6 +14,11 @@ import sqlalchemy as sa
 
 from relay.db.sqltext import Lexicon
 
+# A connection's info: the commits SQLAlchemy made on it (``relay.db.inbox_transaction.Guards``
+# counts those it lets through), for a dialect that tells a handler's commits past the guard
+# by the session's own count of them (``InboxDialect.went_on``).
+COMMITS_MADE = "relay_inbox_commits_made"
+
 
 class InboxDialect:
     """The inbox's part of a database (``relay.db.dialects.base.Dialect``)."""

@@ -37,7 +37,7 @@ from relay.constants import (
     SPARK_STAGE_LOCK_WAIT_TIMEOUT_S,
 )
 from relay.db.dialects.base import CHANGE_COLUMNS, Dialect
-from relay.db.sqltext import Lexicon
+from relay.db.dialects.mysql_inbox import MySQLInbox
 from relay.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
@@ -58,88 +58,16 @@ MYSQL_RELAY_SESSION = f"SET {_LOCK_WAITS}, max_execution_time = {DB_STATEMENT_TI
 # An inbox's sessions: lock waits and statements bounded as the relay's, no idle limit.
 MARIADB_INBOX_SESSION = f"SET {_LOCK_WAITS}, max_statement_time = {DB_STATEMENT_TIMEOUT_MS // 1000}"
 MYSQL_INBOX_SESSION = MYSQL_RELAY_SESSION
-# ER_DUP_ENTRY, and the key its message names (after the value it quotes).
-_DUPLICATE_ENTRY = 1062
-_DUPLICATE_KEY = re.compile(r"for key '([^']*)'$")
-# The inbox's savepoint after its key (``MySQL.mark_key``); no such one: ER_SP_DOES_NOT_EXIST.
-_KEY_SAVEPOINT = "relay_inbox_key"
-_NO_SAVEPOINT = 1305
-# ER_WARNING_NOT_COMPLETE_ROLLBACK: non-transactional tables changed, not rolled back.
-_NOT_ROLLED_BACK = 1196
 # JSON_TABLE's column types where the column's own type's name is not one: text of any length.
 _JSON_TABLE_TYPES = {"status": "VARCHAR(16)", "last_error": "TEXT", "cause": "TEXT"}
 
 
-class MySQL(Dialect):
+class MySQL(MySQLInbox, Dialect):
     name: ClassVar[str] = "mysql"
     url_backends: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     claims_carry_ids: ClassVar[bool] = True
     partial_indexes: ClassVar[bool] = False
     stage_locks: ClassVar[bool] = True
-    sql_lexicon: ClassVar[Lexicon] = Lexicon(
-        hash_comments=True,
-        executable_comments=True,
-        dash_comment_needs_space=True,
-        backslash_escapes=True,
-    )
-    # Statements that commit the transaction before they run (MySQL's "statements that cause
-    # an implicit commit"): definitions, locks, accounts, administration, replication,
-    # MariaDB's backup stages; and dynamic SQL (PREPARE, EXECUTE, EXECUTE IMMEDIATE), whose
-    # statement the guard cannot read. A temporary table's CREATE and DROP do not commit, but
-    # are refused with the rest; and MariaDB's REPEAT ... UNTIL, run outside a procedure
-    # (`REPEAT COMMIT; UNTIL 1 END REPEAT` committed; the others close with END, refused).
-    implicit_commits: ClassVar[frozenset[tuple[str, ...]]] = frozenset(
-        (word,)
-        for word in [
-            "ALTER",
-            "CREATE",
-            "DROP",
-            "RENAME",
-            "TRUNCATE",
-            "LOCK",
-            "UNLOCK",
-            "GRANT",
-            "REVOKE",
-            "ANALYZE",
-            "OPTIMIZE",
-            "REPAIR",
-            "CACHE",
-            "FLUSH",
-            "RESET",
-            "INSTALL",
-            "UNINSTALL",
-            "START",
-            "STOP",
-            "CHANGE",
-            "BACKUP",
-            "PREPARE",
-            "EXECUTE",
-            "REPEAT",
-            "UNTIL",
-        ]
-    ) | {("LOAD", "INDEX"), ("CHECK", "TABLE"), ("SET", "PASSWORD")}
-
-    def mark_key(self, conn: sa.Connection) -> None:
-        # A row does not say which transaction wrote it here; a savepoint is its
-        # transaction's, and goes with it (a deadlock's rollback, the driver's rollback or
-        # commit): found at the end, the transaction is the key's.
-        conn.exec_driver_sql(f"SAVEPOINT {_KEY_SAVEPOINT}")
-
-    def key_marked(self, conn: sa.Connection) -> bool | None:
-        try:
-            conn.exec_driver_sql(f"RELEASE SAVEPOINT {_KEY_SAVEPOINT}")
-        except sa.exc.DBAPIError as exc:
-            if exc.orig is None or exc.orig.args[:1] != (_NO_SAVEPOINT,):
-                raise
-            return False
-        return True
-
-    def rolled_back_in_part(self, conn: sa.Connection) -> bool:
-        # A table without transactions (MyISAM, Aria, MEMORY) keeps what was written to it,
-        # and the ROLLBACK warns so: a retry would write it again. A round trip, here alone.
-        conn.rollback()
-        warnings = conn.exec_driver_sql("SHOW WARNINGS").all()
-        return any(row[1] == _NOT_ROLLED_BACK for row in warnings)
 
     def engine(
         self, url: sa.URL, *, relay_session: bool, inbox_session: bool, pre_ping: bool
@@ -252,45 +180,6 @@ class MySQL(Dialect):
         sql = rows.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         plan_row = conn.exec_driver_sql(f"EXPLAIN {sql}").mappings().one()
         return int(plan_row["rows"] or 0)
-
-    def changes_session(self, words: tuple[str, ...]) -> bool:
-        # Only user variables (SET @name = ...) stay the statement's; any system variable
-        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is the
-        # session's.
-        if words[0] != "SET":
-            return False
-        user_only = len(words) > 1 and words[1].startswith("@") and not words[1].startswith("@@")
-        return not user_only or any(word.startswith("@@") for word in words)
-
-    def session_changed(self, driver: Any) -> bool:
-        # mysqlclient's, PyMySQL's and aiomysql's: the server's status of its last answer.
-        return bool(driver.get_autocommit())
-
-    def error_facts(self, error: BaseException) -> list[str] | None:
-        # mysqlclient's and PyMySQL's (aiomysql's) errors alike: (number, message); the
-        # message quotes values ("Duplicate entry '4111...' for key 'pan'"), the key's name
-        # is kept alone.
-        args = getattr(error, "args", ())
-        if type(error).__module__.partition(".")[0] not in ("MySQLdb", "pymysql"):
-            return None
-        if not args or not isinstance(args[0], int):
-            return []
-        facts = [f"MySQL error {args[0]}"]
-        key = _DUPLICATE_KEY.search(str(args[1])) if len(args) > 1 else None
-        if args[0] == _DUPLICATE_ENTRY and key is not None:
-            facts.append(f"key {key.group(1)}")
-        return facts
-
-    def durability_problem(self, conn: sa.Connection) -> str | None:
-        # The flush is the server's alone.
-        flush = int(conn.scalar(sa.text("SELECT @@innodb_flush_log_at_trx_commit")) or 0)
-        if flush == 1:
-            return None
-        return (
-            f"the server's innodb_flush_log_at_trx_commit is {flush}, not 1: a crash of its "
-            "host can lose the last second of commits, and a message the inbox acked as "
-            "processed with them"
-        )
 
     def hold_stage_session(self, conn: sa.Connection) -> None:
         # The server closes a connection idle for wait_timeout (8 hours by default, often
