@@ -1,11 +1,13 @@
 """Benchmark: the operator console on PostgreSQL at scale.
 
-    .venv/bin/python -m bench.console [--parked 1000000] [--repeats 9] [--rows 100000]
-                                      [--rounds 3] [--replay 100000] [--writers 4]
+    .venv/bin/python -m bench.console [--parked 1000000] [--tenants 600] [--repeats 9]
+                                      [--rows 100000] [--rounds 3] [--replay 100000]
+                                      [--writers 4] [--parts reads,indexes,replay]
 
 Starts a private PostgreSQL with default durability and the project's migrations, then:
-  (reads)   ``--parked`` parked rows (five causes, one of them naming one of 600 tenants'
-            exchanges, three exchanges, parked a second apart), analysed; each console read
+  (reads)   ``--parked`` parked rows (five causes, one of them naming one of ``--tenants``
+            tenants' exchanges: as many distinct texts, three exchanges, parked a second
+            apart), analysed; each console read
             ``--repeats`` times, its median and worst wall time: the overview (counts, causes,
             relays), the first page, a page filtered by exchange, by cause, by a part of the
             reason, and the 200th page (keyset); and the overview's counts beside the true
@@ -63,7 +65,7 @@ FROM generate_series(1, {n}) g, LATERAL (SELECT
                   WHEN 1 THEN 'rejected: headers are not a JSON object'
                   WHEN 2 THEN 'nacked'
                   WHEN 3 THEN 'timed_out'
-                  ELSE 'failed: 404 NOT_FOUND - no exchange ''orders-' || (g % 600)
+                  ELSE 'failed: 404 NOT_FOUND - no exchange ''orders-' || (g / 5 % {tenants})
                        || ''' in vhost ''/'''
        END AS error) AS written
 """
@@ -283,6 +285,7 @@ def replay_cost(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parked", type=int, default=1_000_000)
+    parser.add_argument("--tenants", type=int, default=600, help="distinct texts of one cause")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -306,7 +309,7 @@ def main() -> int:
             # The indexes' cost on empty tables, as bench.writers measures.
             costs = index_cost(pg, conninfo, args) if "indexes" in parts else {}
             pg.psql("TRUNCATE outbox", database="bench")
-            pg.psql(FILL.format(n=args.parked), database="bench")
+            pg.psql(FILL.format(n=args.parked, tenants=args.tenants), database="bench")
             pg.psql("VACUUM ANALYZE outbox", database="bench")
             read_ms = reads(url, args.repeats) if "reads" in parts else {}
             counts = accuracy(url, conninfo) if "reads" in parts else {}
@@ -315,6 +318,7 @@ def main() -> int:
             pg.stop()
     summary = {
         "parked": args.parked,
+        "tenants": args.tenants,
         "reads_ms": {
             k: {"median": round(m, 1), "worst": round(w, 1)} for k, (m, w) in read_ms.items()
         },
