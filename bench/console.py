@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.console [--parked 1000000] [--tenants 600] [--repeats 9]
                                       [--rows 100000] [--rounds 3] [--replay 100000]
-                                      [--writers 4] [--parts reads,indexes,replay]
+                                      [--writers 4] [--letters 10000]
+                                      [--parts reads,indexes,replay,letters]
 
 Starts a private PostgreSQL with default durability and the project's migrations, then:
   (reads)   ``--parked`` parked rows (five causes, one of them naming one of ``--tenants``
@@ -20,7 +21,10 @@ Starts a private PostgreSQL with default durability and the project's migrations
             committing one row per transaction for ``--seconds``, in interleaved rounds;
   (replay)  ``--writers`` writers committing one row per transaction, their INSERT latency
             while nothing else runs and while the console replays ``--replay`` parked rows
-            (one filter, in chunks), in interleaved rounds: p50 and p99.
+            (one filter, in chunks), in interleaved rounds: p50 and p99; and each replay's
+            rows changed and left, against the rows the filter matched;
+  (letters) ``--letters`` dead letters of an inbox queue on a private RabbitMQ: page times,
+            counts and bulk changes accounted for (``bench.console_letters``).
 Medians of rounds, ratios within one run; the last line is one JSON object. By hand only.
 """
 
@@ -39,6 +43,7 @@ from typing import Any
 
 import psycopg
 
+from bench.console_letters import letters_cost
 from bench.writers import bulk, writers
 from devtools.servers import PostgresServer
 from relay.causes import stored_cause
@@ -236,7 +241,9 @@ def _round(
         finally:
             actions.close()
             reads_.close()
-        print(f"replayed {done.changed} rows in {took:.1f} s", flush=True)
+        print(f"replayed {done.changed} rows in {took:.1f} s, left {done.left}", flush=True)
+        if done.changed + done.left != args.replay:
+            print(f"replay: {args.replay - done.changed - done.left} rows unaccounted for")
     else:
         time.sleep(args.quiet)
     stop.set()
@@ -293,8 +300,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replay", type=int, default=100_000)
     parser.add_argument("--quiet", type=float, default=10.0, help="seconds of a quiet round")
+    parser.add_argument("--letters", type=int, default=10_000, help="an inbox's dead letters")
     parser.add_argument(
-        "--parts", default="reads,indexes,replay", help="which measurements, comma-separated"
+        "--parts",
+        default="reads,indexes,replay,letters",
+        help="which measurements, comma-separated",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relay-console-") as tmp:
@@ -314,6 +324,7 @@ def main() -> int:
             read_ms = reads(url, args.repeats) if "reads" in parts else {}
             counts = accuracy(url, conninfo) if "reads" in parts else {}
             replay = replay_cost(pg, url, conninfo, args) if "replay" in parts else {}
+            letters = letters_cost(url, args) if "letters" in parts else {}
         finally:
             pg.stop()
     summary = {
@@ -325,6 +336,7 @@ def main() -> int:
         "counts": counts,
         "indexes": costs,
         "replay": {"rows": args.replay, "writers": args.writers, **replay},
+        "letters": letters,
     }
     print(json.dumps(summary))
     return 0
