@@ -178,6 +178,11 @@ SENT_RUN_CHECK_S = 60.0
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 
 # --- Inbox ---------------------------------------------------------------------------------
+# The inbox keeps a message's key and its consumer's name as AMQP short strings, at most
+# this many bytes of UTF-8 (``relay.db.schema.inbox_received``: MariaDB's VARCHAR(255) would
+# cut a longer value short where an INSERT IGNORE runs).
+INBOX_KEY_MAX_BYTES = 255
+
 # The inbox's defaults (``relay.inbox``). Attempts: enough for a handler's passing failure (a
 # deadlock, a restart of a service it calls), few enough that a poison message reaches the
 # dead-letter queue within seconds.

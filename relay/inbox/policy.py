@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 
-from relay.constants import LAST_ERROR_MAX_CHARS
+from relay.constants import INBOX_KEY_MAX_BYTES, LAST_ERROR_MAX_CHARS
 from relay.db.inbox_transaction import TransactionEnded
 from relay.errors import RelayError, StoreError
 from relay.records import (
@@ -26,9 +26,6 @@ from relay.records import (
     Verdict,
 )
 from relay.settings import InboxSettings
-
-# The inbox keeps ids as AMQP short strings (``relay.db.schema.inbox_received``).
-KEY_MAX_BYTES = 255
 
 
 def key_problem(delivery: Delivery) -> str | None:
@@ -50,8 +47,8 @@ def key_problem(delivery: Delivery) -> str | None:
     if "\x00" in raw:
         return f"its {name} holds a NUL character (at {raw.index(chr(0))})"
     size = len(raw.encode("utf-8", "surrogatepass"))
-    if size > KEY_MAX_BYTES:
-        return f"its {name} is {size} bytes; the inbox keeps ids of at most {KEY_MAX_BYTES}"
+    if size > INBOX_KEY_MAX_BYTES:
+        return f"its {name} is {size} bytes; the inbox keeps ids of at most {INBOX_KEY_MAX_BYTES}"
     return None
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from relay.constants import (
     INBOX_DEDUPE_WINDOW_S,
     INBOX_IMMEDIATE_RETRIES,
+    INBOX_KEY_MAX_BYTES,
     INBOX_MAX_ATTEMPTS,
     INBOX_PREFETCH,
     INBOX_RETRY_DELAY_MAX_S,
@@ -37,7 +38,8 @@ class InboxSettings(FromEnvironment):
         "",
         str,
         "Name of the consumer, part of every key it keeps: consumers that share a database "
-        "each process every message once under their own name (default: the queue's name).",
+        "each process every message once under their own name (default: the queue's name). "
+        "At most 255 bytes of UTF-8.",
     )
     inbox_max_attempts: int = setting(
         INBOX_MAX_ATTEMPTS,
@@ -99,6 +101,15 @@ class InboxSettings(FromEnvironment):
             raise ConfigError(f"{env_name('inbox_queue')} must name the queue to consume")
         if not self.inbox_consumer:
             object.__setattr__(self, "inbox_consumer", self.inbox_queue)
+        name = self.inbox_consumer
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > INBOX_KEY_MAX_BYTES or "\x00" in name:
+            # Two names alike in their first 255 bytes were one consumer's on MariaDB (its
+            # column cut them short): one's messages acked as the other's duplicates.
+            raise ConfigError(
+                f"{env_name('inbox_consumer')} (or {env_name('inbox_queue')}, its default) must "
+                f"be at most {INBOX_KEY_MAX_BYTES} bytes of UTF-8 without a NUL, not {size}"
+            )
         if self.inbox_retry_delay_max < self.inbox_retry_delay:
             raise ConfigError(
                 f"{env_name('inbox_retry_delay_max')}={self.inbox_retry_delay_max:g} must be at "

@@ -10,7 +10,7 @@ import pytest
 
 from relay.errors import ConfigError
 from relay.redact import redact_url
-from relay.settings import Settings
+from relay.settings import InboxSettings, Settings
 
 
 def test_defaults_need_no_environment() -> None:
@@ -230,3 +230,26 @@ def test_bad_secret_files_are_named_and_never_shown(
         Settings.load(environ)
     assert str(err.value).startswith(message.format(tmp=tmp_path))
     assert "not-a-url-but-a-secret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("consumer", "queue", "refused"),
+    [
+        ("", "q", False),
+        ("c" * 255, "q", False),
+        ("é" * 127, "q", False),  # 254 bytes
+        ("c" * 256, "q", True),
+        ("é" * 128, "q", True),  # 256 bytes
+        ("", "q" * 256, True),  # the queue's name, the default
+        ("a\x00b", "q", True),
+    ],
+)
+def test_an_inbox_consumers_name_fits_its_key(consumer: str, queue: str, refused: bool) -> None:
+    """MariaDB's key column cut a longer name short: two names alike in their first 255
+    bytes were one consumer, each acking the other's messages as duplicates."""
+    environ = {"RELAY_INBOX_QUEUE": queue, "RELAY_INBOX_CONSUMER": consumer}
+    if not refused:
+        assert InboxSettings.load(environ).inbox_consumer == (consumer or queue)
+        return
+    with pytest.raises(ConfigError, match="RELAY_INBOX_CONSUMER .* at most 255 bytes"):
+        InboxSettings.load(environ)
