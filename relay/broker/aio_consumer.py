@@ -289,9 +289,18 @@ async def _settled(message: AbstractIncomingMessage, answering: Awaitable[None])
 
 
 async def _retry_copy(message: AbstractIncomingMessage, queue: str, delay: float) -> None:
-    """A copy of ``message`` in ``queue``'s retry queue of ``delay``, confirmed."""
+    """A copy of ``message`` in ``queue``'s retry queue of ``delay``, confirmed. Refused
+    there, a delivery its handler answered itself (no delivery goes back to its queue when
+    the copy fails) has its copy put in ``queue`` itself, tried again at once rather than
+    after its delay: the handler's ack had taken it off the queue, and the requeue that
+    follows a refusal, refused too, lost it (an outside review)."""
     target = await _retry_queue(message.channel, queue, delay)
-    await _publish_copy(message, target, retried(message.headers))
+    try:
+        await _publish_copy(message, target, retried(message.headers))
+    except CopyRefused:
+        if not message.processed:
+            raise
+        await _publish_copy(message, queue, retried(message.headers))
 
 
 async def _ensure_queue(channel: aiormq.abc.AbstractChannel, queue: str) -> None:

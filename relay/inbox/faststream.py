@@ -138,8 +138,17 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
                 )
                 return True
             except Exception as exc:  # a copy refused, or an answer that failed otherwise
-                with contextlib.suppress(*LOST):
-                    await raw.reject(requeue=True)
+                if raw.processed:  # answered by its handler: nothing goes back to the queue
+                    log.error(
+                        "message %s lost: its handler acked it, and the broker refused every "
+                        "copy of it (%s)",
+                        raw.message_id,
+                        type(exc).__name__,
+                        extra={"action": "inbox_copy_lost", "message_id": raw.message_id},
+                    )
+                else:
+                    with contextlib.suppress(*LOST):
+                        await raw.reject(requeue=True)
                 gate.close_for(gate.refusals.refused(queue, exc))
                 return True
             return True  # answered here: nothing for FastStream to ack, reject or log

@@ -267,15 +267,22 @@ def faststream_with_a_publisher(
         loop.close()
 
 
+@pytest.mark.parametrize("retry_queue", ["takes it", "refuses it"])
 def test_a_faststream_handler_that_acks_its_message_then_fails_is_retried_not_lost(
-    with_effects: str, rabbit: RabbitNode
+    with_effects: str, rabbit: RabbitNode, retry_queue: str
 ) -> None:
     """The handler acks its message itself (``await message.ack()``) and fails on its first
     run: the inbox's requeue is refused (the message is no longer the channel's to answer),
     and the message was lost, neither retried nor dead-lettered (an outside review,
-    review79's d2). A copy of it goes back to the queue in its place: processed once."""
+    review79's d2). A copy of it goes back to the queue in its place: processed once. With
+    no immediate retry, its copy goes to a retry queue; that queue refusing it, the copy
+    goes to the queue itself (it was lost so too: review82's a3)."""
     exchange, (queue,), _dead = topology(rabbit.url)
-    config = InboxSettings.load({}, {"inbox_queue": queue})
+    config = InboxSettings.load({}, {"inbox_queue": queue, "inbox_immediate_retries": "0"})
+    policy = f"full-{uuid.uuid4().hex[:8]}"
+    if retry_queue == "refuses it":
+        full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+        rabbit.ctl("set_policy", "--apply-to", "queues", policy, f"^{queue}\\.retry\\.", full)
     loop = asyncio.new_event_loop()
     inbox = loop.run_until_complete(_inbox(settings(with_effects, rabbit.url), config))
     stop = loop.run_until_complete(_event())
@@ -306,6 +313,8 @@ def test_a_faststream_handler_that_acks_its_message_then_fails_is_retried_not_lo
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
         loop.close()
+        with contextlib.suppress(Exception):
+            rabbit.ctl("clear_policy", policy)
     assert runs == ["m-1", "m-1"]
     assert processed(with_effects) == {(queue, "m-1"): 1}
 
