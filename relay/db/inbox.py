@@ -107,8 +107,11 @@ def spoilt(conn: sa.Connection, discard: bool) -> bool:
 
 def kept_by_rollback(conn: sa.Connection) -> bool:
     """The message's transaction, a handler's run failed, rolled back: whether a part of the
-    run's work stayed (``Dialect.rolled_back_in_part``), as committed."""
-    return conn.in_transaction() and of(conn).rolled_back_in_part(conn)
+    run's work stayed (``Dialect.rolled_back_in_part``), as committed. Asked whether or not
+    SQLAlchemy holds a transaction still: a commit the guard refused leaves it none, and the
+    driver's transaction open (an outside review's write to a MariaDB table without
+    transactions, then a refused commit: its warning went to the pool's rollback, unread)."""
+    return of(conn).rolled_back_in_part(conn)
 
 
 def own(guard: Guard | None) -> contextlib.AbstractContextManager[None]:
@@ -275,15 +278,15 @@ class MessageRun:
                 if not self._store.statements.commit(conn):
                     raise TransactionFailed(ROLLED_BACK, summary=ROLLED_BACK)
         finally:
-            self._release(discard=False)
+            self._release(discard=False, failed=False)
 
     def rollback(self, discard: bool) -> bool:
         return self._conn is not None and self._release(discard)
 
-    def _release(self, discard: bool) -> bool:
+    def _release(self, discard: bool, failed: bool = True) -> bool:
         """The message's connection back to the pool, rolled back; discarded instead when its
-        session may have been changed (``spoilt``). Whether the rollback of a handler's run
-        left a part of its work (``kept_by_rollback``).
+        session may have been changed (``spoilt``). Whether the rollback of a ``failed``
+        handler's run left a part of its work (``kept_by_rollback``).
         Never raises: a connection that fails to close is dropped, and the database rolls
         back what it held."""
         conn, self._conn = self._conn, None
@@ -291,7 +294,7 @@ class MessageRun:
         kept = False
         try:
             with own(self._guard):
-                ran = self._guard is not None and not conn.invalidated
+                ran = failed and self._guard is not None and not conn.invalidated
                 kept = ran and kept_by_rollback(conn)
                 if not conn.invalidated and spoilt(conn, discard):
                     conn.invalidate()  # rolled back by the server as the connection closes

@@ -209,7 +209,7 @@ class AsyncMessageRun:
                 if not committed:
                     raise TransactionFailed(ROLLED_BACK, summary=ROLLED_BACK)
         finally:
-            await self._release(discard=False)
+            await self._release(discard=False, failed=False)
 
     async def _commit(self, conn: AsyncConnection) -> bool:
         raw = await conn.get_raw_connection()
@@ -236,7 +236,7 @@ class AsyncMessageRun:
         assert conn is not None
         return conn
 
-    async def _release(self, discard: bool) -> bool:
+    async def _release(self, discard: bool, failed: bool = True) -> bool:
         """``relay.db.inbox.MessageRun._release``: never raises."""
         conn, self._conn = self._conn, None
         assert conn is not None
@@ -245,7 +245,7 @@ class AsyncMessageRun:
         try:
             with own(self._guard):
                 alive = sync is not None and not sync.invalidated
-                if alive and self._guard is not None:
+                if failed and alive and self._guard is not None:
                     kept = await conn.run_sync(kept_by_rollback)
                 if alive and await conn.run_sync(spoilt, discard):
                     await conn.invalidate()  # rolled back by the server as it closes

@@ -171,6 +171,65 @@ def test_a_temporary_table_a_procedure_left_is_not_inherited(
     assert (noted(url), keys(url)) == (["m-1", "m-2", "m-3"], ["m-1", "m-2", "m-3"])
 
 
+# A write to a table without transactions, then the transaction ended under the handler in
+# ways that leave the ROLLBACK's warning unread at the end (review82's a1, a4): a statement
+# after the driver's rollback, a procedure's rollback on its error, a commit the guard
+# refused (SQLAlchemy lets its transaction go; the pool's rollback warned, unread).
+ENDED_AFTER_A_WRITE_THAT_STAYS = {
+    "the driver's rollback, then a read": [
+        ("write", "charged"),
+        ("driver", "rollback"),
+        ("sql", "SELECT COUNT(*) FROM effects"),
+    ],
+    "a procedure's rollback on its error": [("sql", "CALL charge('charged')")],
+    "a commit the guard refused": [("write", "charged"), ("door", "the connection's commit")],
+}
+
+
+@pytest.mark.databases("mariadb")
+@pytest.mark.parametrize("ended", ENDED_AFTER_A_WRITE_THAT_STAYS)
+def test_a_write_that_stays_is_not_done_again_however_the_transaction_ended(
+    consumer: Consumer, url: str, ended: str
+) -> None:
+    """Retried, the write to the table without transactions was done at each attempt (3
+    times). Dead-lettered at once, its key kept: the warning read where it can be, and a
+    transaction ended under the handler taken to have left a part where the database holds
+    such a table."""
+    _without_transactions(url, "Aria")
+    database = create_engine(url)
+    with database.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE ledger (id INT PRIMARY KEY) ENGINE=InnoDB")
+        conn.exec_driver_sql("INSERT INTO ledger VALUES (42)")
+        conn.exec_driver_sql(
+            "CREATE PROCEDURE charge(n VARCHAR(64)) BEGIN "
+            "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; "
+            "INSERT INTO effects (note) VALUES (n); INSERT INTO ledger VALUES (42); END"
+        )
+    database.dispose()
+    answer = consumer.process("m-1", ENDED_AFTER_A_WRITE_THAT_STAYS[ended])
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+
+
+@pytest.mark.databases("mariadb")
+def test_a_user_variable_or_a_named_lock_is_not_the_next_messages(
+    consumer: Consumer, url: str
+) -> None:
+    """A user variable a run set stayed on the pooled connection: the next message's lookup
+    that found no row read the last one's value (review82's a7). A named lock a failed run
+    took held every other session off it (a10). Both let go after each run."""
+    first = [("sql", "SET @customer = 'the first'"), ("sql", "SELECT GET_LOCK('order-42', 0)")]
+    assert consumer.process("m-1", [*first, ("raise", "")]).verdict is Verdict.RETRY
+    after = "INSERT INTO effects (note) SELECT COALESCE(@customer, 'nobody')"
+    assert consumer.process("m-2", [("sql", after)]).verdict is Verdict.ACK
+    assert noted(url) == ["nobody"]
+    database = create_engine(url)
+    with database.connect() as conn:
+        assert conn.exec_driver_sql("SELECT GET_LOCK('order-42', 0)").scalar() == 1
+    database.dispose()
+
+
 # The driver's rollback, then a write and a commit through it: past the inbox's transaction.
 WENT_ON = [
     ("driver", "rollback"),

@@ -341,6 +341,19 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
             "mysql": (DEAD_LETTERED_ONCE, ["b"]),  # the session's count of its COMMITs
         },
     ),
+    # Committed as XA does (``Com_xa_commit``, not ``Com_commit``: review82's a2).
+    "the driver's rollback, then a write committed by XA, then raised": (
+        [
+            ("write", "a"),
+            ("driver", "rollback"),
+            ("cursor", "XA START 'handler'"),
+            ("cursor", "INSERT INTO effects (note) VALUES ('b')"),
+            ("cursor", "XA END 'handler'"),
+            ("cursor", "XA COMMIT 'handler' ONE PHASE"),
+            ("raise", ""),
+        ],
+        {"mysql": (DEAD_LETTERED_ONCE, ["b"])},
+    ),
     # The transaction the driver began after its commit reads the inbox's table, and holds
     # a lock on it: it was taken for the message's (a lock on the table was the sign), and
     # the part committed done again at each retry (an outside review).

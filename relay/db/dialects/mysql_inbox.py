@@ -21,17 +21,45 @@ _NO_SAVEPOINT = 1305
 # ER_WARNING_NOT_COMPLETE_ROLLBACK: non-transactional tables changed, not rolled back.
 _NOT_ROLLED_BACK = 1196
 # What a session holds past its transactions that the inbox's sessions never make
-# (``MySQLInbox.session_left``): the count of temporary tables it made, its procedures',
-# functions' and triggers' too (MariaDB's; no view lists them before MariaDB 11.2).
+# (``MySQLInbox.session_left``), read in one statement, the named locks released in it: the
+# count of temporary tables it made, its procedures', functions' and triggers' too (no view
+# lists them before MariaDB 11.2), and its user variables (MariaDB's view). MySQL: the count
+# alone (its status is SHOW's).
+_SESSION_LEFT_MARIADB = """\
+SELECT (SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS
+        WHERE VARIABLE_NAME = 'COM_CREATE_TEMPORARY_TABLE'),
+       RELEASE_ALL_LOCKS(),
+       (SELECT GROUP_CONCAT(CONCAT('@`', REPLACE(VARIABLE_NAME, '`', '``'), '` = NULL'))
+        FROM information_schema.USER_VARIABLES WHERE VARIABLE_VALUE IS NOT NULL)"""
 _TEMPORARY_TABLES_MADE = "SHOW SESSION STATUS LIKE 'Com_create_temporary_table'"
-# The session's count of its COMMITs (the driver's ``commit()``, a cursor's, a procedure's):
-# compared with SQLAlchemy's (``COMMITS_MADE``) by ``MySQLInbox.went_on``.
-_COMMITS = "SHOW SESSION STATUS LIKE 'Com_commit'"
+# The session's counts of the statements that commit (``MySQLInbox.went_on``): its COMMITs
+# and XA COMMITs (the driver's ``commit()``, a cursor's, a procedure's), compared with
+# SQLAlchemy's (``COMMITS_MADE``); and those that commit what is open before they run
+# (BEGIN, which SQLAlchemy never sends here; definitions, locks, accounts), which the inbox's
+# sessions never run.
+_COMMITTING = ("Com_commit", "Com_xa_commit")
+_COMMITS_BEFORE = ("Com_begin", "Com_create_", "Com_alter_", "Com_drop_", "Com_rename_")
+_COMMITS_BEFORE_EXACTLY = ("Com_truncate", "Com_lock_tables", "Com_grant", "Com_revoke")
+_STATEMENTS_RUN = "SHOW SESSION STATUS LIKE 'Com\\_%'"
+# A table of an engine without transactions in the consumer's database: where one is, a
+# transaction rolled back under the handler, whose warning that it left a part cannot be
+# read any more, is taken to have left one. (Another database's such tables, written by a
+# handler by their qualified names: not looked for.)
+_WITHOUT_TRANSACTIONS = """\
+SELECT 1 FROM information_schema.TABLES t JOIN information_schema.ENGINES e
+  ON e.ENGINE = t.ENGINE
+WHERE e.TRANSACTIONS <> 'YES' AND t.TABLE_TYPE = 'BASE TABLE' AND t.TABLE_SCHEMA = DATABASE()
+LIMIT 1"""
+# ER_LOCK_DEADLOCK: the statement that failed so rolled the whole transaction back, its
+# warnings the rollback's.
+_DEADLOCK = 1213
 # A connection's info, for a run (``MySQLInbox.mark_key`` forgets them): whether the key's
-# transaction is over (``_key_gone``), and whether it ended with a part left in a table
-# without transactions (for ``MySQLInbox.rolled_back_in_part``).
+# transaction is over (``_key_gone``); whether it ended with a part left in a table without
+# transactions (for ``MySQLInbox.rolled_back_in_part``), and whether the warnings read say
+# so for sure (the statement that ended it was the last before they were read).
 _KEY_GONE = "relay_inbox_key_gone"
 _LEFT_IN_PART = "relay_inbox_left_in_part"
+_WARNINGS_TOLD = "relay_inbox_warnings_told"
 
 
 class MySQLInbox(InboxDialect):
@@ -84,37 +112,53 @@ class MySQLInbox(InboxDialect):
         # A row does not say which transaction wrote it here; a savepoint is its
         # transaction's, and goes with it (a deadlock's rollback, the driver's rollback or
         # commit): found at the end, the transaction is the key's.
-        conn.info.pop(_KEY_GONE, None)
-        conn.info.pop(_LEFT_IN_PART, None)
+        for kept in (_KEY_GONE, _LEFT_IN_PART, _WARNINGS_TOLD):
+            conn.info.pop(kept, None)
         conn.exec_driver_sql(f"SAVEPOINT {_KEY_SAVEPOINT}")
 
     def key_marked(self, conn: sa.Connection) -> bool | None:
-        return not _key_gone(conn)
+        return not _key_gone(conn, failed=False)
 
     def went_on(self, conn: sa.Connection) -> bool | None:
         # The key's transaction over (rolled back under the handler, by the driver or a
         # deadlock): whether a part of the handler's work may have been committed since,
-        # through a COMMIT that was not SQLAlchemy's (the driver's, a procedure's), or the
-        # driver's autocommit left on. Not seen: autocommit turned on and off again, or a
-        # statement that commits before it runs, sent through the driver (docs/inbox.md).
-        if not _key_gone(conn):
+        # through a COMMIT that was not SQLAlchemy's (the driver's, an XA one, a
+        # procedure's), a statement that commits before it runs, or the driver's autocommit
+        # left on. Not seen: autocommit turned on and off again (docs/inbox.md).
+        if not _key_gone(conn, failed=True):
             return False
         if self.session_changed(conn.connection.driver_connection):
             return True
-        made = _through_driver(conn, _COMMITS)
-        return bool(made) and int(made[0][1]) > conn.info.get(COMMITS_MADE, 0)
+        counts = {name: int(value) for name, value in _through_driver(conn, _STATEMENTS_RUN)}
+        commits = sum(counts.get(name, 0) for name in _COMMITTING)
+        before = sum(
+            value
+            for name, value in counts.items()
+            if name.startswith(_COMMITS_BEFORE) or name in _COMMITS_BEFORE_EXACTLY
+        ) - counts.get("Com_create_temporary_table", 0)
+        return commits > conn.info.get(COMMITS_MADE, 0) or before > 0
 
     def rolled_back_in_part(self, conn: sa.Connection) -> bool:
         # A table without transactions (MyISAM, Aria, MEMORY) keeps what was written to it,
-        # and the ROLLBACK warns so: a retry would write it again. A round trip, here alone.
+        # and the ROLLBACK warns so: a retry would write it again. A round trip, here alone;
+        # through the driver where SQLAlchemy let its transaction go (a commit the guard
+        # refused), or its warning would be the pool's rollback's, unread.
         left = conn.info.pop(_LEFT_IN_PART, False)
-        conn.rollback()
-        return _left_in_part(conn) or left
+        if conn.in_transaction():
+            conn.rollback()
+        else:
+            conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+        if left or _left_in_part(conn):
+            return True
+        # Ended under the handler, its ROLLBACK's warning maybe gone with a statement after
+        # it (an outside review): taken to have left a part where a table could hold one.
+        told = conn.info.get(_WARNINGS_TOLD, True)
+        return not told and bool(_through_driver(conn, _WITHOUT_TRANSACTIONS))
 
     def changes_session(self, words: tuple[str, ...]) -> bool:
-        # Only user variables (SET @name = ...) stay the statement's; any system variable
-        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is the
-        # session's.
+        # A user variable (SET @name = ...) is let through: it lasts the session too, and is
+        # set back to NULL after each run (``session_left``; MariaDB's). Any system variable
+        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is refused.
         if words[0] != "SET":
             return False
         user_only = len(words) > 1 and words[1].startswith("@") and not words[1].startswith("@@")
@@ -122,11 +166,20 @@ class MySQLInbox(InboxDialect):
 
     def session_left(self, conn: sa.Connection) -> str | None:
         # A procedure that stages rows in a temporary table and never empties it had the
-        # next message on the pooled connection apply them again (an outside review). Made
-        # and dropped since, or not: either way the connection goes. A round trip a message,
-        # 0.5 ms of it here against 0.2 ms for a SELECT 1.
-        made = conn.exec_driver_sql(_TEMPORARY_TABLES_MADE).first()
-        return "a temporary table" if made is not None and int(made[1]) else None
+        # next message on the pooled connection apply them again; a user variable set for
+        # one message was the next's (``SELECT ... INTO @customer`` finding no row); a named
+        # lock a failed run took held others off (outside reviews). A temporary table, made
+        # and dropped since or not: the connection goes. Variables and locks: let go here.
+        # A round trip a message, 0.5 ms of it here against 0.2 ms for a SELECT 1.
+        if not getattr(conn.dialect, "is_mariadb", False):
+            made = conn.exec_driver_sql(_TEMPORARY_TABLES_MADE).first()
+            return "a temporary table" if made is not None and int(made[1]) else None
+        temporary, _locks, variables = _through_driver(conn, _SESSION_LEFT_MARIADB)[0]
+        if int(temporary or 0):
+            return "a temporary table"
+        if variables:
+            _through_driver(conn, f"SET {variables}")
+        return None
 
     def session_changed(self, driver: Any) -> bool:
         # mysqlclient's, PyMySQL's and aiomysql's: the server's status of its last answer.
@@ -159,22 +212,27 @@ class MySQLInbox(InboxDialect):
         )
 
 
-def _key_gone(conn: sa.Connection) -> bool:
+def _key_gone(conn: sa.Connection, failed: bool) -> bool:
     """Whether the transaction that inserted the run's key on ``conn`` is over, its savepoint
     (``MySQLInbox.mark_key``) gone with it: asked once a run. The handler's last statement may
-    have been the driver's ROLLBACK, whose warning that a part stayed (``rolled_back_in_part``)
-    the release's error would replace: read first, where the driver says there may be one (no
-    round trip else)."""
+    have ended it (the driver's ROLLBACK, a deadlock, a procedure's ROLLBACK), and its warning
+    that a part stayed (``rolled_back_in_part``) the release's error would replace: read
+    first, after a ``failed`` run, or where the driver says there may be one (no round trip
+    else on a run that returned)."""
     gone = conn.info.get(_KEY_GONE)
     if gone is not None:
         return bool(gone)
-    left = _may_have_warned(conn.connection.driver_connection) and _left_in_part(conn)
+    driver = conn.connection.driver_connection
+    errno = getattr(driver, "errno", None)
+    deadlocked = callable(errno) and errno() == _DEADLOCK  # mysqlclient's, before a statement
+    left = (failed or _may_have_warned(driver)) and _left_in_part(conn)
     try:
         _through_driver(conn, f"RELEASE SAVEPOINT {_KEY_SAVEPOINT}")
     except sa.exc.DBAPIError as exc:
         if exc.orig is None or exc.orig.args[:1] != (_NO_SAVEPOINT,):
             raise
         conn.info[_KEY_GONE], conn.info[_LEFT_IN_PART] = True, left
+        conn.info[_WARNINGS_TOLD] = left or deadlocked
         return True
     conn.info[_KEY_GONE] = False
     return False
