@@ -153,10 +153,12 @@ SENT_RUN_SEAL_S = 120.0
 SENT_RUN_MARGIN_S = 300.0
 # After a crash, claims look ids up in the journal's unsealed tail themselves while it is
 # copied back (``relay.db.sentruns.tail_sent``: a pass over the tail a claim, 0.4 to 1.5 s a
-# million entries) only where the latest run ended at most this many seconds ago: the seal's
-# interval and margin and a check past them. A longer tail (seals behind after an upgrade or
-# days away: an outside review's 40 million entries took 15.5 s a claim) is copied first.
-SENT_TAIL_LOOKUP_MAX_S = 600.0
+# million entries) only where the tail spans at most this many seconds of acks, from the
+# latest run's end to its last entry (``relay.db.sentlog.claimable``): the seal's interval and
+# margin, and the margin again that a relay just started waits before its first seal (a
+# rolling restart's tail: 12 minutes, an outside review's). A longer tail (seals behind for
+# days: an outside review's 40 million entries took 15.5 s a claim) is copied first.
+SENT_TAIL_LOOKUP_MAX_S = 900.0
 # Runs of one level merged into one of the next, once there are this many: a week's log is
 # then at most about 15 runs of each level below the top (2 minutes, 32 minutes) and 20 at
 # the top (8.5 hours), which a claim looks a key up in while the log is rebuilt; each entry

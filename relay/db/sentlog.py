@@ -60,17 +60,25 @@ def complete() -> sa.ColumnElement[bool]:
 def claimable(journaled: bool) -> sa.ColumnElement[bool]:
     """A claim's condition: the log is whole, or holds the journal's tail while the runs
     answer for the rest (``recovering``, ``relay.db.sentruns``); or, where the log is
-    journaled, a recent run bounds the journal's tail (``SENT_TAIL_LOOKUP_MAX_S``): the
-    claim leaves each row's dedupe unknown and the relay looks its id up in the runs and
-    that tail itself (``relay.db.sentruns.tail_sent``) while the tail is copied back.
-    Without a run, or with the seals far behind, the tail is too long to pass over a claim
-    at a time: claims wait for its copy."""
+    journaled, a run bounds the journal's tail to at most ``SENT_TAIL_LOOKUP_MAX_S`` of
+    acks: the claim leaves each row's dedupe unknown and the relay looks its id up in the
+    runs and that tail itself (``relay.db.sentruns.tail_sent``) while the tail is copied
+    back. The tail's span is from the latest run's end to its last entry, not to now: a
+    server restored from a backup hours old has a tail of the minutes before the backup
+    (an outside review's restore waited for its copy). Without a run, or with the seals
+    far behind, the tail is too long to pass over a claim at a time: claims wait for its
+    copy. The look past the span is one probe of the journal's time-ordered key."""
     state = sa.exists().where(
         _STATE.c.log == SENT_LOG, sa.or_(_STATE.c.complete, _STATE.c.recovering)
     )
     if not journaled:
         return state
-    return sa.or_(state, first_unsealed() >= database_time(-SENT_TAIL_LOOKUP_MAX_S))
+    unsealed = first_unsealed()
+    span: sa.ColumnElement[Any] = sa.literal_column(
+        f"interval '{SENT_TAIL_LOOKUP_MAX_S:g} seconds'"
+    )
+    past_the_span = sa.exists().where(_JOURNAL.c.sent_at >= unsealed + span)
+    return sa.or_(state, sa.and_(unsealed.is_not(None), ~past_the_span))
 
 
 def recovering() -> sa.ColumnElement[bool]:

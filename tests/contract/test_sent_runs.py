@@ -361,6 +361,25 @@ def test_claims_on_a_store_that_never_recovered_look_the_runs_and_the_tail_up(
         box.close()
 
 
+def test_claims_after_a_restore_look_up_a_short_tail_however_old(postgresql_url: str) -> None:
+    """A server restored from a backup taken hours ago: its latest run ended then, and its
+    journal's tail is the minutes before the backup. Claims waited for the tail's copy (the
+    run's end was measured against now: an outside review's restore paused 12 s); the
+    tail's span is its own, from the run's end to its last entry: looked up meanwhile."""
+    box = Outbox(postgresql_url)
+    keeper = SentRuns(postgresql_url, settle_s=0.0, seal_s=HOUR, margin_s=2 * HOUR, fanin=16)
+    try:
+        acked_ago(box, "in-a-run", 3, 1)  # sealed: the run ends two hours ago
+        keeper.maintain()
+        acked_ago(box, "in-the-tail", 1.95, 2)  # three minutes after the run's end
+        lose_the_log(postgresql_url)
+        box.writer.enqueue([message(m) for m in ("in-a-run", "in-the-tail", "fresh")])
+        assert claimable(box.store) == ["fresh"]
+    finally:
+        keeper.close()
+        box.close()
+
+
 def test_a_tail_lookup_that_fails_leaves_no_row_held(
     postgresql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
