@@ -251,5 +251,5 @@ def test_an_inbox_consumers_name_fits_its_key(consumer: str, queue: str, refused
     if not refused:
         assert InboxSettings.load(environ).inbox_consumer == (consumer or queue)
         return
-    with pytest.raises(ConfigError, match="RELAY_INBOX_CONSUMER .* at most 255 bytes"):
+    with pytest.raises(ConfigError, match=r"RELAY_INBOX_CONSUMER .* at most 255 bytes"):
         InboxSettings.load(environ)
