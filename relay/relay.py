@@ -255,6 +255,7 @@ class Relay:
             len(self._ready),
             self.settler.waiting,
             self.budget.waits,
+            self.store.claims_costly,
         )
         return self.pacing.decide(self._clock(), counts)
 
