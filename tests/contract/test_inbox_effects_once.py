@@ -6,6 +6,8 @@ taken for the run's own, a table the rollback cannot undo, a commit made not dur
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -228,6 +230,86 @@ def test_a_user_variable_or_a_named_lock_is_not_the_next_messages(
     with database.connect() as conn:
         assert conn.exec_driver_sql("SELECT GET_LOCK('order-42', 0)").scalar() == 1
     database.dispose()
+
+
+@pytest.mark.databases("mariadb")
+def test_a_default_database_a_handler_left_is_not_the_next_messages(
+    consumer: Consumer, url: str
+) -> None:
+    """A handler's ``USE`` through the driver (``tx``'s is refused) left the pooled session
+    in another database: the next message's key and work went there, or failed there as if
+    the database were away (review83's b7). The connection is discarded after the run."""
+    left = [("write", "a"), ("cursor", "USE information_schema")]
+    assert consumer.process("m-1", left).verdict is Verdict.ACK
+    assert consumer.process("m-2", WRITE).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["a", "done"], ["m-1", "m-2"])
+
+
+# What a previous message left on the pooled connection before a deadlock (review83's b5):
+# nothing, or a procedure's clean-up of a temporary table it had not made.
+BEFORE_THE_DEADLOCK = {
+    "nothing": [],
+    "a procedure's DROP TEMPORARY TABLE IF EXISTS": [("sql", "CALL clean_up()")],
+}
+
+
+@pytest.mark.databases("mariadb")
+@pytest.mark.parametrize("before", BEFORE_THE_DEADLOCK)
+def test_a_plain_deadlock_is_retried_on_a_database_holding_a_table_without_transactions(
+    consumer: Consumer, url: str, calls: dict[str, Callable[[], None]], before: str
+) -> None:
+    """The handler's writes all InnoDB, a deadlock raised as it came: its transaction rolled
+    back whole, nothing of it left. On a database that merely held a MEMORY table the run
+    was taken to have left a part there (the warnings were not trusted: mysqlclient's errno
+    was reset by the closed cursor), dead-lettered at once with its key kept, its work then
+    never done (review83's b1); a DROP TEMPORARY TABLE IF EXISTS of an earlier message on the
+    pooled connection made it look like a commit (b5). Retried, then processed once."""
+    database = create_engine(url)
+    with database.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE acct (id INT PRIMARY KEY, n INT) ENGINE=InnoDB")
+        conn.exec_driver_sql("INSERT INTO acct VALUES (1, 0), (2, 0)")
+        conn.exec_driver_sql("CREATE TABLE heavy (x INT) ENGINE=InnoDB")
+        conn.exec_driver_sql("CREATE TABLE cache (k INT PRIMARY KEY) ENGINE=MEMORY")
+        conn.exec_driver_sql(
+            "CREATE PROCEDURE clean_up() BEGIN DROP TEMPORARY TABLE IF EXISTS batch_tmp; END"
+        )
+    assert consumer.process("m-0", BEFORE_THE_DEADLOCK[before]).verdict is Verdict.ACK
+    other: list[threading.Thread] = []
+
+    def heavier_the_other_way() -> None:
+        # Another session, heavier (the handler's is the victim), holds row 2 and then
+        # wants row 1, which the handler holds.
+        ready = threading.Event()
+
+        def run() -> None:
+            with database.connect() as conn:
+                conn.exec_driver_sql("INSERT INTO heavy SELECT seq FROM seq_1_to_2000")
+                conn.exec_driver_sql("UPDATE acct SET n = n + 1 WHERE id = 2")
+                ready.set()
+                time.sleep(0.3)
+                conn.exec_driver_sql("UPDATE acct SET n = n + 1 WHERE id = 1")
+                conn.rollback()
+
+        other.append(threading.Thread(target=run))
+        other[-1].start()
+        ready.wait(10)
+
+    calls["other"] = heavier_the_other_way
+    deadlocked = [
+        ("write", "charged"),
+        ("sql", "UPDATE acct SET n = n + 1 WHERE id = 1"),
+        ("call", "other"),
+        ("sql", "UPDATE acct SET n = n + 1 WHERE id = 2"),
+    ]
+    try:
+        first = consumer.process("m-1", deadlocked)
+    finally:
+        for thread in other:
+            thread.join(30)
+        database.dispose()
+    assert first.verdict is Verdict.RETRY, first.reason
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.ACK
+    assert (noted(url), keys(url)) == (["done"], ["m-0", "m-1"])
 
 
 # The driver's rollback, then a write and a commit through it: past the inbox's transaction.

@@ -354,6 +354,18 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
         ],
         {"mysql": (DEAD_LETTERED_ONCE, ["b"])},
     ),
+    # A statement that commits what is open before it runs, through the driver: counted as
+    # a commit (``ANALYZE`` and its kin were not: review83's b2).
+    "the driver's rollback, then a write and an ANALYZE TABLE through the driver, then raised": (
+        [
+            ("write", "a"),
+            ("driver", "rollback"),
+            ("cursor", "INSERT INTO effects (note) VALUES ('b')"),
+            ("cursor", "ANALYZE TABLE effects"),
+            ("raise", ""),
+        ],
+        {"mysql": (DEAD_LETTERED_ONCE, ["b"])},
+    ),
     # The transaction the driver began after its commit reads the inbox's table, and holds
     # a lock on it: it was taken for the message's (a lock on the table was the sign), and
     # the part committed done again at each retry (an outside review).

@@ -67,6 +67,8 @@ CASES: list[tuple[str, tuple[Dialect, ...], str | None]] = [
     ("SET sql_mode = ''", (MYSQL,), "session"),
     ("SET NAMES latin1", (MYSQL,), "session"),
     ("SET STATEMENT max_statement_time=1 FOR SELECT 1", (MYSQL,), "session"),
+    ("USE other_db", (MYSQL,), "session"),  # the next messages' statements would go there
+    ("/* x */ use `other` ; SELECT 1", (MYSQL,), "session"),
     ("PRAGMA synchronous = OFF", (SQLITE,), "session"),
     ("PRAGMA synchronous(0)", (SQLITE,), "session"),
     ("PRAGMA synchronous", (SQLITE,), None),

@@ -23,14 +23,23 @@ _NOT_ROLLED_BACK = 1196
 # What a session holds past its transactions that the inbox's sessions never make
 # (``MySQLInbox.session_left``), read in one statement, the named locks released in it: the
 # count of temporary tables it made, its procedures', functions' and triggers' too (no view
-# lists them before MariaDB 11.2), and its user variables (MariaDB's view). MySQL: the count
-# alone (its status is SHOW's).
+# lists them before MariaDB 11.2), its default database (a handler's driver's ``select_db``),
+# and its user variables (MariaDB's view; how many, and a list that GROUP_CONCAT may cut
+# short). MySQL: the count alone (its status is SHOW's).
 _SESSION_LEFT_MARIADB = """\
 SELECT (SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS
         WHERE VARIABLE_NAME = 'COM_CREATE_TEMPORARY_TABLE'),
        RELEASE_ALL_LOCKS(),
+       DATABASE(),
+       (SELECT COUNT(*) FROM information_schema.USER_VARIABLES WHERE VARIABLE_VALUE IS NOT NULL),
        (SELECT GROUP_CONCAT(CONCAT('@`', REPLACE(VARIABLE_NAME, '`', '``'), '` = NULL'))
         FROM information_schema.USER_VARIABLES WHERE VARIABLE_VALUE IS NOT NULL)"""
+_USER_VARIABLES = (
+    "SELECT CONCAT('@`', REPLACE(VARIABLE_NAME, '`', '``'), '` = NULL') "
+    "FROM information_schema.USER_VARIABLES WHERE VARIABLE_VALUE IS NOT NULL"
+)
+# User variables set back to NULL a statement at a time at most.
+_VARIABLES_A_STATEMENT = 1000
 _TEMPORARY_TABLES_MADE = "SHOW SESSION STATUS LIKE 'Com_create_temporary_table'"
 # The session's counts of the statements that commit (``MySQLInbox.went_on``): its COMMITs
 # and XA COMMITs (the driver's ``commit()``, a cursor's, a procedure's), compared with
@@ -39,7 +48,27 @@ _TEMPORARY_TABLES_MADE = "SHOW SESSION STATUS LIKE 'Com_create_temporary_table'"
 # sessions never run.
 _COMMITTING = ("Com_commit", "Com_xa_commit")
 _COMMITS_BEFORE = ("Com_begin", "Com_create_", "Com_alter_", "Com_drop_", "Com_rename_")
-_COMMITS_BEFORE_EXACTLY = ("Com_truncate", "Com_lock_tables", "Com_grant", "Com_revoke")
+_COMMITS_BEFORE_EXACTLY = (
+    "Com_truncate",
+    "Com_lock_tables",
+    "Com_grant",
+    "Com_revoke",
+    "Com_analyze",
+    "Com_optimize",
+    "Com_check",
+    "Com_repair",
+    "Com_flush",
+    "Com_reset",
+    "Com_preload_keys",
+    "Com_assign_to_keycache",
+    "Com_install_plugin",
+    "Com_uninstall_plugin",
+    "Com_change_master",
+)
+# A temporary table's CREATE and DROP commit nothing (a made one has the connection discarded:
+# ``session_left``; a ``DROP TEMPORARY TABLE IF EXISTS`` of none, a procedure's clean-up,
+# leaves a count on the pooled connection an innocent deadlock later was taken for a commit).
+_COMMITS_NOTHING = ("Com_create_temporary_table", "Com_drop_temporary_table")
 _STATEMENTS_RUN = "SHOW SESSION STATUS LIKE 'Com\\_%'"
 # A table of an engine without transactions in the consumer's database: where one is, a
 # transaction rolled back under the handler, whose warning that it left a part cannot be
@@ -50,8 +79,9 @@ SELECT 1 FROM information_schema.TABLES t JOIN information_schema.ENGINES e
   ON e.ENGINE = t.ENGINE
 WHERE e.TRANSACTIONS <> 'YES' AND t.TABLE_TYPE = 'BASE TABLE' AND t.TABLE_SCHEMA = DATABASE()
 LIMIT 1"""
-# ER_LOCK_DEADLOCK: the statement that failed so rolled the whole transaction back, its
-# warnings the rollback's.
+# ER_LOCK_DEADLOCK, in the warnings read at a failed run's end: the deadlock was the last
+# statement, and rolled the whole transaction back, its warnings the rollback's (whether it
+# left a part in a table without transactions: 1196).
 _DEADLOCK = 1213
 # A connection's info, for a run (``MySQLInbox.mark_key`` forgets them): whether the key's
 # transaction is over (``_key_gone``); whether it ended with a part left in a table without
@@ -134,8 +164,9 @@ class MySQLInbox(InboxDialect):
         before = sum(
             value
             for name, value in counts.items()
-            if name.startswith(_COMMITS_BEFORE) or name in _COMMITS_BEFORE_EXACTLY
-        ) - counts.get("Com_create_temporary_table", 0)
+            if (name.startswith(_COMMITS_BEFORE) or name in _COMMITS_BEFORE_EXACTLY)
+            and name not in _COMMITS_NOTHING
+        )
         return commits > conn.info.get(COMMITS_MADE, 0) or before > 0
 
     def rolled_back_in_part(self, conn: sa.Connection) -> bool:
@@ -158,7 +189,10 @@ class MySQLInbox(InboxDialect):
     def changes_session(self, words: tuple[str, ...]) -> bool:
         # A user variable (SET @name = ...) is let through: it lasts the session too, and is
         # set back to NULL after each run (``session_left``; MariaDB's). Any system variable
-        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is refused.
+        # (SET name, SET @@name, SET SESSION ..., SET NAMES, SET STATEMENT ...) is refused, and
+        # USE (the next message's statements would go to that database: an outside review).
+        if words[0] == "USE":
+            return True
         if words[0] != "SET":
             return False
         user_only = len(words) > 1 and words[1].startswith("@") and not words[1].startswith("@@")
@@ -174,11 +208,18 @@ class MySQLInbox(InboxDialect):
         if not getattr(conn.dialect, "is_mariadb", False):
             made = conn.exec_driver_sql(_TEMPORARY_TABLES_MADE).first()
             return "a temporary table" if made is not None and int(made[1]) else None
-        temporary, _locks, variables = _through_driver(conn, _SESSION_LEFT_MARIADB)[0]
+        row = _through_driver(conn, _SESSION_LEFT_MARIADB)[0]
+        temporary, _locks, database, count, variables = row
         if int(temporary or 0):
             return "a temporary table"
-        if variables:
-            _through_driver(conn, f"SET {variables}")
+        if database != conn.engine.url.database:
+            return f"another default database ({database})"
+        if count:
+            resets = [str(variables)]
+            if len(resets[0].split("` = NULL")) - 1 < count:  # cut short: one by one
+                resets = [str(r[0]) for r in _through_driver(conn, _USER_VARIABLES)]
+            for at in range(0, len(resets), _VARIABLES_A_STATEMENT):
+                _through_driver(conn, "SET " + ", ".join(resets[at : at + _VARIABLES_A_STATEMENT]))
         return None
 
     def session_changed(self, driver: Any) -> bool:
@@ -223,16 +264,15 @@ def _key_gone(conn: sa.Connection, failed: bool) -> bool:
     if gone is not None:
         return bool(gone)
     driver = conn.connection.driver_connection
-    errno = getattr(driver, "errno", None)
-    deadlocked = callable(errno) and errno() == _DEADLOCK  # mysqlclient's, before a statement
-    left = (failed or _may_have_warned(driver)) and _left_in_part(conn)
+    warned = _warnings(conn) if failed or _may_have_warned(driver) else set()
+    left = _NOT_ROLLED_BACK in warned
     try:
         _through_driver(conn, f"RELEASE SAVEPOINT {_KEY_SAVEPOINT}")
     except sa.exc.DBAPIError as exc:
         if exc.orig is None or exc.orig.args[:1] != (_NO_SAVEPOINT,):
             raise
         conn.info[_KEY_GONE], conn.info[_LEFT_IN_PART] = True, left
-        conn.info[_WARNINGS_TOLD] = left or deadlocked
+        conn.info[_WARNINGS_TOLD] = left or _DEADLOCK in warned
         return True
     conn.info[_KEY_GONE] = False
     return False
@@ -251,7 +291,12 @@ def _may_have_warned(driver: Any) -> bool:
 
 def _left_in_part(conn: sa.Connection) -> bool:
     """Whether the statement last sent on ``conn`` warned that a rollback left a part."""
-    return any(row[1] == _NOT_ROLLED_BACK for row in _through_driver(conn, "SHOW WARNINGS"))
+    return _NOT_ROLLED_BACK in _warnings(conn)
+
+
+def _warnings(conn: sa.Connection) -> set[int]:
+    """The codes of the warnings and the error the statement last sent on ``conn`` left."""
+    return {int(row[1]) for row in _through_driver(conn, "SHOW WARNINGS")}
 
 
 def _through_driver(conn: sa.Connection, sql: str) -> list[Any]:
