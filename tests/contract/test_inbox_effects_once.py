@@ -233,6 +233,24 @@ def test_a_user_variable_or_a_named_lock_is_not_the_next_messages(
 
 
 @pytest.mark.databases("mariadb")
+def test_user_variables_are_all_set_back_when_their_list_is_cut_short(
+    consumer: Consumer, url: str
+) -> None:
+    """The list of user variables to set back comes from a GROUP_CONCAT, which cuts it at
+    group_concat_max_len (a handler's thousands of variables reached the default 1 MB, cut
+    on an item's end: those after it stayed set, review83's b6). Cut here after the first:
+    the rest are read again, a row each."""
+    left = [
+        ("cursor", "SET SESSION group_concat_max_len = 11"),  # '@`a` = NULL', the first alone
+        ("sql", "SET @a = 'a', @b = 'b', @c = 'c'"),
+    ]
+    assert consumer.process("m-1", left).verdict is Verdict.ACK
+    read = "INSERT INTO effects (note) SELECT CONCAT_WS(',', @a, @b, @c, 'read')"
+    assert consumer.process("m-2", [("sql", read)]).verdict is Verdict.ACK
+    assert noted(url) == ["read"]
+
+
+@pytest.mark.databases("mariadb")
 def test_a_default_database_a_handler_left_is_not_the_next_messages(
     consumer: Consumer, url: str
 ) -> None:
