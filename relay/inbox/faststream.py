@@ -44,6 +44,7 @@ from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 from faststream import BaseMiddleware
+from faststream.exceptions import AckMessage
 from faststream.message import StreamMessage
 
 from relay.broker.aio_consumer import LOST, answer, delivery_of, tolerate_bytes_in_short_strings
@@ -86,7 +87,8 @@ def inbox_middleware(inbox: AsyncInbox) -> Callable[..., BaseMiddleware]:
             results: list[Any] = []
 
             async def handler(_delivery: Delivery, tx: AsyncTransaction) -> None:
-                with self.context.scope(TRANSACTION, tx):
+                # FastStream's way to finish early (``raise AckMessage()``): done, no result.
+                with self.context.scope(TRANSACTION, tx), contextlib.suppress(AckMessage):
                     results.append(await call_next(msg))
 
             await one_at_a_time.acquire()

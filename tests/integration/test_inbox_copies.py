@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 from faststream import Context
+from faststream.exceptions import AckMessage
 from faststream.rabbit import RabbitMessage, RabbitQueue
 
 from devtools.broker import drain
@@ -267,20 +268,30 @@ def faststream_with_a_publisher(
         loop.close()
 
 
-@pytest.mark.parametrize("retry_queue", ["takes it", "refuses it"])
-def test_a_faststream_handler_that_acks_its_message_then_fails_is_retried_not_lost(
-    with_effects: str, rabbit: RabbitNode, retry_queue: str
+# How a FastStream handler finishes its message itself -> the runs it takes, processed once.
+FINISHED_BY_THE_HANDLER = {
+    "acked, then failed, the retry queue taking the copy": 2,
+    "acked, then failed, the retry queue refusing the copy": 2,
+    "AckMessage raised": 1,
+}
+
+
+@pytest.mark.parametrize("how", FINISHED_BY_THE_HANDLER)
+def test_a_faststream_handler_that_finishes_its_message_itself_is_processed_once(
+    with_effects: str, rabbit: RabbitNode, how: str
 ) -> None:
     """The handler acks its message itself (``await message.ack()``) and fails on its first
     run: the inbox's requeue is refused (the message is no longer the channel's to answer),
     and the message was lost, neither retried nor dead-lettered (an outside review,
     review79's d2). A copy of it goes back to the queue in its place: processed once. With
     no immediate retry, its copy goes to a retry queue; that queue refusing it, the copy
-    goes to the queue itself (it was lost so too: review82's a3)."""
+    goes to the queue itself (it was lost so too: review82's a3). ``raise AckMessage()``,
+    FastStream's way to finish early, was taken for a failure: its work rolled back, the
+    message dead-lettered after its attempts (review83's b4); it is done, committed."""
     exchange, (queue,), _dead = topology(rabbit.url)
     config = InboxSettings.load({}, {"inbox_queue": queue, "inbox_immediate_retries": "0"})
     policy = f"full-{uuid.uuid4().hex[:8]}"
-    if retry_queue == "refuses it":
+    if how.endswith("refusing the copy"):
         full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
         rabbit.ctl("set_policy", "--apply-to", "queues", policy, f"^{queue}\\.retry\\.", full)
     loop = asyncio.new_event_loop()
@@ -298,6 +309,8 @@ def test_a_faststream_handler_that_acks_its_message_then_fails_is_retried_not_lo
             delivery = delivery_of(message.raw_message)
             runs.append(str(delivery.key))
             await tx.execute(effects.insert(), {"consumer": queue, "message_id": delivery.key})
+            if how == "AckMessage raised":
+                raise AckMessage()
             await message.ack()
             if len(runs) == 1:
                 raise ValueError("failed after acking its message")
@@ -315,7 +328,7 @@ def test_a_faststream_handler_that_acks_its_message_then_fails_is_retried_not_lo
         loop.close()
         with contextlib.suppress(Exception):
             rabbit.ctl("clear_policy", policy)
-    assert runs == ["m-1", "m-1"]
+    assert runs == ["m-1"] * FINISHED_BY_THE_HANDLER[how]
     assert processed(with_effects) == {(queue, "m-1"): 1}
 
 
