@@ -150,7 +150,7 @@ def letter_page(
         depth,
         read=reader.read,
         stopped=reader.stopped,
-        more=bool(following) if found else more_instead,
+        more=bool(following) if found else more_instead and lost,
         following=following,
         lost=lost,
         found=found,

@@ -36,7 +36,11 @@ from relay.console.oidc import OidcClient
 from relay.console.sessions import Sessions, Signer
 from relay.console.state import Console
 from relay.console.users_file import UsersFile
-from relay.console_constants import CONSOLE_LOGIN_HASHES, CONSOLE_LOGIN_WINDOW_S
+from relay.console_constants import (
+    CONSOLE_FORM_BODY_MAX,
+    CONSOLE_LOGIN_HASHES,
+    CONSOLE_LOGIN_WINDOW_S,
+)
 from relay.db.console import ConsoleReads
 from relay.db.console_actions import ConsoleActions
 from relay.errors import BrokerError, ConfigError, InputError, StoreError
@@ -175,7 +179,7 @@ async def _ready(console: Console, request: Request) -> Response:
 async def _logout(console: Console, request: Request) -> Response:
     session = await session_of(console, request)
     if session is not None:
-        check_csrf(console, session, await form_of(request))
+        check_csrf(console, session, await form_of(request, CONSOLE_FORM_BODY_MAX))
     return await login.logout(console, request, session)
 
 

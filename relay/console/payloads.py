@@ -33,10 +33,9 @@ def pretty_json(payload: bytes, whole: bool, content_type: str) -> str | None:
     if not whole or not is_json(content_type):
         return None
     try:
-        parsed = json.loads(payload.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError among them
+        return json.dumps(json.loads(payload.decode("utf-8")), indent=2, ensure_ascii=False)
+    except (ValueError, RecursionError):  # UnicodeDecodeError among them; nested too deep
         return None
-    return json.dumps(parsed, indent=2, ensure_ascii=False)
 
 
 def download_type(content_type: str) -> str:

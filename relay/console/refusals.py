@@ -21,7 +21,7 @@ from relay.console import forms
 from relay.console.access import Refused, check_csrf, check_role, form_of, session_of
 from relay.console.sessions import Session
 from relay.console.state import Console
-from relay.console_constants import CONSOLE_NAMED_IDS
+from relay.console_constants import CONSOLE_FORM_BODY_MAX, CONSOLE_NAMED_IDS
 from relay.console_records import Actor
 from relay.db.console_audit_log import UNKNOWN
 from relay.errors import InputError
@@ -103,7 +103,8 @@ async def checked(
         raise Refused(401, "log in first")
     fields = list(named)
     async with audited(console, session, step, fields, actions):
-        fields += await form_of(request)
+        preview = console.config.console_payload_preview
+        fields += await form_of(request, CONSOLE_FORM_BODY_MAX + 3 * preview)
         check_role(session, role)
         check_csrf(console, session, fields)
     return session, fields

@@ -102,6 +102,11 @@ def test_a_read_stops_at_its_bound_and_says_so(rabbit: RabbitNode, queue: str) -
     # A letter further in than the bound: not reached, which is not "gone".
     far = page(rabbit.url, queue, Position("0" * 32, 200), short)
     assert (far.found, far.lost, far.letters, far.stopped) == (False, False, [], "limit")
+    # The letter it follows and the one after both gone, a page's worth after its place read
+    # before the bound: no letter shown, and no next page (its link named the last shown:
+    # the page was a 500, an outside review).
+    gone = page(rabbit.url, queue, Position("0" * 32, 10, "1" * 32), short)
+    assert (gone.found, gone.letters, gone.more) == (False, [], False)
     counted = tally(
         [rabbit.url], "test", None, dead_letter_queue(queue), choose=lambda _: True, bounds=short
     )

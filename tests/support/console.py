@@ -253,11 +253,12 @@ def post_login(base: str, cookie: str, token: str, name: str, password: str) -> 
         return refused.code, refused.read().decode()
 
 
-def announce_login(base: str, cookie: str, length: int) -> int:
-    """A login whose headers say its body is ``length`` bytes, none sent: the status."""
+def announce(base: str, path: str, cookie: str, length: int) -> int:
+    """A form posted to ``path`` whose headers say its body is ``length`` bytes, none sent:
+    the status. ``cookie``: the Cookie header."""
     connection = http.client.HTTPConnection(urllib.parse.urlsplit(base).netloc, timeout=60)
     try:
-        connection.putrequest("POST", "/login")
+        connection.putrequest("POST", path)
         connection.putheader("Cookie", cookie)
         connection.putheader("Content-Type", "application/x-www-form-urlencoded")
         connection.putheader("Content-Length", str(length))
