@@ -19,7 +19,7 @@ from relay.db.migrate import migrate
 from relay.records import Answer, Verdict
 from tests.contract.test_inbox_store import KINDS, WRITE, Consumer, keys, noted
 from tests.support import inbox_script
-from tests.support.inbox_script import effects
+from tests.support.inbox_script import Script, effects
 
 
 @pytest.fixture(params=KINDS)
@@ -46,6 +46,17 @@ def consumer(kind: str, url: str) -> Iterator[Consumer]:
 def calls() -> Iterator[dict[str, Callable[[], None]]]:
     yield inbox_script.CALLS
     inbox_script.CALLS.clear()
+
+
+def dead_lettered_once(consumer: Consumer, url: str, script: Script, why: str = "") -> None:
+    """``script``'s run dead-lettered at once (naming ``why``), its key kept: its redelivery
+    dead-lettered again, never run, its part ``charged`` done once."""
+    answer = consumer.process("m-1", script)
+    assert answer.verdict is Verdict.DEAD_LETTER
+    assert answer.reason is not None
+    assert why in str(answer.reason["x-inbox-error"])
+    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
+    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
 
 
 @pytest.mark.databases("postgresql", "mariadb")
@@ -116,12 +127,7 @@ def test_a_write_the_rollback_cannot_undo_is_not_done_again(
     its retries wrote it again, once an attempt. Dead-lettered at once instead, its key
     kept, naming why."""
     _without_transactions(url, engine)
-    answer = consumer.process("m-1", [("write", "charged"), ("raise", "")])
-    assert answer.verdict is Verdict.DEAD_LETTER
-    assert answer.reason is not None
-    assert "cannot roll back" in str(answer.reason["x-inbox-error"])
-    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
-    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+    dead_lettered_once(consumer, url, [("write", "charged"), ("raise", "")], "cannot roll back")
     # A failure that wrote nothing there is retried as ever, on the same connection.
     assert consumer.process("m-2", [("raise", "")]).verdict is Verdict.RETRY
 
@@ -138,12 +144,8 @@ def test_a_write_the_drivers_rollback_left_is_not_done_again(
     d10). Dead-lettered at once, its key kept, either way."""
     _without_transactions(url, "Aria")
     script = [("write", "charged"), ("driver", "rollback")]
-    answer = consumer.process("m-1", script + ([("raise", "")] if end == "raise" else []))
-    assert answer.verdict is Verdict.DEAD_LETTER
-    assert answer.reason is not None
-    assert "cannot roll back" in str(answer.reason["x-inbox-error"])
-    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
-    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+    script += [("raise", "")] if end == "raise" else []
+    dead_lettered_once(consumer, url, script, "cannot roll back")
 
 
 @pytest.mark.databases("mariadb")
@@ -208,10 +210,7 @@ def test_a_write_that_stays_is_not_done_again_however_the_transaction_ended(
             "INSERT INTO effects (note) VALUES (n); INSERT INTO ledger VALUES (42); END"
         )
     database.dispose()
-    answer = consumer.process("m-1", ENDED_AFTER_A_WRITE_THAT_STAYS[ended])
-    assert answer.verdict is Verdict.DEAD_LETTER
-    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
-    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+    dead_lettered_once(consumer, url, ENDED_AFTER_A_WRITE_THAT_STAYS[ended])
 
 
 @pytest.mark.databases("mariadb")
@@ -346,10 +345,7 @@ def test_a_handler_that_blinds_sqlites_watch_never_does_it_twice(
     a handler set its own, then went on past its transaction's rollback and failed: its
     committed write was retried, done again at each attempt. A watch that hears nothing
     cannot tell what ran: dead-lettered at once, its key kept."""
-    answer = consumer.process("m-1", [("untraced", ""), *WENT_ON, ("raise", "")])
-    assert answer.verdict is Verdict.DEAD_LETTER
-    assert consumer.process("m-1", WRITE, redelivered=True).verdict is Verdict.DEAD_LETTER
-    assert (noted(url), keys(url)) == (["charged"], ["m-1"])
+    dead_lettered_once(consumer, url, [("untraced", ""), *WENT_ON, ("raise", "")])
 
 
 @pytest.mark.databases("sqlite")
