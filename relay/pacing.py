@@ -25,8 +25,7 @@ confirms free the window, instead of a claim's round trip later; at most a windo
 a small window a batch ahead would be most of what a channel loss loses); nothing while the
 broker cannot take rows or the lease runs short, while a window's worth of outcomes waits to
 be settled, or while the byte budget is spent (memory stays bounded); and less than a quarter
-batch only when nothing else is under way (each claim costs a query). While each claim costs
-a pass whatever its rows (``Counts.costly``), it takes all the room there is, not a batch.
+batch only when nothing else is under way (each claim costs a query).
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ class Counts(NamedTuple):
     ready: int  # rows claimed, waiting for room in the window
     unsettled: int  # outcomes waiting to be settled
     budget_waits: bool  # claims wait for room a settle frees (``relay.budget.ByteBudget.waits``)
-    # A claim costs a pass over something whatever its rows (``Store.claims_costly``).
-    costly: bool = False
 
 
 class Decision(NamedTuple):
@@ -94,10 +91,7 @@ class ClaimPacing:
         if not counts.can_publish or counts.unsettled >= self.window or counts.budget_waits:
             return 0
         room = counts.capacity + self._ahead - counts.ready
-        # A claim whose cost is a pass, not its rows (a crash's tail looked up: a second a
-        # million entries), takes all the room has: a batch a pass fell behind a stream of
-        # 2,000 rows a second (an outside review).
-        wanted = room if counts.costly else min(self.batch_size, room)
+        wanted = min(self.batch_size, room)
         if wanted >= self._min_claim or (wanted > 0 and not counts.in_flight and not counts.ready):
             return wanted
         return 0

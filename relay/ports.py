@@ -35,10 +35,6 @@ class Store(Protocol):
     # Why this relay's last turn took no bucket though it could publish: relays of another
     # protocol stand in the way (``relay.buckets.fence``); None otherwise.
     fenced: Fence | None
-    # Whether the last claim cost a pass over something whatever its rows (a crash's journal
-    # tail, looked up while it is copied back: ``relay.db.sentruns.tail_sent``): the next
-    # claims take a window's worth, not a batch (``relay.pacing``).
-    claims_costly: bool
 
     def turn(self, active: bool = True) -> float:
         """Renew this relay's share of the outbox (``relay.buckets``); ``active``: it can

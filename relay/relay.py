@@ -255,7 +255,6 @@ class Relay:
             len(self._ready),
             self.settler.waiting,
             self.budget.waits,
-            self.store.claims_costly,
         )
         return self.pacing.decide(self._clock(), counts)
 

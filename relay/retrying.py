@@ -94,11 +94,6 @@ class RetryingStore:
         """The store's own (``Store.fenced``): its last turn's."""
         return self._store.fenced
 
-    @property
-    def claims_costly(self) -> bool:
-        """The store's own (``Store.claims_costly``): its last claim's."""
-        return self._store.claims_costly
-
     async def claim(
         self,
         limit: int,

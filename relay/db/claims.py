@@ -108,7 +108,6 @@ class ClaimStore:
         # aside now, if it does.
         self.protocol = protocol
         self.fenced: Fence | None = None
-        self.claims_costly = False  # ``relay.ports.Store.claims_costly``
         self.keep_sent = keep_sent
         self.max_message_size = max_message_size
         self._where = redact_url(url)
@@ -253,9 +252,7 @@ class ClaimStore:
             full = len(found) == limit and not (isinstance(last_at, str) and not last_at.isascii())
             # Before the rows are held: a lookup that fails leaves none held (held, no
             # claim of this relay would take them again, nor another's: an outside review).
-            unknown = [r[0] for r in found if r[_SENT_BEFORE] is None]
-            sent = self._tail_sent(unknown)
-            self.claims_costly = bool(unknown)
+            sent = self._tail_sent([r[0] for r in found if r[_SENT_BEFORE] is None])
             taken = self.held.claimed([(r[due], r[0]) for r in found], full)
         unchecked = self._unchecked_text
         kept = [r for r in found if r[0] in taken]

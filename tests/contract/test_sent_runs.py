@@ -90,7 +90,6 @@ def test_the_journal_is_sealed_into_runs_merged_and_read_back_after_a_crash(
             assert rebuilder.recover() == 1, "the tail alone: the entry acked now"
             assert rebuilder.state() is SentLogState.RECOVERING
             assert claimable(box.store) == ["new"]
-            assert not box.store.claims_costly, "the log and the runs' index: no pass"
             assert rebuilder.rebuild() == 90, "the rest: the tail is in already"
             assert rebuilder.state() is SentLogState.COMPLETE
         finally:
@@ -352,7 +351,6 @@ def test_claims_on_a_store_that_never_recovered_look_the_runs_and_the_tail_up(
             [message(m) for m in ("in-a-run", "in-the-tail", "since-the-crash", "fresh")]
         )
         assert claimable(box.store) == ["fresh"]
-        assert box.store.claims_costly, "a pass over the tail: the next claims take more"
         rebuilder = SentLogRebuild(postgresql_url)
         try:
             assert rebuilder.state() is SentLogState.INCOMPLETE

@@ -84,7 +84,6 @@ class InMemoryStore:
         self.owner = owner
         self.protocol = protocol
         self.fenced: Fence | None = None
-        self.claims_costly = False  # no journal: no claim costs a pass
         self.lease = timedelta(seconds=lease)
         self.margin = timedelta(seconds=margin)
         self.max_message_size = max_message_size

@@ -157,21 +157,6 @@ SIZES: dict[str, tuple[int, Counts, int]] = {
         ROOM._replace(capacity=2, in_flight=2),
         0,
     ),
-    "a claim that costs a pass whatever its rows: all the room, a window and a batch ahead": (
-        100,
-        ROOM._replace(costly=True),
-        100 + BATCH,
-    ),
-    "the same, rows ready ahead: the rest of the room": (
-        100,
-        ROOM._replace(costly=True, capacity=50, in_flight=50, ready=30),
-        50 + BATCH - 30,
-    ),
-    "the same, the byte budget waiting: none": (
-        100,
-        ROOM._replace(costly=True, budget_waits=True),
-        0,
-    ),
 }
 
 
