@@ -266,6 +266,11 @@ AUTOCOMMITTED = (
 # so: acked, a dead letter lost on the way would be lost for good), its part done once.
 DEAD_LETTERED_ONCE = ([Verdict.DEAD_LETTER, Verdict.DEAD_LETTER], 1)
 RETRIED = ([Verdict.RETRY, Verdict.ACK], 1)
+# Its part after the rollback ('b') done once, dead-lettered with its key kept, on every
+# database (MariaDB's and MySQL's by the session's count of its COMMITs).
+PART_B_ONCE_EVERYWHERE: dict[str, tuple[tuple[list[Verdict], int | None], list[str]]] = {
+    db: (DEAD_LETTERED_ONCE, ["b"]) for db in ("sqlite", "postgresql", "mysql")
+}
 # A handler that goes on after its transaction was rolled back under it -> (its script; on
 # each database that runs it, what becomes of the message's two deliveries (the second
 # writes ``WRITE``) and the attempts counted, and the notes left)
@@ -321,11 +326,7 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
             ("cursor", "INSERT INTO effects (note) VALUES ('b')"),
             ("driver", "commit"),
         ],
-        {
-            "sqlite": (DEAD_LETTERED_ONCE, ["b"]),
-            "postgresql": (DEAD_LETTERED_ONCE, ["b"]),
-            "mysql": (DEAD_LETTERED_ONCE, ["b"]),  # the session's count of its COMMITs
-        },
+        PART_B_ONCE_EVERYWHERE,
     ),
     "the driver's rollback, then a write and a commit through the driver, then raised": (
         [
@@ -335,11 +336,7 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
             ("driver", "commit"),
             ("raise", ""),
         ],
-        {
-            "sqlite": (DEAD_LETTERED_ONCE, ["b"]),
-            "postgresql": (DEAD_LETTERED_ONCE, ["b"]),
-            "mysql": (DEAD_LETTERED_ONCE, ["b"]),  # the session's count of its COMMITs
-        },
+        PART_B_ONCE_EVERYWHERE,
     ),
     # Committed as XA does (``Com_xa_commit``, not ``Com_commit``: review82's a2).
     "the driver's rollback, then a write committed by XA, then raised": (
@@ -378,11 +375,7 @@ WENT_ON: dict[str, tuple[Script, dict[str, tuple[tuple[list[Verdict], int | None
             ("cursor", "SELECT 1 FROM inbox_received LIMIT 0"),
             ("raise", ""),
         ],
-        {
-            "sqlite": (DEAD_LETTERED_ONCE, ["b"]),
-            "postgresql": (DEAD_LETTERED_ONCE, ["b"]),
-            "mysql": (DEAD_LETTERED_ONCE, ["b"]),  # the session's count of its COMMITs
-        },
+        PART_B_ONCE_EVERYWHERE,
     ),
 }
 
