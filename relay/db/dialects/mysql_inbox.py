@@ -206,8 +206,8 @@ class MySQLInbox(InboxDialect):
         # and dropped since or not: the connection goes. Variables and locks: let go here.
         # A round trip a message, 0.5 ms of it here against 0.2 ms for a SELECT 1.
         if not getattr(conn.dialect, "is_mariadb", False):
-            made = conn.exec_driver_sql(_TEMPORARY_TABLES_MADE).first()
-            return "a temporary table" if made is not None and int(made[1]) else None
+            made = _through_driver(conn, _TEMPORARY_TABLES_MADE)
+            return "a temporary table" if made and int(made[0][1]) else None
         row = _through_driver(conn, _SESSION_LEFT_MARIADB)[0]
         temporary, _locks, database, count, variables = row
         if int(temporary or 0):
